@@ -1,0 +1,170 @@
+"""The typed episode record: agents and their calls, tokens as numpy arrays.
+
+A call's prompt is held as a reference into an earlier call's full sequence plus the tokens it
+adds (`prompt_base`, `prompt_base_len`, `prompt_suffix`), never as a fresh copy of its history:
+memory grows with the distinct tokens of an episode, as the compact file form does. A call read
+with a full `prompt_ids` simply has no base until `callgrove.forest.compact_prompts` rebases it
+onto its parent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from callgrove.formats.wire import WireEnv, WireError, WireRun
+
+TOKEN_DTYPE = np.int32
+LOGPROB_DTYPE = np.float64  # exact JSON round trips; the binary form stores float32
+EMPTY_TOKENS = np.zeros(0, dtype=TOKEN_DTYPE)
+
+AGENT_STARTS = ("root", "fresh", "fork", "background")
+PURPOSES = ("turn", "compaction")
+RUN_TYPES = ("train", "eval")
+
+
+@dataclass(slots=True, eq=False)
+class Call:
+    """One model call: what the model was given and what it sampled."""
+
+    id: str
+    seq: int
+    completion_ids: np.ndarray
+    prompt_suffix: np.ndarray = field(default_factory=lambda: EMPTY_TOKENS)
+    prompt_base: Call | None = None
+    prompt_base_len: int = 0
+    logprobs: np.ndarray | None = None
+    policy_version: int | None = None
+    purpose: str = "turn"
+    kept: bool = True
+    advantages: float | np.ndarray | None = None
+    content: Any = None
+    agent: Agent | None = field(default=None, repr=False)
+
+    @classmethod
+    def make(
+        cls,
+        id: str,
+        seq: int,
+        prompt_ids: Sequence[int] | np.ndarray,
+        completion_ids: Sequence[int] | np.ndarray,
+        logprobs: Sequence[float] | np.ndarray | None = None,
+        **extra: Any,
+    ) -> Call:
+        """A call with its whole prompt given (convenient in code and tests)."""
+        return cls(
+            id=id,
+            seq=seq,
+            completion_ids=np.asarray(completion_ids, dtype=TOKEN_DTYPE),
+            prompt_suffix=np.asarray(prompt_ids, dtype=TOKEN_DTYPE),
+            logprobs=None if logprobs is None else np.asarray(logprobs, dtype=LOGPROB_DTYPE),
+            **extra,
+        )
+
+    @property
+    def prompt_len(self) -> int:
+        return self.prompt_base_len + len(self.prompt_suffix)
+
+    @property
+    def full_len(self) -> int:
+        return self.prompt_len + len(self.completion_ids)
+
+    def segments(self, length: int | None = None) -> list[np.ndarray]:
+        """Array views that concatenate to `full_ids()[:length]`, sharing memory with the history."""
+        remaining = self.full_len if length is None else length
+        reversed_parts: list[np.ndarray] = []
+        call: Call | None = self
+        while call is not None and remaining > 0:
+            suffix_start = call.prompt_base_len
+            completion_start = suffix_start + len(call.prompt_suffix)
+            if remaining > completion_start:
+                reversed_parts.append(call.completion_ids[: remaining - completion_start])
+                remaining = completion_start
+            if remaining > suffix_start:
+                reversed_parts.append(call.prompt_suffix[: remaining - suffix_start])
+                remaining = suffix_start
+            call = call.prompt_base
+        reversed_parts.reverse()
+        return reversed_parts
+
+    def prompt_ids(self) -> np.ndarray:
+        return _concat(self.segments(self.prompt_len))
+
+    def full_ids(self) -> np.ndarray:
+        return _concat(self.segments())
+
+
+def _concat(parts: list[np.ndarray]) -> np.ndarray:
+    if not parts:
+        return EMPTY_TOKENS
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+@dataclass(slots=True, eq=False)
+class Agent:
+    """One agent of the episode (the leader or a subagent) with its kept calls in its own order."""
+
+    id: str
+    name: str
+    parent: str | None = None
+    start: str = "root"
+    trainable: bool = True
+    calls: list[Call] = field(default_factory=list)
+    rewards: dict[str, float] | None = None
+    meta: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        for call in self.calls:
+            call.agent = self
+
+    def add(self, call: Call) -> Call:
+        call.agent = self
+        self.calls.append(call)
+        return call
+
+
+@dataclass(slots=True, eq=False)
+class Episode:
+    """The unit that is dispatched, scored, written and read back, errors and all."""
+
+    id: str
+    agents: list[Agent] = field(default_factory=list)
+    group: str | None = None
+    env: WireEnv | None = None
+    task: Any = None
+    run: WireRun | None = None
+    ok: bool = True
+    errors: list[WireError] = field(default_factory=list)
+    rewards: dict[str, float] = field(default_factory=dict)
+    objective: str | None = None
+    gaps: list[dict[str, Any]] | None = None
+    meta: dict[str, Any] | None = None
+
+    @property
+    def reward(self) -> float:
+        """The episode reward: the sum of its named rewards."""
+        return float(sum(self.rewards.values()))
+
+    def calls(self) -> Iterator[Call]:
+        """Every call of every agent, kept or not, agent by agent."""
+        for agent in self.agents:
+            yield from agent.calls
+
+    def kept_calls(self) -> list[Call]:
+        """The kept calls, in ledger (`seq`) order."""
+        return sorted((c for c in self.calls() if c.kept), key=lambda c: c.seq)
+
+    def agent(self, agent_id: str) -> Agent:
+        for agent in self.agents:
+            if agent.id == agent_id:
+                return agent
+        raise KeyError(agent_id)
+
+    def call(self, call_id: str) -> Call:
+        for call in self.calls():
+            if call.id == call_id:
+                return call
+        raise KeyError(call_id)

@@ -1,0 +1,63 @@
+"""Problems found in input: what went wrong and exactly where, so nothing is dropped silently."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field, replace
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One thing that could not be used, with every coordinate known for it."""
+
+    message: str
+    file: str | None = None
+    line: int | None = None
+    episode: str | None = None
+    call: str | None = None
+    severity: str = "error"  # "error" or "warning"
+    kind: str = "invalid"
+
+    def __str__(self) -> str:
+        where = ":".join(str(part) for part in (self.file, self.line) if part is not None)
+        names = ", ".join(
+            f"{label} {value}"
+            for label, value in (("episode", self.episode), ("call", self.call))
+            if value is not None
+        )
+        prefix = ": ".join(part for part in (where, names) if part)
+        return f"{prefix}: {self.message}" if prefix else self.message
+
+
+class InputError(ValueError):
+    """Raised for input that cannot be used; carries the located `Problem`."""
+
+    def __init__(self, problem: Problem):
+        super().__init__(str(problem))
+        self.problem = problem
+
+    def located(self, **where: object) -> InputError:
+        """The same error with missing coordinates (file, line, episode) filled in."""
+        missing = {k: v for k, v in where.items() if getattr(self.problem, k) is None}
+        return InputError(replace(self.problem, **missing))
+
+
+@dataclass
+class Diagnostics:
+    """Collects problems while a stream goes on; counts them by kind and severity."""
+
+    problems: list[Problem] = field(default_factory=list)
+
+    def add(self, problem: Problem) -> None:
+        self.problems.append(problem)
+
+    @property
+    def errors(self) -> list[Problem]:
+        return [p for p in self.problems if p.severity == "error"]
+
+    @property
+    def warnings(self) -> list[Problem]:
+        return [p for p in self.problems if p.severity == "warning"]
+
+    def counts(self) -> Counter[str]:
+        return Counter(p.kind for p in self.problems)

@@ -1,0 +1,91 @@
+"""The JSON contract of `callgrove.episode/1` as msgspec Structs.
+
+These mirror the spec field for field. They are what bytes decode into and encode from; the
+typed in-memory record (numpy tokens, resolved prompt references) lives in `callgrove.episode`.
+Fields typed with `UnsetType` are left out of the JSON when unset, so a call never carries both
+prompt forms and optional extras stay optional.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from msgspec import UNSET, UnsetType
+
+FORMAT = "callgrove.episode/1"
+
+
+class WireCall(msgspec.Struct, kw_only=True):
+    id: str
+    seq: int
+    completion_ids: list[int]
+    prompt_ids: list[int] | UnsetType = UNSET
+    prompt_from: str | UnsetType = UNSET
+    prompt_from_len: int | UnsetType = UNSET
+    prompt_suffix_ids: list[int] | UnsetType = UNSET
+    logprobs: list[float] | None = None
+    policy_version: int | None = None
+    purpose: str = "turn"
+    kept: bool = True
+    # Project extras: credit written back onto the call (a scalar or one value per completion
+    # token), and message-level content kept by transcript importers for display.
+    advantages: float | list[float] | None | UnsetType = UNSET
+    content: Any | UnsetType = UNSET
+
+
+class WireAgent(msgspec.Struct, kw_only=True):
+    id: str
+    name: str
+    parent: str | None = None
+    start: str = "root"
+    trainable: bool = True
+    calls: list[WireCall] = []
+    rewards: dict[str, float] | UnsetType = UNSET
+    meta: dict[str, Any] | UnsetType = UNSET
+
+
+class WireEnv(msgspec.Struct, kw_only=True):
+    id: str | None = None
+    name: str | None = None
+
+
+class WirePolicy(msgspec.Struct, kw_only=True):
+    start: int
+    end: int
+
+
+class WireRun(msgspec.Struct, kw_only=True):
+    id: str | None = None
+    type: str = "train"
+    step: int | None = None
+    policy: WirePolicy | None = None
+
+
+class WireError(msgspec.Struct, kw_only=True):
+    type: str
+    message: str = ""
+    agent: str | UnsetType = UNSET
+    call: str | UnsetType = UNSET
+
+
+class WireEpisode(msgspec.Struct, kw_only=True):
+    format: str
+    id: str
+    group: str | None = None
+    env: WireEnv | None = None
+    task: Any = None
+    run: WireRun | None = None
+    ok: bool = True
+    errors: list[WireError] = []
+    rewards: dict[str, float] = {}
+    agents: list[WireAgent] = []
+    # Project extras: what the rows are for (`rl`, or `supervised` for transcripts without
+    # sampling logprobs), and links an importer could not recover.
+    objective: str | UnsetType = UNSET
+    gaps: list[dict[str, Any]] | UnsetType = UNSET
+    meta: dict[str, Any] | UnsetType = UNSET
+
+
+episode_decoder = msgspec.json.Decoder(WireEpisode)
+episode_encoder = msgspec.json.Encoder()
