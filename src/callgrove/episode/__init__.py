@@ -1,6 +1,7 @@
 """The episode record: the unit that is dispatched, scored, written and read back."""
 
 from callgrove.episode.codec import episode_from_wire, episode_to_wire, token_array
+from callgrove.episode.files import load, save
 from callgrove.episode.io import (
     EpisodeWriter,
     encode_episode,
@@ -32,6 +33,8 @@ __all__ = [
     "episode_to_wire",
     "read_episodes",
     "read_located_episodes",
+    "load",
+    "save",
     "token_array",
     "write_episodes",
 ]

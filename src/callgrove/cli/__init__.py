@@ -1,0 +1,15 @@
+"""The `callgrove` command line: each subcommand lives in its own module and registers on `app`."""
+
+from __future__ import annotations
+
+from callgrove.cli.app import app
+
+# Subcommand modules register themselves on import (one line each).
+from callgrove.cli import rows as _rows  # noqa: E402,F401  isort: skip
+
+
+def main() -> None:
+    app()
+
+
+__all__ = ["app", "main"]
