@@ -1,0 +1,218 @@
+"""Algorithms score a group's episodes; `finalize_group` writes the resulting credit onto calls.
+
+The unit that receives one advantage is a `Trace`: the kept calls of one agent of an episode (a
+seat's trace), or of all the trainable agents of an episode when the episode is scored as a
+whole. An algorithm turns the group's traces into `Credit` (a baseline and an advantage per
+trace); `finalize_group` then sets `call.advantages` on every call of the group: the trace's
+value on the calls it credits, `None` on everything else. `None` means "no advantage" and is
+never the same thing as an assigned 0.0.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from callgrove.episode import Agent, Call, Episode
+
+Advantage = float | np.ndarray
+
+
+def agent_reward(episode: Episode, agent: Agent) -> float:
+    """The reward of one agent's trace.
+
+    The sum of the agent's own `rewards` when it has them (an empty dict counts as present and
+    sums to 0.0), else the episode reward. This is the rule spec 3.4 applies to a row whose leaf
+    belongs to the agent, so a seat's trace is judged by the same number its rows carry.
+    """
+    if agent.rewards is not None:
+        return float(sum(agent.rewards.values()))
+    return episode.reward
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Trace:
+    """What one advantage is given to: the kept calls of `agents` in `episode`.
+
+    `seat` is the agents' name (`leader`, `solver`, ...) for a seat's trace, None when the trace
+    is the whole episode.
+    """
+
+    episode: Episode
+    agents: tuple[Agent, ...]
+    seat: str | None
+    reward: float
+
+    def calls(self) -> Iterator[Call]:
+        for agent in self.agents:
+            yield from (call for call in agent.calls if call.kept)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Credit:
+    """A trace's advantage and the baseline it was measured against."""
+
+    trace: Trace
+    baseline: float
+    advantage: float
+
+
+def seat_traces(episode: Episode) -> list[Trace]:
+    """One trace per trainable agent of a completed episode, rewarded by `agent_reward`."""
+    if not episode.ok:
+        return []
+    return [
+        Trace(episode, (agent,), agent.name, agent_reward(episode, agent))
+        for agent in episode.agents
+        if agent.trainable
+    ]
+
+
+def episode_trace(episode: Episode) -> list[Trace]:
+    """The completed episode as one trace of all its trainable agents, at the episode reward.
+
+    Agents' own `rewards` are not consulted: scoring per episode means the episode is the unit.
+    """
+    trainable = tuple(agent for agent in episode.agents if agent.trainable)
+    if not episode.ok or not trainable:
+        return []
+    return [Trace(episode, trainable, None, episode.reward)]
+
+
+class Algorithm(ABC):
+    """Turns a group of episodes into credit on their calls.
+
+    `score_episode` says which traces of one episode take part and what each earned;
+    `score_group` compares them (within an episode, across the group, or against state the
+    algorithm keeps) and returns their `Credit`; `call_advantages` spreads a trace's advantage
+    over its calls (the same scalar on each by default; override it for per-token values).
+    Errored episodes (`ok` false) and untrainable agents take no part: `finalize_group`
+    refuses credit for them.
+    """
+
+    def score_episode(self, episode: Episode) -> list[Trace]:
+        return seat_traces(episode)
+
+    @abstractmethod
+    def score_group(self, episodes: Sequence[Episode]) -> list[Credit]: ...
+
+    def call_advantages(self, credit: Credit) -> Iterator[tuple[Call, Advantage]]:
+        for call in credit.trace.calls():
+            yield call, credit.advantage
+
+
+@dataclass
+class GroupCredit:
+    """What `finalize_group` did: the credit given, and how many calls got none and why."""
+
+    credits: list[Credit]
+    assigned_calls: int = 0
+    unassigned_calls: Counter[str] = field(default_factory=Counter)
+
+
+def finalize_group(algorithm: Algorithm, episodes: Sequence[Episode]) -> GroupCredit:
+    """Run `algorithm` on one group and set `advantages` on every call of its episodes.
+
+    Every call's previous value is cleared first, so a call ends with exactly what this run
+    gave it: a float or an array per completion token where credited, `None` elsewhere
+    (errored episodes, untrainable agents, calls not kept, traces the algorithm left out).
+    """
+    _check_group(episodes)
+    for episode in episodes:
+        for call in episode.calls():
+            call.advantages = None
+    credits = algorithm.score_group(episodes)
+    members = {id(episode) for episode in episodes}
+    report = GroupCredit(credits)
+    for credit in credits:
+        _check_creditable(credit.trace, members)
+        for call, value in algorithm.call_advantages(credit):
+            if call.advantages is not None:
+                raise ValueError(
+                    f"episode {credit.trace.episode.id}: call {call.id} was credited twice"
+                )
+            call.advantages = _checked_value(value, credit.trace.episode, call)
+            report.assigned_calls += 1
+    for episode in episodes:
+        for call in episode.calls():
+            if call.advantages is None:
+                report.unassigned_calls[_why_unassigned(episode, call)] += 1
+    return report
+
+
+def _check_group(episodes: Sequence[Episode]) -> None:
+    groups = {episode.group for episode in episodes}
+    if len(groups) > 1:
+        names = ", ".join(sorted(str(g) for g in groups))
+        raise ValueError(f"finalize_group got episodes of several groups: {names}")
+    seen: set[str] = set()
+    for episode in episodes:
+        if episode.id in seen:
+            # Baselines are keyed by episode id, so two episodes sharing one would be merged.
+            raise ValueError(f"episode id {episode.id!r} appears twice in group {episode.group!r}")
+        seen.add(episode.id)
+
+
+def _check_creditable(trace: Trace, members: set[int]) -> None:
+    episode = trace.episode
+    if id(episode) not in members:
+        raise ValueError(f"credit for episode {episode.id}, which is not in the group")
+    if not episode.ok:
+        raise ValueError(f"episode {episode.id} did not complete (ok false); it takes no credit")
+    for agent in trace.agents:
+        if not agent.trainable:
+            raise ValueError(
+                f"episode {episode.id}: agent {agent.id} is not trainable; it takes no credit"
+            )
+
+
+def _checked_value(value: Advantage, episode: Episode, call: Call) -> Advantage:
+    if isinstance(value, np.ndarray):
+        array = np.asarray(value, dtype=np.float64)
+        if array.shape != call.completion_ids.shape:
+            raise ValueError(
+                f"episode {episode.id}, call {call.id}: {array.size} advantages for "
+                f"{call.completion_ids.size} completion tokens"
+            )
+        if not np.all(np.isfinite(array)):
+            raise ValueError(f"episode {episode.id}, call {call.id}: advantage is not finite")
+        return array
+    number = float(value)
+    if not math.isfinite(number):
+        raise ValueError(f"episode {episode.id}, call {call.id}: advantage is not finite")
+    return number
+
+
+def _why_unassigned(episode: Episode, call: Call) -> str:
+    if not episode.ok:
+        return "errored episode"
+    if call.agent is not None and not call.agent.trainable:
+        return "untrainable agent"
+    if not call.kept:
+        return "not kept"
+    return "not credited"
+
+
+def relative_credit(
+    traces: Sequence[Trace], scale_by_std: bool, std_epsilon: float
+) -> list[Credit]:
+    """Each trace's reward minus the mean of `traces`, divided by their std when asked.
+
+    The std is the population std (ddof 0), so a pool of one gets advantage 0.0 rather than NaN.
+    """
+    if not traces:
+        return []
+    rewards = np.array([trace.reward for trace in traces], dtype=np.float64)
+    baseline = float(rewards.mean())
+    advantages = rewards - baseline
+    if scale_by_std:
+        advantages /= float(rewards.std()) + std_epsilon
+    return [
+        Credit(trace, baseline, float(advantage))
+        for trace, advantage in zip(traces, advantages, strict=True)
+    ]

@@ -1,0 +1,90 @@
+"""Group-relative credit: GRPO and its hierarchical form for seats that repeat within an episode."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from callgrove.credit.algorithm import (
+    Algorithm,
+    Credit,
+    Trace,
+    episode_trace,
+    relative_credit,
+    seat_traces,
+)
+from callgrove.episode import Episode
+
+Scope = Literal["seat", "episode"]
+
+
+class _PooledBaseline(Algorithm):
+    """Splits the group's traces into pools and baselines each trace against its own pool."""
+
+    scale_by_std: bool
+    std_epsilon: float
+
+    def pool_of(self, trace: Trace) -> Hashable:
+        raise NotImplementedError
+
+    def score_group(self, episodes: Sequence[Episode]) -> list[Credit]:
+        pools: dict[Hashable, list[Trace]] = {}
+        for episode in episodes:
+            for trace in self.score_episode(episode):
+                pools.setdefault(self.pool_of(trace), []).append(trace)
+        return [
+            credit
+            for pool in pools.values()
+            for credit in relative_credit(pool, self.scale_by_std, self.std_epsilon)
+        ]
+
+
+@dataclass
+class GRPO(_PooledBaseline):
+    """Advantage = reward minus the group mean (divided by the group std if `scale_by_std`).
+
+    `scope="seat"`: every trainable agent is a trace rewarded by `agent_reward` (its own
+    `rewards` if it has them, else the episode reward) and is compared with the traces of the
+    same seat (agent name) across the group's completed episodes. `scope="episode"`: each
+    completed episode is one trace at the episode reward, compared with the other episodes,
+    and all its trainable agents' calls share that advantage.
+    """
+
+    scope: Scope = "seat"
+    scale_by_std: bool = False
+    std_epsilon: float = 1e-6
+
+    def __post_init__(self) -> None:
+        if self.scope not in ("seat", "episode"):
+            raise ValueError(f"scope is {self.scope!r}, expected 'seat' or 'episode'")
+
+    def score_episode(self, episode: Episode) -> list[Trace]:
+        return seat_traces(episode) if self.scope == "seat" else episode_trace(episode)
+
+    def pool_of(self, trace: Trace) -> Hashable:
+        return trace.seat
+
+
+@dataclass
+class HierarchicalGRPO(_PooledBaseline):
+    """GRPO where some seats are compared within their own episode.
+
+    A trace whose seat is in `local_seats` (say the several solvers one proposer spawned) is
+    baselined against the traces of the same seat in the same episode, keyed by the episode id;
+    every other seat (the proposer) is baselined across the group as in per-seat GRPO. Rewards
+    follow `agent_reward`, so a solver's own `rewards` score it and a proposer without its own
+    takes the episode reward. A local seat with one trace in its episode gets advantage 0.0.
+    """
+
+    local_seats: frozenset[str]
+    scale_by_std: bool = False
+    std_epsilon: float = 1e-6
+
+    def __post_init__(self) -> None:
+        self.local_seats = frozenset(self.local_seats)
+
+    def pool_of(self, trace: Trace) -> Hashable:
+        if trace.seat in self.local_seats:
+            return (trace.episode.id, trace.seat)
+        return (None, trace.seat)
