@@ -5,7 +5,7 @@ from __future__ import annotations
 from callgrove.cli.app import app
 
 # Subcommand modules register themselves on import (one line each).
-from callgrove.cli import rows as _rows  # noqa: E402,F401  isort: skip
+from callgrove.cli import rows as _rows  # noqa: F401  isort: skip
 
 
 def main() -> None:

@@ -37,7 +37,9 @@ def token_array(values: Any, episode: str, call: str, field: str) -> np.ndarray:
     try:
         array = np.asarray(values, dtype=TOKEN_DTYPE)
     except (OverflowError, ValueError, TypeError):
-        raise _fail(f"{field} holds a value that is not a token id in [0, {_TOKEN_MAX}]", episode, call) from None
+        raise _fail(
+            f"{field} holds a value that is not a token id in [0, {_TOKEN_MAX}]", episode, call
+        ) from None
     if array.ndim != 1:
         raise _fail(f"{field} must be a flat list of token ids", episode, call)
     if array.size and array.min() < 0:
@@ -45,10 +47,14 @@ def token_array(values: Any, episode: str, call: str, field: str) -> np.ndarray:
     return array
 
 
-def _float_array(values: list[float], episode: str, call: str, field: str, length: int) -> np.ndarray:
+def _float_array(
+    values: list[float], episode: str, call: str, field: str, length: int
+) -> np.ndarray:
     array = np.asarray(values, dtype=LOGPROB_DTYPE)
     if len(array) != length:
-        raise _fail(f"{field} has {len(array)} values but completion_ids has {length} tokens", episode, call)
+        raise _fail(
+            f"{field} has {len(array)} values but completion_ids has {length} tokens", episode, call
+        )
     if not np.all(np.isfinite(array)):
         raise _fail(f"{field} holds a value that is not a finite number", episode, call)
     return array
@@ -61,11 +67,10 @@ def episode_from_wire(wire: WireEpisode) -> Episode:
     _check_run(wire)
     agents = [_agent_shell(a, wire.id) for a in wire.agents]
     _check_agent_links(agents, wire.id)
-    by_seq: list[tuple[WireCall, Agent]] = [(c, agent) for agent, a in zip(agents, wire.agents, strict=True) for c in a.calls]
+    by_seq = sorted((c for a in wire.agents for c in a.calls), key=lambda c: c.seq)
     _check_unique_calls(by_seq, wire.id)
-    by_seq.sort(key=lambda pair: pair[0].seq)
     built: dict[str, Call] = {}
-    for wire_call, agent in by_seq:
+    for wire_call in by_seq:
         built[wire_call.id] = _call_from_wire(wire_call, built, wire.id)
     for agent, wire_agent in zip(agents, wire.agents, strict=True):
         for wire_call in wire_agent.calls:
@@ -96,12 +101,18 @@ def _check_run(wire: WireEpisode) -> None:
     if run.type not in RUN_TYPES:
         raise _fail(f"run.type is {run.type!r}, expected one of {', '.join(RUN_TYPES)}", wire.id)
     if run.policy is not None and run.policy.end < run.policy.start:
-        raise _fail(f"run.policy.end ({run.policy.end}) is before run.policy.start ({run.policy.start})", wire.id)
+        raise _fail(
+            f"run.policy.end ({run.policy.end}) is before run.policy.start ({run.policy.start})",
+            wire.id,
+        )
 
 
 def _agent_shell(wire: WireAgent, episode: str) -> Agent:
     if wire.start not in AGENT_STARTS:
-        raise _fail(f"agent {wire.id!r} has start {wire.start!r}, expected one of {', '.join(AGENT_STARTS)}", episode)
+        raise _fail(
+            f"agent {wire.id!r} has start {wire.start!r}, expected one of {', '.join(AGENT_STARTS)}",
+            episode,
+        )
     return Agent(
         id=wire.id,
         name=wire.name,
@@ -122,20 +133,27 @@ def _check_agent_links(agents: list[Agent], episode: str) -> None:
         seen.add(agent_id)
     for agent in agents:
         if agent.parent is not None and agent.parent not in seen:
-            raise _fail(f"agent {agent.id!r} names parent agent {agent.parent!r}, which is not in the episode", episode)
+            raise _fail(
+                f"agent {agent.id!r} names parent agent {agent.parent!r}, which is not in the episode",
+                episode,
+            )
         if agent.parent == agent.id:
             raise _fail(f"agent {agent.id!r} names itself as its parent", episode)
 
 
-def _check_unique_calls(calls: list[tuple[WireCall, Agent]], episode: str) -> None:
+def _check_unique_calls(calls: list[WireCall], episode: str) -> None:
     ids: set[str] = set()
     seqs: dict[int, str] = {}
-    for call, _agent in calls:
+    for call in calls:
         if call.id in ids:
             raise _fail(f"call id {call.id!r} appears twice", episode, call.id)
         ids.add(call.id)
         if call.seq in seqs:
-            raise _fail(f"seq {call.seq} is used by both {seqs[call.seq]!r} and {call.id!r}", episode, call.id)
+            raise _fail(
+                f"seq {call.seq} is used by both {seqs[call.seq]!r} and {call.id!r}",
+                episode,
+                call.id,
+            )
         seqs[call.seq] = call.id
 
 
@@ -144,9 +162,15 @@ def _call_from_wire(wire: WireCall, earlier: dict[str, Call], episode: str) -> C
     if completion.size == 0:
         raise _fail("completion_ids is empty (a call samples at least one token)", episode, wire.id)
     if wire.purpose not in PURPOSES:
-        raise _fail(f"purpose is {wire.purpose!r}, expected one of {', '.join(PURPOSES)}", episode, wire.id)
+        raise _fail(
+            f"purpose is {wire.purpose!r}, expected one of {', '.join(PURPOSES)}", episode, wire.id
+        )
     base, base_len, suffix = _prompt_from_wire(wire, earlier, episode)
-    logprobs = None if wire.logprobs is None else _float_array(wire.logprobs, episode, wire.id, "logprobs", completion.size)
+    logprobs = (
+        None
+        if wire.logprobs is None
+        else _float_array(wire.logprobs, episode, wire.id, "logprobs", completion.size)
+    )
     return Call(
         id=wire.id,
         seq=wire.seq,
@@ -163,22 +187,42 @@ def _call_from_wire(wire: WireCall, earlier: dict[str, Call], episode: str) -> C
     )
 
 
-def _prompt_from_wire(wire: WireCall, earlier: dict[str, Call], episode: str) -> tuple[Call | None, int, np.ndarray]:
+def _prompt_from_wire(
+    wire: WireCall, earlier: dict[str, Call], episode: str
+) -> tuple[Call | None, int, np.ndarray]:
     compact = (wire.prompt_from, wire.prompt_from_len, wire.prompt_suffix_ids)
     given = [part is not UNSET for part in compact]
     if wire.prompt_ids is not UNSET:
         if any(given):
-            raise _fail("call has both prompt_ids and prompt_from/prompt_from_len/prompt_suffix_ids", episode, wire.id)
+            raise _fail(
+                "call has both prompt_ids and prompt_from/prompt_from_len/prompt_suffix_ids",
+                episode,
+                wire.id,
+            )
         return None, 0, token_array(wire.prompt_ids, episode, wire.id, "prompt_ids")
     if not all(given):
-        missing = [n for n, g in zip(("prompt_from", "prompt_from_len", "prompt_suffix_ids"), given, strict=True) if not g]
+        missing = [
+            n
+            for n, g in zip(
+                ("prompt_from", "prompt_from_len", "prompt_suffix_ids"), given, strict=True
+            )
+            if not g
+        ]
         raise _fail(f"call has no prompt_ids and lacks {', '.join(missing)}", episode, wire.id)
     source = earlier.get(wire.prompt_from)  # type: ignore[arg-type]
     if source is None:
-        raise _fail(f"prompt_from names {wire.prompt_from!r}, which is not an earlier call (lower seq) of the episode", episode, wire.id)
+        raise _fail(
+            f"prompt_from names {wire.prompt_from!r}, which is not an earlier call (lower seq) of the episode",
+            episode,
+            wire.id,
+        )
     length = wire.prompt_from_len
     if not 0 <= length <= source.full_len:  # type: ignore[operator]
-        raise _fail(f"prompt_from_len {length} is outside [0, {source.full_len}], the length of {source.id!r}'s full sequence", episode, wire.id)
+        raise _fail(
+            f"prompt_from_len {length} is outside [0, {source.full_len}], the length of {source.id!r}'s full sequence",
+            episode,
+            wire.id,
+        )
     suffix = token_array(wire.prompt_suffix_ids, episode, wire.id, "prompt_suffix_ids")
     return (source, length, suffix) if length else (None, 0, suffix)  # type: ignore[return-value]
 
@@ -245,5 +289,7 @@ def _call_to_wire(call: Call) -> WireCall:
         wire.prompt_suffix_ids = call.prompt_suffix.tolist()
     if call.advantages is not None:
         advantages = call.advantages
-        wire.advantages = advantages.tolist() if isinstance(advantages, np.ndarray) else float(advantages)
+        wire.advantages = (
+            advantages.tolist() if isinstance(advantages, np.ndarray) else float(advantages)
+        )
     return wire

@@ -43,7 +43,9 @@ def encode_episode(episode: Episode) -> bytes:
     return encode_wire_episode(episode_to_wire(episode))
 
 
-def write_episodes(path: str | os.PathLike[str], episodes: Iterable[Episode], append: bool = False) -> int:
+def write_episodes(
+    path: str | os.PathLike[str], episodes: Iterable[Episode], append: bool = False
+) -> int:
     """Write episodes one per line; returns how many were written."""
     with EpisodeWriter(path, append=append) as writer:
         for episode in episodes:

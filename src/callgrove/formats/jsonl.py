@@ -7,6 +7,7 @@ a crash mid-write, is a warning, never a reason to lose the lines before it.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import io
 import os
@@ -35,7 +36,7 @@ def open_binary(path: str | os.PathLike[str], mode: str = "rb") -> IO[bytes]:
         if "r" in mode:
             return zstandard.ZstdDecompressor().stream_reader(raw, closefd=True)
         return zstandard.ZstdCompressor().stream_writer(raw, closefd=True)
-    return open(name, mode)  # noqa: SIM115 - the caller closes it
+    return open(name, mode)
 
 
 def iter_lines(path: str | os.PathLike[str]) -> Iterator[tuple[int, bytes, bool]]:
@@ -66,10 +67,14 @@ def _locate_in_json(line: bytes, path: str) -> tuple[str | None, str | None]:
         if index and previous_key == "calls" and isinstance(node, dict):
             call = node.get("id")
         previous_key = key or None
-    return (episode if isinstance(episode, str) else None), (call if isinstance(call, str) else None)
+    return (episode if isinstance(episode, str) else None), (
+        call if isinstance(call, str) else None
+    )
 
 
-def decode_episode_line(line: bytes, *, file: str | None = None, number: int | None = None) -> WireEpisode:
+def decode_episode_line(
+    line: bytes, *, file: str | None = None, number: int | None = None
+) -> WireEpisode:
     """Decode one line into a `WireEpisode`, raising `InputError` located as precisely as possible."""
     try:
         wire = episode_decoder.decode(line)
@@ -167,10 +172,9 @@ class JsonlWriter:
         self._stream.flush()
         fileno = getattr(self._stream, "fileno", None)
         if fileno is not None:
-            try:
+            # Compressed streams may have no single descriptor to sync.
+            with contextlib.suppress(OSError, io.UnsupportedOperation):
                 os.fsync(fileno())
-            except (OSError, io.UnsupportedOperation):
-                pass  # compressed streams have no single descriptor to sync
 
     def close(self) -> None:
         self.sync()

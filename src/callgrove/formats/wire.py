@@ -19,18 +19,18 @@ FORMAT = "callgrove.episode/1"
 class WireCall(msgspec.Struct, kw_only=True):
     id: str
     seq: int
-    completion_ids: list[int]
     prompt_ids: list[int] | UnsetType = UNSET
     prompt_from: str | UnsetType = UNSET
     prompt_from_len: int | UnsetType = UNSET
     prompt_suffix_ids: list[int] | UnsetType = UNSET
+    completion_ids: list[int]
     logprobs: list[float] | None = None
     policy_version: int | None = None
     purpose: str = "turn"
     kept: bool = True
     # Project extras: credit written back onto the call (a scalar or one value per completion
     # token), and message-level content kept by transcript importers for display.
-    advantages: float | list[float] | None | UnsetType = UNSET
+    advantages: float | list[float] | UnsetType | None = UNSET
     content: Any | UnsetType = UNSET
 
 

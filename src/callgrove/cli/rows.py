@@ -1,0 +1,282 @@
+"""`callgrove rows`, `callgrove check` and `callgrove show`: episodes to rows, checked."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated
+
+import orjson
+import pyarrow.parquet as pq
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.tree import Tree
+
+from callgrove.cli.app import EXIT_FAILED, EXIT_OK, EXIT_USAGE, app, err, out
+from callgrove.episode import Episode, load
+from callgrove.formats.problems import Diagnostics
+from callgrove.rows import EpisodeRows, RowSettings, build_rows, check_rows
+from callgrove.rows.table import row_record, rows_table
+
+FilesArg = Annotated[
+    list[Path], typer.Argument(help="Episode files (.jsonl, .jsonl.gz, .jsonl.zst)")
+]
+MaxIdentical = Annotated[
+    int,
+    typer.Option("--max-identical", min=1, help="How many rows with identical tokens may train"),
+]
+
+
+@dataclass
+class Outcome:
+    """What a command went through: episodes turned into rows, and the ones that failed."""
+
+    diagnostics: Diagnostics = field(default_factory=Diagnostics)
+    episodes: int = 0
+    failed: int = 0
+
+    def report(self) -> int:
+        """Print the problems on stderr; return the exit status (spec section 4)."""
+        for problem in self.diagnostics.problems:
+            style = "yellow" if problem.severity == "warning" else "red"
+            err.print(f"[{style}]{problem.severity}[/]: {problem}", markup=True, highlight=False)
+        failed = self.failed + len(self.diagnostics.errors)
+        if failed:
+            err.print(f"{failed} episode(s) failed, {self.episodes} went through")
+        return EXIT_FAILED if failed else EXIT_OK
+
+
+def _check_files(files: list[Path]) -> None:
+    for path in files:
+        if not path.is_file():
+            err.print(f"error: {path}: no such file")
+            raise typer.Exit(EXIT_USAGE)
+
+
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+        disable=not err.is_terminal,
+    )
+
+
+def episode_rows(
+    files: list[Path], settings: RowSettings, outcome: Outcome
+) -> Iterator[EpisodeRows]:
+    """Rows of every readable episode; every failure is recorded in `outcome`, none is lost."""
+    _check_files(files)
+    with _progress() as progress:
+        for path in files:
+            task = progress.add_task(path.name, total=path.stat().st_size)
+            for episode in load(path, outcome.diagnostics):
+                try:
+                    result = build_rows(episode, settings)
+                except (
+                    Exception
+                ) as error:  # an episode that cannot become rows must not stop the rest
+                    outcome.failed += 1
+                    err.print(f"[red]error[/]: {path}: episode {episode.id}: {error}", markup=True)
+                    continue
+                outcome.episodes += 1
+                yield result
+                progress.update(
+                    task, advance=0, description=f"{path.name} · {outcome.episodes} episodes"
+                )
+            progress.update(task, completed=path.stat().st_size)
+
+
+@app.command("rows")
+def rows_command(
+    files: FilesArg,
+    jsonl: Annotated[
+        bool, typer.Option("--jsonl", help="One JSON object per row on stdout")
+    ] = False,
+    tokens: Annotated[
+        bool, typer.Option("--tokens", help="Add token_ids, loss_mask, logprobs")
+    ] = False,
+    out_file: Annotated[
+        Path | None, typer.Option("--out", help="Write rows to a .parquet or .jsonl file")
+    ] = None,
+    max_identical: MaxIdentical = 1,
+) -> None:
+    """Turn episodes into training rows: one per leaf, each kept call trained exactly once."""
+    if out_file is not None and out_file.suffix not in (".parquet", ".jsonl"):
+        err.print(f"error: --out {out_file}: expected a .parquet or .jsonl file")
+        raise typer.Exit(EXIT_USAGE)
+    outcome = Outcome()
+    settings = RowSettings(max_identical_trained=max_identical)
+    with _RowSink(out_file) as sink:
+        for result in episode_rows(files, settings, outcome):
+            sink.add(result)
+            if jsonl:
+                _print_jsonl(result, tokens)
+            elif out_file is None:
+                _print_rows_table(result)
+    if out_file is not None:
+        err.print(f"wrote {sink.count} rows to {out_file}")
+    raise typer.Exit(outcome.report())
+
+
+def _print_jsonl(result: EpisodeRows, tokens: bool) -> None:
+    write = sys.stdout.buffer.write
+    for row in result.rows:
+        write(orjson.dumps(row_record(row, tokens), option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
+    sys.stdout.buffer.flush()
+
+
+class _RowSink:
+    """Collects rows for --out, written as Parquet (one row group per episode batch) or JSONL."""
+
+    def __init__(self, path: Path | None):
+        self.path = path
+        self.count = 0
+        self._parquet: pq.ParquetWriter | None = None
+        self._jsonl = None
+
+    def __enter__(self) -> _RowSink:
+        if self.path is not None and self.path.suffix == ".jsonl":
+            self._jsonl = self.path.open("wb")
+        return self
+
+    def add(self, result: EpisodeRows) -> None:
+        if self.path is None or not result.rows:
+            return
+        self.count += len(result.rows)
+        if self._jsonl is not None:
+            for row in result.rows:
+                self._jsonl.write(
+                    orjson.dumps(row_record(row, True), option=orjson.OPT_SERIALIZE_NUMPY) + b"\n"
+                )
+            return
+        table = rows_table(result.rows)
+        if self._parquet is None:
+            self._parquet = pq.ParquetWriter(self.path, table.schema)
+        self._parquet.write_table(table)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._parquet is not None:
+            self._parquet.close()
+        if self._jsonl is not None:
+            self._jsonl.close()
+        if self.path is not None and self.path.suffix == ".parquet" and self._parquet is None:
+            pq.write_table(rows_table([]), self.path)
+
+
+def rows_table_view(result: EpisodeRows) -> Table:
+    """The seed's table: row, leaf, walk, trains, context only (rows numbered from 1 as there)."""
+    table = Table(title=f"episode {result.episode.id}", title_justify="left")
+    for name in ("row", "leaf", "walk", "trains", "context only", "tokens", "loss", "reward"):
+        table.add_column(
+            name,
+            justify="right" if name in ("row", "tokens", "loss", "reward") else "left",
+            no_wrap=True,
+        )
+    for row in result.rows:
+        note = (
+            f" [dim](duplicate of {row.duplicate_of + 1})[/]"
+            if row.duplicate_of is not None
+            else ""
+        )
+        table.add_row(
+            str(row.index + 1),
+            row.leaf.id,
+            " ".join(c.id for c in row.path),
+            " ".join(c.id for c in row.trains) + note,
+            " ".join(c.id for c in row.context),
+            str(row.num_tokens),
+            str(row.num_loss_tokens),
+            f"{row.reward:g}",
+        )
+    return table
+
+
+def _print_rows_table(result: EpisodeRows) -> None:
+    out.print(rows_table_view(result))
+    summary = check_rows(result)
+    out.print(f"check: {summary.line()}")
+
+
+@app.command("check")
+def check_command(files: FilesArg, max_identical: MaxIdentical = 1) -> None:
+    """Check every row invariant; print a per-episode summary; exit 1 on any violation."""
+    outcome = Outcome()
+    table = Table(title="row invariants")
+    for name in ("episode", "kept calls", "rows", "check"):
+        table.add_column(name)
+    violations = 0
+    for result in episode_rows(files, RowSettings(max_identical_trained=max_identical), outcome):
+        summary = check_rows(result)
+        violations += len(summary.violations)
+        mark = "[green]ok[/]" if summary.ok else "[red]FAIL[/]"
+        table.add_row(
+            result.episode.id,
+            str(summary.kept_calls),
+            str(summary.rows),
+            f"{mark} {summary.line()}",
+        )
+        for violation in summary.violations:
+            err.print(f"[red]violation[/]: {violation}", markup=True)
+    out.print(table)
+    status = outcome.report()
+    raise typer.Exit(EXIT_FAILED if violations else status)
+
+
+@app.command("show")
+def show_command(
+    files: FilesArg,
+    episode_id: Annotated[str | None, typer.Option("--episode", help="Only this episode")] = None,
+) -> None:
+    """Each episode's call trees, its rows and the check line."""
+    outcome = Outcome()
+    shown = 0
+    for result in episode_rows(files, RowSettings(), outcome):
+        if episode_id is not None and result.episode.id != episode_id:
+            continue
+        shown += 1
+        out.print(forest_view(result))
+        _print_rows_table(result)
+    if episode_id is not None and not shown:
+        err.print(f"error: no episode {episode_id!r} in {', '.join(map(str, files))}")
+        raise typer.Exit(EXIT_FAILED)
+    raise typer.Exit(outcome.report())
+
+
+def forest_view(result: EpisodeRows) -> Tree:
+    """A rich Tree per call tree: call id, agent, purpose, token counts, leaf and row markers."""
+    forest = result.forest
+    row_of_leaf = {id(row.leaf): row for row in result.rows}
+    trained_in = {id(c): row for row in result.rows for c in row.trains}
+    episode: Episode = result.episode
+    top = Tree(
+        f"[bold]{episode.id}[/]  reward {episode.reward:g}  {len(forest.roots)} trees, {len(forest.leaves)} leaves"
+    )
+
+    def label(index: int) -> str:
+        call = forest.calls[index]
+        agent = call.agent
+        parts = [f"[bold]{call.id}[/]", f"{agent.id}·{agent.name}" if agent else "?"]
+        if call.purpose != "turn":
+            parts.append(f"[magenta]{call.purpose}[/]")
+        parts.append(
+            f"[dim]+{call.full_len - (forest.calls[forest.parent[index]].full_len if forest.parent[index] >= 0 else 0)} tok, completion {len(call.completion_ids)}[/]"
+        )
+        parts.append(f"trained in row {trained_in[id(call)].index + 1}")
+        if id(call) in row_of_leaf:
+            parts.append(f"[green]leaf → row {row_of_leaf[id(call)].index + 1}[/]")
+        return "  ".join(parts)
+
+    def grow(node: Tree, index: int) -> None:
+        for child in forest.children[index]:
+            grow(node.add(label(child)), child)
+
+    for root in forest.roots:
+        grow(top.add(label(root)), root)
+    return top

@@ -1,0 +1,176 @@
+"""From the forest to training rows (spec section 3): one row per leaf, each call trained once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import NamedTuple
+
+import numpy as np
+
+from callgrove.episode import Agent, Call, Episode
+from callgrove.forest import Forest, build_forest
+
+
+@dataclass(frozen=True, slots=True)
+class RowSettings:
+    """How many rows with identical token sequences may train (the rest get a zero mask)."""
+
+    max_identical_trained: int = 1
+
+    def __post_init__(self) -> None:
+        if self.max_identical_trained < 1:
+            raise ValueError("max_identical_trained must be at least 1")
+
+
+class CallSpan(NamedTuple):
+    """Where a call's own tokens sit in a row: new tokens [start, end), completion [prompt_end, end)."""
+
+    call: Call
+    start: int
+    prompt_end: int
+    end: int
+
+
+@dataclass(eq=False)
+class Row:
+    """The walk from a leaf up to its root, shown root first, with what it trains."""
+
+    episode: Episode
+    index: int
+    path: list[Call]
+    trains: list[Call]
+    context: list[Call]
+    reward: float
+    duplicate_of: int | None = None
+
+    @property
+    def leaf(self) -> Call:
+        return self.path[-1]
+
+    @property
+    def agent(self) -> Agent:
+        return self.leaf.agent  # type: ignore[return-value]
+
+    @property
+    def num_tokens(self) -> int:
+        return self.leaf.full_len
+
+    @property
+    def loss_calls(self) -> list[Call]:
+        """The trained calls whose completion tokens carry loss in this row."""
+        if self.duplicate_of is not None:
+            return []
+        return [c for c in self.trains if c.agent is None or c.agent.trainable]
+
+    @property
+    def num_loss_tokens(self) -> int:
+        return sum(len(c.completion_ids) for c in self.loss_calls)
+
+    @cached_property
+    def token_ids(self) -> np.ndarray:
+        """The leaf's full sequence (int32)."""
+        return self.leaf.full_ids()
+
+    @cached_property
+    def loss_mask(self) -> np.ndarray:
+        """1 on the completion tokens of the calls with loss here, 0 elsewhere (uint8)."""
+        mask = np.zeros(self.num_tokens, dtype=np.uint8)
+        for call in self.loss_calls:
+            mask[call.prompt_len : call.full_len] = 1
+        return mask
+
+    def logprobs(self) -> np.ndarray | None:
+        """Sampling logprobs on the loss tokens, 0.0 elsewhere; None if a trained call has none."""
+        if any(c.logprobs is None for c in self.trains):
+            return None
+        values = np.zeros(self.num_tokens, dtype=np.float64)
+        for call in self.loss_calls:
+            values[call.prompt_len : call.full_len] = call.logprobs
+        return values
+
+    def spans(self) -> list[CallSpan]:
+        spans = []
+        start = 0
+        for call in self.path:
+            spans.append(CallSpan(call, start, call.prompt_len, call.full_len))
+            start = call.full_len
+        return spans
+
+
+@dataclass(eq=False)
+class EpisodeRows:
+    """An episode's forest and rows."""
+
+    episode: Episode
+    forest: Forest
+    rows: list[Row] = field(default_factory=list)
+    settings: RowSettings = field(default_factory=RowSettings)
+
+    def owner_of(self, call: Call) -> Row:
+        for row in self.rows:
+            if any(c is call for c in row.trains):
+                return row
+        raise KeyError(call.id)
+
+
+def build_rows(
+    episode: Episode, settings: RowSettings | None = None, forest: Forest | None = None
+) -> EpisodeRows:
+    """One row per leaf, ordered by leaf `seq`; each kept call trained in exactly one row."""
+    settings = settings or RowSettings()
+    forest = forest or build_forest(episode)
+    paths = [forest.path_to(leaf) for leaf in forest.leaves]
+    owners = _owners(forest, paths)
+    rows = []
+    for number, (leaf, path) in enumerate(zip(forest.leaves, paths, strict=True)):
+        calls = [forest.calls[i] for i in path]
+        rows.append(
+            Row(
+                episode=episode,
+                index=number,
+                path=calls,
+                trains=[c for c, i in zip(calls, path, strict=True) if owners[i] == number],
+                context=[c for c, i in zip(calls, path, strict=True) if owners[i] != number],
+                reward=_row_reward(episode, forest.calls[leaf]),
+            )
+        )
+    _mark_duplicates(rows, forest, settings)
+    return EpisodeRows(episode=episode, forest=forest, rows=rows, settings=settings)
+
+
+def _owners(forest: Forest, paths: list[list[int]]) -> list[int]:
+    """The row that trains each call: the lowest-seq leaf of its own agent, else the lowest-seq leaf.
+
+    Leaves are visited in ascending `seq`, so the first row seen for a call is the lowest.
+    """
+    any_leaf = [-1] * len(forest.calls)
+    own_leaf = [-1] * len(forest.calls)
+    for number, path in enumerate(paths):
+        leaf_agent = forest.calls[path[-1]].agent
+        for i in path:
+            if any_leaf[i] < 0:
+                any_leaf[i] = number
+            if own_leaf[i] < 0 and forest.calls[i].agent is leaf_agent:
+                own_leaf[i] = number
+    return [own if own >= 0 else first for own, first in zip(own_leaf, any_leaf, strict=True)]
+
+
+def _row_reward(episode: Episode, leaf: Call) -> float:
+    agent = leaf.agent
+    if agent is not None and agent.rewards is not None:
+        return float(sum(agent.rewards.values()))
+    return episode.reward
+
+
+def _mark_duplicates(rows: list[Row], forest: Forest, settings: RowSettings) -> None:
+    """Rows with identical token sequences: the first `max_identical_trained` train, the rest not."""
+    trained_copies: dict[tuple[int, int], list[Row]] = {}
+    for row in rows:
+        key = (row.num_tokens, forest.pool.full_hash(row.leaf))
+        group = trained_copies.setdefault(key, [])
+        same = [r for r in group if forest.pool.same_prefix(r.leaf, row.leaf, row.num_tokens)]
+        if len(same) >= settings.max_identical_trained:
+            row.duplicate_of = same[0].index
+        else:
+            group.append(row)
