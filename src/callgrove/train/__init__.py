@@ -1,0 +1,30 @@
+"""A reference trainer (the `train` extra, torch): a tiny decoder-only transformer that runs packed
+varlen batches and tree-packed batches, per-token log-probabilities, and a clipped
+policy-gradient loss. The only stage that imports torch."""
+
+from callgrove.train.batches import ModelBatch, packed_model_batch, tree_model_batch
+from callgrove.train.loss import (
+    NORMALISATIONS,
+    LossSettings,
+    logprobs_from_logits,
+    policy_loss,
+    row_logprobs,
+    token_logprobs,
+)
+from callgrove.train.model import TinyConfig, TinyDecoder, TreeLayout, VarlenLayout
+
+__all__ = [
+    "NORMALISATIONS",
+    "LossSettings",
+    "ModelBatch",
+    "TinyConfig",
+    "TinyDecoder",
+    "TreeLayout",
+    "VarlenLayout",
+    "logprobs_from_logits",
+    "packed_model_batch",
+    "policy_loss",
+    "row_logprobs",
+    "token_logprobs",
+    "tree_model_batch",
+]

@@ -1,0 +1,78 @@
+"""Per-token log-probabilities and a clipped policy-gradient loss over any `ModelBatch`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from callgrove.train.batches import ModelBatch
+from callgrove.train.model import TinyDecoder
+
+NORMALISATIONS = ("token", "sequence")
+
+
+@dataclass(frozen=True, slots=True)
+class LossSettings:
+    """PPO-style clipping of the importance ratio against the sampling policy, and how the
+    per-token terms are averaged: over every trained token of the batch (`token`), or within
+    each row and then over the rows that train something (`sequence`)."""
+
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    normalisation: str = "token"
+
+    def __post_init__(self) -> None:
+        if self.normalisation not in NORMALISATIONS:
+            raise ValueError(f"normalisation must be one of {NORMALISATIONS}")
+
+
+def logprobs_from_logits(
+    logits: torch.Tensor, batch: ModelBatch, index: torch.Tensor
+) -> torch.Tensor:
+    """Log-probability of the tokens at `index`, each read from its predecessor's logits
+    (0 for a token that nothing predicts)."""
+    predecessor = batch.predecessor[index]
+    predicted = predecessor >= 0
+    rows = torch.log_softmax(logits[predecessor.clamp(min=0)], dim=-1)
+    picked = rows.gather(1, batch.token_ids[index][:, None])[:, 0]
+    return torch.where(predicted, picked, torch.zeros_like(picked))
+
+
+def token_logprobs(model: TinyDecoder, batch: ModelBatch) -> torch.Tensor:
+    """Log-probability of every forwarded token under `model`."""
+    logits = model(batch.token_ids, batch.position_ids, batch.layout)
+    return logprobs_from_logits(logits, batch, torch.arange(batch.num_tokens))
+
+
+def row_logprobs(model: TinyDecoder, batch: ModelBatch) -> list[torch.Tensor]:
+    """Each row's per-token log-probabilities, in row order, whatever the layout."""
+    per_row = token_logprobs(model, batch)[batch.row_tokens]
+    return [per_row[s:e] for s, e in zip(batch.row_bounds[:-1], batch.row_bounds[1:], strict=True)]
+
+
+def policy_loss(
+    model: TinyDecoder, batch: ModelBatch, settings: LossSettings = LossSettings()
+) -> torch.Tensor:
+    """The clipped policy-gradient loss of a batch; needs `logprobs` (sampling) and `advantages`
+    on its targets."""
+    missing = {"logprobs", "advantages"} - batch.target_values.keys()
+    if missing and len(batch.target_index):
+        raise ValueError(f"policy loss needs {sorted(missing)} on every trained token")
+    logits = model(batch.token_ids, batch.position_ids, batch.layout)
+    logprobs = logprobs_from_logits(logits, batch, batch.target_index)
+    if not len(batch.target_index):
+        return logits.sum() * 0.0
+    old = batch.target_values["logprobs"].to(logprobs.dtype)
+    advantages = batch.target_values["advantages"].to(logprobs.dtype)
+    ratio = torch.exp(logprobs - old)
+    clipped = ratio.clamp(1.0 - settings.clip_low, 1.0 + settings.clip_high)
+    per_token = -torch.minimum(ratio * advantages, clipped * advantages)
+    if settings.normalisation == "token":
+        return per_token.sum() / len(per_token)
+    row_sums = torch.zeros(batch.num_rows, dtype=per_token.dtype).index_add(
+        0, batch.target_rows, per_token
+    )
+    row_counts = torch.bincount(batch.target_rows, minlength=batch.num_rows)
+    training = row_counts > 0
+    return (row_sums[training] / row_counts[training]).mean()

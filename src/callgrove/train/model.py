@@ -1,0 +1,131 @@
+"""A tiny decoder-only transformer that runs packed varlen batches and tree-packed batches alike.
+
+Positions enter only through rotary embeddings of the given position ids, so a trie node at depth
+d is rotated exactly as the token at position d of every row that holds it. What differs between
+the two layouts is which keys a query may see, and that is the attention layout's business.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import pairwise
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True, slots=True)
+class TinyConfig:
+    vocab_size: int = 64
+    d_model: int = 32
+    n_heads: int = 2
+    n_layers: int = 2
+    d_ff: int = 64
+    rope_base: float = 10000.0
+
+
+class VarlenLayout:
+    """Independent sequences laid end to end (`cu_seqlens`): causal attention inside each."""
+
+    def __init__(self, cu_seqlens: list[int]):
+        self.bounds = list(pairwise(cu_seqlens))
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        parts = [
+            F.scaled_dot_product_attention(q[:, s:e], k[:, s:e], v[:, s:e], is_causal=True)
+            for s, e in self.bounds
+            if e > s
+        ]
+        return torch.cat(parts, dim=1)
+
+
+class TreeLayout:
+    """Trie paths laid end to end: each path's queries see the keys of its head's ancestors and,
+    causally, its own; a path without ancestors is plain causal attention. Nothing N x N."""
+
+    def __init__(self, path_bounds: list[int], contexts: list[torch.Tensor]):
+        self.paths = list(zip(path_bounds[:-1], path_bounds[1:], contexts, strict=True))
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        parts = []
+        for start, end, context in self.paths:
+            q_path, k_path, v_path = q[:, start:end], k[:, start:end], v[:, start:end]
+            if len(context) == 0:
+                parts.append(F.scaled_dot_product_attention(q_path, k_path, v_path, is_causal=True))
+                continue
+            keys = torch.cat([k.index_select(1, context), k_path], dim=1)
+            values = torch.cat([v.index_select(1, context), v_path], dim=1)
+            # Bottom-right causal: every ancestor is visible, the path itself causally.
+            visible = torch.ones(end - start, keys.shape[1], dtype=torch.bool).tril(len(context))
+            parts.append(F.scaled_dot_product_attention(q_path, keys, values, attn_mask=visible))
+        return torch.cat(parts, dim=1)
+
+
+AttentionLayout = VarlenLayout | TreeLayout
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding on (heads, tokens, head_dim), halves rotated against each other."""
+    first, second = x.chunk(2, dim=-1)
+    return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1)
+
+
+class Block(nn.Module):
+    def __init__(self, config: TinyConfig):
+        super().__init__()
+        self.n_heads = config.n_heads
+        self.attn_norm = RMSNorm(config.d_model)
+        self.qkv = nn.Linear(config.d_model, 3 * config.d_model, bias=False)
+        self.out = nn.Linear(config.d_model, config.d_model, bias=False)
+        self.mlp_norm = RMSNorm(config.d_model)
+        self.up = nn.Linear(config.d_model, config.d_ff, bias=False)
+        self.down = nn.Linear(config.d_ff, config.d_model, bias=False)
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: AttentionLayout
+    ) -> torch.Tensor:
+        tokens, width = x.shape
+        q, k, v = self.qkv(self.attn_norm(x)).view(tokens, 3, self.n_heads, -1).permute(1, 2, 0, 3)
+        mixed = layout.attend(rotate(q, cos, sin), rotate(k, cos, sin), v)
+        x = x + self.out(mixed.transpose(0, 1).reshape(tokens, width))
+        return x + self.down(F.gelu(self.up(self.mlp_norm(x))))
+
+
+class TinyDecoder(nn.Module):
+    """Token ids and position ids of one flat batch in, next-token logits out."""
+
+    def __init__(self, config: TinyConfig = TinyConfig()):
+        super().__init__()
+        if config.d_model % (2 * config.n_heads):
+            raise ValueError("d_model must split into heads of even width for rotary embeddings")
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.d_model)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
+        self.norm = RMSNorm(config.d_model)
+        self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        head_dim = config.d_model // config.n_heads
+        inverse = config.rope_base ** (
+            -torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim
+        )
+        self.register_buffer("inverse_frequency", inverse, persistent=False)
+
+    def forward(
+        self, token_ids: torch.Tensor, position_ids: torch.Tensor, layout: AttentionLayout
+    ) -> torch.Tensor:
+        x = self.embed(token_ids)
+        angles = position_ids.to(torch.float64)[:, None] * self.inverse_frequency[None, :]
+        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        for block in self.blocks:
+            x = block(x, cos, sin, layout)
+        return self.head(self.norm(x))
