@@ -12,8 +12,13 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+# Piped output is read by people and scripts alike: wide enough that tables do not wrap ids.
+_PIPE_WIDTH = 200
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
+for _console in (out, err):
+    if not _console.is_terminal:
+        _console.width = _PIPE_WIDTH
 
 # Exit statuses (spec section 4): all went through, some episode failed, usage error.
 EXIT_OK = 0

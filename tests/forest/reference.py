@@ -1,0 +1,76 @@
+"""Brute-force statements of spec sections 2 and 3, quadratic on purpose, for comparison."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from callgrove.episode import Call, Episode
+
+
+def reference_parents(episode: Episode) -> dict[str, str | None]:
+    kept = [c for c in episode.calls() if c.kept]
+    parents: dict[str, str | None] = {}
+    for call in kept:
+        prompt = call.prompt_ids()
+        prefixes = [
+            p
+            for p in kept
+            if p.seq < call.seq
+            and p.full_len <= len(prompt)
+            and np.array_equal(p.full_ids(), prompt[: p.full_len])
+        ]
+        if not prefixes:
+            parents[call.id] = None
+            continue
+        longest = max(p.full_len for p in prefixes)
+        tied = [p for p in prefixes if p.full_len == longest]
+        own = [p for p in tied if p.agent is call.agent]
+        named = [p for p in tied if p.agent.id == call.agent.parent]
+        parents[call.id] = max(own or named or tied, key=lambda p: p.seq).id
+    return parents
+
+
+def reference_rows(episode: Episode, max_identical: int = 1) -> list[dict]:
+    """Rows as dicts: leaf, path, trains, context, duplicate_of, tokens, mask."""
+    parents = reference_parents(episode)
+    kept = {c.id: c for c in episode.calls() if c.kept}
+    has_child = {p for p in parents.values() if p is not None}
+    leaves = sorted((c for c in kept.values() if c.id not in has_child), key=lambda c: c.seq)
+    paths = []
+    for leaf in leaves:
+        path = [leaf.id]
+        while parents[path[-1]] is not None:
+            path.append(parents[path[-1]])
+        paths.append(path[::-1])
+    owner: dict[str, int] = {}
+    for call in kept.values():
+        holders = [i for i, path in enumerate(paths) if call.id in path]
+        own = [i for i in holders if leaves[i].agent is call.agent]
+        owner[call.id] = min(own or holders, key=lambda i: leaves[i].seq)
+    rows = []
+    for i, (leaf, path) in enumerate(zip(leaves, paths, strict=True)):
+        tokens = leaf.full_ids()
+        earlier = [
+            r for r in rows if r["duplicate_of"] is None and np.array_equal(r["tokens"], tokens)
+        ]
+        duplicate_of = earlier[0]["row"] if len(earlier) >= max_identical else None
+        trains = [c for c in path if owner[c] == i]
+        mask = np.zeros(len(tokens), dtype=np.uint8)
+        if duplicate_of is None:
+            for call_id in trains:
+                call: Call = kept[call_id]
+                if call.agent.trainable:
+                    mask[call.prompt_len : call.full_len] = 1
+        rows.append(
+            {
+                "row": i,
+                "leaf": leaf.id,
+                "path": path,
+                "trains": trains,
+                "context": [c for c in path if owner[c] != i],
+                "duplicate_of": duplicate_of,
+                "tokens": tokens,
+                "mask": mask,
+            }
+        )
+    return rows
