@@ -35,7 +35,7 @@ def episodes(draw):
         action = draw(st.sampled_from(ACTIONS))
         agent = draw(st.sampled_from(agents))
         calls = [c for a in agents for c in a.calls]
-        if action == "fresh_agent" or action == "fork" and calls:
+        if action == "fresh_agent" or (action == "fork" and calls):
             parent = draw(st.sampled_from(agents))
             start = "fork" if action == "fork" else draw(st.sampled_from(["fresh", "background"]))
             new = b.agent(
