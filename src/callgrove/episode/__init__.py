@@ -1,7 +1,13 @@
 """The episode record: the unit that is dispatched, scored, written and read back."""
 
+from callgrove.episode.arrow import (
+    BinaryEpisodeWriter,
+    is_binary,
+    read_binary_episodes,
+    write_binary_episodes,
+)
 from callgrove.episode.codec import episode_from_wire, episode_to_wire, token_array
-from callgrove.episode.files import load, save
+from callgrove.episode.files import load, load_located, open_writer, save
 from callgrove.episode.io import (
     EpisodeWriter,
     encode_episode,
@@ -18,6 +24,7 @@ from callgrove.episode.record import (
     Call,
     Episode,
 )
+from callgrove.episode.staleness import OffPolicySteps, off_policy_steps
 
 __all__ = [
     "AGENT_STARTS",
@@ -25,16 +32,24 @@ __all__ = [
     "PURPOSES",
     "TOKEN_DTYPE",
     "Agent",
+    "BinaryEpisodeWriter",
     "Call",
     "Episode",
     "EpisodeWriter",
+    "OffPolicySteps",
     "encode_episode",
     "episode_from_wire",
     "episode_to_wire",
+    "is_binary",
     "load",
+    "load_located",
+    "off_policy_steps",
+    "open_writer",
+    "read_binary_episodes",
     "read_episodes",
     "read_located_episodes",
     "save",
     "token_array",
+    "write_binary_episodes",
     "write_episodes",
 ]
