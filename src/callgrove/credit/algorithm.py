@@ -48,6 +48,11 @@ class Trace:
     seat: str | None
     reward: float
 
+    def __repr__(self) -> str:
+        agents = [agent.id for agent in self.agents]
+        where = f"episode={self.episode.id!r}, agents={agents}"
+        return f"Trace({where}, seat={self.seat!r}, reward={self.reward})"
+
     def calls(self) -> Iterator[Call]:
         for agent in self.agents:
             yield from (call for call in agent.calls if call.kept)

@@ -1,0 +1,250 @@
+"""Packing samples into micro-batches of `seq_len` tokens, balanced across data-parallel ranks.
+
+Samples are laid end to end in the varlen layout that flash-attention style kernels take: one
+flat array per field, position ids restarting at 0 for every sample, and `cu_seqlens` (the
+cumulative sample lengths, starting at 0) marking where each sample begins. Attention must not
+cross those boundaries.
+
+Steps: samples longer than `seq_len` are refused or cut (`overlong`); the samples are dealt to
+ranks longest first, each to the rank with the fewest tokens so far, which leaves the ranks at
+most one sample's tokens apart; each rank's samples are packed first-fit-decreasing into
+micro-batches; ranks with fewer micro-batches get empty ones so every rank runs the same
+number of steps. Only per-sample work runs in Python; tokens move in numpy.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from callgrove.batch.samples import (
+    FIELD_DTYPES,
+    NO_VERSION,
+    TOKEN_FIELDS,
+    Sample,
+    arrays_to_torch,
+)
+
+Overlong = Literal["error", "truncate"]
+CU_SEQLENS_DTYPE = np.int32
+
+
+@dataclass(frozen=True, slots=True)
+class PackSettings:
+    """`seq_len`: tokens per micro-batch. `overlong`: a longer sample is an error, or is cut to
+    its first `seq_len` tokens (the loss past the cut goes with them; each cut is reported).
+    `ranks`: data-parallel ranks to balance across."""
+
+    seq_len: int
+    overlong: Overlong = "error"
+    ranks: int = 1
+
+    def __post_init__(self) -> None:
+        if self.seq_len < 1:
+            raise ValueError(f"seq_len is {self.seq_len}, expected at least 1")
+        if self.overlong not in ("error", "truncate"):
+            raise ValueError(f"overlong is {self.overlong!r}, expected 'error' or 'truncate'")
+        if self.ranks < 1:
+            raise ValueError(f"ranks is {self.ranks}, expected at least 1")
+
+
+@dataclass(frozen=True, slots=True)
+class Truncation:
+    """A sample cut to `seq_len`: what it lost."""
+
+    sample: int  # index into the packed sequence of samples
+    episode: str
+    row: int
+    cut_tokens: int
+    cut_loss_tokens: int
+
+
+@dataclass(eq=False)
+class MicroBatch:
+    """Samples laid end to end (varlen layout), at most `seq_len` tokens, unpadded.
+
+    `arrays` holds the fields of `TOKEN_FIELDS` concatenated over the samples (`logprobs` is
+    None when any of them has none); `cu_seqlens[i]:cu_seqlens[i + 1]` is the i-th sample,
+    `samples[i]` its index in the input.
+    """
+
+    arrays: dict[str, np.ndarray | None]
+    cu_seqlens: np.ndarray
+    samples: np.ndarray
+    seq_len: int
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.cu_seqlens[-1])
+
+    @property
+    def padding(self) -> int:
+        return self.seq_len - self.num_tokens
+
+    @property
+    def max_seqlen(self) -> int:
+        return int(np.diff(self.cu_seqlens).max(initial=0))
+
+    def padded_arrays(
+        self, pad_token_id: int = 0
+    ) -> tuple[dict[str, np.ndarray | None], np.ndarray]:
+        """The arrays padded to `seq_len` and `cu_seqlens` with the padding as one last segment
+        (a valid varlen layout whose padding attends only to itself and carries no loss)."""
+        pad = self.padding
+        if pad == 0:
+            return self.arrays, self.cu_seqlens
+        fill = {"token_ids": pad_token_id, "policy_versions": NO_VERSION}
+        arrays: dict[str, np.ndarray | None] = {}
+        for name, values in self.arrays.items():
+            if values is None:
+                arrays[name] = None
+            elif name == "position_ids":
+                arrays[name] = np.concatenate([values, np.arange(pad, dtype=values.dtype)])
+            else:
+                tail = np.full(pad, fill.get(name, 0), dtype=values.dtype)
+                arrays[name] = np.concatenate([values, tail])
+        cu_seqlens = np.append(self.cu_seqlens, CU_SEQLENS_DTYPE(self.seq_len))
+        return arrays, cu_seqlens
+
+    def to_torch(self, pad: bool = False, pad_token_id: int = 0) -> dict[str, Any]:
+        """Tensors of the per-token fields, `cu_seqlens` (int32) and `max_seqlen` (int)."""
+        arrays, cu_seqlens = (
+            self.padded_arrays(pad_token_id) if pad else (self.arrays, self.cu_seqlens)
+        )
+        lengths = np.diff(cu_seqlens)
+        tensors = arrays_to_torch({**arrays, "cu_seqlens": cu_seqlens})
+        tensors["max_seqlen"] = int(lengths.max(initial=0))
+        return tensors
+
+
+@dataclass(eq=False)
+class PackedBatch:
+    """Micro-batches per rank (`ranks[r]`, equally many for every rank) and what was cut."""
+
+    ranks: list[list[MicroBatch]]
+    truncations: list[Truncation]
+    settings: PackSettings
+
+    @property
+    def micro_batches(self) -> list[MicroBatch]:
+        return [mb for rank in self.ranks for mb in rank]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(mb.num_tokens for mb in self.micro_batches)
+
+    @property
+    def capacity(self) -> int:
+        return self.settings.seq_len * len(self.micro_batches)
+
+    @property
+    def padding_fraction(self) -> float:
+        """Share of the micro-batches' `seq_len` slots holding no sample token."""
+        return 1.0 - self.num_tokens / self.capacity if self.capacity else 0.0
+
+    def rank_tokens(self) -> list[int]:
+        return [sum(mb.num_tokens for mb in rank) for rank in self.ranks]
+
+
+def pack(samples: Sequence[Sample], settings: PackSettings) -> PackedBatch:
+    """Pack `samples` into micro-batches of at most `settings.seq_len` tokens per rank."""
+    lengths = np.fromiter((s.num_tokens for s in samples), dtype=np.int64, count=len(samples))
+    truncations = _overlong(samples, lengths, settings)
+    lengths = np.minimum(lengths, settings.seq_len)
+    longest_first = np.argsort(-lengths, kind="stable")
+    ranks = []
+    for members in _deal_to_ranks(longest_first, lengths, settings.ranks):
+        bins = _first_fit(members, lengths, settings.seq_len)
+        ranks.append([_micro_batch(samples, lengths, b, settings.seq_len) for b in bins])
+    steps = max(len(rank) for rank in ranks)
+    empty = np.zeros(0, dtype=np.int64)
+    for rank in ranks:
+        rank += [
+            _micro_batch(samples, lengths, empty, settings.seq_len)
+            for _ in range(steps - len(rank))
+        ]
+    return PackedBatch(ranks, truncations, settings)
+
+
+def _overlong(
+    samples: Sequence[Sample], lengths: np.ndarray, settings: PackSettings
+) -> list[Truncation]:
+    over = np.flatnonzero(lengths > settings.seq_len)
+    if over.size and settings.overlong == "error":
+        named = ", ".join(
+            f"episode {samples[i].episode} row {samples[i].row} ({lengths[i]} tokens)"
+            for i in over[:5]
+        )
+        more = f" and {over.size - 5} more" if over.size > 5 else ""
+        raise ValueError(
+            f"{over.size} samples are longer than seq_len {settings.seq_len}: {named}{more} "
+            "(overlong='truncate' cuts them)"
+        )
+    return [
+        Truncation(
+            sample=int(i),
+            episode=samples[i].episode,
+            row=samples[i].row,
+            cut_tokens=int(lengths[i] - settings.seq_len),
+            cut_loss_tokens=int(np.count_nonzero(samples[i].loss_mask[settings.seq_len :])),
+        )
+        for i in over
+    ]
+
+
+def _deal_to_ranks(order: np.ndarray, lengths: np.ndarray, ranks: int) -> list[list[int]]:
+    """Longest first, each sample to the rank holding the fewest tokens (ties: lowest rank).
+
+    When a rank last received a sample it was the lightest, so it ends at most that sample's
+    length above any other rank.
+    """
+    if ranks == 1:
+        return [order.tolist()]
+    heap = [(0, rank) for rank in range(ranks)]
+    members: list[list[int]] = [[] for _ in range(ranks)]
+    for index, length in zip(order.tolist(), lengths[order].tolist(), strict=True):
+        load, rank = heapq.heappop(heap)
+        members[rank].append(index)
+        heapq.heappush(heap, (load + length, rank))
+    return members
+
+
+def _first_fit(longest_first: list[int], lengths: np.ndarray, seq_len: int) -> list[np.ndarray]:
+    """First-fit-decreasing: each sample (longest first) into the first micro-batch with room."""
+    room = np.empty(len(longest_first), dtype=np.int64)
+    bins: list[list[int]] = []
+    for index in longest_first:
+        length = lengths[index]
+        fits = room[: len(bins)] >= length
+        first = int(fits.argmax()) if len(bins) else 0
+        if len(bins) and fits[first]:
+            bins[first].append(index)
+            room[first] -= length
+        else:
+            room[len(bins)] = seq_len - length
+            bins.append([index])
+    # Within a micro-batch keep the input order: rows of one episode stay together.
+    return [np.sort(np.array(b, dtype=np.int64)) for b in bins]
+
+
+def _micro_batch(
+    samples: Sequence[Sample], lengths: np.ndarray, members: np.ndarray, seq_len: int
+) -> MicroBatch:
+    cut = lengths[members]
+    cu_seqlens = np.zeros(len(members) + 1, dtype=CU_SEQLENS_DTYPE)
+    np.cumsum(cut, out=cu_seqlens[1:])
+    chosen = [samples[i] for i in members.tolist()]
+    arrays: dict[str, np.ndarray | None] = {}
+    for name in TOKEN_FIELDS:
+        parts = [getattr(s, name) for s in chosen]
+        if any(p is None for p in parts):
+            arrays[name] = None
+        elif not parts:
+            arrays[name] = np.zeros(0, dtype=FIELD_DTYPES[name])
+        else:
+            arrays[name] = np.concatenate([p[:n] for p, n in zip(parts, cut.tolist(), strict=True)])
+    return MicroBatch(arrays, cu_seqlens, members, seq_len)
