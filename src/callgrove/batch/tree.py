@@ -26,10 +26,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from callgrove.batch.samples import Sample
+
 if TYPE_CHECKING:
     from callgrove.rows import EpisodeRows
 
 TREE_SCOPES = ("tree", "episode", "group")
+SAMPLE_VALUES = ("logprobs", "advantages", "policy_versions")  # carried onto the targets
 NODE_DTYPE = np.int64  # indices feed torch gathers, which take int64
 
 
@@ -157,29 +160,46 @@ def pack_tree(
     )
 
 
-def trie_key(row: object, episode_id: str, group: str | None, scope: str) -> Hashable:
-    """The key under which a row of an episode may share nodes with other rows."""
-    if scope == "group":
-        return ("group", group) if group is not None else ("episode", episode_id)
-    if scope == "episode":
-        return ("episode", episode_id)
-    return ("tree", episode_id, row.path[0].id)  # type: ignore[attr-defined]
+def pack_samples(samples: Sequence[Sample], settings: TreeSettings = TreeSettings()) -> TreeBatch:
+    """Tree-pack samples (rows read back from files): sampling logprobs, advantages and policy
+    versions go onto the targets; `logprobs` is left out when a sample has none."""
+    if settings.scope == "tree":
+        raise ValueError(
+            "samples do not record their call tree; tree-pack them per 'episode' or 'group'"
+        )
+    values = {
+        name: [getattr(s, name) for s in samples]
+        for name in SAMPLE_VALUES
+        if all(getattr(s, name) is not None for s in samples)
+    }
+    keys = [_scope_key(settings.scope, s.episode, s.group) for s in samples]
+    return pack_tree([s.token_ids for s in samples], [s.loss_mask for s in samples], values, keys)
 
 
 def pack_episode_rows(
     episode_rows: Iterable[EpisodeRows], settings: TreeSettings = TreeSettings()
 ) -> TreeBatch:
     """Tree-pack the rows of episodes (rows of `callgrove.rows`), carrying their sampling
-    logprobs onto the targets when every row that trains something has them."""
+    logprobs onto the targets when every row has them."""
     tokens, masks, logprobs, keys = [], [], [], []
     for er in episode_rows:
         for row in er.rows:
             tokens.append(row.token_ids)
             masks.append(row.loss_mask)
-            logprobs.append(row.logprobs() if row.num_loss_tokens else np.zeros(row.num_tokens))
-            keys.append(trie_key(row, er.episode.id, er.episode.group, settings.scope))
+            logprobs.append(row.logprobs())
+            root = row.path[0].id if settings.scope == "tree" else None
+            keys.append(_scope_key(settings.scope, er.episode.id, er.episode.group, root))
     values = {} if any(lp is None for lp in logprobs) else {"logprobs": logprobs}
     return pack_tree(tokens, masks, values, keys)
+
+
+def _scope_key(scope: str, episode: str, group: str | None, root: str | None = None) -> Hashable:
+    """Rows with equal keys may share trie nodes. An episode without a group is its own group."""
+    if scope == "group" and group is not None:
+        return ("group", group)
+    if scope == "tree":
+        return ("tree", episode, root)
+    return ("episode", episode)
 
 
 def _check_rows(

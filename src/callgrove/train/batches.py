@@ -27,7 +27,7 @@ class ModelBatch:
     row_bounds: list[int]  # row r is row_tokens[row_bounds[r]:row_bounds[r + 1]]
     target_index: torch.Tensor  # long (T,): forwarded token trained by each target
     target_rows: torch.Tensor  # long (T,): the row each target belongs to
-    target_values: dict[str, torch.Tensor]  # name -> (T,) float64: logprobs, advantages, ...
+    target_values: dict[str, torch.Tensor]  # name -> (T,): logprobs, advantages, ...
 
     @property
     def num_rows(self) -> int:
@@ -50,7 +50,7 @@ def tree_model_batch(batch: TreeBatch) -> ModelBatch:
         row_bounds=batch.row_bounds.tolist(),
         target_index=torch.from_numpy(batch.target_nodes),
         target_rows=torch.from_numpy(batch.target_rows),
-        target_values=_float_tensors(batch.target_values),
+        target_values=_tensors(batch.target_values),
     )
 
 
@@ -82,11 +82,11 @@ def packed_model_batch(
         row_bounds=bounds.tolist(),
         target_index=torch.from_numpy(target_index),
         target_rows=torch.from_numpy(np.repeat(np.arange(len(lengths)), lengths)[mask]),
-        target_values=_float_tensors(
+        target_values=_tensors(
             {k: np.asarray(v)[: bounds[-1]][mask] for k, v in (values or {}).items()}
         ),
     )
 
 
-def _float_tensors(values: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
-    return {name: torch.from_numpy(np.asarray(v, dtype=np.float64)) for name, v in values.items()}
+def _tensors(values: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+    return {name: torch.from_numpy(np.ascontiguousarray(v)) for name, v in values.items()}

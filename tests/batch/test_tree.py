@@ -1,0 +1,164 @@
+"""Tree packing: the trie holds every distinct prefix once, every row reads back exactly, targets
+keep the rows' loss masks, and attention never costs more than row-wise."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from callgrove.batch import build_samples
+from callgrove.batch.tree import TreeSettings, pack_episode_rows, pack_samples, pack_tree
+from callgrove.episode import load
+from callgrove.rows import build_rows
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def distinct_prefixes(rows, keys=None) -> int:
+    keys = keys or [None] * len(rows)
+    return len(
+        {(k, tuple(r[: d + 1])) for r, k in zip(rows, keys, strict=True) for d in range(len(r))}
+    )
+
+
+def assert_trie_reads_back(batch, rows, masks, keys=None) -> None:
+    """Every row is its nodes, in order: tokens, depths, parents; nodes are distinct prefixes."""
+    assert batch.num_tokens == distinct_prefixes(rows, keys)
+    assert batch.num_row_tokens == sum(len(r) for r in rows)
+    for r, (tokens, mask) in enumerate(zip(rows, masks, strict=True)):
+        nodes = batch.row_slice(r)
+        assert np.array_equal(batch.token_ids[nodes], tokens)
+        assert np.array_equal(batch.position_ids[nodes], np.arange(len(tokens)))
+        assert np.array_equal(batch.parent[nodes], np.concatenate([[-1], nodes[:-1]])[: len(nodes)])
+        assert np.array_equal(batch.target_nodes[batch.target_rows == r], nodes[mask.astype(bool)])
+    assert np.array_equal(np.flatnonzero(batch.loss_mask), np.unique(batch.target_nodes))
+    assert (batch.parent < np.arange(batch.num_tokens)).all()  # parents are laid out first
+
+
+def assert_paths_are_ancestor_chains(batch) -> None:
+    """A path is a chain below its head's ancestors; its attention costs no more than its row's."""
+    tree_pairs = 0
+    for p in range(batch.num_paths):
+        start, end = batch.path_nodes(p)
+        context = batch.path_context(p)
+        chain = np.concatenate([context, np.arange(start, end)])
+        assert np.array_equal(batch.parent[chain], np.concatenate([[-1], chain[:-1]]))
+        q = end - start
+        tree_pairs += q * len(context) + q * (q + 1) // 2
+    row_lengths = np.diff(batch.row_bounds)
+    assert tree_pairs <= int((row_lengths * (row_lengths + 1) // 2).sum())
+
+
+@st.composite
+def shared_rows(draw):
+    """Rows that branch off each other at random depths, with twins and prefixes of others."""
+    alphabet = draw(st.integers(1, 4))
+    tokens = st.lists(st.integers(0, alphabet), min_size=1, max_size=6)
+    rows = [draw(tokens)]
+    for _ in range(draw(st.integers(0, 7))):
+        source = draw(st.sampled_from(rows))
+        cut = draw(st.integers(0, len(source)))
+        rows.append(source[:cut] + draw(tokens) if draw(st.booleans()) else list(source))
+    rows = [np.array(r, dtype=np.int32) for r in rows]
+    masks = [
+        np.array(
+            [0, *draw(st.lists(st.integers(0, 1), min_size=len(r) - 1, max_size=len(r) - 1))],
+            np.uint8,
+        )
+        for r in rows
+    ]
+    keys = draw(st.none() | st.lists(st.sampled_from("ab"), min_size=len(rows), max_size=len(rows)))
+    return rows, masks, keys
+
+
+@settings(max_examples=200, deadline=None)
+@given(shared_rows())
+def test_trie_holds_every_distinct_prefix_once_and_rows_read_back(case):
+    rows, masks, keys = case
+    values = [np.arange(len(r), dtype=np.float64) + 10 * i for i, r in enumerate(rows)]
+    batch = pack_tree(rows, masks, {"advantages": values}, keys)
+    assert_trie_reads_back(batch, rows, masks, keys)
+    assert_paths_are_ancestor_chains(batch)
+    expected = np.concatenate([v[m.astype(bool)] for v, m in zip(values, masks, strict=True)])
+    assert np.array_equal(batch.target_values["advantages"], expected)
+
+
+def test_rows_of_different_keys_never_share_a_node():
+    rows = [np.array([1, 2, 3]), np.array([1, 2, 4])]
+    masks = [np.array([0, 0, 1]), np.array([0, 1, 1])]
+    merged = pack_tree(rows, masks)
+    apart = pack_tree(rows, masks, trie_keys=["a", "b"])
+    assert (merged.num_tokens, apart.num_tokens) == (4, 6)
+    assert merged.forwarded_token_ratio == 1.5 and apart.forwarded_token_ratio == 1.0
+
+
+def test_a_twin_row_trains_its_shared_nodes_again_when_its_mask_says_so():
+    row = np.array([5, 6, 7])
+    batch = pack_tree([row, row.copy()], [np.array([0, 1, 1]), np.array([0, 1, 1])])
+    assert batch.num_tokens == 3
+    assert batch.target_nodes.tolist() == [1, 2, 1, 2]
+    assert batch.target_rows.tolist() == [0, 0, 1, 1]
+
+
+def test_loss_on_a_first_token_is_refused_naming_the_row():
+    with pytest.raises(ValueError, match=r"row 1: .*first token"):
+        pack_tree([np.array([1, 2]), np.array([3, 4])], [np.array([0, 1]), np.array([1, 0])])
+
+
+def test_mismatched_arrays_are_refused_naming_the_row():
+    with pytest.raises(ValueError, match="row 0"):
+        pack_tree([np.array([1, 2])], [np.array([0, 1, 1])])
+    with pytest.raises(ValueError, match="row 0: 'logprobs'"):
+        pack_tree([np.array([1, 2])], [np.array([0, 1])], {"logprobs": [np.zeros(3)]})
+
+
+def test_seed_example_forwards_each_distinct_token_once():
+    (episode,) = load(EXAMPLES / "login_bug.jsonl")
+    er = build_rows(episode)
+    batch = pack_episode_rows([er])
+    rows = [r.token_ids for r in er.rows]
+    masks = [r.loss_mask for r in er.rows]
+    keys = [r.path[0].id for r in er.rows]
+    assert_trie_reads_back(batch, rows, masks, keys)
+    assert_paths_are_ancestor_chains(batch)
+    # The row of leaf C9 repeats C1, C3 and C7, which the row of leaf C10 holds too.
+    assert [c.id for c in er.rows[2].path] == ["C1", "C3", "C7", "C8", "C9"]
+    shared = er.rows[2].spans()[2].end
+    assert batch.num_row_tokens - batch.num_tokens >= shared
+    assert batch.num_tokens == distinct_prefixes(rows, keys)
+    assert np.array_equal(
+        batch.target_values["logprobs"],
+        np.concatenate([r.logprobs()[r.loss_mask.astype(bool)] for r in er.rows]),
+    )
+    # Episode scope may merge prefixes across its trees too, never fewer than the floor.
+    episode_wide = pack_episode_rows([er], TreeSettings(scope="episode"))
+    assert episode_wide.num_tokens == distinct_prefixes(rows)
+
+
+def test_group_scope_forwards_the_shared_task_prompt_once():
+    episodes = load(EXAMPLES / "login_group.jsonl")
+    episode_rows = [build_rows(e) for e in episodes]
+    for er in episode_rows:
+        for call in er.forest.calls:
+            call.advantages = 0.5
+    per_episode = pack_episode_rows(episode_rows, TreeSettings(scope="episode"))
+    per_group = pack_episode_rows(episode_rows, TreeSettings(scope="group"))
+    rows = [r.token_ids for er in episode_rows for r in er.rows]
+    assert per_group.num_tokens == distinct_prefixes(rows)
+    assert per_group.num_tokens < per_episode.num_tokens
+    samples = [s for er in episode_rows for s in build_samples(er)]
+    from_samples = pack_samples(samples, TreeSettings(scope="group"))
+    assert from_samples.num_tokens == per_group.num_tokens
+    assert np.array_equal(from_samples.target_nodes, per_group.target_nodes)
+    assert set(from_samples.target_values) == {"logprobs", "advantages", "policy_versions"}
+    with pytest.raises(ValueError, match="call tree"):
+        pack_samples(samples, TreeSettings(scope="tree"))
+
+
+def test_unknown_scope_is_refused():
+    with pytest.raises(ValueError, match="scope"):
+        TreeSettings(scope="batch")
