@@ -72,20 +72,22 @@ class Call:
     def full_len(self) -> int:
         return self.prompt_len + len(self.completion_ids)
 
-    def segments(self, length: int | None = None) -> list[np.ndarray]:
-        """Array views that concatenate to `full_ids()[:length]`, sharing memory with the history."""
+    def segments(self, length: int | None = None, start: int = 0) -> list[np.ndarray]:
+        """Array views that concatenate to `full_ids()[start:length]`, sharing memory with the history."""
         remaining = self.full_len if length is None else length
         reversed_parts: list[np.ndarray] = []
         call: Call | None = self
-        while call is not None and remaining > 0:
+        while call is not None and remaining > start:
             suffix_start = call.prompt_base_len
             completion_start = suffix_start + len(call.prompt_suffix)
-            if remaining > completion_start:
-                reversed_parts.append(call.completion_ids[: remaining - completion_start])
-                remaining = completion_start
-            if remaining > suffix_start:
-                reversed_parts.append(call.prompt_suffix[: remaining - suffix_start])
-                remaining = suffix_start
+            for piece_start, piece in (
+                (completion_start, call.completion_ids),
+                (suffix_start, call.prompt_suffix),
+            ):
+                if remaining > piece_start:
+                    skip = max(start - piece_start, 0)
+                    reversed_parts.append(piece[skip : remaining - piece_start])
+                    remaining = piece_start
             call = call.prompt_base
         reversed_parts.reverse()
         return reversed_parts

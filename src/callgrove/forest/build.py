@@ -30,6 +30,7 @@ class Forest:
     leaves: list[int] = field(default_factory=list)
     tree_of: list[int] = field(default_factory=list)
     _index: dict[int, int] = field(default_factory=dict, repr=False)
+    _new_tokens: list[np.ndarray] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self._index = {id(call): i for i, call in enumerate(self.calls)}
@@ -49,6 +50,24 @@ class Forest:
     def parent_of(self, call: Call) -> Call | None:
         parent = self.parent[self.index_of(call)]
         return None if parent < 0 else self.calls[parent]
+
+    def new_tokens(self) -> list[np.ndarray]:
+        """Per call, the tokens it adds to its parent's full sequence (all of it for a root).
+
+        A row is the concatenation of these along its walk. Where a call's prompt is held on its
+        parent (the usual case), its new tokens are one contiguous slice of the pool.
+        """
+        if self._new_tokens is None:
+            views = []
+            for call, parent in zip(self.calls, self.parent, strict=True):
+                start = self.calls[parent].full_len if parent >= 0 else 0
+                if call.prompt_base_len == start:
+                    begin = self.pool.suffix_start[id(call)]
+                    views.append(self.pool.tokens[begin : begin + call.full_len - start])
+                else:
+                    views.append(np.concatenate(call.segments(start=start)))
+            self._new_tokens = views
+        return self._new_tokens
 
     def path_to(self, index: int) -> list[int]:
         """Indices from the root down to `index`."""
@@ -78,8 +97,7 @@ class _ParentFinder:
         for i, call in enumerate(kept):
             full_hashes[i] = pool.full_hash(call)
             self.by_hash[int(full_hashes[i])].append(call)
-        # Pooled tokens at which some kept call's full sequence could end.
-        self.marked = np.flatnonzero(np.isin(pool.hashes, full_hashes))
+        self.marked = _positions_of_known(pool.hashes, full_hashes)
 
     def parent_of(self, call: Call) -> Call | None:
         for start, stop in self.pool.ranges(call, call.prompt_len):
@@ -102,6 +120,24 @@ class _ParentFinder:
         if not matches:
             return None
         return max(matches, key=lambda p: _tie_rank(p, call))
+
+
+def _positions_of_known(hashes: np.ndarray, known: np.ndarray) -> np.ndarray:
+    """Indices of `hashes` whose value is in `known`, ascending.
+
+    A bit table on high hash bits rules out almost every token with one gather; only the few
+    that pass are checked exactly against the sorted known values.
+    """
+    if not len(known):
+        return np.zeros(0, dtype=np.int64)
+    bits = max(16, int(len(known) * 64).bit_length())
+    shift = np.uint64(64 - bits)
+    table = np.zeros(1 << bits, dtype=bool)
+    table[known >> shift] = True
+    candidates = np.flatnonzero(table[hashes >> shift])
+    known = np.sort(known)
+    slot = np.minimum(np.searchsorted(known, hashes[candidates]), len(known) - 1)
+    return candidates[known[slot] == hashes[candidates]]
 
 
 def _tie_rank(candidate: Call, call: Call) -> tuple[bool, bool, int]:

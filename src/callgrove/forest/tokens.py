@@ -13,6 +13,7 @@ token) pair: cheap to extend with a numpy cumulative sum. Equal hashes are only 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -105,21 +106,19 @@ class TokenPool:
                 return self.suffix_start[id(call)] + position - call.prompt_base_len
             call = call.prompt_base  # type: ignore[assignment]
 
-    def ranges(self, call: Call, length: int) -> list[tuple[int, int]]:
-        """Pool ranges (start, stop) holding `call.full[:length]`, last range first."""
-        result: list[tuple[int, int]] = []
+    def ranges(self, call: Call, length: int) -> Iterator[tuple[int, int]]:
+        """Pool ranges (start, stop) holding `call.full[:length]`, last range first, lazily."""
         current: Call | None = call
         while current is not None and length > 0:
             if length > current.prompt_len:
                 start = self.completion_start[id(current)]
-                result.append((start, start + length - current.prompt_len))
+                yield start, start + length - current.prompt_len
                 length = current.prompt_len
             if length > current.prompt_base_len:
                 start = self.suffix_start[id(current)]
-                result.append((start, start + length - current.prompt_base_len))
+                yield start, start + length - current.prompt_base_len
                 length = current.prompt_base_len
             current = current.prompt_base
-        return result
 
     def full_hash(self, call: Call) -> int:
         return int(self.hashes[self.index_at(call, call.full_len - 1)])
@@ -134,13 +133,9 @@ class TokenPool:
         if length > a.full_len or length > b.full_len:
             return False
         left, right = self.ranges(a, length), self.ranges(b, length)
-        li = ri = 0
-        left_stop = right_stop = None
-        while li < len(left) and ri < len(right):
-            l_start, l_end = left[li]
-            r_start, r_end = right[ri]
-            l_end = l_end if left_stop is None else left_stop
-            r_end = r_end if right_stop is None else right_stop
+        l_start, l_end = next(left, (0, 0))
+        r_start, r_end = next(right, (0, 0))
+        while l_end > l_start and r_end > r_start:
             if l_end == r_end:
                 return True  # same pooled token at the same position: the prefixes agree
             span = min(l_end - l_start, r_end - r_start)
@@ -148,9 +143,9 @@ class TokenPool:
                 self.tokens[l_end - span : l_end], self.tokens[r_end - span : r_end]
             ):
                 return False
-            left_stop, right_stop = l_end - span, r_end - span
-            if left_stop == l_start:
-                li, left_stop = li + 1, None
-            if right_stop == r_start:
-                ri, right_stop = ri + 1, None
-        return li == len(left) and ri == len(right)
+            l_end, r_end = l_end - span, r_end - span
+            if l_end == l_start:
+                l_start, l_end = next(left, (0, 0))
+            if r_end == r_start:
+                r_start, r_end = next(right, (0, 0))
+        return True  # both walks covered `length` tokens, all equal

@@ -43,6 +43,8 @@ class Row:
     context: list[Call]
     reward: float
     duplicate_of: int | None = None
+    forest: Forest | None = field(default=None, repr=False)
+    path_index: list[int] = field(default_factory=list, repr=False)
 
     @property
     def leaf(self) -> Call:
@@ -67,18 +69,27 @@ class Row:
     def num_loss_tokens(self) -> int:
         return sum(len(c.completion_ids) for c in self.loss_calls)
 
-    @cached_property
+    @property
     def token_ids(self) -> np.ndarray:
         """The leaf's full sequence (int32)."""
-        return self.leaf.full_ids()
+        return self._materialized[0]
 
-    @cached_property
+    @property
     def loss_mask(self) -> np.ndarray:
         """1 on the completion tokens of the calls with loss here, 0 elsewhere (uint8)."""
-        mask = np.zeros(self.num_tokens, dtype=np.uint8)
+        return self._materialized[1]
+
+    @cached_property
+    def _materialized(self) -> tuple[np.ndarray, np.ndarray]:
+        if self.forest is not None:
+            views = self.forest.new_tokens()
+            tokens = np.concatenate([views[i] for i in self.path_index])
+        else:
+            tokens = self.leaf.full_ids()
+        mask = np.zeros(len(tokens), dtype=np.uint8)
         for call in self.loss_calls:
             mask[call.prompt_len : call.full_len] = 1
-        return mask
+        return tokens, mask
 
     def logprobs(self) -> np.ndarray | None:
         """Sampling logprobs on the loss tokens, 0.0 elsewhere; None if a trained call has none."""
@@ -133,6 +144,8 @@ def build_rows(
                 trains=[c for c, i in zip(calls, path, strict=True) if owners[i] == number],
                 context=[c for c, i in zip(calls, path, strict=True) if owners[i] != number],
                 reward=_row_reward(episode, forest.calls[leaf]),
+                forest=forest,
+                path_index=path,
             )
         )
     _mark_duplicates(rows, forest, settings)
