@@ -1,0 +1,28 @@
+"""Harness transcripts (Claude Code, Codex) as episodes: import, render to tokens, join a capture."""
+
+from callgrove.transcripts.claude_code import import_claude_code
+from callgrove.transcripts.codex import import_codex
+from callgrove.transcripts.ledger import ImportReport
+from callgrove.transcripts.model import (
+    Message,
+    ToolCall,
+    Transcript,
+    TranscriptAgent,
+    TranscriptCall,
+)
+from callgrove.transcripts.render import BuiltinFormat, ByteTokenizer, JinjaFormat, Renderer
+
+__all__ = [
+    "BuiltinFormat",
+    "ByteTokenizer",
+    "ImportReport",
+    "JinjaFormat",
+    "Message",
+    "Renderer",
+    "ToolCall",
+    "Transcript",
+    "TranscriptAgent",
+    "TranscriptCall",
+    "import_claude_code",
+    "import_codex",
+]

@@ -1,0 +1,445 @@
+"""Codex CLI rollouts (`~/.codex/sessions/**/rollout-*.jsonl`) as transcripts.
+
+A rollout is one thread: a `session_meta` record, then `response_item`s (the model's inputs
+and outputs in the order they were recorded), `turn_context`, `event_msg` and `compacted`
+records. Model outputs that follow each other (reasoning, assistant messages, tool calls) are
+one API response, closed by the next input message, a turn boundary or the `token_count` event
+Codex writes after each response; tool outputs recorded while a response is open follow it in
+the history. A `compacted` record is a `compaction` call answering with its summary, after which
+the history is the record's `replacement_history`. Subagent threads name their parent thread
+in `session_meta.source.subagent.thread_spawn`; each root thread with its subagents (from any
+of the files read) is one transcript.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from callgrove.transcripts.ledger import ImportReport, Line, read_json_lines
+from callgrove.transcripts.model import (
+    Message,
+    ToolCall,
+    Transcript,
+    TranscriptAgent,
+    TranscriptCall,
+    Turn,
+    extend,
+)
+
+OUTPUT_ITEMS = frozenset(
+    {
+        "reasoning",
+        "function_call",
+        "custom_tool_call",
+        "local_shell_call",
+        "web_search_call",
+        "tool_search_call",
+        "image_generation_call",
+    }
+)
+TOOL_OUTPUT_ITEMS = frozenset(
+    {
+        "function_call_output",
+        "custom_tool_call_output",
+        "local_shell_call_output",
+        "tool_search_output",
+    }
+)
+TURN_EVENTS = frozenset({"task_started", "task_complete", "turn_aborted"})
+DUPLICATE_EVENTS = frozenset({"user_message", "agent_message", "agent_reasoning"})
+SPAWN_EVENT_FIELDS = ("new_thread_id", "receiver_thread_id", "thread_id")
+
+
+def _text(value: Any) -> str:
+    """Readable text of a content value: strings, `{text}` objects, lists of content items."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return "\n".join(t for t in (_text(v) for v in value) if t)
+    if isinstance(value, dict):
+        kind = value.get("type")
+        if kind in ("input_image", "image"):
+            return "[image]"
+        for key in ("text", "content", "output"):
+            if key in value:
+                return _text(value[key])
+        return orjson.dumps(value).decode()
+    return str(value)
+
+
+def _arguments(raw: Any) -> Any:
+    if isinstance(raw, str):
+        try:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return raw
+    return raw
+
+
+def _timestamp(value: Any) -> float | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.fromisoformat(value).timestamp()
+    except ValueError:
+        return None
+
+
+def input_messages(item: dict[str, Any]) -> list[Message] | None:
+    """The messages an input item adds to the history; None when it is not an input."""
+    kind = item.get("type")
+    if kind == "message" and item.get("role") in ("user", "developer", "system"):
+        return [Message(str(item["role"]), _text(item.get("content")))]
+    if kind in TOOL_OUTPUT_ITEMS:
+        return [
+            Message("tool", _text(item.get("output")), tool_call_id=str(item.get("call_id") or ""))
+        ]
+    if kind == "agent_message":  # a message from another agent, read as input
+        return [Message("user", _text(item.get("content")))]
+    return None
+
+
+def response_message(items: list[dict[str, Any]]) -> Message:
+    """One API response from its output items."""
+    thinking: list[str] = []
+    texts: list[str] = []
+    calls: list[ToolCall] = []
+    for item in items:
+        kind = item.get("type")
+        if kind == "reasoning":
+            summary = _text(
+                [s.get("text", "") for s in item.get("summary") or [] if isinstance(s, dict)]
+            )
+            thinking.append(summary or _text(item.get("content")))
+        elif kind == "message":
+            for block in item.get("content") or []:
+                if isinstance(block, dict) and block.get("type") == "reasoning":
+                    thinking.append(_text(block.get("text")))
+                else:
+                    texts.append(_text(block))
+        elif kind == "function_call":
+            calls.append(
+                ToolCall(
+                    str(item.get("call_id") or ""),
+                    str(item.get("name") or ""),
+                    _arguments(item.get("arguments")),
+                )
+            )
+        elif kind == "custom_tool_call":
+            calls.append(
+                ToolCall(
+                    str(item.get("call_id") or ""), str(item.get("name") or ""), item.get("input")
+                )
+            )
+        else:
+            arguments = item.get("action") or item.get("arguments") or item.get("revised_prompt")
+            calls.append(
+                ToolCall(str(item.get("call_id") or item.get("id") or ""), str(kind), arguments)
+            )
+    return Message("assistant", "\n".join(texts), "\n".join(t for t in thinking if t), tuple(calls))
+
+
+@dataclass(eq=False)
+class Thread:
+    id: str
+    meta: dict[str, Any]
+    agent: TranscriptAgent
+    history: Turn | None = None
+    system: Message | None = None
+    spawned: dict[str, str] = field(default_factory=dict)  # child thread id -> tool call id
+    outputs: dict[str, str] = field(default_factory=dict)  # tool call id -> its output text
+    tool_calls: dict[str, TranscriptCall] = field(default_factory=dict)  # tool call id -> call
+    call_ids: set[str] = field(default_factory=set)
+    first_prompt: str | None = None
+
+    @property
+    def parent_id(self) -> str | None:
+        source = self.meta.get("source")
+        spawn = source.get("subagent", {}) if isinstance(source, dict) else {}
+        spawn = spawn.get("thread_spawn") if isinstance(spawn, dict) else None
+        parent = (spawn or {}).get("parent_thread_id") or self.meta.get("parent_thread_id")
+        return parent if isinstance(parent, str) else None
+
+
+class RolloutReader:
+    """Reads rollout files into threads, one pending response at a time."""
+
+    def __init__(self, report: ImportReport):
+        self.report = report
+        self.threads: dict[str, Thread] = {}
+        self.thread: Thread | None = None
+        self.pending: list[tuple[Line, dict[str, Any]]] = []
+        self.queued: list[Message] = []
+        self.last_call: TranscriptCall | None = None
+        self.closes_on_count = False
+        self.rank = 0
+        self.time: float = 0.0
+
+    def read(self, path: Path, rank: int) -> None:
+        lines = list(read_json_lines(path, self.report))
+        self.rank, self.thread, self.time = rank, None, 0.0
+        self.closes_on_count = any(
+            ln.data.get("type") == "event_msg"
+            and isinstance(ln.data.get("payload"), dict)
+            and ln.data["payload"].get("type") == "token_count"
+            for ln in lines
+        )
+        for line in lines:
+            time = _timestamp(line.data.get("timestamp"))
+            self.time = time if time is not None else self.time
+            self._line(line)
+        self._close()
+
+    def _order(self, line: Line) -> tuple[Any, ...]:
+        return (self.time, self.rank, line.number)
+
+    def _line(self, line: Line) -> None:
+        kind = line.data.get("type")
+        payload = line.data.get("payload")
+        if not isinstance(payload, dict):
+            self.report.skip(line, f"{kind or 'untyped'} record without a payload object")
+            return
+        if kind == "session_meta":
+            self._close()
+            self._session(line, payload)
+            return
+        if self.thread is None:
+            self.report.problem(
+                f"{kind} record before any session_meta; ignored", line.file, line.number
+            )
+            return
+        if kind == "response_item":
+            self._item(line, payload)
+        elif kind == "event_msg":
+            self._event(line, payload)
+        elif kind == "turn_context":
+            self._close()
+            self.report.use(line, "turn settings")
+        elif kind == "compacted":
+            self._close()
+            self._compaction(line, payload)
+        else:
+            self.report.skip(line, f"{kind or 'untyped'} record is not a model message")
+
+    def _session(self, line: Line, payload: dict[str, Any]) -> None:
+        thread_id = str(
+            payload.get("id") or payload.get("session_id") or f"{line.file}:{line.number}"
+        )
+        thread = self.threads.get(thread_id)
+        if thread is None:
+            name = payload.get("agent_role") or payload.get("agent_nickname")
+            agent = TranscriptAgent(thread_id, str(name or "leader"), meta={"file": line.file})
+            thread = self.threads[thread_id] = Thread(thread_id, payload, agent)
+            instructions = payload.get("base_instructions") or payload.get("instructions")
+            text = _text(instructions)
+            if text:
+                thread.system = Message("system", text)
+                thread.history = Turn(thread.system, None)
+        self.thread = thread
+        self.report.use(line, "session meta")
+
+    def _item(self, line: Line, item: dict[str, Any]) -> None:
+        kind = item.get("type")
+        if kind in OUTPUT_ITEMS or (kind == "message" and item.get("role") == "assistant"):
+            self.pending.append((line, item))
+            self.report.use(line, "call")
+            return
+        messages = input_messages(item)
+        if messages is None:
+            self.report.skip(line, f"response item {kind} is not sent to the model")
+            return
+        thread = self.thread
+        assert thread is not None
+        if self.pending and (kind == "message" or not self.closes_on_count):
+            self._close()
+        if self.pending:
+            self.queued.extend(messages)
+        else:
+            thread.history = extend(thread.history, messages)
+        for message in messages:
+            if message.tool_call_id:
+                thread.outputs[message.tool_call_id] = message.text
+        if thread.first_prompt is None and messages[0].role == "user":
+            thread.first_prompt = messages[0].text
+        self.report.use(line, "message")
+
+    def _event(self, line: Line, event: dict[str, Any]) -> None:
+        kind = event.get("type")
+        if kind == "token_count":
+            had_response = bool(self.pending)
+            self._close()
+            if had_response and self.last_call is not None:
+                self.last_call.content["usage"] = (event.get("info") or {}).get("last_token_usage")
+                self.report.use(line, "usage")
+            else:
+                self.report.skip(line, "token_count event with no response before it")
+        elif kind in TURN_EVENTS:
+            self._close()
+            self.report.use(line, "turn boundary")
+        elif kind in DUPLICATE_EVENTS:
+            self.report.skip(line, f"{kind} event repeats a response item")
+        elif "spawn" in str(kind) and isinstance(event.get("call_id"), str):
+            child = next(
+                (event[k] for k in SPAWN_EVENT_FIELDS if isinstance(event.get(k), str)), None
+            )
+            if child is None:
+                self.report.skip(line, f"{kind} event names no thread")
+                return
+            self.thread.spawned[child] = event["call_id"]  # type: ignore[union-attr]
+            self.report.use(line, "subagent link")
+        else:
+            self.report.skip(line, f"{kind} event is not a model message")
+
+    def _close(self) -> None:
+        """End the open response: one call, then the tool outputs recorded meanwhile."""
+        if not self.pending or self.thread is None:
+            self.pending, self.queued = [], []
+            return
+        thread = self.thread
+        first_line, first_item = self.pending[0]
+        call = TranscriptCall(
+            id=self._call_id(thread, first_item.get("id") or f"line{first_line.number}"),
+            agent=thread.agent,
+            context=thread.history,
+            response=response_message([item for _, item in self.pending]),
+            order=self._order(first_line),
+            content={
+                "source": {"file": first_line.file, "lines": [ln.number for ln, _ in self.pending]}
+            },
+        )
+        thread.agent.calls.append(call)
+        thread.tool_calls.update((tool.id, call) for tool in call.response.tool_calls if tool.id)
+        thread.history = extend(call.answer, self.queued)
+        self.last_call = call
+        self.pending, self.queued = [], []
+
+    def _compaction(self, line: Line, payload: dict[str, Any]) -> None:
+        thread = self.thread
+        assert thread is not None
+        replacement = [i for i in payload.get("replacement_history") or [] if isinstance(i, dict)]
+        summary = _text(payload.get("message")) or _summary_from(replacement)
+        call = TranscriptCall(
+            id=self._call_id(thread, f"compact-{line.number}"),
+            agent=thread.agent,
+            context=thread.history,
+            response=Message("assistant", summary),
+            order=self._order(line),
+            purpose="compaction",
+            content={"source": {"file": line.file, "lines": [line.number]}},
+        )
+        thread.agent.calls.append(call)
+        history = Turn(thread.system, None) if thread.system else None
+        for item in replacement:
+            kind = item.get("type")
+            if kind == "message" and item.get("role") == "assistant":
+                history = Turn(response_message([item]), history)
+            elif kind == "compaction":
+                history = Turn(Message("user", "[compaction summary, encrypted]"), history)
+            else:
+                history = extend(history, input_messages(item) or [])
+        thread.history = history
+        self.report.use(line, "compaction")
+
+    def _call_id(self, thread: Thread, key: str) -> str:
+        base = f"{thread.id}/{key}"
+        name, n = base, 1
+        while name in thread.call_ids:
+            n += 1
+            name = f"{base}#{n}"
+        thread.call_ids.add(name)
+        return name
+
+
+def _summary_from(replacement: list[dict[str, Any]]) -> str:
+    """With no `message`, the summary is the last user message of the replacement history."""
+    for item in reversed(replacement):
+        if item.get("type") == "message" and item.get("role") == "user":
+            return _text(item.get("content"))
+    return ""
+
+
+def import_codex(
+    path: str | os.PathLike[str], report: ImportReport | None = None
+) -> list[Transcript]:
+    """Every thread under `path` (a rollout file or a folder), subagents joined to their parents."""
+    report = report if report is not None else ImportReport()
+    root = Path(path)
+    if root.is_dir():
+        files = sorted(root.rglob("*.jsonl"))
+    elif root.is_file():
+        files = [root]
+    else:
+        report.problem("no such file or folder", str(root))
+        return []
+    reader = RolloutReader(report)
+    for rank, file in enumerate(files):
+        reader.read(file, rank)
+    return _episodes(list(reader.threads.values()))
+
+
+def _episodes(threads: list[Thread]) -> list[Transcript]:
+    by_id = {t.id: t for t in threads}
+    children: dict[str, list[Thread]] = {}
+    roots: list[Thread] = []
+    gaps_of: dict[str, list[dict[str, Any]]] = {}
+    for thread in threads:
+        parent = thread.parent_id
+        if parent is not None and parent in by_id and parent != thread.id:
+            children.setdefault(parent, []).append(thread)
+            continue
+        roots.append(thread)
+        if parent is not None:
+            thread.agent.start = "fresh"
+            gaps_of[thread.id] = [
+                {
+                    "kind": "subagent_parent_unavailable",
+                    "agent": thread.id,
+                    "file": thread.agent.meta.get("file"),
+                    "reason": f"parent thread {parent!r} is "
+                    + ("this thread itself" if parent == thread.id else "not among the files read"),
+                }
+            ]
+    transcripts = []
+    for root in roots:
+        members = [root]
+        for member in members:  # grows while walking: breadth-first over descendants
+            for child in children.get(member.id, []):
+                _link(member, child)
+                members.append(child)
+        transcripts.append(
+            Transcript(
+                id=root.id,
+                agents=[m.agent for m in members],
+                gaps=gaps_of.get(root.id, []),
+                task={"prompt": root.first_prompt} if root.first_prompt else None,
+                meta={
+                    "source": "codex",
+                    "files": sorted({m.agent.meta["file"] for m in members}),
+                    "cli_version": root.meta.get("cli_version"),
+                },
+            )
+        )
+    return transcripts
+
+
+def _link(parent: Thread, child: Thread) -> None:
+    """The child's parent agent, start, and the parent call that spawned it (when recorded)."""
+    agent = child.agent
+    agent.parent = parent.id
+    agent.start = "fork" if child.meta.get("forked_from_id") else "fresh"
+    if agent.name == "leader":
+        agent.name = "subagent"
+    use_id = parent.spawned.get(child.id)
+    if use_id is None:  # else a spawn tool's output names the new thread
+        use_id = next((k for k, text in parent.outputs.items() if child.id in text), None)
+    call = parent.tool_calls.get(use_id) if use_id else None
+    if call is not None:
+        agent.meta.update({"spawned_by": call.id, "tool_use_id": use_id})

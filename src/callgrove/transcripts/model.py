@@ -1,0 +1,134 @@
+"""What importers build before any token exists: messages, histories, calls and agents.
+
+A history is a chain of `Turn`s, newest last, each pointing at the one before it. Histories
+that share a beginning share the same `Turn` objects, so a session of N messages holds N turns
+however many calls and branches (rewinds, forks) read them. A call's prompt is the history it
+was given (`context`); its answer becomes a `Turn` that later histories continue from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """A tool invocation the model wrote: `arguments` is the parsed JSON input (or raw text)."""
+
+    id: str
+    name: str
+    arguments: Any
+
+
+@dataclass(slots=True, eq=False)
+class Message:
+    """One chat message in the renderer's normal form (close to the OpenAI chat shape)."""
+
+    role: str
+    text: str = ""
+    thinking: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+    is_error: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        """The message for display (`call.content`) and for Jinja chat templates."""
+        out: dict[str, Any] = {"role": self.role, "content": self.text}
+        if self.thinking:
+            out["reasoning_content"] = self.thinking
+        if self.tool_calls:
+            out["tool_calls"] = [
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": c.arguments},
+                }
+                for c in self.tool_calls
+            ]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.is_error:
+            out["is_error"] = True
+        return out
+
+
+@dataclass(slots=True, eq=False)
+class Turn:
+    """One message of a history, linked to the message before it (None: the history starts)."""
+
+    message: Message
+    previous: Turn | None
+    call: TranscriptCall | None = None  # set when this turn is a call's answer
+
+    def messages_since(self, stop: Turn | None) -> list[Message]:
+        """Messages from just after `stop` up to this turn, oldest first."""
+        out: list[Message] = []
+        turn: Turn | None = self
+        while turn is not None and turn is not stop:
+            out.append(turn.message)
+            turn = turn.previous
+        out.reverse()
+        return out
+
+
+def extend(turn: Turn | None, messages: list[Message]) -> Turn | None:
+    """The history `turn` followed by `messages`."""
+    for message in messages:
+        turn = Turn(message, turn)
+    return turn
+
+
+@dataclass(slots=True, eq=False)
+class TranscriptCall:
+    """One model call (one API response) with the history it was given."""
+
+    id: str
+    agent: TranscriptAgent
+    context: Turn | None
+    response: Message
+    order: tuple[Any, ...]  # ledger sort key: (time, file rank, line)
+    purpose: str = "turn"
+    kept: bool = True
+    content: dict[str, Any] = field(default_factory=dict)
+    answer: Turn = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.answer = Turn(self.response, self.context, self)
+
+    def base_call(self) -> TranscriptCall | None:
+        """The latest earlier call whose answer this call's history continues from."""
+        turn = self.context
+        while turn is not None:
+            if turn.call is not None:
+                return turn.call
+            turn = turn.previous
+        return None
+
+
+@dataclass(slots=True, eq=False)
+class TranscriptAgent:
+    id: str
+    name: str
+    parent: str | None = None
+    start: str = "root"
+    calls: list[TranscriptCall] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True, eq=False)
+class Transcript:
+    """One session with its subagents: becomes one episode."""
+
+    id: str
+    agents: list[TranscriptAgent]
+    gaps: list[dict[str, Any]] = field(default_factory=list)
+    task: Any = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def calls(self) -> Iterator[TranscriptCall]:
+        for agent in self.agents:
+            yield from agent.calls

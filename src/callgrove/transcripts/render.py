@@ -1,0 +1,370 @@
+"""Rendering transcripts to tokens, incrementally and prefix-stably.
+
+Every message is rendered once, to the tokens it has in any history that holds it, and a
+call's prompt is its base call's full sequence followed by the tokens of the messages added
+since, then the opening of an assistant turn. So whenever a call's messages continue another
+call's messages, its prompt continues that call's tokens exactly, and the forest built from
+tokens has the shape the messages have. An assistant message's tokens are always
+`generation_prompt + completion + trailing`: what the model sampled sits in the middle.
+
+Two chat formats: `BuiltinFormat` (a byte-level tokenizer and a plain turn template, nothing to
+download) and `JinjaFormat` (a Hugging Face `tokenizer.json` and a Jinja chat template). See
+`docs/transcripts.md` for the exact text each message kind renders to.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any, ClassVar, Protocol
+
+import numpy as np
+import orjson
+
+from callgrove.episode import TOKEN_DTYPE, Agent, Call, Episode
+from callgrove.formats.problems import InputError, Problem
+from callgrove.transcripts.model import Message, Transcript, TranscriptCall
+
+EMPTY = np.zeros(0, dtype=TOKEN_DTYPE)
+
+
+class ChatFormat(Protocol):
+    """How messages become tokens; assistant segments are `generation + completion + trailing`."""
+
+    name: str
+
+    def segment(self, message: Message, previous: Message | None) -> np.ndarray: ...
+
+    def generation_prompt(self) -> np.ndarray: ...
+
+    def completion(self, message: Message, previous: Message | None) -> np.ndarray: ...
+
+    def trailing(self, message: Message, previous: Message | None) -> np.ndarray: ...
+
+    def decode(self, ids: np.ndarray) -> str: ...
+
+
+# ---------------------------------------------------------------------------------------------
+# Built-in: bytes plus two turn markers
+
+
+class ByteTokenizer:
+    """One token per UTF-8 byte (ids 0-255) and two special tokens that frame turns."""
+
+    START = 256
+    END = 257
+    vocab_size = 258
+    specials: ClassVar[dict[int, str]] = {START: "<|start|>", END: "<|end|>"}
+
+    def encode(self, text: str) -> np.ndarray:
+        return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(TOKEN_DTYPE)
+
+    def decode(self, ids: np.ndarray) -> str:
+        ids = np.asarray(ids)
+        parts: list[str] = []
+        start = 0
+        for index in np.flatnonzero(ids > 255):  # only the few turn markers are visited
+            parts.append(ids[start:index].astype(np.uint8).tobytes().decode("utf-8", "replace"))
+            parts.append(self.specials.get(int(ids[index]), f"<|{int(ids[index])}|>"))
+            start = index + 1
+        parts.append(ids[start:].astype(np.uint8).tobytes().decode("utf-8", "replace"))
+        return "".join(parts)
+
+
+def message_body(message: Message) -> str:
+    """The text inside a turn of the built-in format."""
+    if message.role == "tool":
+        error = ' error="true"' if message.is_error else ""
+        return f'<tool_result id="{message.tool_call_id}"{error}>\n{message.text}\n</tool_result>'
+    parts: list[str] = []
+    if message.thinking:
+        parts.append(f"<think>\n{message.thinking}\n</think>")
+    if message.text:
+        parts.append(message.text)
+    for call in message.tool_calls:
+        payload = {"id": call.id, "name": call.name, "arguments": call.arguments}
+        parts.append(f"<tool_call>\n{orjson.dumps(payload).decode()}\n</tool_call>")
+    return "\n".join(parts)
+
+
+class BuiltinFormat:
+    """`<|start|>ROLE\\nBODY<|end|>` per message over the byte tokenizer."""
+
+    name = "builtin"
+
+    def __init__(self) -> None:
+        self.tokenizer = ByteTokenizer()
+        self._start = np.array([ByteTokenizer.START], dtype=TOKEN_DTYPE)
+        self._end = np.array([ByteTokenizer.END], dtype=TOKEN_DTYPE)
+        self._generation = np.concatenate([self._start, self.tokenizer.encode("assistant\n")])
+
+    def segment(self, message: Message, previous: Message | None) -> np.ndarray:
+        if message.role == "assistant":
+            return np.concatenate([self._generation, self.completion(message, previous)])
+        head = self.tokenizer.encode(f"{message.role}\n{message_body(message)}")
+        return np.concatenate([self._start, head, self._end])
+
+    def generation_prompt(self) -> np.ndarray:
+        return self._generation
+
+    def completion(self, message: Message, previous: Message | None) -> np.ndarray:
+        return np.concatenate([self.tokenizer.encode(message_body(message)), self._end])
+
+    def trailing(self, message: Message, previous: Message | None) -> np.ndarray:
+        return EMPTY
+
+    def decode(self, ids: np.ndarray) -> str:
+        return self.tokenizer.decode(ids)
+
+
+# ---------------------------------------------------------------------------------------------
+# Hugging Face tokenizer.json + Jinja chat template
+
+_ANCHOR = {"role": "user", "content": "."}
+_PLACEHOLDER_CALL = {"id": "call", "type": "function", "function": {"name": "f", "arguments": {}}}
+_CONTEXTS: dict[str | None, list[dict[str, Any]]] = {
+    None: [],
+    "user": [_ANCHOR],
+    "system": [{"role": "system", "content": "."}],
+    "assistant": [_ANCHOR, {"role": "assistant", "content": "."}],
+    "tool": [
+        _ANCHOR,
+        {"role": "assistant", "content": "", "tool_calls": [_PLACEHOLDER_CALL]},
+        {"role": "tool", "content": ".", "tool_call_id": "call"},
+    ],
+}
+_TEMPLATE_ROLES = {"developer": "system"}
+
+
+class JinjaFormat:
+    """Each message rendered by the template after a fixed stand-in for the message before it.
+
+    The text a message adds is `render(context + [message]) - render(context)`, where the
+    context is a placeholder history ending in a message of the previous message's role. A
+    template that rewrites earlier messages once later ones arrive (dropping old reasoning,
+    say) is thus rendered as it renders each message when it is the newest: histories are never
+    rewritten, which is what makes every prompt extend its parent's tokens.
+    """
+
+    name = "jinja"
+
+    def __init__(
+        self,
+        tokenizer_path: str | os.PathLike[str],
+        template_path: str | os.PathLike[str],
+        variables: dict[str, Any] | None = None,
+    ):
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+        from tokenizers import Tokenizer
+
+        self.tokenizer = Tokenizer.from_file(str(tokenizer_path))
+        self.special_ids = {
+            index
+            for index, token in self.tokenizer.get_added_tokens_decoder().items()
+            if token.special
+        }
+        environment = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+        )
+        environment.filters["tojson"] = _tojson
+        environment.globals["raise_exception"] = _raise_template_error
+        environment.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        with open(template_path, encoding="utf-8") as stream:
+            self.template = environment.from_string(stream.read())
+        self.template_path = str(template_path)
+        self.variables = dict(variables or {})
+        self.rewrites: set[tuple[str | None, str]] = (
+            set()
+        )  # (previous role, role) not prefix-stable
+        self._generation_text = self._delta(_CONTEXTS["user"], None, generation=True)
+        self._generation = self._encode(self._generation_text)
+        self._assistant: dict[tuple[int, str | None], tuple[np.ndarray, np.ndarray]] = {}
+
+    def _render(self, messages: list[dict[str, Any]], generation: bool = False) -> str:
+        try:
+            return self.template.render(
+                messages=messages, add_generation_prompt=generation, **self.variables
+            )
+        except Exception as error:  # template errors of any kind, with the template named
+            raise InputError(
+                Problem(f"chat template failed: {error}", file=self.template_path, kind="template")
+            ) from None
+
+    def _delta(
+        self, context: list[dict[str, Any]], message: Message | None, generation: bool = False
+    ) -> str:
+        before = self._render(context)
+        after = self._render(
+            context + ([_template_message(message)] if message is not None else []), generation
+        )
+        if after.startswith(before):
+            return after[len(before) :]
+        common = _common_prefix(before, after)
+        self.rewrites.add(
+            (context[-1]["role"] if context else None, message.role if message else "")
+        )
+        return after[len(common) :]
+
+    def _encode(self, text: str) -> np.ndarray:
+        ids = self.tokenizer.encode(text, add_special_tokens=False).ids
+        return np.asarray(ids, dtype=TOKEN_DTYPE)
+
+    def _context(self, previous: Message | None) -> list[dict[str, Any]]:
+        role = None if previous is None else _TEMPLATE_ROLES.get(previous.role, previous.role)
+        return _CONTEXTS.get(role, _CONTEXTS["user"])
+
+    def segment(self, message: Message, previous: Message | None) -> np.ndarray:
+        if message.role == "assistant":
+            completion, trailing = self._assistant_parts(message, previous)
+            return np.concatenate([self._generation, completion, trailing])
+        return self._encode(self._delta(self._context(previous), message))
+
+    def generation_prompt(self) -> np.ndarray:
+        return self._generation
+
+    def completion(self, message: Message, previous: Message | None) -> np.ndarray:
+        return self._assistant_parts(message, previous)[0]
+
+    def trailing(self, message: Message, previous: Message | None) -> np.ndarray:
+        return self._assistant_parts(message, previous)[1]
+
+    def _assistant_parts(
+        self, message: Message, previous: Message | None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Completion up to and including the last special token (end of turn); the rest trails."""
+        key = (id(message), None if previous is None else previous.role)
+        if key not in self._assistant:
+            text = self._delta(self._context(previous), message)
+            if text.startswith(self._generation_text):
+                text = text[len(self._generation_text) :]
+            body = self._encode(text)
+            special = np.flatnonzero(np.isin(body, list(self.special_ids)))
+            cut = int(special[-1]) + 1 if special.size else len(body)
+            self._assistant[key] = (body[:cut], body[cut:])
+        return self._assistant[key]
+
+    def decode(self, ids: np.ndarray) -> str:
+        return self.tokenizer.decode(np.asarray(ids).tolist(), skip_special_tokens=False)
+
+
+def _common_prefix(a: str, b: str) -> str:
+    n = 0
+    limit = min(len(a), len(b))
+    while n < limit and a[n] == b[n]:
+        n += 1
+    return a[:n]
+
+
+def _template_message(message: Message) -> dict[str, Any]:
+    out = message.as_dict()
+    out["role"] = _TEMPLATE_ROLES.get(message.role, message.role)
+    return out
+
+
+def _tojson(value: Any, indent: int | None = None, **_: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, indent=indent)
+
+
+def _raise_template_error(message: str) -> None:
+    raise ValueError(message)
+
+
+# ---------------------------------------------------------------------------------------------
+# Transcript -> Episode
+
+
+class Renderer:
+    """Renders transcripts to episodes; caches each message's tokens for the transcript."""
+
+    def __init__(self, chat_format: ChatFormat | None = None):
+        self.format = chat_format if chat_format is not None else BuiltinFormat()
+
+    def episode(self, transcript: Transcript) -> Episode:
+        agents = {
+            id(a): Agent(
+                id=a.id,
+                name=a.name,
+                parent=a.parent,
+                start=a.start,
+                meta=a.meta or None,
+            )
+            for a in transcript.agents
+        }
+        segment = _cached(self.format.segment)
+        rendered: dict[int, Call] = {}
+        for seq, call in enumerate(ledger_order(transcript), start=1):
+            base = call.base_call()
+            new = call.context.messages_since(base.answer if base else None) if call.context else []
+            previous = base.response if base else None
+            parts = (
+                [self.format.trailing(base.response, base.context and base.context.message)]
+                if base
+                else []
+            )
+            for message in new:
+                parts.append(segment(message, previous))
+                previous = message
+            parts.append(self.format.generation_prompt())
+            base_call = rendered[id(base)] if base else None
+            result = Call(
+                id=call.id,
+                seq=seq,
+                completion_ids=self.format.completion(call.response, previous),
+                prompt_suffix=np.concatenate(parts),
+                prompt_base=base_call,
+                prompt_base_len=base_call.full_len if base_call else 0,
+                logprobs=None,
+                purpose=call.purpose,
+                kept=call.kept,
+                content={
+                    **call.content,
+                    "prompt": [m.as_dict() for m in new],
+                    "response": call.response.as_dict(),
+                },
+            )
+            rendered[id(call)] = result
+            agents[id(call.agent)].add(result)
+        meta = dict(transcript.meta)
+        meta["renderer"] = self.format.name
+        return Episode(
+            id=transcript.id,
+            agents=[agents[id(a)] for a in transcript.agents],
+            task=transcript.task,
+            objective="supervised",
+            gaps=transcript.gaps or None,
+            meta=meta,
+        )
+
+
+def _cached(
+    function: Callable[[Message, Message | None], np.ndarray],
+) -> Callable[[Message, Message | None], np.ndarray]:
+    """Memoise a segment function on (message, previous role); messages are shared objects."""
+    cache: dict[tuple[int, str | None], tuple[Message, np.ndarray]] = {}
+
+    def cached(message: Message, previous: Message | None) -> np.ndarray:
+        key = (id(message), None if previous is None else previous.role)
+        hit = cache.get(key)
+        if hit is None:
+            hit = cache[key] = (message, function(message, previous))
+        return hit[1]
+
+    return cached
+
+
+def ledger_order(transcript: Transcript) -> list[TranscriptCall]:
+    """Calls by their ledger key, each after the call its history continues (its base)."""
+    ordered: list[TranscriptCall] = []
+    placed: set[int] = set()
+    for call in sorted(transcript.calls(), key=lambda c: c.order):
+        chain: list[TranscriptCall] = []
+        current: TranscriptCall | None = call
+        while current is not None and id(current) not in placed:
+            chain.append(current)
+            current = current.base_call()
+        for pending in reversed(chain):
+            placed.add(id(pending))
+            ordered.append(pending)
+    return ordered
