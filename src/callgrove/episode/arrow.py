@@ -272,7 +272,10 @@ class BinaryEpisodeWriter:
         self._pending_tokens = 0
         self._partial = self.path.with_name(self.path.name + ".partial")
         if self.path.suffix == PARQUET_SUFFIX:
-            self._writer: Any = pq.ParquetWriter(self._partial, SCHEMA, compression="zstd")
+            # Token ids are near-random: a dictionary costs time and saves nothing.
+            self._writer: Any = pq.ParquetWriter(
+                self._partial, SCHEMA, compression="zstd", use_dictionary=False
+            )
         else:
             self._writer = ipc.new_file(self._partial, SCHEMA)
 
@@ -367,7 +370,7 @@ class _ListColumn:
 
     def __init__(self, lists: pa.ListArray, dtype: type):
         values = lists.values
-        self.bad_values = np.zeros(len(values), dtype=bool)
+        self.bad_values = np.zeros(0, dtype=bool)
         if values.null_count:
             self.bad_values = values.is_null().to_numpy(zero_copy_only=False)
             values = values.fill_null(0)
@@ -381,12 +384,17 @@ class _ListColumn:
         self.null = lists.is_null().to_numpy(zero_copy_only=False)
         self._offsets = offsets
 
-    def view(self, index: int) -> np.ndarray:
-        return self.values[self.starts[index] : self.ends[index]]
+    def views(self) -> list[np.ndarray | None]:
+        """Item i as a view into the buffer, None where the list is null."""
+        values = self.values
+        return [
+            None if null else values[start:end]
+            for start, end, null in zip(self.starts, self.ends, self.null.tolist(), strict=True)
+        ]
 
     def items_where(self, bad_values: np.ndarray) -> np.ndarray:
         """Indices of the items that hold a flagged value."""
-        positions = np.flatnonzero(bad_values)
+        positions = np.flatnonzero(bad_values) if bad_values.size else bad_values
         return np.unique(np.searchsorted(self._offsets, positions, side="right") - 1)
 
 
@@ -416,13 +424,18 @@ class _Calls:
             self.problems.setdefault(int(index), message)
 
     def _check(self) -> None:
+        """Each rule is first checked over the whole batch at once; only a batch that breaks
+        it is searched for the calls that do."""
         for name, column in (
             ("prompt_suffix_ids", self.suffix),
             ("completion_ids", self.completion),
         ):
             self._flag(np.flatnonzero(column.null), f"{name} is missing")
             self._flag(column.items_where(column.bad_values), f"{name} holds a null token id")
-            self._flag(column.items_where(column.values < 0), f"{name} holds a negative token id")
+            if column.values.size and column.values.min() < 0:
+                self._flag(
+                    column.items_where(column.values < 0), f"{name} holds a negative token id"
+                )
         self._flag(
             np.flatnonzero(self.completion.lengths == 0),
             "completion_ids is empty (a call samples at least one token)",
@@ -435,14 +448,25 @@ class _Calls:
                     f"{name} has {column.lengths[index]} values but completion_ids has "
                     f"{self.completion.lengths[index]} tokens",
                 )
-            not_finite = column.bad_values | ~np.isfinite(column.values)
-            self._flag(
-                column.items_where(not_finite), f"{name} holds a value that is not a finite number"
-            )
-        for index, (call_id, seq, purpose, kept) in enumerate(
-            zip(self.ids, self.seqs, self.purposes, self.kept, strict=True)
-        ):
-            if call_id is None or seq is None or kept is None:
+            finite = np.isfinite(column.values)
+            if column.bad_values.any() or not finite.all():
+                self._flag(
+                    column.items_where(
+                        ~finite if not column.bad_values.size else ~finite | column.bad_values
+                    ),
+                    f"{name} holds a value that is not a finite number",
+                )
+        purposes_known = set(self.purposes) <= set(PURPOSES)
+        prompts_paired = [f is None for f in self.prompt_from] == [
+            n is None for n in self.prompt_from_len
+        ]
+        scalars_fine = all(a is None for a in self.advantage)
+        missing = None in self.ids or None in self.seqs or None in self.kept
+        if purposes_known and prompts_paired and scalars_fine and not missing:
+            return
+        for index, purpose in enumerate(self.purposes):
+            advantage = self.advantage[index]
+            if self.ids[index] is None or self.seqs[index] is None or self.kept[index] is None:
                 self._flag([index], "call lacks its id, seq or kept")
             elif purpose not in PURPOSES:
                 self._flag(
@@ -450,31 +474,62 @@ class _Calls:
                 )
             elif (self.prompt_from[index] is None) != (self.prompt_from_len[index] is None):
                 self._flag([index], "call has only one of prompt_from and prompt_from_len")
-            elif self.advantage[index] is not None and not self.advantages.null[index]:
+            elif advantage is not None and not self.advantages.null[index]:
                 self._flag([index], "call has both a scalar and a per-token advantage")
-            elif self.advantage[index] is not None and not np.isfinite(self.advantage[index]):
+            elif advantage is not None and not np.isfinite(advantage):
                 self._flag([index], "advantages is not a finite number")
 
-    def build(self, index: int) -> Call:
-        if index in self.problems:
-            raise InputError(Problem(self.problems[index], call=self.ids[index]))
-        advantage = self.advantage[index]
-        if advantage is None and not self.advantages.null[index]:
-            advantage = self.advantages.view(index)
-        content = self.content[index]
-        return Call(
-            id=self.ids[index],
-            seq=self.seqs[index],
-            completion_ids=self.completion.view(index),
-            prompt_suffix=self.suffix.view(index),
-            prompt_base_len=self.prompt_from_len[index] or 0,
-            logprobs=None if self.logprobs.null[index] else self.logprobs.view(index),
-            policy_version=self.policy_versions[index],
-            purpose=self.purposes[index],
-            kept=self.kept[index],
-            advantages=advantage,
-            content=None if content is None else msgspec.json.decode(content),
-        )
+    def build_all(self) -> list[Call]:
+        """Every call of the batch in one pass, its arrays views into the column buffers."""
+        completion_views, suffix_views = self.completion.views(), self.suffix.views()
+        logprob_views = self.logprobs.views()
+        advantages = [
+            scalar if scalar is not None else per_token
+            for scalar, per_token in zip(self.advantage, self.advantages.views(), strict=True)
+        ]
+        content = [self._content(i, text) for i, text in enumerate(self.content)]
+        return [
+            Call(
+                id=call_id,
+                seq=seq,
+                completion_ids=completion,
+                prompt_suffix=suffix,
+                prompt_base_len=base_len or 0,
+                logprobs=logprobs,
+                policy_version=version,
+                purpose=purpose,
+                kept=kept,
+                advantages=advantage,
+                content=value,
+            )
+            for call_id, seq, completion, suffix, base_len, logprobs, version, purpose, kept, advantage, value in zip(
+                self.ids,
+                self.seqs,
+                completion_views,
+                suffix_views,
+                self.prompt_from_len,
+                logprob_views,
+                self.policy_versions,
+                self.purposes,
+                self.kept,
+                advantages,
+                content,
+                strict=True,
+            )
+        ]
+
+    def _content(self, index: int, text: str | None) -> Any:
+        try:
+            return _decode_json(text)
+        except InputError:
+            self._flag([index], "content is not valid JSON")
+            return None
+
+    def check(self, first: int, end: int) -> None:
+        """Raise the first problem of calls `first`..`end - 1` (one episode's calls)."""
+        for index in range(first, end):
+            if index in self.problems:
+                raise InputError(Problem(self.problems[index], call=self.ids[index]))
 
 
 def _resolve_prompts(calls: list[Call], prompt_from: list[str | None], episode: str) -> None:
@@ -533,6 +588,7 @@ class _Batch:
         self.agent_metas = agents.field("meta").to_pylist()
         self.call_offsets, calls = _relative_offsets(agents.field("calls"))
         self.calls = _Calls(calls)
+        self.built = self.calls.build_all()
 
     def episode(self, row: int) -> Episode:
         episode_id = self.ids[row]
@@ -581,21 +637,25 @@ class _Batch:
                 )
             )
         rewards = self.agent_rewards[index]
-        calls = range(self.call_offsets[index], self.call_offsets[index + 1])
+        first, end = self.call_offsets[index], self.call_offsets[index + 1]
+        self.calls.check(first, end)
         return Agent(
             id=agent_id,
             name=self.agent_names[index],
             parent=self.agent_parents[index],
             start=start,
             trainable=self.agent_trainable[index],
-            calls=[self.calls.build(i) for i in calls],
+            calls=self.built[first:end],
             rewards=None if rewards is None else dict(rewards),
             meta=_decode_json(self.agent_metas[index]),
         )
 
 
 def _decode_json(text: str | None) -> Any:
-    return None if text is None else msgspec.json.decode(text)
+    try:
+        return None if text is None else msgspec.json.decode(text)
+    except msgspec.DecodeError:
+        raise InputError(Problem(f"not valid JSON: {text[:40]!r}")) from None
 
 
 def _run(value: dict[str, Any] | None) -> WireRun | None:
