@@ -8,6 +8,7 @@ from callgrove.cli.app import app
 from callgrove.cli import rows as _rows  # noqa: F401  isort: skip
 from callgrove.cli import show as _show  # noqa: F401  isort: skip
 from callgrove.cli import stats as _stats  # noqa: F401  isort: skip
+from callgrove.cli import importers as _importers  # noqa: F401  isort: skip
 
 
 def main() -> None:

@@ -22,9 +22,9 @@ summary; the history after it starts from the summary, so the next call is a new
 from __future__ import annotations
 
 import os
-from itertools import pairwise
 from dataclasses import dataclass, field
 from datetime import datetime
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 

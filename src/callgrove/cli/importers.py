@@ -1,0 +1,204 @@
+"""`callgrove import claude-code|codex|join`: harness transcripts in, episodes out."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from callgrove.cli.app import EXIT_FAILED, EXIT_OK, EXIT_USAGE, app, err
+from callgrove.episode import Episode, encode_episode, load, save
+from callgrove.formats.problems import Diagnostics, InputError
+from callgrove.transcripts import (
+    BuiltinFormat,
+    ImportReport,
+    JinjaFormat,
+    Renderer,
+    Transcript,
+    import_claude_code,
+    import_codex,
+)
+from callgrove.transcripts.join import join_capture
+from callgrove.transcripts.render import ChatFormat
+
+import_app = typer.Typer(
+    help="Import harness transcripts (Claude Code, Codex) as episodes.", no_args_is_help=True
+)
+app.add_typer(import_app, name="import")
+
+OutOption = Annotated[
+    Path | None, typer.Option("--out", "-o", help="Episode file to write (default: stdout).")
+]
+TokenizerOption = Annotated[
+    Path | None,
+    typer.Option("--tokenizer", help="A Hugging Face tokenizer.json (default: built-in bytes)."),
+]
+TemplateOption = Annotated[
+    Path | None,
+    typer.Option("--chat-template", help="A Jinja chat template (required with --tokenizer)."),
+]
+VarOption = Annotated[
+    list[str] | None,
+    typer.Option("--template-var", help="KEY=VALUE passed to the template (e.g. bos_token=<s>)."),
+]
+VerboseOption = Annotated[
+    bool, typer.Option("--verbose", "-v", help="List every skipped line with its number.")
+]
+
+
+def _chat_format(
+    tokenizer: Path | None, template: Path | None, variables: list[str] | None
+) -> ChatFormat:
+    if tokenizer is None and template is None:
+        return BuiltinFormat()
+    if tokenizer is None or template is None:
+        err.print("[red]--tokenizer and --chat-template go together[/red]")
+        raise typer.Exit(EXIT_USAGE)
+    pairs = dict(v.split("=", 1) for v in variables or [] if "=" in v)
+    return JinjaFormat(tokenizer, template, pairs)
+
+
+def _run_import(
+    importer: Callable[[Path, ImportReport], list[Transcript]],
+    path: Path,
+    out: Path | None,
+    chat_format: ChatFormat,
+    verbose: bool,
+) -> None:
+    report = ImportReport()
+    transcripts = importer(path, report)
+    renderer = Renderer(chat_format)
+    episodes: list[Episode] = []
+    for transcript in transcripts:
+        try:
+            episodes.append(renderer.episode(transcript))
+        except InputError as error:
+            report.diagnostics.add(error.located(episode=transcript.id).problem)
+    _write(episodes, out)
+    _summary(episodes, report, verbose)
+    raise typer.Exit(EXIT_FAILED if report.diagnostics.errors else EXIT_OK)
+
+
+def _write(episodes: list[Episode], out: Path | None) -> None:
+    if out is not None:
+        save(out, episodes)
+        return
+    stream = sys.stdout.buffer
+    for episode in episodes:
+        stream.write(encode_episode(episode))
+    stream.flush()
+
+
+def _summary(episodes: list[Episode], report: ImportReport, verbose: bool) -> None:
+    table = Table(title="imported episodes", title_justify="left")
+    for column in ("episode", "agents", "calls", "kept", "compactions", "tokens", "gaps"):
+        table.add_column(column, justify="left" if column == "episode" else "right")
+    for episode in episodes:
+        calls = list(episode.calls())
+        table.add_row(
+            episode.id,
+            str(len(episode.agents)),
+            str(len(calls)),
+            str(sum(c.kept for c in calls)),
+            str(sum(c.purpose == "compaction" for c in calls)),
+            str(sum(len(c.prompt_suffix) + len(c.completion_ids) for c in calls)),
+            str(len(episode.gaps or [])),
+        )
+    err.print(table)
+    read = sum(report.lines_read.values())
+    used = sum(len(lines) for lines in report.used.values())
+    err.print(
+        f"{read} lines read from {len(report.lines_read)} file(s): {used} used, "
+        f"{len(report.skipped)} skipped, {len(report.diagnostics.problems)} problem(s)"
+    )
+    for reason, count in report.skipped_reasons().most_common():
+        err.print(f"  skipped {count:>5}  {reason}")
+    if verbose:
+        for problem in report.skipped:
+            err.print(f"  {problem}")
+    for problem in report.diagnostics.problems:
+        colour = "red" if problem.severity == "error" else "yellow"
+        err.print(f"[{colour}]{problem.severity}[/{colour}]: {problem}")
+    for episode in episodes:
+        for gap in episode.gaps or []:
+            err.print(
+                f"[yellow]gap[/yellow] in {episode.id}: {gap.get('agent')}: {gap.get('reason')}"
+            )
+    err.print(
+        "[bold]These episodes are for supervised training:[/bold] transcripts carry no sampling "
+        "logprobs (objective=supervised, logprobs=null), so their rows cannot train "
+        "importance-weighted RL. Join a capture (`callgrove import join`) for exact tokens."
+    )
+
+
+@import_app.command("claude-code")
+def claude_code(
+    path: Annotated[Path, typer.Argument(help="A session .jsonl file or a project folder.")],
+    out: OutOption = None,
+    tokenizer: TokenizerOption = None,
+    chat_template: TemplateOption = None,
+    template_var: VarOption = None,
+    verbose: VerboseOption = False,
+) -> None:
+    """Claude Code sessions with their subagents, one episode per session."""
+    chat_format = _chat_format(tokenizer, chat_template, template_var)
+    _run_import(import_claude_code, path, out, chat_format, verbose)
+
+
+@import_app.command("codex")
+def codex(
+    path: Annotated[Path, typer.Argument(help="A rollout .jsonl file or a sessions folder.")],
+    out: OutOption = None,
+    tokenizer: TokenizerOption = None,
+    chat_template: TemplateOption = None,
+    template_var: VarOption = None,
+    verbose: VerboseOption = False,
+) -> None:
+    """Codex rollouts, subagent threads joined to their parents, one episode per root thread."""
+    chat_format = _chat_format(tokenizer, chat_template, template_var)
+    _run_import(import_codex, path, out, chat_format, verbose)
+
+
+@import_app.command("join")
+def join(
+    transcript: Annotated[Path, typer.Argument(help="Episodes written by `callgrove import`.")],
+    capture: Annotated[Path, typer.Argument(help="Episodes with the captured tokens.")],
+    out: OutOption = None,
+    tokenizer: TokenizerOption = None,
+) -> None:
+    """The capture's tokens and logprobs with the transcript's agent structure."""
+    if tokenizer is None:
+        decode = BuiltinFormat().decode
+    else:
+        from tokenizers import Tokenizer
+
+        loaded = Tokenizer.from_file(str(tokenizer))
+        decode = lambda ids: loaded.decode(ids.tolist(), skip_special_tokens=False)  # noqa: E731
+    diagnostics = Diagnostics()
+    transcripts = list(load(transcript, diagnostics))
+    captures = {e.id: e for e in load(capture, diagnostics)}
+    joined: list[Episode] = []
+    for episode in transcripts:
+        match = captures.pop(episode.id, None)
+        if match is None and len(transcripts) == 1 and len(captures) == 1:
+            match = captures.popitem()[1]
+        if match is None:
+            err.print(f"[red]error[/red]: episode {episode.id}: no capture episode with this id")
+            continue
+        result = join_capture(episode, match, decode)
+        joined.append(result.episode)
+        err.print(
+            f"{episode.id}: {len(result.matched)} calls matched; unmatched "
+            f"{len(result.unmatched_transcript)} in the transcript "
+            f"{result.unmatched_transcript or ''}, {len(result.unmatched_capture)} in the capture "
+            f"{result.unmatched_capture or ''}"
+        )
+    for problem in diagnostics.problems:
+        err.print(f"[red]{problem.severity}[/red]: {problem}")
+    _write(joined, out)
+    failed = diagnostics.errors or len(joined) < len(transcripts)
+    raise typer.Exit(EXIT_FAILED if failed else EXIT_OK)

@@ -1,0 +1,159 @@
+"""Joining a transcript with a capture of the same calls.
+
+A transcript knows the agent structure (who started whom) but has no tokens; a capture (an
+episode file written by a gateway or a rollout engine) has the exact token ids and sampling
+logprobs but may not know the structure. The join matches calls by content and gives each
+transcript agent the capture's calls: their tokens, logprobs and ledger `seq` are kept as
+captured, so the forest is the one the tokens really make.
+
+A transcript call matches a capture call when every piece of its answer (its text, else its
+tool calls' names and string arguments, else its reasoning), whitespace collapsed, appears in
+the capture call's answer (its `content.response` when recorded, else its decoded completion).
+Ties go to the capture call whose prompt ends with the transcript call's last prompt message,
+then to the earliest. Unmatched calls on either side are reported; unmatched capture calls
+are kept, in an agent of their own, so no captured sample is lost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from callgrove.episode import Agent, Call, Episode
+
+UNMATCHED_AGENT = "capture-unmatched"
+
+
+@dataclass
+class JoinResult:
+    episode: Episode
+    matched: list[tuple[str, str]] = field(default_factory=list)  # (transcript, capture) ids
+    unmatched_transcript: list[str] = field(default_factory=list)
+    unmatched_capture: list[str] = field(default_factory=list)
+
+
+def _normal(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _strings(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in _strings(v)]
+    if isinstance(value, list):
+        return [s for v in value for s in _strings(v)]
+    return []
+
+
+def answer_pieces(response: dict[str, Any]) -> list[str]:
+    """What a capture's answer must contain to be this transcript answer."""
+    text = _normal(str(response.get("content") or ""))
+    if text:
+        return [text]
+    pieces = []
+    for tool in response.get("tool_calls") or []:
+        function = tool.get("function") or {}
+        pieces.append(_normal(str(function.get("name") or "")))
+        pieces += [_normal(s) for s in _strings(function.get("arguments"))]
+    pieces = [p for p in pieces if p]
+    if pieces:
+        return pieces
+    reasoning = _normal(str(response.get("reasoning_content") or ""))
+    return [reasoning] if reasoning else []
+
+
+def join_capture(
+    transcript: Episode, capture: Episode, decode: Callable[[np.ndarray], str]
+) -> JoinResult:
+    """The transcript's agents holding the capture's calls. Consumes `capture`'s call objects."""
+    captured = sorted(capture.calls(), key=lambda c: c.seq)
+    answers = [_capture_answer(c, decode) for c in captured]
+    free = set(range(len(captured)))
+    result = JoinResult(transcript)
+    agents = {
+        a.id: Agent(a.id, a.name, a.parent, a.start, a.trainable, rewards=a.rewards, meta=a.meta)
+        for a in transcript.agents
+    }
+    for call in sorted(transcript.calls(), key=lambda c: c.seq):
+        content = call.content if isinstance(call.content, dict) else {}
+        pieces = answer_pieces(content.get("response") or {})
+        candidates = [i for i in sorted(free) if pieces and all(p in answers[i] for p in pieces)]
+        if not candidates:
+            result.unmatched_transcript.append(call.id)
+            continue
+        chosen = _prefer_prompt(candidates, captured, content, decode)
+        free.discard(chosen)
+        taken = captured[chosen]
+        taken.content = {**content, **(taken.content or {}), "transcript_call": call.id}
+        agents[call.agent.id].add(taken)  # type: ignore[union-attr]
+        result.matched.append((call.id, taken.id))
+    leftover = [captured[i] for i in sorted(free)]
+    result.unmatched_capture = [c.id for c in leftover]
+    extra: list[Agent] = []
+    if leftover:
+        extra.append(Agent(UNMATCHED_AGENT, "unmatched", calls=leftover))
+    for agent in agents.values():
+        agent.calls.sort(key=lambda c: c.seq)
+    all_calls = [c for a in [*agents.values(), *extra] for c in a.calls if c.kept]
+    gaps = list(transcript.gaps or [])
+    if leftover:
+        gaps.append(
+            {
+                "kind": "capture_calls_unattributed",
+                "agent": UNMATCHED_AGENT,
+                "calls": result.unmatched_capture,
+                "reason": "no transcript call has these answers",
+            }
+        )
+    meta = dict(transcript.meta or {})
+    meta["join"] = {
+        "capture": capture.id,
+        "matched": len(result.matched),
+        "unmatched_transcript": result.unmatched_transcript,
+        "unmatched_capture": result.unmatched_capture,
+    }
+    result.episode = Episode(
+        id=transcript.id,
+        agents=[*agents.values(), *extra],
+        group=capture.group,
+        env=capture.env,
+        task=transcript.task if transcript.task is not None else capture.task,
+        run=capture.run,
+        ok=capture.ok,
+        errors=list(capture.errors),
+        rewards=dict(capture.rewards),
+        objective="rl" if all(c.logprobs is not None for c in all_calls) else "supervised",
+        gaps=gaps or None,
+        meta=meta,
+    )
+    return result
+
+
+def _capture_answer(call: Call, decode: Callable[[np.ndarray], str]) -> str:
+    content = call.content if isinstance(call.content, dict) else {}
+    response = content.get("response")
+    if isinstance(response, dict):
+        return _normal(" ".join([str(response.get("content") or ""), *_strings(response)]))
+    return _normal(decode(call.completion_ids))
+
+
+def _prefer_prompt(
+    candidates: list[int],
+    captured: list[Call],
+    content: dict[str, Any],
+    decode: Callable[[np.ndarray], str],
+) -> int:
+    if len(candidates) == 1:
+        return candidates[0]
+    prompt = content.get("prompt") or []
+    last = _normal(str(prompt[-1].get("content") or "")) if prompt else ""
+    if last:
+        for i in candidates:
+            tail = captured[i].prompt_ids()[-4 * len(last) - 64 :]
+            if last in _normal(decode(tail)):
+                return i
+    return candidates[0]
