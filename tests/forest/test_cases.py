@@ -225,3 +225,43 @@ def test_tie_between_agents_prefers_the_agent_named_as_parent_then_highest_seq()
     c4 = b.call(fork, c2)
     result = rows_of(b.episode())
     assert result.forest.parent_of(c4) is c2  # F's parent agent L wins over O's later twin
+
+
+def test_full_prompts_read_from_a_file_share_their_history_in_memory(tmp_path):
+    import orjson
+
+    from callgrove.episode import load
+
+    b = EpisodeBuilder()
+    leader = b.agent("L")
+    call = b.call(leader, None, b.fresh(100), b.fresh(10))
+    for _ in range(20):
+        call = b.call(leader, call, b.fresh(5), b.fresh(10))
+    episode = b.episode()
+    wire = {
+        "format": "callgrove.episode/1",
+        "id": "full",
+        "agents": [
+            {
+                "id": "L",
+                "name": "leader",
+                "calls": [
+                    {
+                        "id": c.id,
+                        "seq": c.seq,
+                        "prompt_ids": c.prompt_ids().tolist(),
+                        "completion_ids": c.completion_ids.tolist(),
+                    }
+                    for c in leader.calls
+                ],
+            }
+        ],
+    }
+    path = tmp_path / "full.jsonl"
+    path.write_bytes(orjson.dumps(wire) + b"\n")
+    (again,) = list(load(path))
+    held = sum(len(c.prompt_suffix) + len(c.completion_ids) for c in again.calls())
+    assert held == 100 + 20 * 5 + 21 * 10  # each distinct token held once
+    for before, after in zip(episode.calls(), again.calls(), strict=True):
+        assert np.array_equal(before.prompt_ids(), after.prompt_ids())
+    assert [r.leaf.id for r in rows_of(again).rows] == ["C21"]

@@ -75,6 +75,7 @@ def episode_from_wire(wire: WireEpisode) -> Episode:
     for agent, wire_agent in zip(agents, wire.agents, strict=True):
         for wire_call in wire_agent.calls:
             agent.add(built[wire_call.id])
+    _share_histories(agents)
     return Episode(
         id=wire.id,
         agents=agents,
@@ -89,6 +90,32 @@ def episode_from_wire(wire: WireEpisode) -> Episode:
         gaps=None if wire.gaps is UNSET else wire.gaps,
         meta=None if wire.meta is UNSET else wire.meta,
     )
+
+
+def _share_histories(agents: list[Agent]) -> None:
+    """Hold a full prompt that resends its agent's previous call as a reference plus a suffix.
+
+    Only an encoding: the forest still decides parents from the tokens. It keeps memory linear
+    in the distinct tokens when a file gives every prompt in full.
+    """
+    for agent in agents:
+        previous: Call | None = None
+        for call in sorted(agent.calls, key=lambda c: c.seq):
+            if previous is not None and call.prompt_base is None and _starts_with(call.prompt_suffix, previous):
+                call.prompt_suffix = call.prompt_suffix[previous.full_len :].copy()
+                call.prompt_base, call.prompt_base_len = previous, previous.full_len
+            previous = call
+
+
+def _starts_with(tokens: np.ndarray, call: Call) -> bool:
+    if len(tokens) < call.full_len:
+        return False
+    position = 0
+    for piece in call.segments():
+        if not np.array_equal(tokens[position : position + len(piece)], piece):
+            return False
+        position += len(piece)
+    return True
 
 
 def _check_run(wire: WireEpisode) -> None:
