@@ -8,6 +8,7 @@ from callgrove.batch import (
     TOKEN_FIELDS,
     build_samples,
     read_samples,
+    sample_from_row,
     samples_to_table,
     write_samples,
 )
@@ -176,3 +177,15 @@ def assert_same_samples(actual, expected):
             else:
                 assert left.dtype == right.dtype, name
                 np.testing.assert_array_equal(left, right, err_msg=name)
+
+
+def test_a_whole_group_builds_at_once_as_it_does_episode_by_episode():
+    group = list(load(EXAMPLES / "login_group.jsonl"))
+    finalize_group(GRPO(), group)
+    rows = [build_rows(episode) for episode in group]
+    together = build_samples(rows)
+    apart = [sample for episode_rows in rows for sample in build_samples(episode_rows)]
+    one_by_one = [sample_from_row(row) for episode_rows in rows for row in episode_rows.rows]
+    assert_same_samples(together, apart)
+    assert_same_samples(together, one_by_one)
+    assert [s.episode for s in together] == [r.episode.id for er in rows for r in er.rows]

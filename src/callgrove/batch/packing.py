@@ -156,17 +156,16 @@ def pack(samples: Sequence[Sample], settings: PackSettings) -> PackedBatch:
     truncations = _overlong(samples, lengths, settings)
     lengths = np.minimum(lengths, settings.seq_len)
     longest_first = np.argsort(-lengths, kind="stable")
-    ranks = []
-    for members in _deal_to_ranks(longest_first, lengths, settings.ranks):
-        bins = _first_fit(members, lengths, settings.seq_len)
-        ranks.append([_micro_batch(samples, lengths, b, settings.seq_len) for b in bins])
-    steps = max(len(rank) for rank in ranks)
+    plans = [
+        _first_fit(members, lengths, settings.seq_len)
+        for members in _deal_to_ranks(longest_first, lengths, settings.ranks)
+    ]
+    steps = max(len(plan) for plan in plans)
     empty = np.zeros(0, dtype=np.int64)
-    for rank in ranks:
-        rank += [
-            _micro_batch(samples, lengths, empty, settings.seq_len)
-            for _ in range(steps - len(rank))
-        ]
+    for plan in plans:  # every rank runs the same number of steps
+        plan += [empty] * (steps - len(plan))
+    layout = _Layout(samples, lengths, [members for plan in plans for members in plan])
+    ranks = [[layout.micro_batch(members, settings.seq_len) for members in plan] for plan in plans]
     return PackedBatch(ranks, truncations, settings)
 
 
@@ -231,20 +230,32 @@ def _first_fit(longest_first: list[int], lengths: np.ndarray, seq_len: int) -> l
     return [np.sort(np.array(b, dtype=np.int64)) for b in bins]
 
 
-def _micro_batch(
-    samples: Sequence[Sample], lengths: np.ndarray, members: np.ndarray, seq_len: int
-) -> MicroBatch:
-    cut = lengths[members]
-    cu_seqlens = np.zeros(len(members) + 1, dtype=CU_SEQLENS_DTYPE)
-    np.cumsum(cut, out=cu_seqlens[1:])
-    chosen = [samples[i] for i in members.tolist()]
-    arrays: dict[str, np.ndarray | None] = {}
-    for name in TOKEN_FIELDS:
-        parts = [getattr(s, name) for s in chosen]
-        if any(p is None for p in parts):
-            arrays[name] = None
-        elif not parts:
-            arrays[name] = np.zeros(0, dtype=FIELD_DTYPES[name])
-        else:
-            arrays[name] = np.concatenate([p[:n] for p, n in zip(parts, cut.tolist(), strict=True)])
-    return MicroBatch(arrays, cu_seqlens, members, seq_len)
+class _Layout:
+    """Writes every micro-batch into one array per field (one large allocation instead of many
+    small ones); each micro-batch's arrays are views into them."""
+
+    def __init__(self, samples: Sequence[Sample], lengths: np.ndarray, bins: list[np.ndarray]):
+        self.samples = samples
+        self.lengths = lengths
+        total = int(sum(int(lengths[members].sum()) for members in bins))
+        self.buffers = {name: np.empty(total, dtype=FIELD_DTYPES[name]) for name in TOKEN_FIELDS}
+        self.filled = 0
+
+    def micro_batch(self, members: np.ndarray, seq_len: int) -> MicroBatch:
+        cut = self.lengths[members]
+        cu_seqlens = np.zeros(len(members) + 1, dtype=CU_SEQLENS_DTYPE)
+        np.cumsum(cut, out=cu_seqlens[1:])
+        where = slice(self.filled, self.filled + int(cu_seqlens[-1]))
+        self.filled = where.stop
+        chosen = [self.samples[i] for i in members.tolist()]
+        arrays: dict[str, np.ndarray | None] = {}
+        for name in TOKEN_FIELDS:
+            parts = [getattr(s, name) for s in chosen]
+            if any(p is None for p in parts):
+                arrays[name] = None
+                continue
+            arrays[name] = self.buffers[name][where]
+            if parts:
+                cuts = [p[:n] for p, n in zip(parts, cut.tolist(), strict=True)]
+                np.concatenate(cuts, out=arrays[name])
+        return MicroBatch(arrays, cu_seqlens, members, seq_len)

@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from callgrove.episode import TOKEN_DTYPE
+from callgrove.episode import TOKEN_DTYPE, Call
 from callgrove.formats.problems import InputError, Problem
 from callgrove.rows import EpisodeRows, Row
 
@@ -99,44 +99,150 @@ class Sample:
 METADATA_FIELDS = tuple(f.name for f in fields(Sample) if f.name not in TOKEN_FIELDS)
 
 
-def build_samples(episode_rows: EpisodeRows) -> list[Sample]:
-    """One sample per row of the episode, in row order."""
-    return [sample_from_row(row) for row in episode_rows.rows]
+def build_samples(episode_rows: EpisodeRows | Sequence[EpisodeRows]) -> list[Sample]:
+    """One sample per row, episode by episode and row by row.
+
+    Raises `InputError` naming the episode, row and call if a call with loss tokens in a row
+    has no advantage. All the rows given are built together: per-call values are laid out once,
+    each per-token field is computed for every row in a few numpy operations into one array,
+    and each sample holds views into it. Passing a whole step's episodes at once is fastest
+    (large arrays, few allocations).
+    """
+    parts = [episode_rows] if isinstance(episode_rows, EpisodeRows) else list(episode_rows)
+    calls = [call for part in parts for call in part.forest.calls]
+    return _build([row for part in parts for row in part.rows], _CallTable(calls))
 
 
 def sample_from_row(row: Row) -> Sample:
-    """The row's sample; raises `InputError` if a call with loss tokens here has no advantage."""
-    token_ids = row.token_ids
-    loss_mask = row.loss_mask
-    size = len(token_ids)
-    advantages = np.zeros(size, dtype=VALUE_DTYPE)
-    policy_versions = np.full(size, NO_VERSION, dtype=VERSION_DTYPE)
-    for call, _, prompt_end, end in row.spans():
-        if call.policy_version is not None:
-            policy_versions[prompt_end:end] = call.policy_version
-        if not loss_mask[prompt_end:end].any():
-            continue
-        if call.advantages is None:
-            raise _missing_advantage(row, call.id)
-        advantages[prompt_end:end] = call.advantages
-    logprobs = row.logprobs()
-    episode = row.episode
-    return Sample(
-        token_ids=token_ids,
-        loss_mask=loss_mask,
-        logprobs=None if logprobs is None else logprobs.astype(VALUE_DTYPE),
-        advantages=advantages,
-        position_ids=np.arange(size, dtype=POSITION_DTYPE),
-        policy_versions=policy_versions,
-        episode=episode.id,
-        group=episode.group,
-        agent=row.agent.id,
-        seat=row.agent.name,
-        row=row.index,
-        leaf=row.leaf.id,
-        reward=float(row.reward),
-        duplicate_of=row.duplicate_of,
+    """The sample of one row (`build_samples` is faster for all rows of an episode)."""
+    (sample,) = _build([row], _CallTable(row.path))
+    return sample
+
+
+def _build(rows: Sequence[Row], table: _CallTable) -> list[Sample]:
+    if not rows:
+        return []
+    masks = [row.loss_mask for row in rows]
+    row_lengths = np.fromiter((len(m) for m in masks), np.int64, len(rows))
+    row_starts = _exclusive_cumsum(row_lengths)
+    loss_mask = np.concatenate(masks)
+    # Every (row, call) pair of the walks, row by row, root first.
+    depths = np.fromiter((len(row.path) for row in rows), np.int64, len(rows))
+    pairs = np.fromiter(
+        (table.index[id(call)] for row in rows for call in row.path), np.int64, int(depths.sum())
     )
+    prompt_end = table.prompt_len[pairs]
+    end = table.full_len[pairs]
+    start = np.concatenate(([0], end[:-1]))
+    start[_exclusive_cumsum(depths)] = 0  # each walk starts its row at token 0
+    # Spec 3.3: a call's loss covers its whole completion, so its first token decides.
+    carries_loss = loss_mask[np.repeat(row_starts, depths) + prompt_end].astype(bool)
+    unassigned = np.flatnonzero(carries_loss & table.missing_advantage[pairs])
+    if unassigned.size:
+        row_number = int(np.searchsorted(np.cumsum(depths), unassigned[0], side="right"))
+        call = rows[row_number].path[unassigned[0] - int(depths[:row_number].sum())]
+        raise _missing_advantage(rows[row_number], call.id)
+    # Each call adds two segments to its row: its new prompt tokens, then its completion.
+    segment_lengths = np.empty(2 * len(pairs), dtype=np.int64)
+    segment_lengths[0::2] = prompt_end - start
+    segment_lengths[1::2] = end - prompt_end
+    segment_versions = np.full(2 * len(pairs), NO_VERSION, dtype=VERSION_DTYPE)
+    segment_versions[1::2] = table.version[pairs]
+    policy_versions = np.repeat(segment_versions, segment_lengths)
+    trained = pairs[carries_loss]
+    flat = _ranges(table.completion_offset[trained], table.completion_len[trained])
+    on_mask = loss_mask.view(bool)
+    advantages = np.zeros(len(loss_mask), dtype=VALUE_DTYPE)
+    advantages[on_mask] = table.advantages[flat]
+    logprobs = np.zeros(len(loss_mask), dtype=VALUE_DTYPE)
+    logprobs[on_mask] = table.logprobs[flat]
+    positions = _positions(int(row_lengths.max()))
+    samples = []
+    for row, mask, first, length in zip(
+        rows, masks, row_starts.tolist(), row_lengths.tolist(), strict=True
+    ):
+        where = slice(first, first + length)
+        episode = row.episode
+        samples.append(
+            Sample(
+                token_ids=row.token_ids,
+                loss_mask=mask,
+                # The rule of `Row.logprobs()`: none when a call the row trains has none.
+                logprobs=logprobs[where]
+                if all(c.logprobs is not None for c in row.trains)
+                else None,
+                advantages=advantages[where],
+                position_ids=positions[:length],
+                policy_versions=policy_versions[where],
+                episode=episode.id,
+                group=episode.group,
+                agent=row.agent.id,
+                seat=row.agent.name,
+                row=row.index,
+                leaf=row.leaf.id,
+                reward=float(row.reward),
+                duplicate_of=row.duplicate_of,
+            )
+        )
+    return samples
+
+
+class _CallTable:
+    """Per-call values of an episode as arrays: lengths, versions, and every completion token's
+    advantage and logprob laid end to end (0.0 where a call has none; `missing_advantage` and
+    `Row.trains` say where that matters)."""
+
+    def __init__(self, calls: Sequence[Call]):
+        count = len(calls)
+        self.index = {id(call): i for i, call in enumerate(calls)}
+        self.prompt_len = np.fromiter((c.prompt_len for c in calls), np.int64, count)
+        self.completion_len = np.fromiter((len(c.completion_ids) for c in calls), np.int64, count)
+        self.full_len = self.prompt_len + self.completion_len
+        self.completion_offset = _exclusive_cumsum(self.completion_len)
+        self.version = np.fromiter(
+            (NO_VERSION if c.policy_version is None else c.policy_version for c in calls),
+            VERSION_DTYPE,
+            count,
+        )
+        self.missing_advantage = np.fromiter((c.advantages is None for c in calls), bool, count)
+        self.advantages = self._per_token([c.advantages for c in calls])
+        self.logprobs = self._per_token([c.logprobs for c in calls])
+
+    def _per_token(self, values: list[Any]) -> np.ndarray:
+        """Each call's value per completion token: a scalar repeated, an array as is, or 0.0."""
+        scalars = np.fromiter(
+            (v if isinstance(v, float | int) else 0.0 for v in values), np.float64, len(values)
+        )
+        per_token = np.repeat(scalars.astype(VALUE_DTYPE), self.completion_len)
+        for i, value in enumerate(values):
+            if isinstance(value, np.ndarray):
+                first = self.completion_offset[i]
+                per_token[first : first + len(value)] = value
+        return per_token
+
+
+_position_buffer = np.zeros(0, dtype=POSITION_DTYPE)
+
+
+def _positions(length: int) -> np.ndarray:
+    """A read-only `arange(length)` view, shared by every sample (positions never change)."""
+    global _position_buffer
+    if len(_position_buffer) < length:
+        _position_buffer = np.arange(max(length, 2 * len(_position_buffer)), dtype=POSITION_DTYPE)
+        _position_buffer.flags.writeable = False
+    return _position_buffer[:length]
+
+
+def _exclusive_cumsum(values: np.ndarray) -> np.ndarray:
+    sums = np.zeros(len(values), dtype=np.int64)
+    np.cumsum(values[:-1], out=sums[1:])
+    return sums
+
+
+def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The concatenation of `arange(s, s + n)` for each start `s` and length `n`."""
+    shifts = starts - _exclusive_cumsum(lengths)
+    return np.arange(int(lengths.sum()), dtype=np.int64) + np.repeat(shifts, lengths)
 
 
 def _missing_advantage(row: Row, call_id: str) -> InputError:
@@ -247,10 +353,14 @@ def _split_list_column(column: pa.ListArray) -> list[np.ndarray | None]:
 
 
 def arrays_to_torch(arrays: dict[str, Any]) -> dict[str, Any]:
-    """numpy arrays as torch tensors (zero copy); anything else passes through unchanged."""
+    """numpy arrays as torch tensors, sharing memory where the array is writable (read-only
+    arrays, such as shared positions or columns read from Parquet, are copied); anything else
+    passes through unchanged."""
     import torch  # the optional `train` extra: only needed here
 
     return {
-        name: torch.from_numpy(value) if isinstance(value, np.ndarray) else value
+        name: torch.from_numpy(value if value.flags.writeable else value.copy())
+        if isinstance(value, np.ndarray)
+        else value
         for name, value in arrays.items()
     }
