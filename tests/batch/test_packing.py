@@ -25,6 +25,7 @@ def make_samples(lengths: list[int], loss_every: int = 2) -> list[Sample]:
                 seat="leader",
                 row=index % 3,
                 leaf=f"C{index}",
+                root="C0",
                 reward=1.0,
             )
         )

@@ -41,6 +41,7 @@ def test_seed_example_samples_carry_each_field_per_token():
     rows = build_rows(episode)
     samples = build_samples(rows)
     assert [s.leaf for s in samples] == ["C4", "C6", "C9", "C10", "C12"]
+    assert [s.root for s in samples] == ["C2", "C5", "C1", "C1", "C11"]
     for sample, row in zip(samples, rows.rows, strict=True):
         np.testing.assert_array_equal(sample.token_ids, row.token_ids)
         np.testing.assert_array_equal(sample.loss_mask, row.loss_mask)

@@ -61,8 +61,12 @@ class Sample:
     advantage on its loss tokens, 0 off the mask), `position_ids` (0, 1, ...) and
     `policy_versions` (the version that sampled each completion token, `NO_VERSION` on prompt
     tokens and where none was recorded). Metadata: the episode and group, the leaf agent's id
-    and seat (its name), the row index within the episode, the leaf call's id, the row reward
-    (spec 3.4) and the row it duplicates, if any.
+    and seat (its name), the row index within the episode, the leaf call's id, the root call's
+    id (rows with the same episode and root share a call tree), the row reward (spec 3.4) and
+    the row it duplicates, if any.
+
+    Samples built together hold views into shared arrays (`position_ids` into one read-only
+    `arange`); copy an array before changing it in place.
     """
 
     token_ids: np.ndarray
@@ -77,6 +81,7 @@ class Sample:
     seat: str
     row: int
     leaf: str
+    root: str
     reward: float
     duplicate_of: int | None = None
 
@@ -180,6 +185,7 @@ def _build(rows: Sequence[Row], table: _CallTable) -> list[Sample]:
                 seat=row.agent.name,
                 row=row.index,
                 leaf=row.leaf.id,
+                root=row.path[0].id,
                 reward=float(row.reward),
                 duplicate_of=row.duplicate_of,
             )
@@ -265,6 +271,7 @@ _METADATA_SCHEMA = [
     pa.field("seat", pa.string(), nullable=False),
     pa.field("row", pa.int32(), nullable=False),
     pa.field("leaf", pa.string(), nullable=False),
+    pa.field("root", pa.string(), nullable=False),
     pa.field("reward", pa.float64(), nullable=False),
     pa.field("duplicate_of", pa.int32()),
 ]
