@@ -616,15 +616,20 @@ def _split_main(lines: list[Line]) -> list[Unit]:
     """The leader's lines and each inline sidechain's, by the tree each line belongs to."""
     root_of: list[int] = []
     latest: dict[str, int] = {}
+    last_of_side: dict[bool, int] = {}  # a dangling parent (a lost line) keeps its side's tree
     for i, line in enumerate(lines):
         parent = line.data.get("parentUuid")
+        side = line.data.get("isSidechain") is True
         found = latest.get(parent) if isinstance(parent, str) else None
         if found is None and line.data.get("subtype") == "compact_boundary":
             logical = line.data.get("logicalParentUuid")
             found = latest.get(logical) if isinstance(logical, str) else None
+        elif found is None and isinstance(parent, str):
+            found = last_of_side.get(side)
         root_of.append(root_of[found] if found is not None else i)
         if isinstance(line.data.get("uuid"), str):
             latest[line.data["uuid"]] = i
+            last_of_side[side] = i
     has_main_messages = any(
         ln.data.get("type") in ("user", "assistant") and not ln.data.get("isSidechain")
         for ln in lines

@@ -185,7 +185,7 @@ class RolloutReader:
 
     def read(self, path: Path, rank: int) -> None:
         lines = list(read_json_lines(path, self.report))
-        self.rank, self.thread, self.time = rank, None, 0.0
+        self.rank, self.thread, self.time, self.last_call = rank, None, 0.0, None
         self.closes_on_count = any(
             ln.data.get("type") == "event_msg"
             and isinstance(ln.data.get("payload"), dict)
@@ -243,7 +243,7 @@ class RolloutReader:
             if text:
                 thread.system = Message("system", text)
                 thread.history = Turn(thread.system, None)
-        self.thread = thread
+        self.thread, self.last_call = thread, None
         self.report.use(line, "session meta")
 
     def _item(self, line: Line, item: dict[str, Any]) -> None:
@@ -273,11 +273,11 @@ class RolloutReader:
 
     def _event(self, line: Line, event: dict[str, Any]) -> None:
         kind = event.get("type")
-        if kind == "token_count":
-            had_response = bool(self.pending)
+        if kind == "token_count":  # written after each response, sometimes after its turn ends
             self._close()
-            if had_response and self.last_call is not None:
+            if self.last_call is not None:
                 self.last_call.content["usage"] = (event.get("info") or {}).get("last_token_usage")
+                self.last_call = None
                 self.report.use(line, "usage")
             else:
                 self.report.skip(line, "token_count event with no response before it")

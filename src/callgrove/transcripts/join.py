@@ -7,8 +7,8 @@ transcript agent the capture's calls: their tokens, logprobs and ledger `seq` ar
 captured, so the forest is the one the tokens really make.
 
 A transcript call matches a capture call when every piece of its answer (its text, else its
-tool calls' names and string arguments, else its reasoning), whitespace collapsed, appears in
-the capture call's answer (its `content.response` when recorded, else its decoded completion).
+tool calls' names and string arguments, else its reasoning), whitespace collapsed, appears
+(as written or JSON-escaped) in the capture call's answer (its `content.response` when recorded, else its decoded completion).
 Ties go to the capture call whose prompt ends with the transcript call's last prompt message,
 then to the earliest. Unmatched calls on either side are reported; unmatched capture calls
 are kept, in an agent of their own, so no captured sample is lost.
@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import orjson
 
 from callgrove.episode import Agent, Call, Episode
 
@@ -49,21 +50,18 @@ def _strings(value: Any) -> list[str]:
     return []
 
 
-def answer_pieces(response: dict[str, Any]) -> list[str]:
-    """What a capture's answer must contain to be this transcript answer."""
-    text = _normal(str(response.get("content") or ""))
-    if text:
-        return [text]
-    pieces = []
-    for tool in response.get("tool_calls") or []:
-        function = tool.get("function") or {}
-        pieces.append(_normal(str(function.get("name") or "")))
-        pieces += [_normal(s) for s in _strings(function.get("arguments"))]
-    pieces = [p for p in pieces if p]
-    if pieces:
-        return pieces
-    reasoning = _normal(str(response.get("reasoning_content") or ""))
-    return [reasoning] if reasoning else []
+def answer_pieces(response: dict[str, Any]) -> list[tuple[str, ...]]:
+    """What a capture's answer must contain to be this transcript answer: each piece in any
+    of its forms (as written, or JSON-escaped as tool arguments usually are rendered)."""
+    text = str(response.get("content") or "")
+    raw = [text] if text.strip() else []
+    if not raw:
+        for tool in response.get("tool_calls") or []:
+            function = tool.get("function") or {}
+            raw += [str(function.get("name") or ""), *_strings(function.get("arguments"))]
+    if not any(r.strip() for r in raw):
+        raw = [str(response.get("reasoning_content") or "")]
+    return [(_normal(r), _normal(orjson.dumps(r).decode()[1:-1])) for r in raw if r.strip()]
 
 
 def join_capture(
@@ -81,7 +79,11 @@ def join_capture(
     for call in sorted(transcript.calls(), key=lambda c: c.seq):
         content = call.content if isinstance(call.content, dict) else {}
         pieces = answer_pieces(content.get("response") or {})
-        candidates = [i for i in sorted(free) if pieces and all(p in answers[i] for p in pieces)]
+        candidates = [
+            i
+            for i in sorted(free)
+            if pieces and all(any(f in answers[i] for f in forms) for forms in pieces)
+        ]
         if not candidates:
             result.unmatched_transcript.append(call.id)
             continue

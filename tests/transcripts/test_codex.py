@@ -1,0 +1,142 @@
+"""Codex rollouts: the real fixtures, and subagent threads joined across files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from callgrove.forest import build_forest
+from callgrove.transcripts import ImportReport, Renderer, import_codex
+
+from .helpers import CODEX_SAMPLE, CODEX_SMALL, assert_every_line_accounted, assert_prefix_stable
+
+
+def imported(path: Path):
+    report = ImportReport()
+    transcripts = import_codex(path, report)
+    return [Renderer().episode(t) for t in transcripts], report
+
+
+def test_three_line_sample():
+    (episode,), report = imported(CODEX_SAMPLE)
+    (call,) = episode.calls()
+    response = call.content["response"]
+    assert response["content"] == "Here is a simple hello world function."
+    assert response["reasoning_content"] == "I'll include a minimal example and keep it short."
+    assert call.content["prompt"] == [
+        {"role": "system", "content": "Sample instructions"},
+        {"role": "user", "content": "Write a hello world function"},
+    ]
+    assert episode.objective == "supervised" and call.logprobs is None
+    assert_every_line_accounted(report)
+
+
+def test_stitched_fixture_threads_compactions_and_accounting():
+    episodes, report = imported(CODEX_SMALL)
+    first, second = episodes
+    # The first rollout: one response of parallel tool calls (closed by token_count, its tool
+    # outputs following it), the answer, then a compaction.
+    calls = sorted(first.calls(), key=lambda c: c.seq)
+    assert [c.purpose for c in calls] == ["turn", "turn", "compaction"]
+    assert calls[0].content["source"]["lines"] == [7, 9, 10, 12, 14]
+    tools = [m["tool_call_id"] for m in calls[1].content["prompt"] if m["role"] == "tool"]
+    assert tools == ["call-2", "call-3", "call-1"]
+    assert calls[0].content["usage"]["output_tokens"] == 81
+    # The second thread names itself as its parent (trimmed ids): a gap, its own episode.
+    assert [g["kind"] for g in second.gaps] == ["subagent_parent_unavailable"]
+    assert second.agents[0].parent is None
+    compactions = [c for c in second.calls() if c.purpose == "compaction"]
+    assert len(compactions) == 5  # lines 47, 69, 81, 89, 111 (line 26 is the first thread's)
+    forest = build_forest(second)
+    after = {c.seq + 1 for c in compactions}
+    for call in forest.calls:  # a call right after a compaction starts a new tree
+        if call.seq in after and call.purpose == "turn":
+            assert forest.parent_of(call) is None
+    assert report.diagnostics.problems == []
+    assert_every_line_accounted(report)
+    for episode in episodes:
+        assert_prefix_stable(episode)
+
+
+def _rollout(path: Path, records: list[dict]) -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def _item(payload: dict) -> dict:
+    return {"timestamp": "2026-01-01T00:00:01Z", "type": "response_item", "payload": payload}
+
+
+def test_subagent_thread_joined_to_its_parent_rollout(tmp_path):
+    parent_id, child_id = "thread-parent-0001", "thread-child-0002"
+    _rollout(
+        tmp_path / "rollout-a.jsonl",
+        [
+            {"type": "session_meta", "payload": {"id": parent_id, "source": "cli"}},
+            _item(
+                {
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": "go"}],
+                }
+            ),
+            _item(
+                {
+                    "type": "function_call",
+                    "call_id": "c1",
+                    "name": "spawn_agent",
+                    "arguments": '{"task": "look"}',
+                }
+            ),
+            _item(
+                {"type": "function_call_output", "call_id": "c1", "output": f"spawned {child_id}"}
+            ),
+            _item(
+                {
+                    "type": "message",
+                    "role": "assistant",
+                    "content": [{"type": "output_text", "text": "done"}],
+                }
+            ),
+        ],
+    )
+    _rollout(
+        tmp_path / "rollout-b.jsonl",
+        [
+            {
+                "type": "session_meta",
+                "payload": {
+                    "id": child_id,
+                    "agent_role": "explorer",
+                    "source": {"subagent": {"thread_spawn": {"parent_thread_id": parent_id}}},
+                },
+            },
+            _item(
+                {
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": "look"}],
+                }
+            ),
+            _item(
+                {
+                    "type": "message",
+                    "role": "assistant",
+                    "content": [{"type": "output_text", "text": "seen"}],
+                }
+            ),
+        ],
+    )
+    (episode,), report = imported(tmp_path)
+    leader, child = episode.agents
+    assert (leader.id, leader.parent, leader.start) == (parent_id, None, "root")
+    assert (child.id, child.name, child.parent, child.start) == (
+        child_id,
+        "explorer",
+        parent_id,
+        "fresh",
+    )
+    spawner = episode.call(child.meta["spawned_by"])
+    assert [t["id"] for t in spawner.content["response"]["tool_calls"]] == ["c1"]
+    assert len(leader.calls) == 2 and len(child.calls) == 1
+    assert_every_line_accounted(report)
+    assert_prefix_stable(episode)

@@ -1,0 +1,86 @@
+"""Broken transcripts: each bad line is reported with its file and line; the rest imports."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+from typer.testing import CliRunner
+
+from callgrove.cli import app
+from callgrove.transcripts import ImportReport, Renderer, import_claude_code, import_codex
+
+from .helpers import (
+    CODEX_SMALL,
+    FLAT_DIR,
+    KIMUSON,
+    assert_every_line_accounted,
+    assert_prefix_stable,
+)
+
+
+def test_truncated_and_malformed_claude_session(tmp_path):
+    lines = KIMUSON.read_text().splitlines()
+    broken = tmp_path / KIMUSON.name
+    # line 30 (a sidechain's one-line API response) is cut in half, line 45 (the second line
+    # of a leader response) is not JSON, and the last line (the final answer) was being
+    # written when the process died.
+    lines[29] = lines[29][: len(lines[29]) // 2]
+    lines[44] = "[1, 2"
+    broken.write_text("\n".join(lines[:-1]) + "\n" + lines[-1][:50])
+    report = ImportReport()
+    (transcript,) = import_claude_code(broken, report)
+    problems = {(p.line, p.severity, p.message.split(":")[0]) for p in report.diagnostics.problems}
+    assert (30, "error", "not valid JSON") in problems
+    assert (45, "error", "not valid JSON") in problems
+    assert (
+        53,
+        "warning",
+        "truncated final line (no newline, incomplete JSON); ignored",
+    ) in problems
+    assert all(p.file == str(broken) for p in report.diagnostics.problems)
+    # The line after the lost one names a parent that is gone: its history restarts there,
+    # and it stays in its sidechain.
+    assert any(
+        p.line == 31 and p.severity == "warning" and "names no earlier line" in p.message
+        for p in report.diagnostics.problems
+    )
+    # Line 45's response keeps its first line; the sidechain loses line 30's response and the
+    # leader its final answer.
+    episode = Renderer().episode(transcript)
+    assert [len(a.calls) for a in episode.agents] == [9, 3, 6]
+    assert_every_line_accounted(report)
+    assert_prefix_stable(episode)
+
+
+def test_cli_reports_file_and_line_and_exits_1(tmp_path):
+    folder = tmp_path / "project"
+    shutil.copytree(FLAT_DIR, folder)
+    session = folder / "cb2e607c-c758-415a-8b45-c49e4631906a.jsonl"
+    lines = session.read_text().splitlines()
+    lines[9] = '{"type": "assistant", "message": '
+    session.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "episodes.jsonl"
+    result = CliRunner().invoke(app, ["import", "claude-code", str(folder), "--out", str(out)])
+    assert result.exit_code == 1
+    assert f"{session}:10: not valid JSON" in result.output
+    assert "supervised training" in result.output
+    episode = json.loads(out.read_text())
+    assert [len(a["calls"]) for a in episode["agents"]] == [80, 5]
+
+
+def test_codex_line_before_any_session_meta_and_bad_payload(tmp_path):
+    lines = CODEX_SMALL.read_text().splitlines()
+    broken = tmp_path / "rollout.jsonl"
+    broken.write_text(
+        "\n".join([lines[3], "nope", '{"type": "response_item", "payload": 3}', *lines]) + "\n"
+    )
+    report = ImportReport()
+    episodes = [Renderer().episode(t) for t in import_codex(broken, report)]
+    messages = {(p.line, p.message) for p in report.diagnostics.problems}
+    assert (1, "event_msg record before any session_meta; ignored") in messages
+    assert any(line == 2 and m.startswith("not valid JSON") for line, m in messages)
+    skipped = {(p.line, p.message) for p in report.skipped}
+    assert (3, "response_item record without a payload object") in skipped
+    assert len(episodes) == 2
+    assert_every_line_accounted(report)

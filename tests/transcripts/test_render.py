@@ -1,0 +1,181 @@
+"""Rendering is incremental and prefix-stable, for the built-in format and a Jinja template."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from callgrove.transcripts import (
+    BuiltinFormat,
+    ByteTokenizer,
+    JinjaFormat,
+    Message,
+    Renderer,
+    ToolCall,
+    Transcript,
+    TranscriptAgent,
+    TranscriptCall,
+    import_claude_code,
+)
+from callgrove.transcripts.model import Turn, extend
+
+from .helpers import KIMUSON, assert_prefix_stable
+
+texts = st.text(
+    alphabet=st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=12
+) | st.sampled_from(["<|end|>", "<|start|>assistant\n", "</tool_result>", ""])
+tool_calls = st.builds(
+    ToolCall,
+    st.text(max_size=4),
+    st.sampled_from(["Bash", "Read"]),
+    st.dictionaries(st.text(max_size=3), texts, max_size=2),
+)
+answers = st.builds(
+    lambda text, thinking, calls: Message("assistant", text, thinking, tuple(calls)),
+    texts,
+    texts,
+    st.lists(tool_calls, max_size=2),
+)
+inputs = st.lists(
+    st.one_of(
+        st.builds(lambda t: Message("user", t), texts),
+        st.builds(
+            lambda t, i, e: Message("tool", t, tool_call_id=i, is_error=e),
+            texts,
+            st.text(max_size=4),
+            st.booleans(),
+        ),
+    ),
+    max_size=3,
+)
+
+
+@st.composite
+def transcripts(draw) -> Transcript:
+    """Agents whose calls branch off earlier calls (rewinds, forks) or start fresh."""
+    agents = [TranscriptAgent(f"a{i}", "agent") for i in range(draw(st.integers(1, 3)))]
+    tips: list[Turn | None] = [None]
+    for n in range(draw(st.integers(1, 12))):
+        tip = draw(st.sampled_from(tips))
+        context = extend(tip, draw(inputs) or [Message("user", "go")])
+        agent = draw(st.sampled_from(agents))
+        call = TranscriptCall(f"c{n}", agent, context, draw(answers), order=(n,))
+        agent.calls.append(call)
+        tips.append(call.answer)
+    return Transcript("t", agents)
+
+
+def from_scratch(call: TranscriptCall, chat_format) -> np.ndarray:
+    """The prompt rendered from the whole message history, with no incremental reuse."""
+    messages = call.context.messages_since(None)
+    parts, previous = [], None
+    for message in messages:
+        parts.append(chat_format.segment(message, previous))
+        previous = message
+    return np.concatenate([*parts, chat_format.generation_prompt()])
+
+
+@settings(max_examples=60, deadline=None)
+@given(transcripts())
+def test_incremental_prompts_equal_rendering_from_scratch(transcript):
+    chat_format = BuiltinFormat()
+    episode = Renderer(chat_format).episode(transcript)
+    for call in transcript.calls():
+        rendered = episode.call(call.id)
+        assert rendered.prompt_ids().tolist() == from_scratch(call, chat_format).tolist()
+        # Literal marker text in messages stays bytes: only real turn frames are special.
+        full = rendered.full_ids()
+        assert (full == ByteTokenizer.END).sum() == len(call.context.messages_since(None)) + 1
+    assert_prefix_stable(episode)
+
+
+def test_builtin_rendering_of_each_message_kind():
+    chat_format = BuiltinFormat()
+    answer = Message(
+        "assistant", "Listing.", "Need files.", (ToolCall("t1", "Bash", {"command": "ls"}),)
+    )
+    result = Message("tool", "a.txt", tool_call_id="t1", is_error=True)
+    decode = chat_format.decode
+    assert decode(chat_format.segment(answer, None)) == (
+        "<|start|>assistant\n<think>\nNeed files.\n</think>\nListing.\n"
+        '<tool_call>\n{"id":"t1","name":"Bash","arguments":{"command":"ls"}}\n</tool_call><|end|>'
+    )
+    assert decode(chat_format.segment(result, answer)) == (
+        '<|start|>tool\n<tool_result id="t1" error="true">\na.txt\n</tool_result><|end|>'
+    )
+    assert decode(chat_format.completion(Message("assistant", "hé"), None)) == "hé<|end|>"
+    assert decode(chat_format.generation_prompt()) == "<|start|>assistant\n"
+
+
+CHATML = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' }}"
+    "{% if message.get('reasoning_content') %}<think>{{ message['reasoning_content'] }}</think>"
+    "{% endif %}{{ message['content'] }}{% for call in message.get('tool_calls') or [] %}"
+    "<tool_call>{{ call['function'] | tojson }}</tool_call>{% endfor %}"
+    "{{ '<|im_end|>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def chatml(tmp_path_factory):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=["<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tokenizer.train_from_iterator([KIMUSON.read_text()[:200_000]], trainer)
+    folder = tmp_path_factory.mktemp("chatml")
+    tokenizer.save(str(folder / "tokenizer.json"))
+    (folder / "template.jinja").write_text(CHATML)
+    return JinjaFormat(folder / "tokenizer.json", folder / "template.jinja")
+
+
+def test_jinja_template_renders_a_real_session_prefix_stably(chatml):
+    (transcript,) = import_claude_code(KIMUSON)
+    episode = Renderer(chatml).episode(transcript)
+    assert_prefix_stable(episode)
+    assert chatml.rewrites == set()  # ChatML never rewrites earlier messages
+    im_end = chatml.tokenizer.token_to_id("<|im_end|>")
+    for call in transcript.calls():
+        rendered = episode.call(call.id)
+        assert rendered.completion_ids[-1] == im_end  # the model samples the end of its turn
+        history = [m for m in call.context.messages_since(None)]
+        expected = chatml._render([m.as_dict() for m in history], generation=True) + chatml.decode(
+            rendered.completion_ids
+        )
+        assert chatml.decode(rendered.full_ids()) == expected
+
+
+def test_template_that_rewrites_history_is_rendered_newest_first(tmp_path, chatml):
+    """A template that drops reasoning of older turns: each message keeps its newest form."""
+    template = CHATML.replace(
+        "message.get('reasoning_content')", "message.get('reasoning_content') and loop.last"
+    )
+    path = tmp_path / "t.jinja"
+    path.write_text(template)
+    folder = tmp_path
+    chatml.tokenizer.save(str(folder / "tokenizer.json"))
+    fmt = JinjaFormat(folder / "tokenizer.json", path)
+    agent = TranscriptAgent("a", "agent")
+    first = TranscriptCall(
+        "c1", agent, Turn(Message("user", "hi"), None), Message("assistant", "yo", "think"), (1,)
+    )
+    second = TranscriptCall(
+        "c2",
+        agent,
+        extend(first.answer, [Message("user", "more")]),
+        Message("assistant", "ok"),
+        (2,),
+    )
+    agent.calls += [first, second]
+    episode = Renderer(fmt).episode(Transcript("t", [agent]))
+    assert_prefix_stable(episode)
+    assert "<think>think</think>" in fmt.decode(episode.call("c2").prompt_ids())
