@@ -190,3 +190,13 @@ def test_a_whole_group_builds_at_once_as_it_does_episode_by_episode():
     assert_same_samples(together, apart)
     assert_same_samples(together, one_by_one)
     assert [s.episode for s in together] == [r.episode.id for er in rows for r in er.rows]
+
+
+def test_numpy_scalar_advantages_count_and_wrong_lengths_are_named():
+    episode = credited(seed_episode())
+    episode.call("C9").advantages = np.float32(0.25)
+    sample = build_samples(build_rows(episode))[2]
+    assert sample.advantages[-1] == 0.25
+    episode.call("C9").advantages = np.array([1.0, 2.0])
+    with pytest.raises(InputError, match=r"call C9: advantages has 2 values for 1 completion"):
+        build_samples(build_rows(episode))

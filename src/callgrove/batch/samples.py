@@ -115,12 +115,13 @@ def build_samples(episode_rows: EpisodeRows | Sequence[EpisodeRows]) -> list[Sam
     """
     parts = [episode_rows] if isinstance(episode_rows, EpisodeRows) else list(episode_rows)
     calls = [call for part in parts for call in part.forest.calls]
-    return _build([row for part in parts for row in part.rows], _CallTable(calls))
+    episode_ids = [part.episode.id for part in parts for _ in part.forest.calls]
+    return _build([row for part in parts for row in part.rows], _CallTable(calls, episode_ids))
 
 
 def sample_from_row(row: Row) -> Sample:
     """The sample of one row (`build_samples` is faster for all rows of an episode)."""
-    (sample,) = _build([row], _CallTable(row.path))
+    (sample,) = _build([row], _CallTable(row.path, [row.episode.id] * len(row.path)))
     return sample
 
 
@@ -198,8 +199,9 @@ class _CallTable:
     advantage and logprob laid end to end (0.0 where a call has none; `missing_advantage` and
     `Row.trains` say where that matters)."""
 
-    def __init__(self, calls: Sequence[Call]):
+    def __init__(self, calls: Sequence[Call], episode_ids: Sequence[str]):
         count = len(calls)
+        self.episode_ids = episode_ids
         self.index = {id(call): i for i, call in enumerate(calls)}
         self.prompt_len = np.fromiter((c.prompt_len for c in calls), np.int64, count)
         self.completion_len = np.fromiter((len(c.completion_ids) for c in calls), np.int64, count)
@@ -211,20 +213,29 @@ class _CallTable:
             count,
         )
         self.missing_advantage = np.fromiter((c.advantages is None for c in calls), bool, count)
-        self.advantages = self._per_token([c.advantages for c in calls])
-        self.logprobs = self._per_token([c.logprobs for c in calls])
+        self.advantages = self._per_token(calls, "advantages")
+        self.logprobs = self._per_token(calls, "logprobs")
 
-    def _per_token(self, values: list[Any]) -> np.ndarray:
+    def _per_token(self, calls: Sequence[Call], name: str) -> np.ndarray:
         """Each call's value per completion token: a scalar repeated, an array as is, or 0.0."""
+        values = [getattr(call, name) for call in calls]
         scalars = np.fromiter(
-            (v if isinstance(v, float | int) else 0.0 for v in values), np.float64, len(values)
+            (0.0 if v is None or isinstance(v, np.ndarray) else float(v) for v in values),
+            np.float64,
+            len(values),
         )
         per_token = np.repeat(scalars.astype(VALUE_DTYPE), self.completion_len)
         for i, value in enumerate(values):
             if isinstance(value, np.ndarray):
+                if value.shape != (self.completion_len[i],):
+                    raise self._wrong_length(calls[i], name, value.size, i)
                 first = self.completion_offset[i]
                 per_token[first : first + len(value)] = value
         return per_token
+
+    def _wrong_length(self, call: Call, name: str, size: int, i: int) -> InputError:
+        message = f"{name} has {size} values for {self.completion_len[i]} completion tokens"
+        return InputError(Problem(message, episode=self.episode_ids[i], call=call.id))
 
 
 _position_buffer = np.zeros(0, dtype=POSITION_DTYPE)
