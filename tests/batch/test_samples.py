@@ -200,3 +200,22 @@ def test_numpy_scalar_advantages_count_and_wrong_lengths_are_named():
     episode.call("C9").advantages = np.array([1.0, 2.0])
     with pytest.raises(InputError, match=r"call C9: advantages has 2 values for 1 completion"):
         build_samples(build_rows(episode))
+
+
+def leader_and_fork(episode_id: str, leader_reward: float, fork_reward: float) -> Episode:
+    """The leader's only call is continued by nothing but its fork's call."""
+    leader = Agent("L", "leader", rewards={"r": leader_reward})
+    leader.add(Call.make("A", 1, [1, 2], [3], [-0.1]))
+    fork = Agent("F", "fork", parent="L", start="fork", rewards={"r": fork_reward})
+    fork.add(Call.make("B", 2, [1, 2, 3, 4], [5], [-0.2]))
+    return Episode(episode_id, [leader, fork], group="g")
+
+
+def test_a_call_trained_in_another_agents_row_keeps_its_own_agents_advantage():
+    group = [leader_and_fork("e1", 2.0, 0.0), leader_and_fork("e2", 0.0, 1.0)]
+    finalize_group(GRPO(), group)
+    (sample,) = build_samples(build_rows(group[0]))
+    assert (sample.leaf, sample.seat, sample.reward) == ("B", "fork", 0.0)
+    # A (the leader's, mean 1.0) at token 2, B (the fork's, mean 0.5) at token 4
+    assert sample.loss_mask.tolist() == [0, 0, 1, 0, 1]
+    assert sample.advantages.tolist() == [0.0, 0.0, 1.0, 0.0, -0.5]
