@@ -34,9 +34,7 @@ def agent_reward(episode: Episode, agent: Agent) -> float:
     another agent's (a leader call that only a fork's leaf continues) gets its own agent's
     advantage, while that row's `reward` is the leaf agent's.
     """
-    if agent.rewards is not None:
-        return float(sum(agent.rewards.values()))
-    return episode.reward
+    return episode.reward_of(agent)
 
 
 @dataclass(frozen=True, slots=True, eq=False)

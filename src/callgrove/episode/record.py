@@ -150,6 +150,13 @@ class Episode:
         """The episode reward: the sum of its named rewards."""
         return float(sum(self.rewards.values()))
 
+    def reward_of(self, agent: Agent | None) -> float:
+        """An agent's reward (spec 3.4): the sum of its own `rewards` when it has them (an empty
+        dict counts, summing to 0.0), else the episode reward. Rows and credit both use it."""
+        if agent is not None and agent.rewards is not None:
+            return float(sum(agent.rewards.values()))
+        return self.reward
+
     def calls(self) -> Iterator[Call]:
         """Every call of every agent, kept or not, agent by agent."""
         for agent in self.agents:

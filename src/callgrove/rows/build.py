@@ -143,7 +143,7 @@ def build_rows(
                 path=calls,
                 trains=[c for c, i in zip(calls, path, strict=True) if owners[i] == number],
                 context=[c for c, i in zip(calls, path, strict=True) if owners[i] != number],
-                reward=_row_reward(episode, forest.calls[leaf]),
+                reward=episode.reward_of(forest.calls[leaf].agent),
                 forest=forest,
                 path_index=path,
             )
@@ -167,13 +167,6 @@ def _owners(forest: Forest, paths: list[list[int]]) -> list[int]:
             if own_leaf[i] < 0 and forest.calls[i].agent is leaf_agent:
                 own_leaf[i] = number
     return [own if own >= 0 else first for own, first in zip(own_leaf, any_leaf, strict=True)]
-
-
-def _row_reward(episode: Episode, leaf: Call) -> float:
-    agent = leaf.agent
-    if agent is not None and agent.rewards is not None:
-        return float(sum(agent.rewards.values()))
-    return episode.reward
 
 
 def _mark_duplicates(rows: list[Row], forest: Forest, settings: RowSettings) -> None:
