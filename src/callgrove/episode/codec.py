@@ -101,7 +101,11 @@ def _share_histories(agents: list[Agent]) -> None:
     for agent in agents:
         previous: Call | None = None
         for call in sorted(agent.calls, key=lambda c: c.seq):
-            if previous is not None and call.prompt_base is None and _starts_with(call.prompt_suffix, previous):
+            if (
+                previous is not None
+                and call.prompt_base is None
+                and _starts_with(call.prompt_suffix, previous)
+            ):
                 call.prompt_suffix = call.prompt_suffix[previous.full_len :].copy()
                 call.prompt_base, call.prompt_base_len = previous, previous.full_len
             previous = call
