@@ -22,12 +22,12 @@ demo: setup
 	$(BIN)/callgrove rows examples/login_bug.jsonl
 
 lint: setup
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/ruff format --check src tests benchmarks examples
 
 format: setup
-	$(BIN)/ruff check --fix src tests benchmarks
-	$(BIN)/ruff format src tests benchmarks
+	$(BIN)/ruff check --fix src tests benchmarks examples
+	$(BIN)/ruff format src tests benchmarks examples
 
 test: lint
 	$(BIN)/pytest -n 2 tests
