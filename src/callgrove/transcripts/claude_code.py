@@ -30,7 +30,7 @@ from typing import Any
 
 import orjson
 
-from callgrove.transcripts.ledger import ImportReport, Line, read_json_lines
+from callgrove.transcripts.ledger import ImportReport, Line, collector_paused, read_json_lines
 from callgrove.transcripts.model import (
     Message,
     ToolCall,
@@ -573,7 +573,8 @@ def import_claude_code(
 ) -> list[Transcript]:
     """Every session under `path` (a session file or a project folder), with its subagents."""
     report = report if report is not None else ImportReport()
-    return [_session(files, report) for files in find_sessions(path, report)]
+    with collector_paused():
+        return [_session(files, report) for files in find_sessions(path, report)]
 
 
 def _session(files: SessionFiles, report: ImportReport) -> Transcript:

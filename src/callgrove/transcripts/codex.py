@@ -21,7 +21,7 @@ from typing import Any
 
 import orjson
 
-from callgrove.transcripts.ledger import ImportReport, Line, read_json_lines
+from callgrove.transcripts.ledger import ImportReport, Line, collector_paused, read_json_lines
 from callgrove.transcripts.model import (
     Message,
     ToolCall,
@@ -380,9 +380,10 @@ def import_codex(
         report.problem("no such file or folder", str(root))
         return []
     reader = RolloutReader(report)
-    for rank, file in enumerate(files):
-        reader.read(file, rank)
-    return _episodes(list(reader.threads.values()))
+    with collector_paused():
+        for rank, file in enumerate(files):
+            reader.read(file, rank)
+        return _episodes(list(reader.threads.values()))
 
 
 def _episodes(threads: list[Thread]) -> list[Transcript]:

@@ -25,6 +25,7 @@ import orjson
 
 from callgrove.episode import TOKEN_DTYPE, Agent, Call, Episode
 from callgrove.formats.problems import InputError, Problem
+from callgrove.transcripts.ledger import collector_paused
 from callgrove.transcripts.model import Message, Transcript, TranscriptCall
 
 EMPTY = np.zeros(0, dtype=TOKEN_DTYPE)
@@ -282,6 +283,10 @@ class Renderer:
         self.format = chat_format if chat_format is not None else BuiltinFormat()
 
     def episode(self, transcript: Transcript) -> Episode:
+        with collector_paused():
+            return self._episode(transcript)
+
+    def _episode(self, transcript: Transcript) -> Episode:
         agents = {
             id(a): Agent(
                 id=a.id,
