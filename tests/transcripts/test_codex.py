@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from callgrove.forest import build_forest
 from callgrove.transcripts import ImportReport, Renderer, import_codex
 
@@ -66,8 +68,14 @@ def _item(payload: dict) -> dict:
     return {"timestamp": "2026-01-01T00:00:01Z", "type": "response_item", "payload": payload}
 
 
-def test_subagent_thread_joined_to_its_parent_rollout(tmp_path):
+@pytest.mark.parametrize("linked_by", ["tool output", "spawn event"])
+def test_subagent_thread_joined_to_its_parent_rollout(tmp_path, linked_by):
     parent_id, child_id = "thread-parent-0001", "thread-child-0002"
+    output = f"spawned {child_id}" if linked_by == "tool output" else "spawned"
+    event = {
+        "type": "event_msg",
+        "payload": {"type": "collab_agent_spawn_end", "call_id": "c1", "new_thread_id": child_id},
+    }
     _rollout(
         tmp_path / "rollout-a.jsonl",
         [
@@ -87,9 +95,8 @@ def test_subagent_thread_joined_to_its_parent_rollout(tmp_path):
                     "arguments": '{"task": "look"}',
                 }
             ),
-            _item(
-                {"type": "function_call_output", "call_id": "c1", "output": f"spawned {child_id}"}
-            ),
+            *([event] if linked_by == "spawn event" else []),
+            _item({"type": "function_call_output", "call_id": "c1", "output": output}),
             _item(
                 {
                     "type": "message",

@@ -179,3 +179,23 @@ def test_template_that_rewrites_history_is_rendered_newest_first(tmp_path, chatm
     episode = Renderer(fmt).episode(Transcript("t", [agent]))
     assert_prefix_stable(episode)
     assert "<think>think</think>" in fmt.decode(episode.call("c2").prompt_ids())
+
+
+def test_cli_renders_with_a_tokenizer_and_template(tmp_path, chatml):
+    from typer.testing import CliRunner
+
+    from callgrove.cli import app
+    from callgrove.episode import load
+
+    chatml.tokenizer.save(str(tmp_path / "tokenizer.json"))
+    out = tmp_path / "episodes.jsonl"
+    arguments = ["import", "claude-code", str(KIMUSON), "--out", str(out)]
+    arguments += ["--tokenizer", str(tmp_path / "tokenizer.json")]
+    arguments += ["--chat-template", chatml.template_path]
+    result = CliRunner().invoke(app, arguments)
+    assert result.exit_code == 0, result.output
+    (episode,) = load(out)
+    assert episode.meta["renderer"] == "jinja"
+    im_start = chatml.tokenizer.token_to_id("<|im_start|>")
+    assert all(c.full_ids()[0] == im_start for c in episode.calls())
+    assert_prefix_stable(episode)

@@ -246,7 +246,6 @@ class Unit:
     first_prompt: str | None = None
     spawns: list[tuple[TranscriptCall, ToolCall]] = field(default_factory=list)
     results: dict[str, tuple[str, str | None]] = field(default_factory=dict)  # agentId -> use
-    started: float | None = None
 
 
 class UnitBuilder:
