@@ -36,6 +36,7 @@ FLOAT_DTYPE = np.float32
 # the unit a reader holds in memory at once.
 BATCH_TOKENS = 4_000_000
 BATCH_EPISODES = 1024
+PARQUET_PAGE_BYTES = 8 << 20
 
 _TOKENS = pa.list_(pa.int32())
 _FLOATS = pa.list_(pa.float32())
@@ -246,8 +247,9 @@ def _stored_tokens(episode: Episode) -> int:
 
 
 class BinaryEpisodeWriter:
-    """Writes episodes as Parquet (`.parquet`, zstd) or Arrow IPC (`.arrow`, uncompressed, so
-    it can be memory-mapped and read without decoding).
+    """Writes episodes as Parquet (`.parquet`; zstd unless `compression` says otherwise, e.g.
+    "none", which reads faster and is larger) or Arrow IPC (`.arrow`, always uncompressed, so
+    it is memory-mapped and read without decoding).
 
     Episodes are buffered and written a record batch (a Parquet row group) at a time; `sync()`
     closes the current batch. The file is written beside its final name and moved into place
@@ -259,6 +261,7 @@ class BinaryEpisodeWriter:
         path: str | os.PathLike[str],
         batch_tokens: int = BATCH_TOKENS,
         batch_episodes: int = BATCH_EPISODES,
+        compression: str = "zstd",
     ):
         self.path = Path(path)
         if not is_binary(self.path):
@@ -272,9 +275,15 @@ class BinaryEpisodeWriter:
         self._pending_tokens = 0
         self._partial = self.path.with_name(self.path.name + ".partial")
         if self.path.suffix == PARQUET_SUFFIX:
-            # Token ids are near-random: a dictionary costs time and saves nothing.
+            # Token ids are near-random: dictionaries and min/max statistics cost time and
+            # save nothing; large pages keep the per-page work of decoding small.
             self._writer: Any = pq.ParquetWriter(
-                self._partial, SCHEMA, compression="zstd", use_dictionary=False
+                self._partial,
+                SCHEMA,
+                compression=compression,
+                use_dictionary=False,
+                write_statistics=False,
+                data_page_size=PARQUET_PAGE_BYTES,
             )
         else:
             self._writer = ipc.new_file(self._partial, SCHEMA)
@@ -314,9 +323,11 @@ class BinaryEpisodeWriter:
             self._partial.unlink(missing_ok=True)
 
 
-def write_binary_episodes(path: str | os.PathLike[str], episodes: Iterable[Episode]) -> int:
+def write_binary_episodes(
+    path: str | os.PathLike[str], episodes: Iterable[Episode], compression: str = "zstd"
+) -> int:
     """Write episodes to a `.parquet` or `.arrow` file; returns how many were written."""
-    with BinaryEpisodeWriter(path) as writer:
+    with BinaryEpisodeWriter(path, compression=compression) as writer:
         for episode in episodes:
             writer.write(episode)
         return writer.lines
