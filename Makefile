@@ -29,7 +29,9 @@ format: setup
 	$(BIN)/ruff check --fix src tests benchmarks examples
 	$(BIN)/ruff format src tests benchmarks examples
 
+# The browser test of the HTML pictures drives Debian's chromium, installed when missing.
 test: lint
+	test -x /usr/bin/chromium || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium)
 	$(BIN)/pytest -n 2 tests
 
 bench: setup

@@ -68,10 +68,11 @@ def _write_pictures(
     if not pictures:
         err.print("error: no episode to draw")
         raise typer.Exit(EXIT_FAILED)
-    svg_paths = svg_file_names(svg, [p.episode.id for p in pictures]) if svg else []
-    for picture, path in zip(pictures, svg_paths, strict=True):
-        _write(path, render_svg(picture))
-        err.print(f"wrote {path} (episode {picture.episode.id})")
+    if svg is not None:
+        paths = svg_file_names(svg, [p.episode.id for p in pictures])
+        for picture, path in zip(pictures, paths, strict=True):
+            _write(path, render_svg(picture))
+            err.print(f"wrote {path} (episode {picture.episode.id})")
     if html is not None:
         _write(html, render_html(pictures, title))
         err.print(f"wrote {html} ({len(pictures)} episode(s))")

@@ -24,6 +24,7 @@ LANE_HEIGHT = 96
 BOX_TOP = 10  # from the lane's top edge
 MARKER_SIZE = 8
 KEY_LINE = 18
+LINK_LABEL_ROOM = 112  # right of the last column, for a hand-over's label
 
 # Okabe-Ito colours (told apart with most colour vision), then two more; rows beyond cycle.
 ROW_COLOURS = (
@@ -164,7 +165,7 @@ def layout(result: EpisodeRows) -> Picture:
     hand_overs = [h for lane in lanes if (h := _hand_over(lane, lanes, boxes)) is not None]
     keys = [RowKey(row, row_colour(row.index)) for row in result.rows]
     columns = len(boxes)
-    width = MARGIN * 2 + LABEL_WIDTH + max(columns, 4) * COLUMN_WIDTH
+    width = MARGIN * 2 + LABEL_WIDTH + max(columns, 4) * COLUMN_WIDTH + LINK_LABEL_ROOM
     key_top = lanes_top + len(lanes) * LANE_HEIGHT + MARGIN
     height = key_top + KEY_LINE * (1 + len(keys) + 1 + len(KEY_SYMBOLS)) + MARGIN
     return Picture(

@@ -1,0 +1,184 @@
+"""The HTML page in headless Chromium: it loads with no console errors and draws every call.
+
+`make test` installs Debian's chromium when /usr/bin/chromium is missing. The page reports
+what the browser drew in a status element (calls found, calls with a visible box, script
+errors caught); the test reads it from the DOM Chromium dumps after loading, and reads the
+browser's console log from stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from html import unescape
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from callgrove.episode import load
+from callgrove.pictures import call_details, layout, render_html
+from callgrove.rows import build_rows
+
+from .episodes import HOSTILE_TEXT, LOGIN_BUG, LOGIN_GROUP, unusual_episode
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+BROWSER_SECONDS = 20
+
+
+class DumpedDom(HTMLParser):
+    """Call boxes per episode section, the status element, and the scripts in the page."""
+
+    def __init__(self):
+        super().__init__()
+        self.sections: dict[str, list[str]] = {}
+        self.status: dict[str, str | None] = {}
+        self.scripts = 0
+        self._section: str | None = None
+
+    def handle_starttag(self, tag, attrs):
+        attributes = dict(attrs)
+        if tag == "section" and "episode" in (attributes.get("class") or "").split():
+            self._section = attributes["data-episode"]
+            self.sections[self._section] = []
+        elif tag == "g" and "call" in (attributes.get("class") or "").split():
+            self.sections[self._section].append(attributes["data-call"])
+        elif tag == "output" and attributes.get("id") == "callgrove-status":
+            self.status = attributes
+        elif tag == "script":
+            self.scripts += 1
+
+
+def page_episodes():
+    return [*load(LOGIN_BUG), *load(LOGIN_GROUP), unusual_episode()]
+
+
+def dump_dom(page: Path, profile: Path) -> tuple[str, str]:
+    """The page's DOM after loading, and the browser's log (console messages included)."""
+    assert Path(CHROMIUM).exists(), (
+        "chromium is missing: `make test` installs it (apt-get update && apt-get install -y "
+        "chromium)"
+    )
+    command = [
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        f"--user-data-dir={profile}",
+        "--enable-logging=stderr",
+        "--v=0",
+        "--dump-dom",
+        page.as_uri(),
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=BROWSER_SECONDS)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout, done.stderr
+
+
+@pytest.fixture(scope="module")
+def pictures():
+    return [layout(build_rows(e)) for e in page_episodes()]
+
+
+@pytest.fixture(scope="module")
+def browser_run(tmp_path_factory, pictures):
+    folder = tmp_path_factory.mktemp("browser")
+    page = folder / "episodes.html"
+    page.write_text(render_html(pictures, "test page"), encoding="utf-8")
+    text, log = dump_dom(page, folder / "profile")
+    dom = DumpedDom()
+    dom.feed(text)
+    return [p.episode for p in pictures], dom, log
+
+
+def test_page_loads_without_console_errors(browser_run):
+    _, dom, log = browser_run
+    console = [line for line in log.splitlines() if ":CONSOLE" in line]
+    assert console == []  # the page logs nothing; an error or a blocked fetch would show here
+    assert dom.status["data-state"] == "ready", dom.status
+    assert dom.status["data-errors"] == "0"
+
+
+def test_page_shows_every_call(browser_run):
+    episodes, dom, _ = browser_run
+    assert dom.sections == {e.id: sorted((c.id for c in e.calls()), key=_seq(e)) for e in episodes}
+    total = sum(len(calls) for calls in dom.sections.values())
+    assert dom.status["data-calls"] == str(total)
+    assert dom.status["data-visible"] == str(total)  # each has a box with an area on screen
+
+
+def test_call_text_cannot_break_out_of_the_page(browser_run):
+    episodes, dom, _ = browser_run
+    assert dom.scripts == len(episodes) + 1  # one data block per section, and the page script
+
+
+def _seq(episode):
+    seq = {c.id: c.seq for c in episode.calls()}
+    return lambda call_id: seq[call_id]
+
+
+# Appended to a copy of the page: hovers every call box, as a mouse would, and records what
+# the tip showed, then leaves it and records whether the tip hid again.
+HOVER_PROBE = """<script>
+document.addEventListener("DOMContentLoaded", function () {
+  var tip = document.getElementById("callgrove-tip"), seen = {};
+  document.querySelectorAll("g.call").forEach(function (box) {
+    var area = box.getBoundingClientRect();
+    var at = {clientX: area.left + 4, clientY: area.top + 4};
+    box.dispatchEvent(new MouseEvent("mouseenter", at));
+    var shown = tip.hidden ? null : tip.textContent;
+    box.dispatchEvent(new MouseEvent("mouseleave", at));
+    seen[box.closest("section").id + " " + box.getAttribute("data-call")] =
+      {shown: shown, hidden_after: tip.hidden};
+  });
+  var out = document.createElement("pre");
+  out.id = "hover-probe";
+  out.textContent = JSON.stringify(seen);
+  document.body.appendChild(out);
+});
+</script>
+"""
+
+
+def test_hovering_a_call_shows_its_text_and_token_counts(tmp_path, pictures):
+    page = tmp_path / "probe.html"
+    page.write_text(
+        render_html(pictures, "probe").replace("</body>", HOVER_PROBE + "</body>"),
+        encoding="utf-8",
+    )
+    text, _ = dump_dom(page, tmp_path / "profile")
+    probe = re.search(r'<pre id="hover-probe">(.*?)</pre>', text, re.S)
+    assert probe, "the probe did not run"
+    seen = json.loads(unescape(probe.group(1)))
+    expected = {
+        f"episode-{n} {box.call.id}": call_details(box)
+        for n, picture in enumerate(pictures)
+        for box in picture.boxes
+    }
+    assert sorted(seen) == sorted(expected)
+    for key, details in expected.items():
+        shown = seen[key]["shown"]
+        assert shown is not None and seen[key]["hidden_after"], key
+        counts = (
+            f"prompt {details['prompt']} · completion {details['completion']} · "
+            f"new {details['new']} tokens"
+        )
+        assert details["id"] in shown and counts in shown, (key, shown)
+        assert details["text"] in shown, (key, shown)
+    hostile = next(v["shown"] for k, v in seen.items() if k.endswith(" S1"))
+    assert HOSTILE_TEXT in hostile  # shown as text, not run as markup
+
+
+def test_page_fetches_nothing_and_escapes_call_text():
+    """Everything is inline and the page's policy forbids fetching, so it works offline."""
+    text = render_html([layout(build_rows(unusual_episode()))], "offline")
+    assert "Content-Security-Policy\" content=\"default-src 'none';" in text
+    assert not re.search(r'\b(?:src|href)="(?!#)', text)
+    assert HOSTILE_TEXT not in text
+    assert "\\u003c/script\\u003e" in text
