@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -218,3 +219,62 @@ def test_episodes_round_trip_through_the_file_format(tmp_path):
         assert before.full_ids().tolist() == after.full_ids().tolist()
         assert after.logprobs is None
         assert after.content["response"] == before.content["response"]
+
+
+def _nested_copy(tmp_path: Path) -> tuple[Path, list[dict]]:
+    shutil.copytree(NESTED.parent, tmp_path / "project")
+    session = tmp_path / "project" / NESTED.name
+    return session, [json.loads(x) for x in session.read_text().splitlines()]
+
+
+def _write(path: Path, records: list[dict]) -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def test_background_agent(tmp_path):
+    session, records = _nested_copy(tmp_path)
+    records[3]["message"]["content"][0]["input"]["run_in_background"] = True
+    records[4]["toolUseResult"]["status"] = "async_launched"
+    _write(session, records)
+    (episode,), _ = imported(session)
+    assert episode.agent("agent-a2271d1").start == "background"
+    assert_prefix_stable(episode)
+
+
+def test_fork_agent_repeats_the_parent_conversation(tmp_path):
+    """A fork's file starts with the parent's messages (same response ids): those are history,
+    not calls, and its first call continues the parent's tokens."""
+    session, records = _nested_copy(tmp_path)
+    user, task_call = records[2], records[3]
+    directive = {
+        "type": "user",
+        "uuid": "fork-u1",
+        "parentUuid": task_call["uuid"],
+        "isSidechain": True,
+        "message": {"role": "user", "content": "You are a fork: look at the tests only."},
+    }
+    answer = {
+        "type": "assistant",
+        "uuid": "fork-a1",
+        "parentUuid": "fork-u1",
+        "isSidechain": True,
+        "requestId": "req_fork",
+        "message": {
+            "id": "msg_fork",
+            "role": "assistant",
+            "content": [{"type": "text", "text": "Tests: 50 files."}],
+        },
+    }
+    fork_file = session.with_suffix("") / "subagents/agent-a2271d1.jsonl"
+    _write(fork_file, [user, task_call, directive, answer])
+    (episode,), report = imported(session)
+    fork = episode.agent("agent-a2271d1")
+    assert (fork.start, fork.parent, [c.id for c in fork.calls]) == (
+        "fork",
+        "main",
+        ["agent-a2271d1/msg_fork"],
+    )
+    assert build_forest(episode).parent_of(fork.calls[0]).id == "main/msg_01Gh1K3VvEL4VYfME3vMebbR"
+    assert report.used[str(fork_file)][2] == "message (an earlier agent's response, repeated)"
+    assert_every_line_accounted(report)
+    assert_prefix_stable(episode)

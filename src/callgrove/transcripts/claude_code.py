@@ -232,6 +232,8 @@ class _Response:
     key: str | None
     call: TranscriptCall | None = None
     tool_tail: int | None = None  # latest tool-result line answering this response
+    copied: bool = False  # an earlier agent's response, repeated in this agent's history
+    turn: Turn | None = None  # the history ending with a copied response
 
 
 @dataclass(eq=False)
@@ -246,14 +248,16 @@ class Unit:
     first_prompt: str | None = None
     spawns: list[tuple[TranscriptCall, ToolCall]] = field(default_factory=list)
     results: dict[str, tuple[str, str | None]] = field(default_factory=dict)  # agentId -> use
+    copied_responses: int = 0  # responses of earlier agents its history repeats (a fork)
 
 
 class UnitBuilder:
     """Turns one agent's lines into calls with their histories, accounting for each line."""
 
-    def __init__(self, unit: Unit, report: ImportReport):
+    def __init__(self, unit: Unit, report: ImportReport, earlier_responses: set[str]):
         self.unit = unit
         self.report = report
+        self.earlier_responses = earlier_responses  # message ids already made into calls
         self.lines = unit.lines
         count = len(self.lines)
         self.parent: list[int | None] = [None] * count
@@ -345,7 +349,7 @@ class UnitBuilder:
                 current.lines.append(i)  # type: ignore[union-attr]
                 self.response_of[i] = current
                 continue
-            response = _Response([i], key)
+            response = _Response([i], key, copied=message_id in self.earlier_responses)
             self.response_of[i] = response
             if key:
                 open_by_key[key] = response
@@ -379,6 +383,14 @@ class UnitBuilder:
             before = self.preserved_turns[parent_uuid]
         kind = data.get("type")
         response = self.response_of[i]
+        if response is not None and response.copied:
+            if response.turn is None:
+                lines = [self.lines[j] for j in response.lines]
+                response.turn = Turn(assistant_message(lines), before)
+                self.unit.copied_responses += 1
+            self.turns[i] = response.turn
+            self.report.use(line, "message (an earlier agent's response, repeated)")
+            return
         if response is not None:
             if response.call is None:
                 response.call = self._make_call(response, before)
@@ -585,8 +597,12 @@ def _session(files: SessionFiles, report: ImportReport) -> Transcript:
     units = _split_main(main_lines)
     for rank, (path, layout) in enumerate(files.subagents, start=1):
         units.append(_file_unit(path, layout, rank, report))
+    responses: set[str] = set()
     for unit in units:
-        UnitBuilder(unit, report).build()
+        UnitBuilder(unit, report, responses).build()
+        responses.update(
+            c.content["message_id"] for c in unit.agent.calls if c.content.get("message_id")
+        )
     gaps = _link(units)
     leader = units[0].agent
     others = sorted(
@@ -718,7 +734,7 @@ def _link(units: list[Unit]) -> list[dict[str, Any]]:
         claimed.add(id(tool))
         arguments = tool.arguments if isinstance(tool.arguments, dict) else {}
         agent.parent = call.agent.id
-        agent.start = _start_of(arguments, status, agent.meta)
+        agent.start = _start_of(arguments, status, agent.meta, unit.copied_responses)
         if arguments.get("subagent_type"):
             agent.name = str(arguments["subagent_type"])
         agent.meta.update(
@@ -732,10 +748,14 @@ def _link(units: list[Unit]) -> list[dict[str, Any]]:
     return gaps
 
 
-def _start_of(arguments: dict[str, Any], status: str | None, meta: dict[str, Any]) -> str:
+def _start_of(
+    arguments: dict[str, Any], status: str | None, meta: dict[str, Any], copied: int
+) -> str:
+    """`background` when it ran alongside its parent; `fork` when it started from the parent's
+    conversation (its history repeats the parent's responses); else `fresh`."""
     if arguments.get("run_in_background") is True or status in BACKGROUND_STATUSES:
         return "background"
     extra = meta.get("meta_json") or {}
-    if arguments.get("subagent_type") == "fork" or extra.get("fork") is True:
+    if copied or arguments.get("subagent_type") == "fork" or extra.get("fork") is True:
         return "fork"
     return "fresh"
