@@ -84,3 +84,18 @@ def test_codex_line_before_any_session_meta_and_bad_payload(tmp_path):
     assert (3, "response_item record without a payload object") in skipped
     assert len(episodes) == 2
     assert_every_line_accounted(report)
+
+
+def test_subagent_file_without_its_session_and_a_missing_path(tmp_path):
+    shutil.copy(FLAT_DIR / "agent-ea02459f.jsonl", tmp_path)
+    report = ImportReport()
+    (transcript,) = import_claude_code(tmp_path, report)
+    assert [len(a.calls) for a in transcript.agents] == [5]
+    (warning,) = report.diagnostics.warnings
+    assert warning.file == str(tmp_path / "agent-ea02459f.jsonl")
+    assert "names no session found beside it" in warning.message
+    report = ImportReport()
+    assert import_codex(tmp_path / "nowhere", report) == []
+    assert [(p.file, p.message) for p in report.diagnostics.errors] == [
+        (str(tmp_path / "nowhere"), "no such file or folder")
+    ]

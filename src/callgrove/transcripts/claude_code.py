@@ -77,8 +77,7 @@ def find_sessions(path: str | os.PathLike[str], report: ImportReport) -> list[Se
         files = _with_subagents(main, flat)
         claimed.update(p for p, _ in files.subagents)
         sessions.append(files)
-    for folder, flat in sorted(by_folder.items()) or [(root, _flat_agent_files(root))]:
-        del folder
+    for flat in by_folder.values() or [_flat_agent_files(root)]:
         for orphan in sorted(p for paths in flat.values() for p in paths if p not in claimed):
             report.problem(
                 "subagent file names no session found beside it; imported as its own episode",
@@ -265,7 +264,6 @@ class UnitBuilder:
         self.tool_owner: list[_Response | None] = [None] * count
         self.turns: list[Turn | None] = [None] * count
         self.order: list[tuple[Any, ...]] = []
-        self.first_index: dict[str, int] = {}
         self.not_kept: set[str] = set()
         self.call_ids: set[str] = set()
         self.seen: dict[str, int] = {}  # uuid -> latest line so far, during the history pass
@@ -326,7 +324,6 @@ class UnitBuilder:
             uuid = data.get("uuid")
             if isinstance(uuid, str):
                 latest[uuid] = i
-                self.first_index.setdefault(uuid, i)
 
     def _group_responses(self) -> None:
         open_by_key: dict[str, _Response] = {}
