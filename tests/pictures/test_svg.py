@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from callgrove.episode import Agent, Call, Episode
 from callgrove.pictures import layout, render_svg
 from callgrove.rows import build_rows
 
@@ -172,3 +173,18 @@ def test_unusual_marks_known_start_gap_retry_frozen_and_idle_agent():
         assert marker.get("id").startswith("u-")
     for path in elements(root, "path", "parent-arrow"):
         assert path.get("marker-end") == "url(#u-arrow)"
+
+
+def test_arrow_over_a_sibling_on_the_same_lane_arcs_above_it():
+    """X3 and X2 both continue X1; the straight line X1 -> X3 would cross X2's box."""
+    x1 = Call.make("X1", 1, [1, 2], [3])
+    x2 = Call.make("X2", 2, [1, 2, 3, 4], [5])
+    x3 = Call.make("X3", 3, [1, 2, 3, 6], [7])
+    episode = Episode("siblings", agents=[Agent("L", "leader", calls=[x1, x2, x3])])
+    root = ET.fromstring(render_svg(layout(build_rows(episode))))
+    arrows = {a.get("data-to"): a.get("d") for a in elements(root, "path", "parent-arrow")}
+    boxes = {b.get("data-call"): b.find(SVG + "rect") for b in elements(root, "g", "call")}
+    top = int(boxes["X1"].get("y"))
+    _, y, _, rise_1, _, rise_2, *_ = map(int, re.findall(r"-?\d+", arrows["X3"]))
+    assert y == top and rise_1 < top and rise_2 < top  # X1 -> X3 leaves the top and rises
+    assert arrows["X2"].startswith(f"M {int(boxes['X1'].get('x')) + 108} ")  # X1 -> X2 straight

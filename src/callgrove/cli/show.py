@@ -72,7 +72,7 @@ def _write_pictures(
         paths = svg_file_names(svg, [p.episode.id for p in pictures])
         for picture, path in zip(pictures, paths, strict=True):
             _write(path, render_svg(picture))
-            err.print(f"wrote {path} (episode {picture.episode.id})")
+            err.print(f"wrote {path} (episode {picture.episode.id})", markup=False)
     if html is not None:
         _write(html, render_html(pictures, title))
         err.print(f"wrote {html} ({len(pictures)} episode(s))")
@@ -82,7 +82,7 @@ def _write(path: Path, text: str) -> None:
     try:
         path.write_text(text, encoding="utf-8")
     except OSError as error:
-        err.print(f"error: cannot write {path}: {error.strerror or error}")
+        err.print(f"error: cannot write {path}: {error.strerror or error}", markup=False)
         raise typer.Exit(EXIT_USAGE) from None
 
 
@@ -98,7 +98,8 @@ def svg_file_names(path: Path, episode_ids: list[str]) -> list[Path]:
     if clashes:
         err.print(
             f"error: --svg: episode ids give the same file name ({', '.join(clashes)}); "
-            "draw them one at a time with --episode"
+            "draw them one at a time with --episode",
+            markup=False,
         )
         raise typer.Exit(EXIT_USAGE)
     return names

@@ -113,20 +113,69 @@ def call_details(box: Box) -> dict[str, Any]:
 
 
 def _content_text(content: Any) -> str:
+    """Chat messages read as a transcript (the response first); anything else as JSON."""
     if isinstance(content, str):
         text = content
+    elif _is_messages(content):
+        text = "\n".join(_message_lines(content))
+    elif isinstance(content, dict) and any(_is_messages(content.get(k)) for k in MESSAGE_KEYS):
+        parts = []
+        for key, heading in MESSAGE_KEYS.items():
+            messages = content.get(key)
+            if _is_messages(messages):
+                parts += [f"── {heading} ──", *_message_lines(messages)]
+        rest = {k: v for k, v in content.items() if k not in MESSAGE_KEYS}
+        if rest:
+            parts += ["── details ──", _json(rest)]
+        text = "\n".join(parts)
     else:
-        text = orjson.dumps(content, option=orjson.OPT_INDENT_2, default=str).decode()
+        text = _json(content)
     if len(text) > MAX_TEXT_CHARS:
         return f"{text[:MAX_TEXT_CHARS]}\n… ({len(text) - MAX_TEXT_CHARS} more characters)"
     return text
+
+
+# Content keys holding chat messages, in the order shown: what the call produced comes first.
+MESSAGE_KEYS = {"response": "response", "prompt": "new prompt messages"}
+
+
+def _is_messages(value: Any) -> bool:
+    """A chat message (a dict with a `role`) or a list of them."""
+    items = value if isinstance(value, list) else [value]
+    return bool(items) and all(isinstance(m, dict) and "role" in m for m in items)
+
+
+def _message_lines(messages: dict[str, Any] | list[dict[str, Any]]) -> list[str]:
+    lines = []
+    for message in messages if isinstance(messages, list) else [messages]:
+        head = f"[{message['role']}"
+        if message.get("tool_call_id"):
+            head += f" ← {message['tool_call_id']}"
+        if message.get("is_error"):
+            head += ", error"
+        body = message.get("content")
+        lines.append(f"{head}] {body if isinstance(body, str) else _json(body)}".rstrip())
+        if message.get("reasoning_content"):
+            lines.append(f"  thinking: {message['reasoning_content']}")
+        for tool_call in message.get("tool_calls") or ():
+            function = tool_call.get("function", tool_call) if isinstance(tool_call, dict) else {}
+            arguments = function.get("arguments")
+            shown = arguments if isinstance(arguments, str) else _json(arguments, indent=False)
+            lines.append(f"  → {function.get('name', '?')} {shown}")
+    return lines
+
+
+def _json(value: Any, indent: bool = True) -> str:
+    option = orjson.OPT_INDENT_2 if indent else 0
+    return orjson.dumps(value, option=option, default=str).decode()
 
 
 def _token_text(box: Box) -> str:
     """The call's own tokens: the prompt tokens it adds to its parent's sequence, its completion."""
     call = box.call
     start = box.parent.full_len if box.parent is not None else 0
-    added = call.prompt_ids()[start:]
+    pieces = call.segments(call.prompt_len, start=start)  # views: no copy of the history
+    added = np.concatenate(pieces) if pieces else call.completion_ids[:0]
     label = "new prompt tokens" if box.parent is not None else "prompt tokens"
     return (
         f"{label} ({len(added)}): {_abbreviated(added)}\n"

@@ -7,6 +7,7 @@ ran. Every coordinate is an integer, so the drawings made from a layout are byte
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 
 from callgrove.episode import Agent, Call
@@ -14,7 +15,7 @@ from callgrove.rows import EpisodeRows, Row
 
 # Geometry, in pixels.
 MARGIN = 16
-TITLE_HEIGHT = 28
+TITLE_HEIGHT = 44
 NOTE_HEIGHT = 16
 LABEL_WIDTH = 208
 COLUMN_WIDTH = 124
@@ -162,7 +163,12 @@ def layout(result: EpisodeRows) -> Picture:
     boxes = _boxes(result, lanes)
     by_call = {id(box.call): box for box in boxes}
     arrows = _arrows(boxes, by_call)
-    hand_overs = [h for lane in lanes if (h := _hand_over(lane, lanes, boxes)) is not None]
+    boxes_of_lane: dict[int, list[Box]] = {lane.index: [] for lane in lanes}
+    for box in boxes:
+        boxes_of_lane[box.lane.index].append(box)
+    hand_overs = [
+        link for lane in lanes if (link := _hand_over(lane, lanes, boxes_of_lane)) is not None
+    ]
     keys = [RowKey(row, row_colour(row.index)) for row in result.rows]
     columns = len(boxes)
     width = MARGIN * 2 + LABEL_WIDTH + max(columns, 4) * COLUMN_WIDTH + LINK_LABEL_ROOM
@@ -268,30 +274,32 @@ def _boxes(result: EpisodeRows, lanes: list[Lane]) -> list[Box]:
 
 def _arrows(boxes: list[Box], by_call: dict[int, Box]) -> list[ParentArrow]:
     columns_of_lane: dict[int, list[int]] = {}
-    for box in boxes:
+    for box in boxes:  # boxes are in column order, so each list is sorted
         columns_of_lane.setdefault(box.lane.index, []).append(box.column)
     arrows = []
     for box in boxes:
         if box.parent is None:
             continue
         parent = by_call[id(box.parent)]
-        same_lane = parent.lane is box.lane
-        between = same_lane and any(
-            parent.column < c < box.column for c in columns_of_lane[box.lane.index]
-        )
-        arrows.append(ParentArrow(parent=parent, child=box, arc=between))
+        arc = False
+        if parent.lane is box.lane:
+            columns = columns_of_lane[box.lane.index]
+            arc = bisect_left(columns, box.column) - bisect_right(columns, parent.column) > 0
+        arrows.append(ParentArrow(parent=parent, child=box, arc=arc))
     return arrows
 
 
-def _hand_over(lane: Lane, lanes: list[Lane], boxes: list[Box]) -> HandOver | None:
+def _hand_over(
+    lane: Lane, lanes: list[Lane], boxes_of_lane: dict[int, list[Box]]
+) -> HandOver | None:
     """The link into a subagent's lane; None for the leader and for an unrecorded start."""
     if lane.parent_lane is None:
         return None
     parent_lane = lanes[lane.parent_lane]
-    own = [b for b in boxes if b.lane is lane]
+    own = boxes_of_lane[lane.index]
     first = own[0] if own else None
     spawned_by = (lane.agent.meta or {}).get("spawned_by")
-    source = next((b for b in boxes if b.lane is parent_lane and b.call.id == spawned_by), None)
+    source = next((b for b in boxes_of_lane[parent_lane.index] if b.call.id == spawned_by), None)
     going_down = lane.index > parent_lane.index
     if first is not None:
         to_x, to_y = first.centre_x, first.y if going_down else first.bottom

@@ -39,7 +39,7 @@ LANE_FILLS = ("#F7F7F7", "#FFFFFF")
 TINT = "0.16"
 SANS = "Helvetica, Arial, sans-serif"
 MONO = "Menlo, Consolas, monospace"
-MAX_BOX_CHARS = 16
+MAX_BOX_CHARS = 14
 MAX_SQUARES = 8
 
 
@@ -170,7 +170,7 @@ def _title(writer: _Writer, picture: Picture, summary: str) -> None:
         fill=INK,
         class_="episode-title",
     )
-    writer.leaf("text", text=summary, x=MARGIN + LABEL_WIDTH, y=baseline, fill=MUTED)
+    writer.leaf("text", text=summary, x=MARGIN, y=baseline + 18, fill=MUTED)
     for number, note in enumerate(picture.notes):
         writer.leaf(
             "text",
@@ -290,12 +290,22 @@ def _box(writer: _Writer, box: Box) -> None:
             stroke_width=1,
             class_="compaction-mark",
         )
+        writer.leaf(
+            "text",
+            text="COMPACTION",
+            x=box.x + 2,
+            y=box.y - 2,
+            font_size=8,
+            font_weight="bold",
+            fill=INK,
+            class_="compaction-label",
+        )
         _compaction_cut(writer, box)
     ink = INK if call.kept else MUTED
     left = box.x + 8
     writer.leaf(
         "text",
-        text=_clip(call.id, MAX_BOX_CHARS),
+        text=_clip_middle(call.id, MAX_BOX_CHARS),
         x=left,
         y=box.y + 16,
         font_family=MONO,
@@ -339,10 +349,7 @@ def _link_line(box: Box) -> str:
     call = box.call
     if not call.kept:
         return "not kept"
-    link = "root" if box.parent is None else f"← {box.parent.id}"
-    if call.purpose == "compaction":
-        link = f"compaction {link}"
-    return _clip(link, MAX_BOX_CHARS + 2)
+    return "root" if box.parent is None else f"← {_clip_middle(box.parent.id, MAX_BOX_CHARS)}"
 
 
 def _count_line(box: Box) -> str:
@@ -500,7 +507,7 @@ def _row_text(number: int, row) -> str:
 
 
 def _id_list(ids: list[str], limit: int = 10) -> str:
-    shown = " ".join(_clip(i, MAX_BOX_CHARS) for i in ids[:limit])
+    shown = " ".join(_clip_middle(i, MAX_BOX_CHARS) for i in ids[:limit])
     return shown + (f" … (+{len(ids) - limit})" if len(ids) > limit else "")
 
 
@@ -566,6 +573,14 @@ def _key_symbol(writer: _Writer, symbol: str, x: int, y: int) -> None:
 
 def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _clip_middle(text: str, limit: int) -> str:
+    """Ids often share a long prefix and differ at the end, so keep both ends."""
+    if len(text) <= limit:
+        return text
+    head = (limit - 1) // 2
+    return f"{text[:head]}…{text[len(text) - (limit - 1 - head) :]}"
 
 
 __all__ = ["render_svg"]
