@@ -1,0 +1,241 @@
+"""`callgrove convert`: episodes between verifiers, NeMo Gym and callgrove's own forms, streamed.
+
+One episode is read, converted and written at a time. The summary on standard error says what
+was converted, and what was not and why: bad lines and episodes (with file and line), the parts
+of episodes a source could not give as calls (the episodes' gaps), and what the target form
+cannot hold.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from callgrove.cli.app import EXIT_FAILED, EXIT_OK, EXIT_USAGE, app, err
+from callgrove.cli.rows import _progress
+from callgrove.episode import Episode, load, open_writer
+from callgrove.formats.problems import Diagnostics, InputError
+from callgrove.interop.gym import TOKENS_SUFFIX, read_gym
+from callgrove.interop.verifiers import VerifiersWriter, read_verifiers, write_advantages
+
+# verifiers names the file inside a run's results folder
+VERIFIERS_FILE = "traces.jsonl"
+SHOWN_PROBLEMS = 20
+
+
+class Source(StrEnum):
+    verifiers = "verifiers"
+    gym = "gym"
+    callgrove = "callgrove"
+
+
+class Target(StrEnum):
+    callgrove = "callgrove"
+    verifiers = "verifiers"
+
+
+@dataclass
+class Tally:
+    """What went through, one episode at a time."""
+
+    episodes: int = 0
+    agents: int = 0
+    calls: int = 0
+    kept: int = 0
+    compactions: int = 0
+    completion_tokens: int = 0
+    gaps: Counter[str] = field(default_factory=Counter)
+    dropped: Counter[str] = field(default_factory=Counter)  # what the target cannot hold
+
+    def add(self, episode: Episode) -> None:
+        self.episodes += 1
+        self.agents += len(episode.agents)
+        for call in episode.calls():
+            self.calls += 1
+            self.kept += call.kept
+            self.compactions += call.purpose == "compaction"
+            self.completion_tokens += len(call.completion_ids)
+        self.gaps.update(str(gap.get("kind", "unnamed")) for gap in episode.gaps or [])
+
+
+@app.command("convert")
+def convert_command(
+    source: Annotated[
+        Path,
+        typer.Argument(
+            metavar="IN", help="Input: a file, a verifiers results folder, or a Gym store."
+        ),
+    ],
+    out: Annotated[
+        Path, typer.Argument(metavar="OUT", help="Output file (the form follows --to).")
+    ],
+    from_: Annotated[Source, typer.Option("--from", help="What IN holds.")],
+    to: Annotated[Target, typer.Option("--to", help="What OUT gets.")],
+    invocations: Annotated[
+        Path | None,
+        typer.Option(help="--from gym: rollout records (JSONL) with the agent invocations."),
+    ] = None,
+    onto: Annotated[
+        Path | None,
+        typer.Option(
+            help="--to verifiers: copy this verifiers traces.jsonl with IN's advantages on its "
+            "nodes (IN: the episodes read from it, credited), instead of writing new traces."
+        ),
+    ] = None,
+    skip_bad: Annotated[
+        bool, typer.Option("--skip-bad", help="Skip bad lines and episodes, count them, go on.")
+    ] = False,
+) -> None:
+    """Convert episodes: `callgrove convert IN --from verifiers|gym|callgrove --to callgrove|verifiers OUT`."""
+    source = _input_path(source, from_, invocations, onto, to)
+    diagnostics = Diagnostics()
+    tally = Tally()
+    episodes = _read(source, from_, invocations, diagnostics)
+    with _progress() as progress:
+        task = progress.add_task(source.name, total=_total(source, from_, invocations))
+
+        def counted() -> Iterator[Episode]:
+            for episode in episodes:
+                if not skip_bad and diagnostics.errors:
+                    return  # the first error stops the conversion; it is reported below
+                tally.add(episode)
+                progress.update(task, advance=1, description=f"{source.name} · {tally.episodes}")
+                yield episode
+
+        try:
+            _write(counted(), out, to, onto, tally)
+        except InputError as error:
+            diagnostics.add(error.problem)
+    _summary(source, out, from_, to, tally, diagnostics, skip_bad)
+    raise typer.Exit(EXIT_FAILED if diagnostics.errors else EXIT_OK)
+
+
+def _input_path(
+    source: Path, from_: Source, invocations: Path | None, onto: Path | None, to: Target
+) -> Path:
+    def usage(message: str) -> typer.Exit:
+        err.print(f"error: {message}")
+        return typer.Exit(EXIT_USAGE)
+
+    if invocations is not None and from_ is not Source.gym:
+        raise usage("--invocations goes with --from gym")
+    if onto is not None and to is not Target.verifiers:
+        raise usage("--onto goes with --to verifiers")
+    for path in (p for p in (invocations, onto) if p is not None):
+        if not path.is_file():
+            raise usage(f"{path}: no such file")
+    if from_ is Source.verifiers and source.is_dir():
+        source = source / VERIFIERS_FILE
+    if not source.exists() or (source.is_dir() and from_ is not Source.gym):
+        raise usage(f"{source}: no such file")
+    return source
+
+
+def _read(
+    source: Path, from_: Source, invocations: Path | None, diagnostics: Diagnostics
+) -> Iterator[Episode]:
+    if from_ is Source.verifiers:
+        return read_verifiers(source, diagnostics)
+    if from_ is Source.gym:
+        return read_gym(source, invocations, diagnostics)
+    return load(source, diagnostics)
+
+
+def _total(source: Path, from_: Source, invocations: Path | None) -> int | None:
+    """Episodes expected, where one pass over bytes tells it cheaply (plain JSON Lines)."""
+    if from_ is Source.gym:
+        if invocations is not None:
+            return _lines(invocations)
+        return len(list(source.glob(f"*{TOKENS_SUFFIX}"))) if source.is_dir() else None
+    return _lines(source) if source.suffix in (".jsonl", ".json") else None
+
+
+def _lines(path: Path) -> int:
+    count = 0
+    with path.open("rb") as stream:
+        while chunk := stream.read(1 << 20):
+            count += chunk.count(b"\n")
+    return count
+
+
+def _write(
+    episodes: Iterable[Episode], out: Path, to: Target, onto: Path | None, tally: Tally
+) -> None:
+    if onto is not None:
+        write_advantages(onto, episodes, out)
+        return
+    if to is Target.callgrove:
+        with open_writer(out) as writer:
+            for episode in episodes:
+                writer.write(episode)
+        return
+    with VerifiersWriter(out / VERIFIERS_FILE if out.is_dir() else out) as writer:
+        for episode in episodes:
+            writer.write(episode)
+        for notes in writer.notes.values():
+            tally.dropped.update(str(note["kind"]) for note in notes)
+
+
+def _summary(
+    source: Path,
+    out: Path,
+    from_: Source,
+    to: Target,
+    tally: Tally,
+    diagnostics: Diagnostics,
+    skip_bad: bool,
+) -> None:
+    table = Table(
+        title=escape(f"{source} ({from_.value}) -> {out} ({to.value})"),
+        title_justify="left",
+        show_header=False,
+    )
+    table.add_column("what")
+    table.add_column("count", justify="right")
+    for what, count in (
+        ("episodes converted", tally.episodes),
+        ("agents", tally.agents),
+        ("calls (kept)", f"{tally.calls} ({tally.kept})"),
+        ("compaction calls", tally.compactions),
+        ("completion tokens", tally.completion_tokens),
+    ):
+        table.add_row(what, str(count))
+    err.print(table)
+    _counts("not converted inside episodes (episode gaps)", tally.gaps)
+    _counts(f"not held by {to.value} (left out)", tally.dropped)
+    _problems(diagnostics, skip_bad)
+
+
+def _counts(title: str, counts: Counter[str]) -> None:
+    if not counts:
+        return
+    table = Table(title=title, title_justify="left")
+    table.add_column("kind")
+    table.add_column("count", justify="right")
+    for kind, count in counts.most_common():
+        table.add_row(kind, str(count))
+    err.print(table)
+
+
+def _problems(diagnostics: Diagnostics, skip_bad: bool) -> None:
+    problems = diagnostics.problems
+    if not problems:
+        return
+    kinds = ", ".join(f"{kind} {count}" for kind, count in diagnostics.counts().most_common())
+    errors = len(diagnostics.errors)
+    err.print(f"not converted: {errors} error(s), {len(diagnostics.warnings)} warning(s) ({kinds})")
+    for problem in problems[:SHOWN_PROBLEMS]:
+        colour = "red" if problem.severity == "error" else "yellow"
+        err.print(f"[{colour}]{problem.severity}[/{colour}]: {escape(str(problem))}")
+    if len(problems) > SHOWN_PROBLEMS:
+        err.print(f"... and {len(problems) - SHOWN_PROBLEMS} more")
+    if errors and not skip_bad:
+        err.print("stopped at the first error; --skip-bad skips bad input and goes on")

@@ -1,0 +1,7 @@
+"""Other frameworks' rollout records as callgrove episodes, and callgrove's credit back to them.
+
+- `callgrove.interop.verifiers`: verifiers `traces.jsonl` (0.4.0 episode rows and older
+  bare-trace rows), advantages written back onto its message nodes, episodes written as it.
+- `callgrove.interop.gym`: NeMo Gym token capture (`TokenEntry`) joined with its agent
+  invocation records, so every subagent's and compaction's calls are kept.
+"""

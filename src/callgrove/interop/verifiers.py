@@ -1,0 +1,668 @@
+"""verifiers `traces.jsonl` files as callgrove episodes, and callgrove's credit back onto them.
+
+verifiers (0.4.0) writes one `Episode` per line: the dispatch (`env`, `task`, `group`, `run`,
+`ok`, `errors`) and its `traces`, one per agent. A trace is a message graph: each `MessageNode`
+holds the tokens it adds to its path (`token_ids`), which of them the model sampled (`mask`),
+their `logprobs` and `advantages` compactly over the sampled tokens, and its `parent`. Older
+files (0.2) hold one bare trace per line, which 0.4.0 itself no longer reads; both are read here.
+
+The mapping:
+- each trace is an agent (`id` = trace id, `name` = `agent.name`, `trainable` =
+  `agent.trainable`, its rewards as the agent's rewards);
+- each sampled node with sampled tokens is a call (`id` = `t{trace}.n{node}`): its prompt is the
+  tokens of its path up to its first sampled token, its completion the sampled tokens. The prompt
+  is written as a reference to the nearest call above it plus what follows, so histories share
+  memory. A compaction attempt (a `compaction_attempt` semantic link) is a `compaction` call,
+  not kept when the harness never resumed from it (verifiers' own `Branch.trainable` rule);
+- `run.work.step` / `run.work.policy` become `run.step` / `run.policy`, and `run.work.type` the
+  run type (whether the episode trains or only measures).
+
+Only the fields the mapping reads are decoded (msgspec Structs mirroring verifiers' models), so
+reading needs no verifiers install. Message text is not carried.
+"""
+
+from __future__ import annotations
+
+import heapq
+import os
+import re
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import msgspec
+import numpy as np
+import orjson
+from msgspec import UNSET, UnsetType
+
+from callgrove.episode import Agent, Call, Episode, episode_from_wire
+from callgrove.forest import build_forest
+from callgrove.formats.jsonl import JsonlWriter, iter_lines
+from callgrove.formats.problems import Diagnostics, InputError, Problem
+from callgrove.formats.wire import (
+    FORMAT,
+    WireAgent,
+    WireCall,
+    WireEnv,
+    WireEpisode,
+    WireError,
+    WirePolicy,
+    WireRun,
+)
+from callgrove.interop.foreign import gap, iter_rows, report
+
+# --- what the mapping reads of verifiers' models ------------------------------------------
+
+
+class VfLink(msgspec.Struct):
+    node: int
+    type: str
+
+
+class VfNode(msgspec.Struct, kw_only=True):
+    parent: int | None = None
+    sampled: bool = False
+    timestamp: float = 0.0
+    token_ids: list[int] = []
+    mask: list[bool] = []
+    logprobs: list[float] = []
+    advantages: list[float] | None = None
+    semantic_parents: list[VfLink] = []
+
+
+class VfAgent(msgspec.Struct, kw_only=True):
+    name: str = "agent"
+    trainable: bool = True
+
+
+class VfReward(msgspec.Struct, kw_only=True):
+    score: float
+    weight: float = 1.0
+
+
+class VfError(msgspec.Struct, kw_only=True):
+    type: str
+    message: str = ""
+
+
+class VfPolicy(msgspec.Struct, kw_only=True):
+    start: int
+    end: int
+
+
+class VfWork(msgspec.Struct, kw_only=True):
+    type: str = "train"
+    step: int | None = None
+    policy: VfPolicy | None = None
+
+
+class VfRun(msgspec.Struct, kw_only=True):
+    type: str = "train"
+    id: str | None = None
+    work: VfWork | None = None
+    step: int | None = None  # bare-trace rows (0.2) stamp the step on the run itself
+
+
+class VfEnv(msgspec.Struct, kw_only=True):
+    id: str = ""
+    name: str | None = None
+
+
+class VfGroup(msgspec.Struct, kw_only=True):
+    id: str
+
+
+class VfTrace(msgspec.Struct, kw_only=True):
+    id: str = ""
+    task: Any = None
+    agent: VfAgent | None = None
+    nodes: list[VfNode] = []
+    # 0.4.0 stores {score, weight} (None: scoring did not run); 0.2 stored plain numbers.
+    rewards: dict[str, VfReward | float | None] = {}
+    ok: bool | None = None  # absent in 0.2 rows: derived from is_completed and errors
+    is_completed: bool = False
+    errors: list[VfError] = []
+    run: VfRun | None = None  # 0.2 only
+
+
+class VfEpisode(msgspec.Struct, kw_only=True):
+    id: str = ""
+    env: VfEnv | None = None
+    task: Any = None
+    group: VfGroup | None = None
+    run: VfRun | None = None
+    ok: bool = False
+    is_timeout: bool = False
+    errors: list[VfError] = []
+    traces: list[VfTrace] | UnsetType = UNSET
+    nodes: msgspec.Raw | UnsetType = UNSET  # present only on a bare-trace row
+
+
+_episode_decoder = msgspec.json.Decoder(VfEpisode)
+_trace_decoder = msgspec.json.Decoder(VfTrace)
+_CALL_ID = re.compile(r"t(\d+)\.n(\d+)")
+
+
+def call_id(trace_index: int, node_index: int) -> str:
+    """The callgrove call id of a trace's node; `node_of_call` reverses it."""
+    return f"t{trace_index}.n{node_index}"
+
+
+def node_of_call(call: str) -> tuple[int, int] | None:
+    """(trace index, node index) of a call read from verifiers, None for any other id."""
+    match = _CALL_ID.fullmatch(call)
+    return (int(match[1]), int(match[2])) if match else None
+
+
+# --- reading --------------------------------------------------------------------------------
+
+
+def decode_row(line: bytes) -> VfEpisode:
+    """One `traces.jsonl` line as an episode; a bare-trace row becomes a one-trace episode."""
+    row = _episode_decoder.decode(line)
+    if row.traces is UNSET:
+        if row.nodes is UNSET:
+            raise InputError(Problem("neither an episode (no traces) nor a trace (no nodes)"))
+        trace = _trace_decoder.decode(line)
+        ok = trace.ok if trace.ok is not None else trace.is_completed and not trace.errors
+        return VfEpisode(
+            id=trace.id,
+            task=trace.task,
+            run=trace.run,
+            ok=ok,
+            errors=[],  # the trace's errors are kept on the trace, naming its agent
+            traces=[trace],
+        )
+    return row
+
+
+def read_verifiers(
+    path: str | os.PathLike[str], diagnostics: Diagnostics | None = None
+) -> Iterator[Episode]:
+    """Stream a verifiers `traces.jsonl` (plain, .gz or .zst) as callgrove episodes.
+
+    Without `diagnostics` the first bad row raises `InputError` naming file, line, episode and
+    call; with it, each bad row is recorded and the rest are still read.
+    """
+    for _number, episode in read_located_verifiers(path, diagnostics):
+        yield episode
+
+
+def read_located_verifiers(
+    path: str | os.PathLike[str], diagnostics: Diagnostics | None = None
+) -> Iterator[tuple[int, Episode]]:
+    """Like `read_verifiers`, with each episode's line number."""
+    file = str(path)
+    for number, row in iter_rows(path, decode_row, diagnostics):
+        try:
+            yield number, episode_from_verifiers(row)
+        except InputError as error:
+            report(error.located(file=file, line=number, episode=row.id or None), diagnostics)
+
+
+def episode_from_verifiers(row: VfEpisode) -> Episode:
+    """The callgrove episode of one verifiers episode; validated like any episode read."""
+    traces = [] if row.traces is UNSET else row.traces
+    gaps: list[dict[str, Any]] = []
+    built = [_trace_to_agent(i, trace, gaps) for i, trace in enumerate(traces)]
+    agents = [agent for agent, _times in built]
+    _check_unique_agents(agents)
+    _number_calls(agents, [times for _agent, times in built])
+    rewards = agents[0].rewards if len(agents) == 1 and agents[0].rewards else {}
+    errors = [WireError(type=e.type, message=e.message) for e in row.errors]
+    errors += [
+        WireError(type=e.type, message=e.message, agent=agent.id)
+        for agent, trace in zip(agents, traces, strict=True)
+        for e in trace.errors
+    ]
+    wire = WireEpisode(
+        format=FORMAT,
+        id=row.id,
+        group=row.group.id if row.group else None,
+        env=WireEnv(id=row.env.id or None, name=row.env.name) if row.env else None,
+        task=row.task,
+        run=_run_from_verifiers(row.run),
+        ok=row.ok,
+        errors=errors,
+        rewards=dict(rewards or {}),
+        agents=agents,
+        gaps=gaps or UNSET,
+        meta={"verifiers": {"is_timeout": True}} if row.is_timeout else UNSET,
+    )
+    return episode_from_wire(wire)
+
+
+def _run_from_verifiers(run: VfRun | None) -> WireRun | None:
+    if run is None:
+        return None
+    if run.work is None:  # a standalone eval run, or a 0.2 row with its step on the run
+        return WireRun(id=run.id or None, type=run.type, step=run.step)
+    policy = run.work.policy
+    return WireRun(
+        id=run.id or None,
+        type=run.work.type,
+        step=run.work.step,
+        policy=None if policy is None else WirePolicy(start=policy.start, end=policy.end),
+    )
+
+
+def _check_unique_agents(agents: list[WireAgent]) -> None:
+    seen: set[str] = set()
+    for agent in agents:
+        if agent.id in seen:
+            raise InputError(Problem(f"trace id {agent.id!r} appears twice in the episode"))
+        seen.add(agent.id)
+
+
+def _trace_to_agent(
+    index: int, trace: VfTrace, gaps: list[dict[str, Any]]
+) -> tuple[WireAgent, list[float]]:
+    """The trace's agent, and the timestamp of each of its calls."""
+    info = trace.agent or VfAgent()
+    rewards: dict[str, float] = {}
+    for name, reward in trace.rewards.items():
+        if isinstance(reward, VfReward):
+            rewards[name] = reward.score * reward.weight
+        elif reward is not None:
+            rewards[name] = float(reward)
+    calls, times = _trace_calls(index, trace, gaps)
+    agent = WireAgent(
+        id=trace.id or f"trace-{index}",
+        name=info.name,
+        start="root",  # verifiers records no link between traces: each is its own conversation
+        trainable=info.trainable,
+        calls=calls,
+        rewards=rewards or UNSET,
+    )
+    return agent, times
+
+
+def _trace_calls(
+    index: int, trace: VfTrace, gaps: list[dict[str, Any]]
+) -> tuple[list[WireCall], list[float]]:
+    """One call per sampled node with sampled tokens, prompts as references to the call above.
+
+    Walking nodes in order, each node keeps the nearest call at or above it and the tokens that
+    follow that call's full sequence down to the node's end, so a prompt is never copied whole.
+    """
+    nodes = trace.nodes
+    base: list[tuple[str, int] | None] = []  # (call id, its full length) at or above each node
+    tail: list[list[int]] = []  # tokens after that call, through this node
+    calls: list[WireCall] = []
+    times: list[float] = []
+    resumed = {link.node for n in nodes for link in n.semantic_parents if link.type == "compaction"}
+    has_child = {n.parent for n in nodes if n.parent is not None}
+    for number, node in enumerate(nodes):
+        where = call_id(index, number)
+        parent = node.parent
+        if parent is not None and not 0 <= parent < number:
+            raise InputError(Problem(f"node parent {parent} is not an earlier node", call=where))
+        above, before = (None, []) if parent is None else (base[parent], tail[parent])
+        first = _first_sampled(node, where)
+        if first is None or not node.sampled:
+            base.append(above)
+            tail.append(before + node.token_ids)
+            if node.sampled:
+                gaps.append(
+                    gap("sampled_node_without_tokens", where, "relay turn: nothing to train")
+                )
+            elif first is not None:
+                gaps.append(
+                    gap("mask_on_unsampled_node", where, "kept as prompt: no model call made it")
+                )
+            continue
+        prompt_tail = before + node.token_ids[:first]
+        attempt = any(link.type == "compaction_attempt" for link in node.semantic_parents)
+        call = WireCall(
+            id=where,
+            seq=0,  # numbered across traces by `_number_calls`
+            completion_ids=node.token_ids[first:],
+            logprobs=node.logprobs or None,
+            purpose="compaction" if attempt else "turn",
+            # verifiers' Branch.trainable: an attempt nobody resumed from never trains
+            kept=not (attempt and number not in has_child and number not in resumed),
+            advantages=node.advantages,
+        )
+        if above is None:
+            call.prompt_ids = prompt_tail
+        else:
+            call.prompt_from, call.prompt_from_len = above
+            call.prompt_suffix_ids = prompt_tail
+        calls.append(call)
+        times.append(node.timestamp)
+        full = (above[1] if above else 0) + len(prompt_tail) + len(call.completion_ids)
+        base.append((where, full))
+        tail.append([])
+    return calls, times
+
+
+def _first_sampled(node: VfNode, where: str) -> int | None:
+    """Where the node's sampled tokens start (they must run to its end), None when it has none."""
+    mask = node.mask
+    if not mask or True not in mask:
+        if node.logprobs:
+            raise InputError(
+                Problem("logprobs given for a node with no sampled tokens", call=where)
+            )
+        return None
+    if len(mask) != len(node.token_ids):
+        raise InputError(
+            Problem(f"mask has {len(mask)} entries for {len(node.token_ids)} tokens", call=where)
+        )
+    first = mask.index(True)
+    if mask.count(True) != len(mask) - first:
+        raise InputError(
+            Problem("sampled tokens do not form one run at the end of the node", call=where)
+        )
+    return first
+
+
+def _number_calls(agents: list[WireAgent], times: list[list[float]]) -> None:
+    """Ledger order across traces: each trace's calls in node order, interleaved by timestamp."""
+    streams = [
+        [(stamp, i, call) for stamp, call in zip(stamps, agent.calls, strict=True)]
+        for i, (agent, stamps) in enumerate(zip(agents, times, strict=True))
+    ]
+    merged = heapq.merge(*streams, key=lambda item: (item[0], item[1]))
+    for seq, (_stamp, _trace, call) in enumerate(merged, start=1):
+        call.seq = seq
+
+
+# --- credit back onto verifiers nodes ---------------------------------------------------------
+
+
+def node_advantages(episode: Episode) -> dict[tuple[int, int], list[float] | None]:
+    """Each call's credit, compact over its sampled tokens, keyed by (trace, node).
+
+    A scalar advantage is spread over the call's completion; an unassigned call maps to None,
+    which verifiers keeps distinct from assigned zeros.
+    """
+    credit: dict[tuple[int, int], list[float] | None] = {}
+    for call in episode.calls():
+        where = node_of_call(call.id)
+        if where is None:
+            raise InputError(
+                Problem(
+                    "call was not read from verifiers (no t<trace>.n<node> id)",
+                    episode=episode.id,
+                    call=call.id,
+                )
+            )
+        credit[where] = compact_advantages(call)
+    return credit
+
+
+def compact_advantages(call: Call) -> list[float] | None:
+    """A call's credit over its sampled tokens; a scalar is spread, None stays None."""
+    value = call.advantages
+    if value is None:
+        return None
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    return [float(value)] * len(call.completion_ids)
+
+
+def set_advantages(target: Any, episode: Episode) -> int:
+    """Write an episode's credit onto the verifiers episode it was read from; returns the nodes set.
+
+    `target` is a verifiers `Episode` (or `WireEpisode`) object, or its JSON row as a dict.
+    Traces are matched by position and checked by id, so credit never lands on the wrong agent.
+    """
+    traces = _get(target, "traces")
+    if len(traces) != len(episode.agents):
+        raise InputError(
+            Problem(f"{len(traces)} traces but {len(episode.agents)} agents", episode=episode.id)
+        )
+    for index, (trace, agent) in enumerate(zip(traces, episode.agents, strict=True)):
+        trace_id = _get(trace, "id") or f"trace-{index}"
+        if trace_id != agent.id:
+            raise InputError(
+                Problem(
+                    f"trace {index} is {trace_id!r} but agent {index} is {agent.id!r}",
+                    episode=episode.id,
+                )
+            )
+    credit = node_advantages(episode)
+    for (trace_index, node_index), values in credit.items():
+        nodes = _get(traces[trace_index], "nodes")
+        if node_index >= len(nodes):
+            raise InputError(
+                Problem(
+                    f"trace {trace_index} has no node {node_index}",
+                    episode=episode.id,
+                    call=call_id(trace_index, node_index),
+                )
+            )
+        _set(nodes[node_index], "advantages", values)
+    return len(credit)
+
+
+def _get(obj: Any, name: str) -> Any:
+    return obj.get(name) if isinstance(obj, dict) else getattr(obj, name)
+
+
+def _set(obj: Any, name: str, value: Any) -> None:
+    if isinstance(obj, dict):
+        obj[name] = value
+    else:
+        setattr(obj, name, value)
+
+
+def write_advantages(
+    source: str | os.PathLike[str],
+    episodes: Iterable[Episode],
+    out: str | os.PathLike[str],
+) -> int:
+    """Copy a verifiers `traces.jsonl` to `out` with each episode's credit on its nodes.
+
+    `episodes` are the callgrove episodes read from `source`, in the same order, carrying
+    `advantages` (from `callgrove.credit`). Every other field of every row is kept as it was.
+    Returns the number of rows written.
+    """
+    credited = iter(episodes)
+    file = str(source)
+    with JsonlWriter(out) as writer:
+        for number, line, _complete in iter_lines(source):
+            row = orjson.loads(line)
+            episode = next(credited, None)
+            row_id = row.get("id") if "traces" in row else None
+            if episode is None or (row_id is not None and row_id != episode.id):
+                found = "none" if episode is None else repr(episode.id)
+                raise InputError(
+                    Problem(
+                        f"credited episode is {found}, expected {row_id!r}", file=file, line=number
+                    )
+                )
+            target = row if "traces" in row else {"traces": [row]}
+            try:
+                set_advantages(target, episode)
+            except InputError as error:
+                raise error.located(file=file, line=number) from None
+            writer.write_line(orjson.dumps(row) + b"\n")
+        if next(credited, None) is not None:
+            raise InputError(Problem("more credited episodes than rows", file=file))
+        return writer.lines
+
+
+# --- writing callgrove episodes as verifiers episodes ------------------------------------------
+
+
+def verifiers_row(episode: Episode, notes: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """A verifiers 0.4.0 episode row (a dict ready for JSON) holding the episode's calls.
+
+    Each agent becomes a trace; each call a prompt node (the tokens its prompt adds to its
+    parent's full sequence, when it adds any) and a sampled node (its completion). A call's
+    parent node is its forest parent when that is a call of the same agent, else the call
+    starts a root: verifiers' graphs do not cross traces. What verifiers cannot hold is listed in
+    `notes` (a call not kept that is no compaction attempt, a train run without a step).
+    """
+    notes = notes if notes is not None else []
+    forest = build_forest(episode)
+    parent_of = {id(call): forest.parent_of(call) for call in forest.calls}
+    agent_ids = {agent.id for agent in episode.agents}
+    task = (
+        episode.task
+        if _is_task(episode.task)
+        else {"type": "callgrove", "data": {"task": episode.task}}
+    )
+    row: dict[str, Any] = {
+        "id": episode.id,
+        "env": {"id": (episode.env.id if episode.env else None) or ""},
+        "task": task,
+        "ok": episode.ok,
+        "errors": [
+            {"type": e.type, "message": e.message}
+            for e in episode.errors
+            if e.agent not in agent_ids
+        ],
+        "traces": [
+            _agent_trace(episode, agent, task, parent_of, notes) for agent in episode.agents
+        ],
+    }
+    if episode.env and episode.env.name is not None:
+        row["env"]["name"] = episode.env.name
+    if episode.group is not None:
+        row["group"] = {"id": episode.group}
+    run = _run_to_verifiers(episode, notes)
+    if run is not None:
+        row["run"] = run
+    return row
+
+
+def _is_task(task: Any) -> bool:
+    return (
+        isinstance(task, dict)
+        and isinstance(task.get("type"), str)
+        and isinstance(task.get("data"), dict)
+    )
+
+
+def _run_to_verifiers(episode: Episode, notes: list[dict[str, Any]]) -> dict[str, Any] | None:
+    run = episode.run
+    if run is None:
+        return None
+    if run.step is None:
+        if run.type == "eval":
+            return {"type": "eval", "id": run.id or ""}
+        notes.append({"kind": "run_without_step", "reason": "verifiers' train runs need a step"})
+        return None
+    work: dict[str, Any] = {"type": run.type, "step": run.step}
+    if run.policy is not None:
+        work["policy"] = {"start": run.policy.start, "end": run.policy.end}
+    return {"type": "train", "id": run.id or "", "work": work}
+
+
+def _agent_trace(
+    episode: Episode,
+    agent: Agent,
+    task: dict[str, Any],
+    parent_of: dict[int, Call | None],
+    notes: list[dict[str, Any]],
+) -> dict[str, Any]:
+    nodes: list[dict[str, Any]] = []
+    node_of: dict[int, int] = {}  # id(call) -> its sampled node
+    accepted: list[tuple[int, int]] = []  # (compaction node, the node that resumed from it)
+    open_compaction: int | None = None
+    for call in sorted(agent.calls, key=lambda c: c.seq):
+        if not call.kept and call.purpose != "compaction":
+            notes.append(
+                {
+                    "kind": "call_not_kept",
+                    "agent": agent.id,
+                    "call": call.id,
+                    "reason": "verifiers holds no calls that are not kept, other than compactions",
+                }
+            )
+            continue
+        link, start = _parent_node(call, agent, parent_of, node_of)
+        added = call.prompt_ids()[start:].tolist()
+        if added or link is None:
+            nodes.append(_node(link, "user", added, sampled=False))
+            link = len(nodes) - 1
+        here = len(nodes)
+        sampled = _node(link, "assistant", call.completion_ids.tolist(), sampled=True)
+        sampled["logprobs"] = [] if call.logprobs is None else call.logprobs.tolist()
+        advantages = compact_advantages(call)
+        if advantages is not None:
+            sampled["advantages"] = advantages
+        nodes.append(sampled)
+        node_of[id(call)] = here
+        if open_compaction is not None and call.kept:
+            accepted.append((open_compaction, here))
+            open_compaction = None
+        if call.purpose == "compaction":
+            sampled["semantic_parents"] = [{"node": link, "type": "compaction_attempt"}]
+            open_compaction = here if call.kept else None
+    for compaction, resumed in accepted:
+        nodes[resumed].setdefault("semantic_parents", []).append(
+            {"node": compaction, "type": "compaction"}
+        )
+    if open_compaction is not None:
+        # Nothing of this agent followed the kept summary: without the attempt mark verifiers
+        # trains it, as callgrove does.
+        del nodes[open_compaction]["semantic_parents"]
+    errors = [{"type": e.type, "message": e.message} for e in episode.errors if e.agent == agent.id]
+    rewards = agent.rewards if agent.rewards is not None else episode.rewards
+    return {
+        "id": agent.id,
+        "task": task,
+        "agent": {"config": {}, "name": agent.name, "trainable": agent.trainable},
+        "nodes": nodes,
+        "rewards": {name: {"score": value} for name, value in rewards.items()},
+        "is_completed": True,
+        "ok": episode.ok and not errors,
+        "errors": errors,
+    }
+
+
+def _parent_node(
+    call: Call, agent: Agent, parent_of: dict[int, Call | None], node_of: dict[int, int]
+) -> tuple[int | None, int]:
+    """The sampled node the call's prompt continues, and how many prompt tokens it covers.
+
+    A kept call continues its forest parent; a compaction attempt that was not kept, the call its
+    prompt references in full. Either only when that call is of the same agent (one trace).
+    """
+    if call.kept:
+        parent = parent_of.get(id(call))
+    elif call.prompt_base is not None and call.prompt_base_len == call.prompt_base.full_len:
+        parent = call.prompt_base
+    else:
+        parent = None
+    if parent is None or parent.agent is not agent or id(parent) not in node_of:
+        return None, 0
+    return node_of[id(parent)], parent.full_len
+
+
+def _node(parent: int | None, role: str, tokens: list[int], sampled: bool) -> dict[str, Any]:
+    return {
+        "parent": parent,
+        "message": {"role": role, "content": ""},
+        "sampled": sampled,
+        "token_ids": tokens,
+        "mask": [sampled] * len(tokens),
+    }
+
+
+class VerifiersWriter(JsonlWriter):
+    """Writes callgrove episodes as verifiers `traces.jsonl` rows: whole lines, flushed.
+
+    `notes` collects, per episode id, what verifiers could not hold.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], append: bool = False):
+        super().__init__(path, append=append)
+        self.notes: dict[str, list[dict[str, Any]]] = {}
+
+    def write(self, episode: Episode) -> None:  # type: ignore[override]
+        notes: list[dict[str, Any]] = []
+        self.write_line(orjson.dumps(verifiers_row(episode, notes)) + b"\n")
+        if notes:
+            self.notes[episode.id] = notes
+
+
+def write_verifiers(path: str | os.PathLike[str], episodes: Iterable[Episode]) -> int:
+    """Write episodes as a verifiers `traces.jsonl`; returns how many were written."""
+    with VerifiersWriter(path) as writer:
+        for episode in episodes:
+            writer.write(episode)
+        return writer.lines
