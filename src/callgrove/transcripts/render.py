@@ -181,7 +181,7 @@ class JinjaFormat:
         )  # (previous role, role) not prefix-stable
         self._generation_text = self._delta(_CONTEXTS["user"], None, generation=True)
         self._generation = self._encode(self._generation_text)
-        self._assistant: dict[tuple[int, str | None], tuple[np.ndarray, np.ndarray]] = {}
+        self._assistant: dict[tuple[int, str | None], tuple[Message, np.ndarray, np.ndarray]] = {}
 
     def _render(self, messages: list[dict[str, Any]], generation: bool = False) -> str:
         try:
@@ -236,15 +236,18 @@ class JinjaFormat:
     ) -> tuple[np.ndarray, np.ndarray]:
         """Completion up to and including the last special token (end of turn); the rest trails."""
         key = (id(message), None if previous is None else previous.role)
-        if key not in self._assistant:
+        hit = self._assistant.get(key)
+        if hit is None or hit[0] is not message:  # the message is held, so its id stays its own
             text = self._delta(self._context(previous), message)
             if text.startswith(self._generation_text):
                 text = text[len(self._generation_text) :]
+            else:
+                self.rewrites.add(("generation prompt", "assistant"))
             body = self._encode(text)
             special = np.flatnonzero(np.isin(body, list(self.special_ids)))
             cut = int(special[-1]) + 1 if special.size else len(body)
-            self._assistant[key] = (body[:cut], body[cut:])
-        return self._assistant[key]
+            hit = self._assistant[key] = (message, body[:cut], body[cut:])
+        return hit[1], hit[2]
 
     def decode(self, ids: np.ndarray) -> str:
         return self.tokenizer.decode(np.asarray(ids).tolist(), skip_special_tokens=False)
