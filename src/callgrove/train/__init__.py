@@ -2,7 +2,12 @@
 varlen batches and tree-packed batches, per-token log-probabilities, and a clipped
 policy-gradient loss. The only stage that imports torch."""
 
-from callgrove.train.batches import ModelBatch, packed_model_batch, tree_model_batch
+from callgrove.train.batches import (
+    ModelBatch,
+    micro_batch_model_batch,
+    packed_model_batch,
+    tree_model_batch,
+)
 from callgrove.train.loss import (
     NORMALISATIONS,
     LossSettings,
@@ -22,6 +27,7 @@ __all__ = [
     "TreeLayout",
     "VarlenLayout",
     "logprobs_from_logits",
+    "micro_batch_model_batch",
     "packed_model_batch",
     "policy_loss",
     "row_logprobs",

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from callgrove.batch.packing import MicroBatch
 from callgrove.batch.tree import TreeBatch
 from callgrove.train.model import AttentionLayout, TreeLayout, VarlenLayout
 
@@ -85,6 +86,23 @@ def packed_model_batch(
         target_values=_tensors(
             {k: np.asarray(v)[: bounds[-1]][mask] for k, v in (values or {}).items()}
         ),
+    )
+
+
+def micro_batch_model_batch(micro_batch: MicroBatch) -> ModelBatch:
+    """The model's view of one varlen micro-batch of `callgrove.batch.pack` (unpadded)."""
+    arrays = micro_batch.arrays
+    values = {
+        name: arrays[name]
+        for name in ("logprobs", "advantages", "policy_versions")
+        if arrays[name] is not None
+    }
+    return packed_model_batch(
+        arrays["token_ids"],
+        micro_batch.cu_seqlens,
+        arrays["loss_mask"],
+        arrays["position_ids"],
+        values,
     )
 
 

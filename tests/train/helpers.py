@@ -1,0 +1,146 @@
+"""Episodes, advantages and the three ways of batching them that must agree: tree-packed,
+row-wise (varlen micro-batch) and one sequence per trained call with its prompt as context."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import numpy as np
+import torch
+from hypothesis import strategies as st
+
+from callgrove.batch import PackSettings, build_samples, pack
+from callgrove.batch.samples import VALUE_DTYPE
+from callgrove.batch.tree import TreeSettings, pack_samples
+from callgrove.episode import Agent, Call, Episode, load
+from callgrove.rows import EpisodeRows, RowSettings, build_rows
+from callgrove.train import (
+    ModelBatch,
+    TinyConfig,
+    TinyDecoder,
+    micro_batch_model_batch,
+    packed_model_batch,
+    row_logprobs,
+    tree_model_batch,
+)
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+VOCAB = 80  # the bundled examples use ids below 80
+CONFIG = TinyConfig(vocab_size=VOCAB, d_model=16, n_heads=2, n_layers=2, d_ff=32)
+
+
+def tiny_model(dtype: torch.dtype, seed: int = 0) -> TinyDecoder:
+    torch.manual_seed(seed)
+    return TinyDecoder(CONFIG).to(dtype)
+
+
+def seed_episode_rows() -> list[EpisodeRows]:
+    (episode,) = load(EXAMPLES / "login_bug.jsonl")
+    return [build_rows(episode)]
+
+
+def give_advantages(episode_rows: list[EpisodeRows], seed: int = 0) -> None:
+    """A scalar advantage on some calls and one per completion token on the others."""
+    rng = np.random.default_rng(seed)
+    for er in episode_rows:
+        for call in er.forest.calls:
+            per_token = rng.random() < 0.5
+            values = rng.normal(size=len(call.completion_ids))
+            call.advantages = values if per_token else float(values[0])
+
+
+def tree_batch(episode_rows: list[EpisodeRows], scope: str = "episode") -> ModelBatch:
+    samples = [s for er in episode_rows for s in build_samples(er)]
+    return tree_model_batch(pack_samples(samples, TreeSettings(scope=scope)))
+
+
+def row_batch(episode_rows: list[EpisodeRows]) -> ModelBatch:
+    """All rows in one varlen micro-batch, through the packer."""
+    samples = [s for er in episode_rows for s in build_samples(er)]
+    packed = pack(samples, PackSettings(seq_len=sum(s.num_tokens for s in samples)))
+    (micro_batch,) = packed.micro_batches
+    assert np.array_equal(micro_batch.samples, np.arange(len(samples)))
+    return micro_batch_model_batch(micro_batch)
+
+
+def trained_calls(episode_rows: list[EpisodeRows]) -> list[Call]:
+    """Every call with loss tokens, in row order (each sits in exactly one row's loss)."""
+    return [call for er in episode_rows for row in er.rows for call in row.loss_calls]
+
+
+def per_call_batch(episode_rows: list[EpisodeRows]) -> ModelBatch:
+    """Each trained call on its own: its prompt as context, loss on its completion."""
+    calls = trained_calls(episode_rows)
+    tokens, masks, logprobs, advantages = [], [], [], []
+    for call in calls:
+        mask = np.zeros(call.full_len, dtype=np.uint8)
+        mask[call.prompt_len :] = 1
+        tokens.append(call.full_ids())
+        masks.append(mask)
+        # Samples carry float32 values; the reference reads the same numbers.
+        per_token = np.zeros(call.full_len, dtype=VALUE_DTYPE)
+        per_token[call.prompt_len :] = call.logprobs
+        logprobs.append(per_token)
+        per_token = np.zeros(call.full_len, dtype=VALUE_DTYPE)
+        per_token[call.prompt_len :] = call.advantages
+        advantages.append(per_token)
+    cu_seqlens = np.concatenate([[0], np.cumsum([len(t) for t in tokens])])
+    values = {"logprobs": np.concatenate(logprobs), "advantages": np.concatenate(advantages)}
+    return packed_model_batch(
+        np.concatenate(tokens), cu_seqlens, np.concatenate(masks), None, values
+    )
+
+
+def sample_near_the_model(model: TinyDecoder, episode_rows: list[EpisodeRows], seed: int) -> None:
+    """Sampling logprobs within +-0.3 of the model's own, so that some importance ratios are
+    clipped and some are not (far-off logprobs would clip nearly everything)."""
+    calls = trained_calls(episode_rows)
+    with torch.no_grad():
+        own = row_logprobs(model, per_call_batch(episode_rows))
+    rng = np.random.default_rng(seed)
+    for call, logprobs in zip(calls, own, strict=True):
+        completion = logprobs[call.prompt_len :].double().numpy()
+        call.logprobs = completion + rng.uniform(-0.3, 0.3, size=len(completion))
+
+
+@st.composite
+def episodes(draw) -> Episode:
+    """A leader with fresh, forked and background subagents, compactions and twin rows; a small
+    alphabet makes shared prefixes across trees common."""
+    token = itertools.count(1)
+    seq = itertools.count(1)
+    alphabet = st.integers(1, draw(st.integers(2, VOCAB - 1)))
+    words = st.lists(alphabet, min_size=1, max_size=4)
+
+    def call(agent: Agent, history: Call | None, twin_of: Call | None = None) -> Call:
+        before = [] if history is None else history.full_ids().tolist()
+        prompt = before + draw(words) if twin_of is None else twin_of.prompt_ids().tolist()
+        completion = draw(words) if twin_of is None else twin_of.completion_ids.tolist()
+        logprobs = [-0.1 * (1 + next(token) % 9) for _ in completion]
+        number = next(seq)
+        return agent.add(Call.make(f"C{number}", number, prompt, completion, logprobs))
+
+    leader = Agent("L", "leader")
+    agents, last = [leader], {"L": call(leader, None)}
+    for step in range(draw(st.integers(1, 10))):
+        action = draw(st.sampled_from(["turn", "turn", "fork", "fresh", "compact", "twin"]))
+        agent = draw(st.sampled_from(agents))
+        calls = [c for a in agents for c in a.calls]
+        if action in ("fork", "fresh"):
+            agent = Agent(f"A{step}", "sub", "L", action, trainable=draw(st.booleans()))
+            agents.append(agent)
+            history = draw(st.sampled_from(calls)) if action == "fork" else None
+            last[agent.id] = call(agent, history)
+        elif action == "twin":
+            call(agent, None, twin_of=draw(st.sampled_from(calls)))
+        elif action == "compact":
+            call(agent, last[agent.id])
+            last[agent.id] = call(agent, None)
+        else:
+            last[agent.id] = call(agent, last[agent.id])
+    return Episode("random", agents, group="g", rewards={"r": 1.0})
+
+
+def episode_rows_of(episode: Episode, max_identical: int) -> list[EpisodeRows]:
+    return [build_rows(episode, RowSettings(max_identical_trained=max_identical))]
