@@ -131,14 +131,21 @@ def _float32(values: list[float]) -> list[float]:
     return np.asarray(values, dtype=np.float32).astype(np.float64).tolist()
 
 
+PROMPT_FORMS = ("prompt_ids", "prompt_from", "prompt_from_len", "prompt_suffix_ids")
+
+
 def as_plain(episode: Episode, float32: bool = False) -> dict[str, Any]:
-    """Every field of the episode as plain data; with `float32`, per-token floats rounded as
-    the binary form stores them."""
+    """Every field of the episode as plain data, each prompt resolved to its token ids (a
+    reader may share memory with an earlier call where the file spelled the prompt out);
+    with `float32`, per-token floats rounded as the binary form stores them."""
     plain = msgspec.to_builtins(episode_to_wire(episode))
-    if float32:
-        for agent in plain["agents"]:
-            for call in agent["calls"]:
-                for key in ("logprobs", "advantages"):
-                    if isinstance(call.get(key), list):
-                        call[key] = _float32(call[key])
+    records = {call.id: call for call in episode.calls()}
+    for agent in plain["agents"]:
+        for call in agent["calls"]:
+            for key in PROMPT_FORMS:
+                call.pop(key, None)
+            call["prompt_ids"] = records[call["id"]].prompt_ids().tolist()
+            for key in ("logprobs", "advantages"):
+                if float32 and isinstance(call.get(key), list):
+                    call[key] = _float32(call[key])
     return plain

@@ -12,12 +12,11 @@ import msgspec
 import numpy as np
 import pytest
 
-from callgrove.episode import Episode, load, save
+from callgrove.episode import Episode, episode_to_wire, load, save
 from callgrove.formats import Diagnostics, InputError
 from callgrove.formats.wire import WirePolicy
 
 from .helpers import healthy
-from .strategies import as_plain
 
 Break = Callable[[Episode], None]
 
@@ -154,8 +153,13 @@ def test_binary_rejects_non_finite_per_token_values(
     )
 
 
+def _wire_dict(episode: Episode) -> dict:
+    """The episode exactly as the JSON writer spells it (compact prompts included)."""
+    return msgspec.to_builtins(episode_to_wire(episode))
+
+
 def _jsonl_with_middle(path: Path, middle: dict) -> None:
-    lines = [as_plain(healthy("ok-0")), middle, as_plain(healthy("ok-2"))]
+    lines = [_wire_dict(healthy("ok-0")), middle, _wire_dict(healthy("ok-2"))]
     text = b"".join(msgspec.json.encode(line) + b"\n" for line in lines)
     # msgspec writes infinities as null; put back the literal a careless writer would emit
     path.write_bytes(text.replace(b"12345.5", b"1e999"))
@@ -214,7 +218,7 @@ def _wrong_type(plain: dict) -> None:
 def test_json_only_rules_name_line_episode_and_call(
     tmp_path: Path, change: Callable[[dict], None], message: str, call: str | None
 ) -> None:
-    plain = as_plain(healthy("bad"))
+    plain = _wire_dict(healthy("bad"))
     change(plain)
     path = tmp_path / "episodes.jsonl"
     _jsonl_with_middle(path, plain)
