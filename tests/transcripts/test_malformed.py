@@ -99,3 +99,17 @@ def test_subagent_file_without_its_session_and_a_missing_path(tmp_path):
     assert [(p.file, p.message) for p in report.diagnostics.errors] == [
         (str(tmp_path / "nowhere"), "no such file or folder")
     ]
+
+
+def test_a_file_of_the_other_harness_is_named_and_skipped():
+    report = ImportReport()
+    assert import_codex(KIMUSON, report) == []
+    (warning,) = report.diagnostics.problems
+    assert (warning.file, warning.severity) == (str(KIMUSON), "warning")
+    assert "not a Codex rollout" in warning.message
+    assert_every_line_accounted(report)
+    report = ImportReport()
+    (transcript,) = import_claude_code(CODEX_SMALL, report)
+    assert list(transcript.calls()) == []
+    assert "not a Claude Code session" in report.diagnostics.warnings[0].message
+    assert_every_line_accounted(report)

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from callgrove.cli.app import EXIT_FAILED, EXIT_OK, EXIT_USAGE, app, err
@@ -95,12 +96,12 @@ def _write(episodes: list[Episode], out: Path | None) -> None:
 
 def _summary(episodes: list[Episode], report: ImportReport, verbose: bool) -> None:
     table = Table(title="imported episodes", title_justify="left")
-    for column in ("episode", "agents", "calls", "kept", "compactions", "tokens", "gaps"):
+    for column in ("episode", "agents", "calls", "kept", "compactions", "distinct tokens", "gaps"):
         table.add_column(column, justify="left" if column == "episode" else "right")
     for episode in episodes:
         calls = list(episode.calls())
         table.add_row(
-            episode.id,
+            escape(episode.id),
             str(len(episode.agents)),
             str(len(calls)),
             str(sum(c.kept for c in calls)),
@@ -116,18 +117,17 @@ def _summary(episodes: list[Episode], report: ImportReport, verbose: bool) -> No
         f"{len(report.skipped)} skipped, {len(report.diagnostics.problems)} problem(s)"
     )
     for reason, count in report.skipped_reasons().most_common():
-        err.print(f"  skipped {count:>5}  {reason}")
+        err.print(f"  skipped {count:>5}  {escape(reason)}")
     if verbose:
         for problem in report.skipped:
-            err.print(f"  {problem}")
+            err.print(f"  {escape(str(problem))}")
     for problem in report.diagnostics.problems:
         colour = "red" if problem.severity == "error" else "yellow"
-        err.print(f"[{colour}]{problem.severity}[/{colour}]: {problem}")
+        err.print(f"[{colour}]{problem.severity}[/{colour}]: {escape(str(problem))}")
     for episode in episodes:
         for gap in episode.gaps or []:
-            err.print(
-                f"[yellow]gap[/yellow] in {episode.id}: {gap.get('agent')}: {gap.get('reason')}"
-            )
+            where = f"in {episode.id}: {gap.get('agent')}: {gap.get('reason')}"
+            err.print(f"[yellow]gap[/yellow] {escape(where)}")
     err.print(
         "[bold]These episodes are for supervised training:[/bold] transcripts carry no sampling "
         "logprobs (objective=supervised, logprobs=null), so their rows cannot train "
@@ -187,18 +187,21 @@ def join(
         if match is None and len(transcripts) == 1 and len(captures) == 1:
             match = captures.popitem()[1]
         if match is None:
-            err.print(f"[red]error[/red]: episode {episode.id}: no capture episode with this id")
+            err.print(
+                f"[red]error[/red]: episode {escape(episode.id)}: no capture episode with this id"
+            )
             continue
         result = join_capture(episode, match, decode)
         joined.append(result.episode)
-        err.print(
+        line = (
             f"{episode.id}: {len(result.matched)} calls matched; unmatched "
             f"{len(result.unmatched_transcript)} in the transcript "
             f"{result.unmatched_transcript or ''}, {len(result.unmatched_capture)} in the capture "
             f"{result.unmatched_capture or ''}"
         )
+        err.print(escape(line))
     for problem in diagnostics.problems:
-        err.print(f"[red]{problem.severity}[/red]: {problem}")
+        err.print(f"[red]{problem.severity}[/red]: {escape(str(problem))}")
     _write(joined, out)
     failed = diagnostics.errors or len(joined) < len(transcripts)
     raise typer.Exit(EXIT_FAILED if failed else EXIT_OK)

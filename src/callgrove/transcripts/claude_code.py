@@ -595,6 +595,8 @@ def _session(files: SessionFiles, report: ImportReport) -> Transcript:
     for rank, (path, layout) in enumerate(files.subagents, start=1):
         units.append(_file_unit(path, layout, rank, report))
     responses: set[str] = set()
+    for path in [files.main, *(p for p, _ in files.subagents)]:
+        _check_looks_like_claude(path, units, report)
     for unit in units:
         UnitBuilder(unit, report, responses).build()
         responses.update(
@@ -623,6 +625,17 @@ def _session(files: SessionFiles, report: ImportReport) -> Transcript:
             ),
         },
     )
+
+
+def _check_looks_like_claude(path: Path, units: list[Unit], report: ImportReport) -> None:
+    """A file none of whose lines has a `uuid` is not a Claude Code transcript: say so once."""
+    lines = [ln for unit in units for ln in unit.lines if ln.file == str(path)]
+    if lines and not any(isinstance(ln.data.get("uuid"), str) for ln in lines):
+        report.problem(
+            "no line has a uuid: not a Claude Code session; nothing in it is a message",
+            str(path),
+            severity="warning",
+        )
 
 
 def _split_main(lines: list[Line]) -> list[Unit]:

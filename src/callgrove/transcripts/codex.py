@@ -186,6 +186,15 @@ class RolloutReader:
     def read(self, path: Path, rank: int) -> None:
         lines = list(read_json_lines(path, self.report))
         self.rank, self.thread, self.time, self.last_call = rank, None, 0.0, None
+        if lines and not any(ln.data.get("type") == "session_meta" for ln in lines):
+            self.report.problem(
+                "no session_meta record: not a Codex rollout; its lines are skipped",
+                str(path),
+                severity="warning",
+            )
+            for line in lines:
+                self.report.skip(line, "not in a Codex rollout (the file has no session_meta)")
+            return
         self.closes_on_count = any(
             ln.data.get("type") == "event_msg"
             and isinstance(ln.data.get("payload"), dict)
