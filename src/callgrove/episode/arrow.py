@@ -21,7 +21,12 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
-from callgrove.episode.codec import _check_agent_links, _check_run, _check_unique_calls
+from callgrove.episode.codec import (
+    _check_agent_links,
+    _check_run,
+    _check_unique_calls,
+    _share_histories,
+)
 from callgrove.episode.record import AGENT_STARTS, PURPOSES, TOKEN_DTYPE, Agent, Call, Episode
 from callgrove.formats.problems import Diagnostics, InputError, Problem
 from callgrove.formats.wire import FORMAT, WireEnv, WireEpisode, WireError, WirePolicy, WireRun
@@ -632,6 +637,7 @@ class _Batch:
         _resolve_prompts(
             calls, self.calls.prompt_from[first_call : first_call + len(calls)], episode_id
         )
+        _share_histories(episode.agents)  # full prompts held as the JSON reader holds them
         return episode
 
     def _agent(self, index: int, episode: str) -> Agent:
