@@ -278,3 +278,15 @@ def test_fork_agent_repeats_the_parent_conversation(tmp_path):
     assert report.used[str(fork_file)][2] == "message (an earlier agent's response, repeated)"
     assert_every_line_accounted(report)
     assert_prefix_stable(episode)
+
+
+def test_seq_follows_the_ledger_across_agents():
+    """Leader and sidechain calls interleave in time; seq follows their first lines' times."""
+    (episode,), _ = imported(KIMUSON)
+    stamps = [json.loads(x)["timestamp"] for x in KIMUSON.read_text().splitlines()]
+    calls = sorted(episode.calls(), key=lambda c: c.seq)
+    times = [stamps[c.content["source"]["lines"][0] - 1] for c in calls]
+    assert times == sorted(times)
+    assert [c.seq for c in calls] == list(range(1, len(calls) + 1))
+    agents = [c.agent.id for c in calls]
+    assert agents.index("sidechain-2") < max(i for i, a in enumerate(agents) if a == "main")
