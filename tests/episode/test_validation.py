@@ -131,17 +131,27 @@ def test_each_rule_is_reported_where_it_is_broken(
 
 @pytest.mark.parametrize("suffix", [".parquet", ".arrow"])
 @pytest.mark.parametrize(
-    ("field", "message"),
+    ("field", "value", "message"),
     [
-        ("logprobs", "logprobs holds a value that is not a finite number"),
-        ("advantages", "advantages holds a value that is not a finite number"),
+        (
+            "logprobs",
+            np.array([-0.5, np.nan]),
+            "logprobs holds a value that is not a finite number",
+        ),
+        (
+            "advantages",
+            np.array([0.5, np.inf]),
+            "advantages holds a value that is not a finite number",
+        ),
+        ("advantages", float("inf"), "advantages is not a finite number"),
     ],
 )
-def test_binary_rejects_non_finite_per_token_values(
-    tmp_path: Path, suffix: str, field: str, message: str
+def test_binary_rejects_non_finite_values(
+    tmp_path: Path, suffix: str, field: str, value: object, message: str
 ) -> None:
+    """Binary files can hold NaN and infinity, which JSON cannot: the same rules apply."""
     path = tmp_path / f"episodes{suffix}"
-    _file_with_broken_middle(path, _set("C2", **{field: np.array([-0.5, np.nan])}))
+    _file_with_broken_middle(path, _set("C2", **{field: value}))
     diagnostics = Diagnostics()
     assert [e.id for e in load(path, diagnostics)] == ["ok-0", "ok-2"]
     (problem,) = diagnostics.problems
