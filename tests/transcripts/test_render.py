@@ -199,3 +199,23 @@ def test_cli_renders_with_a_tokenizer_and_template(tmp_path, chatml):
     im_start = chatml.tokenizer.token_to_id("<|im_start|>")
     assert all(c.full_ids()[0] == im_start for c in episode.calls())
     assert_prefix_stable(episode)
+
+
+def test_cli_names_a_template_that_fails(tmp_path, chatml):
+    from typer.testing import CliRunner
+
+    from callgrove.cli import app
+
+    chatml.tokenizer.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "bad.jinja").write_text('{{ raise_exception("roles must alternate") }}')
+    arguments = [
+        "import",
+        "claude-code",
+        str(KIMUSON),
+        "--tokenizer",
+        str(tmp_path / "tokenizer.json"),
+    ]
+    arguments += ["--chat-template", str(tmp_path / "bad.jinja")]
+    result = CliRunner().invoke(app, arguments)
+    assert result.exit_code == 2
+    assert f"{tmp_path / 'bad.jinja'}: chat template failed: roles must alternate" in result.output

@@ -60,7 +60,13 @@ def _chat_format(
         err.print("[red]--tokenizer and --chat-template go together[/red]")
         raise typer.Exit(EXIT_USAGE)
     pairs = dict(v.split("=", 1) for v in variables or [] if "=" in v)
-    return JinjaFormat(tokenizer, template, pairs)
+    try:
+        return JinjaFormat(tokenizer, template, pairs)
+    except InputError as error:
+        err.print(f"[red]error[/red]: {escape(str(error))}")
+    except Exception as error:  # tokenizers raises plain exceptions for unreadable files
+        err.print(f"[red]error[/red]: {escape(str(tokenizer))}: {escape(str(error))}")
+    raise typer.Exit(EXIT_USAGE)
 
 
 def _run_import(
