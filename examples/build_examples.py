@@ -72,9 +72,10 @@ def login_bug(
     vocab = Vocabulary()
     story = Story(vocab, policy_version=3)
     leader = Agent("L", "leader")
-    background = Agent("B", "signin", parent="L", start="background")
-    finder = Agent("A", "explore", parent="L", start="fresh")
-    fork = Agent("F", "fixer", parent="L", start="fork")
+    # `spawned_by`: the leader call that started each subagent (shown as hand-over links).
+    background = Agent("B", "signin", parent="L", start="background", meta={"spawned_by": "C1"})
+    finder = Agent("A", "explore", parent="L", start="fresh", meta={"spawned_by": "C3"})
+    fork = Agent("F", "fixer", parent="L", start="fork", meta={"spawned_by": "C7"})
     system = "<system> you are a coding agent </system>"
     task = "<user> fix the login bug </user>"
     c1 = story.call(leader, None, f"{system} {task}", "<call> Agent B background sign in </call>")

@@ -122,8 +122,13 @@ def test_hand_overs_for_each_subagent_drawn_dashed(seed_root):
         assert link.get("stroke-dasharray")
         assert link.get("stroke") != arrow_stroke
         assert link.get("data-from-agent") == "L"
-        # The example records no starting call, so each link leaves the leader's lane.
-        assert "from-lane" in classes(link)
+        assert "from-lane" not in classes(link)
+    # The example records the leader call that started each subagent, as the seed's figure does.
+    assert {link.get("data-agent"): link.get("data-from") for link in links} == {
+        "B": "C1",
+        "A": "C3",
+        "F": "C7",
+    }
     labels = [t.text for t in elements(seed_root, "text", "hand-over-label")]
     assert labels == ["starts B (background)", "starts A (fresh)", "starts F (fork)"]
 
