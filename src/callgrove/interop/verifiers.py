@@ -111,6 +111,11 @@ class VfGroup(msgspec.Struct, kw_only=True):
     id: str
 
 
+class VfInfo(msgspec.Struct, kw_only=True, frozen=True):
+    # the ledger order of the trace's calls, written by `verifiers_row` (no wall-clock to give)
+    callgrove_seq: list[int] | None = None
+
+
 class VfTrace(msgspec.Struct, kw_only=True):
     id: str = ""
     task: Any = None
@@ -122,6 +127,7 @@ class VfTrace(msgspec.Struct, kw_only=True):
     is_completed: bool = False
     errors: list[VfError] = []
     run: VfRun | None = None  # 0.2 only
+    info: VfInfo = VfInfo()
 
 
 class VfEpisode(msgspec.Struct, kw_only=True):
@@ -256,7 +262,7 @@ def _check_unique_agents(agents: list[WireAgent]) -> None:
 def _trace_to_agent(
     index: int, trace: VfTrace, gaps: list[dict[str, Any]]
 ) -> tuple[WireAgent, list[float]]:
-    """The trace's agent, and the timestamp of each of its calls."""
+    """The trace's agent, and when each of its calls was made (the key of the ledger order)."""
     info = trace.agent or VfAgent()
     rewards: dict[str, float] = {}
     for name, reward in trace.rewards.items():
@@ -332,6 +338,9 @@ def _trace_calls(
         full = (above[1] if above else 0) + len(prompt_tail) + len(call.completion_ids)
         base.append((where, full))
         tail.append([])
+    written = trace.info.callgrove_seq
+    if written is not None and len(written) == len(calls):
+        times = [float(seq) for seq in written]  # the ledger order these calls came with
     return calls, times
 
 
@@ -357,7 +366,8 @@ def _first_sampled(node: VfNode, where: str) -> int | None:
 
 
 def _number_calls(agents: list[WireAgent], times: list[list[float]]) -> None:
-    """Ledger order across traces: each trace's calls in node order, interleaved by timestamp."""
+    """Ledger order across traces: each trace's calls in node order, interleaved by timestamp
+    (or by the order callgrove wrote them in)."""
     streams = [
         [(stamp, i, call) for stamp, call in zip(stamps, agent.calls, strict=True)]
         for i, (agent, stamps) in enumerate(zip(agents, times, strict=True))
@@ -559,6 +569,7 @@ def _agent_trace(
     notes: list[dict[str, Any]],
 ) -> dict[str, Any]:
     nodes: list[dict[str, Any]] = []
+    seqs: list[int] = []
     node_of: dict[int, int] = {}  # id(call) -> its sampled node
     accepted: list[tuple[int, int]] = []  # (compaction node, the node that resumed from it)
     open_compaction: int | None = None
@@ -585,6 +596,7 @@ def _agent_trace(
         if advantages is not None:
             sampled["advantages"] = advantages
         nodes.append(sampled)
+        seqs.append(call.seq)
         node_of[id(call)] = here
         if open_compaction is not None and call.kept:
             accepted.append((open_compaction, here))
@@ -611,6 +623,7 @@ def _agent_trace(
         "is_completed": True,
         "ok": episode.ok and not errors,
         "errors": errors,
+        "info": {"callgrove_seq": seqs},
     }
 
 
