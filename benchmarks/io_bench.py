@@ -216,14 +216,19 @@ def verifiers_episode(
     )
 
 
-def timed(action: Callable[[], Any], repeat: int = 1) -> tuple[float, Any]:
-    """Best wall time of `repeat` runs (the machine is shared and noisy)."""
-    best, result = float("inf"), None
-    for _ in range(repeat):
-        start = time.perf_counter()
-        result = action()
-        best = min(best, time.perf_counter() - start)
-    return best, result
+def race(
+    actions: dict[str, Callable[[], Any]], rounds: int
+) -> tuple[dict[str, float], dict[str, Any]]:
+    """Best wall time of each action over `rounds` rounds, every action run once a round, so
+    that load from elsewhere on a shared machine falls on all of them alike."""
+    best = dict.fromkeys(actions, float("inf"))
+    results: dict[str, Any] = {}
+    for _ in range(rounds):
+        for name, action in actions.items():
+            start = time.perf_counter()
+            results[name] = action()
+            best[name] = min(best[name], time.perf_counter() - start)
+    return best, results
 
 
 def _mb(path: Path) -> float:
@@ -260,26 +265,36 @@ def run_io(args: argparse.Namespace, work: Path) -> bool:
 
     trace_type = Trace[WireTaskData, State, WireAgentConfig]
     jsonl, parquet, arrow = work / "ours.jsonl", work / "ours.parquet", work / "ours.arrow"
-    r = args.repeat
-    t_vf_write, _ = timed(vf_write, r)
-    t_vf_read, vf_read = timed(lambda: read_episodes(vf_dir, trace_type), r)
-    t_write, _ = timed(lambda: save(jsonl, ours), r)
-    t_read, read = timed(lambda: list(load(jsonl)), r)
-    t_floor, _ = timed(lambda: [orjson.loads(line) for line in jsonl.open("rb")], r)
-    t_vf_floor, _ = timed(lambda: [orjson.loads(line) for line in vf_file.open("rb")], r)
-    t_pq_write, _ = timed(lambda: save(parquet, ours), r)
-    t_pq_read, pq_read = timed(lambda: list(load(parquet)), r)
     zstd = work / "ours-zstd.parquet"
-    t_pz_write, _ = timed(lambda: write_binary_episodes(zstd, ours, compression="zstd"), r)
-    t_pz_read, _ = timed(lambda: list(load(zstd)), r)
-    t_ar_write, _ = timed(lambda: save(arrow, ours), r)
-    t_ar_read, ar_read = timed(lambda: list(load(arrow)), r)
-    assert len(vf_read) == len(read) == len(pq_read) == len(ar_read) == len(ours)
+    writers = {
+        "vf write": vf_write,
+        "write": lambda: save(jsonl, ours),
+        "pq write": lambda: save(parquet, ours),
+        "pz write": lambda: write_binary_episodes(zstd, ours, compression="zstd"),
+        "ar write": lambda: save(arrow, ours),
+    }
+    readers = {
+        "vf read": lambda: read_episodes(vf_dir, trace_type),
+        "vf floor": lambda: [orjson.loads(line) for line in vf_file.open("rb")],
+        "read": lambda: list(load(jsonl)),
+        "floor": lambda: [orjson.loads(line) for line in jsonl.open("rb")],
+        "pq read": lambda: list(load(parquet)),
+        "pz read": lambda: list(load(zstd)),
+        "ar read": lambda: list(load(arrow)),
+    }
+    t, results = race(writers, args.repeat)
+    t2, results = race(readers, args.repeat)
+    t.update(t2)
+    assert {len(results[k]) for k in ("vf read", "read", "pq read", "ar read")} == {len(ours)}
     assert all(
         np.array_equal(a.full_ids(), b.full_ids())
-        for x, y in zip(ours, pq_read, strict=True)
+        for x, y in zip(ours, results["pq read"], strict=True)
         for a, b in zip(x.calls(), y.calls(), strict=True)
     )
+    t_vf_write, t_write, t_pq_write = t["vf write"], t["write"], t["pq write"]
+    t_pz_write, t_ar_write = t["pz write"], t["ar write"]
+    t_vf_read, t_vf_floor, t_read, t_floor = t["vf read"], t["vf floor"], t["read"], t["floor"]
+    t_pq_read, t_pz_read, t_ar_read = t["pq read"], t["pz read"], t["ar read"]
 
     print(f"\n{'':34}{'seconds':>9}{'MB':>9}{'vs verifiers':>14}")
 
@@ -367,7 +382,7 @@ def main() -> int:
     parser.add_argument("--episodes", type=int, default=80)
     parser.add_argument("--subagents", type=int, default=4)
     parser.add_argument("--chars-per-token", type=float, default=4.0)
-    parser.add_argument("--repeat", type=int, default=1, help="best of N timings")
+    parser.add_argument("--repeat", type=int, default=5, help="best of N interleaved rounds")
     parser.add_argument("--stats-gb", type=float, default=2.0, help="0 skips the stats run")
     parser.add_argument("--dir", type=Path, default=None, help="where to put the files")
     args = parser.parse_args()
