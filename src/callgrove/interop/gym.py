@@ -118,11 +118,13 @@ class RolloutRecord(msgspec.Struct, kw_only=True):
             r for r in records if r.kind == "agent_invocation" and r.invocation_id not in known
         ]
         compactions = [r for r in records if r.kind == "context_compaction"]
-        gaps = [
+        found = [
             *self.gaps,
             *(trajectory.gaps if trajectory else []),
             *(bundle.gaps if bundle else []),
         ]
+        # the trajectory repeats the bundle's gaps; Gym itself keeps one of each
+        gaps = list({(g.code, g.invocation_id, g.detail): g for g in found}.values())
         return invocations, compactions, gaps
 
 
