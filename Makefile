@@ -13,7 +13,15 @@ $(STAMP): pyproject.toml Makefile
 	# CPU torch first: the pinned release is the CPU wheel on these machines.
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[test,train,tokenizers]'
-	# interop extras (verifiers, NeMo Gym) go here
+	# Interop (callgrove.interop, its tests): verifiers 0.4.0 without its serving stack. Its package
+	# root imports these clients; reading and writing episodes needs nothing more (transformers,
+	# mcp, gepa, uvicorn stay out). NeMo Gym 0.7.0 declares Python >= 3.13 and a server stack;
+	# its token_id_capture package runs on 3.11 with pydantic and orjson alone.
+	$(BIN)/pip install -q 'openai>=2.54,<3' 'anthropic>=1' 'prime-pydantic-config[toml]>=0.4.3' \
+		'prime-sandboxes>=0.4.2' 'math-verify>=0.8' 'aiohttp>=3.14.1' 'httpx>=0.27' 'tenacity>=8.5' \
+		'tomli-w>=1' 'pydantic>=2.12.3' orjson
+	$(BIN)/pip install -q --no-deps verifiers==0.4.0 renderers==0.1.12
+	$(BIN)/pip install -q --no-deps --ignore-requires-python nemo-gym==0.7.0
 	touch $(STAMP)
 
 setup: $(STAMP)
