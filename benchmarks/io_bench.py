@@ -345,6 +345,18 @@ def run_stats(args: argparse.Namespace, work: Path) -> bool:
             out.write(data)
             written += len(data)
             count += 1
+    ok = _stats_child(path, f"{written / 1e9:.2f} GB JSON Lines ({count} episodes)")
+    if args.stats_binary:
+        binary = work / "big.parquet"
+        save(binary, load(path))
+        path.unlink()
+        ok = (
+            _stats_child(binary, f"the same as {binary.stat().st_size / 1e9:.2f} GB Parquet") and ok
+        )
+    return ok
+
+
+def _stats_child(path: Path, what: str) -> bool:
     start = time.perf_counter()
     child = subprocess.run(
         [sys.executable, "-c", _PROBE, str(path)], capture_output=True, text=True, check=False
@@ -353,7 +365,7 @@ def run_stats(args: argparse.Namespace, work: Path) -> bool:
     peak_mb = int(child.stderr.split()[-1]) / 1024
     ok = child.returncode == 0 and peak_mb < 300
     print(
-        f"\ncallgrove stats over {written / 1e9:.2f} GB ({count} episodes): {seconds:.1f} s, "
+        f"\ncallgrove stats over {what}: {seconds:.1f} s, "
         f"peak RSS {peak_mb:.0f} MB (limit 300), exit {child.returncode}"
     )
     if child.returncode != 0:
@@ -384,6 +396,12 @@ def main() -> int:
     parser.add_argument("--chars-per-token", type=float, default=4.0)
     parser.add_argument("--repeat", type=int, default=5, help="best of N interleaved rounds")
     parser.add_argument("--stats-gb", type=float, default=2.0, help="0 skips the stats run")
+    parser.add_argument(
+        "--stats-binary",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also convert the stats file to Parquet and measure stats over that",
+    )
     parser.add_argument("--dir", type=Path, default=None, help="where to put the files")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="callgrove-io-", dir=args.dir))

@@ -6,6 +6,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 
@@ -128,3 +129,19 @@ def test_binary_file_appears_whole_only_on_close(tmp_path: Path) -> None:
 def test_binary_files_cannot_be_appended_to(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="appended"):
         open_writer(tmp_path / "x.parquet", append=True)
+
+
+def test_binary_batches_are_bounded_by_tokens_and_episodes(tmp_path: Path) -> None:
+    """The batch is what a reader holds at once: the writer closes one at either bound."""
+    by_episodes, by_tokens = tmp_path / "episodes.parquet", tmp_path / "tokens.parquet"
+    chains = [_chain(calls=3, new_tokens=100) for _ in range(5)]  # 360 tokens each
+    with BinaryEpisodeWriter(by_episodes, batch_episodes=2) as writer:
+        for episode in chains:
+            writer.write(episode)
+    with BinaryEpisodeWriter(by_tokens, batch_tokens=700) as writer:
+        for episode in chains:
+            writer.write(episode)
+    for path in (by_episodes, by_tokens):
+        groups = pq.ParquetFile(path).metadata
+        assert [groups.row_group(i).num_rows for i in range(groups.num_row_groups)] == [2, 2, 1]
+        assert len(list(load(path))) == 5

@@ -8,6 +8,7 @@ and never appears in the per-agent tallies.
 
 from __future__ import annotations
 
+import gc
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from callgrove.formats.problems import Diagnostics
 
 # Problems printed one by one before the rest are only counted.
 SHOWN_PROBLEMS = 20
+COLLECT_EVERY = 64
 
 
 @dataclass
@@ -133,7 +135,10 @@ def collect(
                 if not skip_bad and len(diagnostics.errors) > seen_errors:
                     return stats
                 stats.add(episode, training_step)
-                if stats.episodes % 256 == 0:
+                if stats.episodes % COLLECT_EVERY == 0:
+                    # An episode is a reference cycle (agent <-> call), freed only by the
+                    # cycle collector; run it as we go so memory stays flat.
+                    gc.collect()
                     progress.update(task, description=f"{path.name} · {stats.episodes} episodes")
             progress.update(task, completed=path.stat().st_size)
             if not skip_bad and len(diagnostics.errors) > seen_errors:

@@ -39,8 +39,8 @@ FLOAT_DTYPE = np.float32
 
 # A record batch (a Parquet row group) is closed once it holds this many tokens or episodes:
 # the unit a reader holds in memory at once.
-BATCH_TOKENS = 4_000_000
-BATCH_EPISODES = 1024
+BATCH_TOKENS = 1_000_000
+BATCH_EPISODES = 256
 PARQUET_PAGE_BYTES = 8 << 20
 
 _TOKENS = pa.list_(pa.int32())
@@ -698,6 +698,22 @@ def _error(value: dict[str, Any]) -> WireError:
     )
 
 
+def _batch_episodes(
+    batch: _Batch, first_row: int, file: str, diagnostics: Diagnostics | None
+) -> Iterator[tuple[int, Episode]]:
+    for row in range(batch.rows):
+        number = first_row + row + 1
+        try:
+            episode = batch.episode(row)
+        except InputError as error:
+            located = error.located(file=file, line=number, episode=batch.ids[row])
+            if diagnostics is None:
+                raise located from None
+            diagnostics.add(located.problem)
+            continue
+        yield number, episode
+
+
 def read_binary_episodes(
     path: str | os.PathLike[str], diagnostics: Diagnostics | None = None
 ) -> Iterator[tuple[int, Episode]]:
@@ -715,18 +731,12 @@ def read_binary_episodes(
                 batch = _Batch(record_batch)
             except (KeyError, TypeError, ValueError, pa.ArrowException) as error:
                 raise _file_problem(file, f"columns do not match {LAYOUT}: {error}") from None
-            for row in range(batch.rows):
-                number = first_row + row + 1
-                try:
-                    episode = batch.episode(row)
-                except InputError as error:
-                    located = error.located(file=file, line=number, episode=batch.ids[row])
-                    if diagnostics is None:
-                        raise located from None
-                    diagnostics.add(located.problem)
-                    continue
-                yield number, episode
+            # Hold no reference to this batch while the next one is read: memory stays at
+            # one batch (plus whatever episodes the caller keeps).
+            del record_batch
+            yield from _batch_episodes(batch, first_row, file, diagnostics)
             first_row += batch.rows
+            del batch
     except InputError as error:
         if diagnostics is None or error.problem.line is not None:
             raise
