@@ -15,7 +15,9 @@ The mapping:
   memory. A compaction attempt (a `compaction_attempt` semantic link) is a `compaction` call,
   not kept when the harness never resumed from it (verifiers' own `Branch.trainable` rule);
 - `run.work.step` / `run.work.policy` become `run.step` / `run.policy`, and `run.work.type` the
-  run type (whether the episode trains or only measures).
+  run type (whether the episode trains or only measures);
+- a trace's rewards (score x weight; None, never scored, is left out) are its agent's rewards,
+  and a one-trace episode's are also the episode's; a trace's errors name its agent.
 
 Only the fields the mapping reads are decoded (msgspec Structs mirroring verifiers' models), so
 reading needs no verifiers install. Message text is not carried.
