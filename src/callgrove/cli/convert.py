@@ -209,7 +209,7 @@ def _summary(
     ):
         table.add_row(what, str(count))
     err.print(table)
-    _counts("not converted inside episodes (episode gaps)", tally.gaps)
+    _counts("gaps in the episodes (what the source could not give as calls or links)", tally.gaps)
     _counts(f"not held by {to.value} (left out)", tally.dropped)
     _problems(diagnostics, skip_bad)
 
