@@ -6,7 +6,9 @@ from callgrove.formats.jsonl import (
     encode_wire_episode,
     iter_lines,
     open_binary,
+    read_rows,
     read_wire_episodes,
+    report,
 )
 from callgrove.formats.problems import Diagnostics, InputError, Problem
 from callgrove.formats.wire import FORMAT, WireAgent, WireCall, WireEpisode
@@ -24,5 +26,7 @@ __all__ = [
     "encode_wire_episode",
     "iter_lines",
     "open_binary",
+    "read_rows",
     "read_wire_episodes",
+    "report",
 ]

@@ -12,9 +12,10 @@ import gzip
 import io
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 import msgspec
 
@@ -22,6 +23,7 @@ from callgrove.formats.problems import Diagnostics, InputError, Problem
 from callgrove.formats.wire import FORMAT, WireEpisode, episode_decoder, episode_encoder
 
 _PATH_PART = re.compile(r"\.(\w+)|\[(\d+)\]")
+Row = TypeVar("Row")
 
 
 def open_binary(path: str | os.PathLike[str], mode: str = "rb") -> IO[bytes]:
@@ -72,76 +74,75 @@ def _locate_in_json(line: bytes, path: str) -> tuple[str | None, str | None]:
     )
 
 
-def decode_episode_line(
-    line: bytes, *, file: str | None = None, number: int | None = None
-) -> WireEpisode:
-    """Decode one line into a `WireEpisode`, raising `InputError` located as precisely as possible."""
+def decode_episode_line(line: bytes) -> WireEpisode:
+    """Decode one line into a `WireEpisode`; `InputError` names the episode and call it can."""
     try:
         wire = episode_decoder.decode(line)
     except msgspec.ValidationError as error:
         text = str(error)
         path = text.rsplit(" - at `", 1)[1].rstrip("`") if " - at `" in text else ""
         episode, call = _locate_in_json(line, path)
-        raise InputError(
-            Problem(text, file=file, line=number, episode=episode, call=call, kind="invalid")
-        ) from None
-    except msgspec.DecodeError as error:
-        raise InputError(
-            Problem(f"not valid JSON: {error}", file=file, line=number, kind="malformed")
-        ) from None
+        raise InputError(Problem(text, episode=episode, call=call, kind="invalid")) from None
     if wire.format != FORMAT:
-        raise InputError(
-            Problem(
-                f"format is {wire.format!r}, expected {FORMAT!r}",
-                file=file,
-                line=number,
-                episode=wire.id,
-                kind="invalid",
-            )
-        )
+        message = f"format is {wire.format!r}, expected {FORMAT!r}"
+        raise InputError(Problem(message, episode=wire.id, kind="invalid"))
     return wire
+
+
+def read_rows(
+    path: str | os.PathLike[str],
+    decode: Callable[[bytes], Row],
+    diagnostics: Diagnostics | None = None,
+) -> Iterator[tuple[int, Row]]:
+    """Stream `(line number, decode(line))` from any JSON Lines file.
+
+    `decode` may raise msgspec's errors or `InputError`; either becomes a problem located at
+    the file and line. Without `diagnostics` the first bad line raises `InputError`; with it,
+    bad lines are recorded there and skipped, and reading goes on. A final line that lacks its
+    newline and does not parse is a truncated write: always a warning, never an error.
+    """
+    file = str(path)
+    pending: Problem | None = None
+    for number, line, complete in iter_lines(path):
+        if pending is not None:
+            report(InputError(pending), diagnostics)
+            pending = None
+        try:
+            yield number, decode(line)
+        except (msgspec.DecodeError, InputError) as error:
+            problem = _as_problem(error)
+            if problem.kind == "malformed" and not complete:
+                problem = Problem(
+                    "truncated final line (no newline, incomplete JSON); ignored",
+                    severity="warning",
+                    kind="truncated",
+                )
+            pending = replace(problem, file=problem.file or file, line=problem.line or number)
+    if pending is not None:
+        report(InputError(pending), diagnostics)
+
+
+def _as_problem(error: msgspec.DecodeError | InputError) -> Problem:
+    if isinstance(error, InputError):
+        return error.problem
+    if isinstance(error, msgspec.ValidationError):
+        return Problem(f"unexpected shape: {error}", kind="invalid")
+    return Problem(f"not valid JSON: {error}", kind="malformed")
 
 
 def read_wire_episodes(
     path: str | os.PathLike[str], diagnostics: Diagnostics | None = None
 ) -> Iterator[tuple[int, WireEpisode]]:
-    """Stream `(line number, WireEpisode)` from a JSON Lines file.
-
-    Without `diagnostics` the first bad line raises `InputError`. With it, bad lines are recorded
-    there and skipped, and reading goes on. A final line that lacks its newline and does not
-    parse is a truncated write: always a warning, never an error.
-    """
-    file = str(path)
-    pending: InputError | None = None
-    for number, line, complete in iter_lines(path):
-        if pending is not None:
-            _report(pending, diagnostics)
-            pending = None
-        try:
-            yield number, decode_episode_line(line, file=file, number=number)
-        except InputError as error:
-            if not complete and error.problem.kind == "malformed":
-                pending = InputError(
-                    Problem(
-                        "truncated final line (no newline, incomplete JSON); ignored",
-                        file=file,
-                        line=number,
-                        severity="warning",
-                        kind="truncated",
-                    )
-                )
-            else:
-                pending = error
-    if pending is not None:
-        _report(pending, diagnostics)
+    """Stream `(line number, WireEpisode)` from an episode file (see `read_rows`)."""
+    return read_rows(path, decode_episode_line, diagnostics)
 
 
-def _report(error: InputError, diagnostics: Diagnostics | None) -> None:
-    if error.problem.severity == "warning" and diagnostics is None:
-        return
-    if diagnostics is None:
+def report(error: InputError, diagnostics: Diagnostics | None) -> None:
+    """Record a problem, or raise it when there is nowhere to record it (warnings pass)."""
+    if diagnostics is not None:
+        diagnostics.add(error.problem)
+    elif error.problem.severity != "warning":
         raise error
-    diagnostics.add(error.problem)
 
 
 def encode_wire_episode(wire: WireEpisode) -> bytes:

@@ -30,9 +30,10 @@ import msgspec
 from msgspec import UNSET
 
 from callgrove.episode import Episode, episode_from_wire
+from callgrove.formats.jsonl import read_rows, report
 from callgrove.formats.problems import Diagnostics, InputError, Problem
 from callgrove.formats.wire import FORMAT, WireAgent, WireCall, WireEpisode, WireError
-from callgrove.interop.foreign import gap, iter_rows, report
+from callgrove.interop.foreign import gap
 
 TOKENS_SUFFIX = ".tokens.jsonl"
 SCHEMA_VERSION = 1  # the newest TokenEntry schema this reader understands
@@ -162,7 +163,7 @@ def read_gym(
     source = CaptureSource(Path(tokens), diagnostics)
     if invocations is not None:
         file = str(invocations)
-        for number, record in iter_rows(invocations, _record_decoder.decode, diagnostics):
+        for number, record in read_rows(invocations, _record_decoder.decode, diagnostics):
             try:
                 yield episode_from_gym(source.take(record.identity()), record)
             except InputError as error:
@@ -218,7 +219,7 @@ def read_captures(
     """The rollouts of one capture file, each with its lost calls (from the store's sidecars)."""
     file = str(path)
     by_rollout: dict[str, Capture] = {}
-    for number, entry in iter_rows(path, _entry_decoder.decode, diagnostics):
+    for number, entry in read_rows(path, _entry_decoder.decode, diagnostics):
         if entry.schema_version > SCHEMA_VERSION:
             message = (
                 f"token record is schema_version {entry.schema_version}; "

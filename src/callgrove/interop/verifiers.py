@@ -38,7 +38,7 @@ from msgspec import UNSET, UnsetType
 
 from callgrove.episode import Agent, Call, Episode, episode_from_wire
 from callgrove.forest import build_forest
-from callgrove.formats.jsonl import JsonlWriter, iter_lines
+from callgrove.formats.jsonl import JsonlWriter, iter_lines, read_rows, report
 from callgrove.formats.problems import Diagnostics, InputError, Problem
 from callgrove.formats.wire import (
     FORMAT,
@@ -50,7 +50,7 @@ from callgrove.formats.wire import (
     WirePolicy,
     WireRun,
 )
-from callgrove.interop.foreign import gap, iter_rows, report
+from callgrove.interop.foreign import gap
 
 # --- what the mapping reads of verifiers' models ------------------------------------------
 
@@ -200,7 +200,7 @@ def read_located_verifiers(
 ) -> Iterator[tuple[int, Episode]]:
     """Like `read_verifiers`, with each episode's line number."""
     file = str(path)
-    for number, row in iter_rows(path, decode_row, diagnostics):
+    for number, row in read_rows(path, decode_row, diagnostics):
         try:
             yield number, episode_from_verifiers(row)
         except InputError as error:
