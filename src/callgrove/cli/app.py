@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 app = typer.Typer(
     name="callgrove",
@@ -24,3 +27,24 @@ for _console in (out, err):
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+
+
+def require_files(files: list[Path]) -> None:
+    """A missing input file is a usage error (exit 2), named on stderr."""
+    for path in files:
+        if not path.is_file():
+            err.print(f"error: {path}: no such file")
+            raise typer.Exit(EXIT_USAGE)
+
+
+def progress_bar() -> Progress:
+    """The progress bar of long commands: on stderr, only when it is a terminal."""
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+        disable=not err.is_terminal,
+    )

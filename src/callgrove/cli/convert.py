@@ -19,8 +19,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from callgrove.cli.app import EXIT_FAILED, EXIT_OK, EXIT_USAGE, app, err
-from callgrove.cli.rows import _progress
+from callgrove.cli.app import EXIT_FAILED, EXIT_OK, EXIT_USAGE, app, err, progress_bar
 from callgrove.episode import Episode, load, open_writer
 from callgrove.formats.problems import Diagnostics, InputError
 from callgrove.interop.gym import TOKENS_SUFFIX, read_gym
@@ -99,7 +98,7 @@ def convert_command(
     diagnostics = Diagnostics()
     tally = Tally()
     episodes = _read(source, from_, invocations, diagnostics)
-    with _progress() as progress:
+    with progress_bar() as progress:
         task = progress.add_task(source.name, total=_total(source, from_, invocations))
 
         def counted() -> Iterator[Episode]:

@@ -11,10 +11,18 @@ from typing import Annotated
 import orjson
 import pyarrow.parquet as pq
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from callgrove.cli.app import EXIT_FAILED, EXIT_OK, EXIT_USAGE, app, err, out
+from callgrove.cli.app import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    app,
+    err,
+    out,
+    progress_bar,
+    require_files,
+)
 from callgrove.episode import load
 from callgrove.formats.problems import Diagnostics
 from callgrove.rows import EpisodeRows, RowSettings, build_rows, check_rows
@@ -48,31 +56,12 @@ class Outcome:
         return EXIT_FAILED if failed else EXIT_OK
 
 
-def _check_files(files: list[Path]) -> None:
-    for path in files:
-        if not path.is_file():
-            err.print(f"error: {path}: no such file")
-            raise typer.Exit(EXIT_USAGE)
-
-
-def _progress() -> Progress:
-    return Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err,
-        transient=True,
-        disable=not err.is_terminal,
-    )
-
-
 def episode_rows(
     files: list[Path], settings: RowSettings, outcome: Outcome
 ) -> Iterator[EpisodeRows]:
     """Rows of every readable episode; every failure is recorded in `outcome`, none is lost."""
-    _check_files(files)
-    with _progress() as progress:
+    require_files(files)
+    with progress_bar() as progress:
         for path in files:
             task = progress.add_task(path.name, total=path.stat().st_size)
             for episode in load(path, outcome.diagnostics):

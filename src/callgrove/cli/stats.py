@@ -18,8 +18,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from callgrove.cli.app import EXIT_FAILED, EXIT_OK, app, err, out
-from callgrove.cli.rows import _check_files, _progress
+from callgrove.cli.app import EXIT_FAILED, EXIT_OK, app, err, out, progress_bar, require_files
 from callgrove.episode import Episode, load, off_policy_steps
 from callgrove.formats.problems import Diagnostics
 
@@ -127,7 +126,7 @@ def collect(
     """Stream every file into one `Stats`. Problems go to `diagnostics`; without `skip_bad`
     the first error stops the reading (the error is the last problem recorded)."""
     stats = Stats()
-    with _progress() as progress:
+    with progress_bar() as progress:
         for path in files:
             task = progress.add_task(path.name, total=path.stat().st_size)
             seen_errors = len(diagnostics.errors)
@@ -251,7 +250,7 @@ def stats_command(
     any line or episode could not be used (with --skip-bad: after the tables), 2 on usage
     errors.
     """
-    _check_files(files)
+    require_files(files)
     diagnostics = Diagnostics()
     stats = collect(files, diagnostics, step, skip_bad)
     if skip_bad or not diagnostics.errors:

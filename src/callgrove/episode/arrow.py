@@ -22,14 +22,14 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
 from callgrove.episode.codec import (
-    _check_agent_links,
-    _check_run,
-    _check_unique_calls,
-    _share_histories,
+    check_agent_links,
+    check_run,
+    check_unique_calls,
+    share_histories,
 )
 from callgrove.episode.record import AGENT_STARTS, PURPOSES, TOKEN_DTYPE, Agent, Call, Episode
 from callgrove.formats.problems import Diagnostics, InputError, Problem
-from callgrove.formats.wire import FORMAT, WireEnv, WireEpisode, WireError, WirePolicy, WireRun
+from callgrove.formats.wire import FORMAT, WireEnv, WireError, WirePolicy, WireRun
 
 LAYOUT = "callgrove.binary/1"
 PARQUET_SUFFIX = ".parquet"
@@ -625,19 +625,17 @@ class _Batch:
             gaps=_decode_json(self.gaps[row]),
             meta=_decode_json(self.metas[row]),
         )
-        _check_run(
-            WireEpisode(format=FORMAT, id=episode_id, run=episode.run, rewards=episode.rewards)
-        )
+        check_run(episode_id, episode.run, episode.rewards)
         for index in range(self.agent_offsets[row], self.agent_offsets[row + 1]):
             episode.agents.append(self._agent(index, episode_id))
-        _check_agent_links(episode.agents, episode_id)
+        check_agent_links(episode.agents, episode_id)
         calls = [c for a in episode.agents for c in a.calls]
-        _check_unique_calls(calls, episode_id)  # type: ignore[arg-type]
+        check_unique_calls(calls, episode_id)
         first_call = self.call_offsets[self.agent_offsets[row]]
         _resolve_prompts(
             calls, self.calls.prompt_from[first_call : first_call + len(calls)], episode_id
         )
-        _share_histories(episode.agents)  # full prompts held as the JSON reader holds them
+        share_histories(episode.agents)  # full prompts held as the JSON reader holds them
         return episode
 
     def _agent(self, index: int, episode: str) -> Agent:

@@ -7,6 +7,7 @@ names the file, line, episode and call.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -23,7 +24,7 @@ from callgrove.episode.record import (
     Episode,
 )
 from callgrove.formats.problems import InputError, Problem
-from callgrove.formats.wire import FORMAT, WireAgent, WireCall, WireEpisode
+from callgrove.formats.wire import FORMAT, WireAgent, WireCall, WireEpisode, WireRun
 
 _TOKEN_MAX = np.iinfo(TOKEN_DTYPE).max
 
@@ -64,18 +65,18 @@ def episode_from_wire(wire: WireEpisode) -> Episode:
     """Build and validate the record. Raises `InputError` naming the episode and call."""
     if wire.format != FORMAT:
         raise _fail(f"format is {wire.format!r}, expected {FORMAT!r}", wire.id)
-    _check_run(wire)
+    check_run(wire.id, wire.run, wire.rewards)
     agents = [_agent_shell(a, wire.id) for a in wire.agents]
-    _check_agent_links(agents, wire.id)
+    check_agent_links(agents, wire.id)
     by_seq = sorted((c for a in wire.agents for c in a.calls), key=lambda c: c.seq)
-    _check_unique_calls(by_seq, wire.id)
+    check_unique_calls(by_seq, wire.id)
     built: dict[str, Call] = {}
     for wire_call in by_seq:
         built[wire_call.id] = _call_from_wire(wire_call, built, wire.id)
     for agent, wire_agent in zip(agents, wire.agents, strict=True):
         for wire_call in wire_agent.calls:
             agent.add(built[wire_call.id])
-    _share_histories(agents)
+    share_histories(agents)
     return Episode(
         id=wire.id,
         agents=agents,
@@ -92,7 +93,7 @@ def episode_from_wire(wire: WireEpisode) -> Episode:
     )
 
 
-def _share_histories(agents: list[Agent]) -> None:
+def share_histories(agents: list[Agent]) -> None:
     """Hold a full prompt that resends its agent's previous call as a reference plus a suffix.
 
     Only an encoding: the forest still decides parents from the tokens. It keeps memory linear
@@ -122,19 +123,19 @@ def _starts_with(tokens: np.ndarray, call: Call) -> bool:
     return True
 
 
-def _check_run(wire: WireEpisode) -> None:
-    for name, value in wire.rewards.items():
+def check_run(episode: str, run: WireRun | None, rewards: dict[str, float]) -> None:
+    """Rewards are finite; the run's type is known and its policy span runs forward."""
+    for name, value in rewards.items():
         if not math.isfinite(value):
-            raise _fail(f"reward {name!r} is not a finite number", wire.id)
-    run = wire.run
+            raise _fail(f"reward {name!r} is not a finite number", episode)
     if run is None:
         return
     if run.type not in RUN_TYPES:
-        raise _fail(f"run.type is {run.type!r}, expected one of {', '.join(RUN_TYPES)}", wire.id)
+        raise _fail(f"run.type is {run.type!r}, expected one of {', '.join(RUN_TYPES)}", episode)
     if run.policy is not None and run.policy.end < run.policy.start:
         raise _fail(
             f"run.policy.end ({run.policy.end}) is before run.policy.start ({run.policy.start})",
-            wire.id,
+            episode,
         )
 
 
@@ -155,7 +156,8 @@ def _agent_shell(wire: WireAgent, episode: str) -> Agent:
     )
 
 
-def _check_agent_links(agents: list[Agent], episode: str) -> None:
+def check_agent_links(agents: list[Agent], episode: str) -> None:
+    """Agent ids are unique and every `parent` names another agent of the episode."""
     ids = [a.id for a in agents]
     seen: set[str] = set()
     for agent_id in ids:
@@ -172,7 +174,8 @@ def _check_agent_links(agents: list[Agent], episode: str) -> None:
             raise _fail(f"agent {agent.id!r} names itself as its parent", episode)
 
 
-def _check_unique_calls(calls: list[WireCall], episode: str) -> None:
+def check_unique_calls(calls: Sequence[WireCall | Call], episode: str) -> None:
+    """No call id or `seq` appears twice in the episode."""
     ids: set[str] = set()
     seqs: dict[int, str] = {}
     for call in calls:
