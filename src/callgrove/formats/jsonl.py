@@ -12,6 +12,7 @@ import gzip
 import io
 import os
 import re
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -27,7 +28,11 @@ Row = TypeVar("Row")
 
 
 def open_binary(path: str | os.PathLike[str], mode: str = "rb") -> IO[bytes]:
-    """Open a file for binary reading or writing, compressed by its extension."""
+    """Open a file for binary reading or writing, compressed by its extension.
+
+    Reading a compressed file that ends early (a crash mid-write) raises `EOFError` at its end,
+    for gzip and zstd alike, once every complete byte has been read.
+    """
     name = str(path)
     if name.endswith(".gz"):
         return gzip.open(name, mode)  # type: ignore[return-value]
@@ -36,20 +41,71 @@ def open_binary(path: str | os.PathLike[str], mode: str = "rb") -> IO[bytes]:
 
         raw = open(name, mode)  # noqa: SIM115 - wrapped and closed by the stream
         if "r" in mode:
-            return zstandard.ZstdDecompressor().stream_reader(raw, closefd=True)
+            return io.BufferedReader(_ZstdFramesReader(raw))
         return zstandard.ZstdCompressor().stream_writer(raw, closefd=True)
     return open(name, mode)
 
 
+class _ZstdFramesReader(io.RawIOBase):
+    """Decompresses every zstd frame of a file (appends add frames); a cut frame is an EOFError."""
+
+    def __init__(self, raw: IO[bytes]):
+        import zstandard
+
+        self._raw = raw
+        self._new = zstandard.ZstdDecompressor().decompressobj
+        self._frame = self._new()
+        self._pending = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self._pending:
+            chunk = self._frame.unused_data if self._frame.eof else self._raw.read(1 << 20)
+            if self._frame.eof:
+                self._frame = self._new()
+                chunk = chunk or self._raw.read(1 << 20)
+                if not chunk:
+                    return 0
+            elif not chunk:
+                raise EOFError("compressed stream ends inside a zstd frame")
+            self._pending = self._frame.decompress(chunk)
+        size = min(len(buffer), len(self._pending))
+        buffer[:size] = self._pending[:size]
+        self._pending = self._pending[size:]
+        return size
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
+
+
 def iter_lines(path: str | os.PathLike[str]) -> Iterator[tuple[int, bytes, bool]]:
-    """Yield (line number from 1, line without newline, ended-with-newline) for non-blank lines."""
+    """Yield (line number from 1, line without newline, ended-with-newline) for non-blank lines.
+
+    A compressed file cut short raises `InputError` (a `truncated` warning) after its last
+    complete line.
+    """
+    number = 0
     with open_binary(path) as raw:
         stream = raw if isinstance(raw, io.BufferedIOBase) else io.BufferedReader(raw)  # type: ignore[arg-type]
-        for number, line in enumerate(stream, start=1):
-            complete = line.endswith(b"\n")
-            body = line.rstrip(b"\r\n")
-            if body.strip():
-                yield number, body, complete
+        try:
+            for number, line in enumerate(stream, start=1):
+                complete = line.endswith(b"\n")
+                body = line.rstrip(b"\r\n")
+                if body and not body.isspace():
+                    yield number, body, complete
+        except EOFError:
+            raise InputError(
+                Problem(
+                    "compressed file ends early (cut off mid-write); what follows is lost",
+                    file=str(path),
+                    line=number + 1,
+                    severity="warning",
+                    kind="truncated",
+                )
+            ) from None
 
 
 def _locate_in_json(line: bytes, path: str) -> tuple[str | None, str | None]:
@@ -103,7 +159,17 @@ def read_rows(
     """
     file = str(path)
     pending: Problem | None = None
-    for number, line, complete in iter_lines(path):
+    lines = iter_lines(path)
+    while True:
+        try:
+            number, line, complete = next(lines)
+        except StopIteration:
+            break
+        except InputError as cut:  # a compressed file that ends early
+            if pending is not None:
+                report(InputError(pending), diagnostics)
+            pending = cut.problem
+            break
         if pending is not None:
             report(InputError(pending), diagnostics)
             pending = None
@@ -137,17 +203,32 @@ def read_wire_episodes(
     return read_rows(path, decode_episode_line, diagnostics)
 
 
+class InputWarning(UserWarning):
+    """Input that was read with a loss worth knowing about (a truncated final line)."""
+
+
 def report(error: InputError, diagnostics: Diagnostics | None) -> None:
-    """Record a problem, or raise it when there is nowhere to record it (warnings pass)."""
+    """Record a problem; with nowhere to record it, raise an error or emit an `InputWarning`."""
     if diagnostics is not None:
         diagnostics.add(error.problem)
-    elif error.problem.severity != "warning":
+    elif error.problem.severity == "warning":
+        warnings.warn(str(error.problem), InputWarning, stacklevel=3)
+    else:
         raise error
 
 
 def encode_wire_episode(wire: WireEpisode) -> bytes:
     """One JSON line, newline included."""
     return episode_encoder.encode(wire) + b"\n"
+
+
+def _ends_mid_line(path: Path) -> bool:
+    """Does a plain file end without a newline (a write cut off by a crash)?"""
+    if path.suffix in (".gz", ".zst") or not path.is_file() or path.stat().st_size == 0:
+        return False
+    with path.open("rb") as existing:
+        existing.seek(-1, os.SEEK_END)
+        return existing.read(1) != b"\n"
 
 
 class JsonlWriter:
@@ -158,8 +239,11 @@ class JsonlWriter:
 
     def __init__(self, path: str | os.PathLike[str], append: bool = False):
         self.path = Path(path)
+        cut_line = append and _ends_mid_line(self.path)
         self._stream = open_binary(self.path, "ab" if append else "wb")
         self.lines = 0
+        if cut_line:  # end the crashed write's partial line, so the next episode is whole
+            self._stream.write(b"\n")
 
     def write_line(self, data: bytes) -> None:
         self._stream.write(data)
