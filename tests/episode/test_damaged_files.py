@@ -11,6 +11,7 @@ import pytest
 
 from callgrove.episode import EpisodeWriter, load, save
 from callgrove.formats import Diagnostics, InputError
+from callgrove.formats.jsonl import InputWarning
 
 from .helpers import cancelled, healthy
 
