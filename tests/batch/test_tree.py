@@ -47,10 +47,10 @@ def assert_paths_are_ancestor_chains(batch) -> None:
         context = batch.path_context(p)
         chain = np.concatenate([context, np.arange(start, end)])
         assert np.array_equal(batch.parent[chain], np.concatenate([[-1], chain[:-1]]))
-        q = end - start
-        tree_pairs += q * len(context) + q * (q + 1) // 2
-    row_lengths = np.diff(batch.row_bounds)
-    assert tree_pairs <= int((row_lengths * (row_lengths + 1) // 2).sum())
+        tree_pairs += sum(len(context) + i + 1 for i in range(end - start))
+    row_pairs = sum(n * (n + 1) // 2 for n in np.diff(batch.row_bounds).tolist())
+    assert (batch.num_attention_pairs, batch.num_row_attention_pairs) == (tree_pairs, row_pairs)
+    assert tree_pairs <= row_pairs
 
 
 @st.composite

@@ -96,6 +96,8 @@ def sample_near_the_model(model: TinyDecoder, episode_rows: list[EpisodeRows], s
     """Sampling logprobs within +-0.3 of the model's own, so that some importance ratios are
     clipped and some are not (far-off logprobs would clip nearly everything)."""
     calls = trained_calls(episode_rows)
+    if not calls:
+        return
     with torch.no_grad():
         own = row_logprobs(model, per_call_batch(episode_rows))
     rng = np.random.default_rng(seed)

@@ -88,6 +88,20 @@ class TreeBatch:
         """Row-wise tokens per tree-packed token (1.0 when nothing is shared)."""
         return self.num_row_tokens / max(self.num_tokens, 1)
 
+    @property
+    def num_attention_pairs(self) -> int:
+        """Query-key pairs a path-by-path attention scores (each path against its ancestors and,
+        causally, itself)."""
+        own = np.diff(self.path_bounds)
+        context = np.diff(self.context_bounds)
+        return int((own * context + own * (own + 1) // 2).sum())
+
+    @property
+    def num_row_attention_pairs(self) -> int:
+        """Query-key pairs causal attention scores over the same rows row-wise."""
+        lengths = np.diff(self.row_bounds)
+        return int((lengths * (lengths + 1) // 2).sum())
+
     def row_slice(self, row: int) -> np.ndarray:
         """Row `row`'s tokens as node indices, in row order."""
         return self.row_nodes[self.row_bounds[row] : self.row_bounds[row + 1]]

@@ -32,34 +32,77 @@ class VarlenLayout:
         self.bounds = list(pairwise(cu_seqlens))
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """(1, heads, tokens, head_dim) in and out: the fused CPU kernels take 4-d inputs only."""
         parts = [
-            F.scaled_dot_product_attention(q[:, s:e], k[:, s:e], v[:, s:e], is_causal=True)
+            F.scaled_dot_product_attention(q[:, :, s:e], k[:, :, s:e], v[:, :, s:e], is_causal=True)
             for s, e in self.bounds
             if e > s
         ]
-        return torch.cat(parts, dim=1)
+        return torch.cat(parts, dim=2)
 
 
 class TreeLayout:
     """Trie paths laid end to end: each path's queries see the keys of its head's ancestors and,
-    causally, its own; a path without ancestors is plain causal attention. Nothing N x N."""
+    causally, its own; a path without ancestors is plain causal attention. Nothing N x N.
+    On CPU a path with ancestors runs two fused kernels (`AncestorsThenCausal`); elsewhere, or
+    with `fused=False`, one masked kernel call over the path's rows of the mask."""
 
-    def __init__(self, path_bounds: list[int], contexts: list[torch.Tensor]):
+    def __init__(self, path_bounds: list[int], contexts: list[torch.Tensor], fused: bool = True):
         self.paths = list(zip(path_bounds[:-1], path_bounds[1:], contexts, strict=True))
+        self.fused = fused
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """(1, heads, tokens, head_dim) in and out."""
         parts = []
         for start, end, context in self.paths:
-            q_path, k_path, v_path = q[:, start:end], k[:, start:end], v[:, start:end]
+            q_path, k_path, v_path = q[:, :, start:end], k[:, :, start:end], v[:, :, start:end]
             if len(context) == 0:
                 parts.append(F.scaled_dot_product_attention(q_path, k_path, v_path, is_causal=True))
                 continue
-            keys = torch.cat([k.index_select(1, context), k_path], dim=1)
-            values = torch.cat([v.index_select(1, context), v_path], dim=1)
+            k_context, v_context = k.index_select(2, context), v.index_select(2, context)
+            if self.fused and q.device.type == "cpu":
+                parts.append(
+                    AncestorsThenCausal.apply(q_path, k_context, v_context, k_path, v_path)
+                )
+                continue
+            keys, values = (
+                torch.cat([k_context, k_path], dim=2),
+                torch.cat([v_context, v_path], dim=2),
+            )
             # Bottom-right causal: every ancestor is visible, the path itself causally.
-            visible = torch.ones(end - start, keys.shape[1], dtype=torch.bool).tril(len(context))
+            visible = torch.ones(end - start, keys.shape[2], dtype=torch.bool, device=q.device)
+            visible = visible.tril(len(context))
             parts.append(F.scaled_dot_product_attention(q_path, keys, values, attn_mask=visible))
-        return torch.cat(parts, dim=1)
+        return torch.cat(parts, dim=2)
+
+
+class AncestorsThenCausal(torch.autograd.Function):
+    """A path's attention as two fused CPU flash-attention calls and no mask: over its ancestors'
+    keys (all visible) and over its own (causal), merged by their log-sum-exps. In the backward
+    each call is handed the merged output and log-sum-exp, from which the flash backward forms
+    the merged attention weights of its keys, so each gives exactly its share of the gradients."""
+
+    @staticmethod
+    def forward(ctx, q, k_context, v_context, k_own, v_own):  # type: ignore[override]
+        flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+        out_context, lse_context = flash(q, k_context, v_context, 0.0, False)
+        out_own, lse_own = flash(q, k_own, v_own, 0.0, True)
+        lse = torch.logaddexp(lse_context, lse_own)
+        out = (lse_context - lse).exp()[..., None] * out_context
+        out = out + (lse_own - lse).exp()[..., None] * out_own
+        ctx.save_for_backward(q, k_context, v_context, k_own, v_own, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):  # type: ignore[override]
+        q, k_context, v_context, k_own, v_own, out, lse = ctx.saved_tensors
+        flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+        grad_out = grad_out.contiguous()
+        dq_context, dk_context, dv_context = flash_backward(
+            grad_out, q, k_context, v_context, out, lse, 0.0, False
+        )
+        dq_own, dk_own, dv_own = flash_backward(grad_out, q, k_own, v_own, out, lse, 0.0, True)
+        return dq_context + dq_own, dk_context, dv_context, dk_own, dv_own
 
 
 AttentionLayout = VarlenLayout | TreeLayout
@@ -76,7 +119,7 @@ class RMSNorm(nn.Module):
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding on (heads, tokens, head_dim), halves rotated against each other."""
+    """Rotary embedding on (..., tokens, head_dim), halves rotated against each other."""
     first, second = x.chunk(2, dim=-1)
     return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1)
 
@@ -96,9 +139,10 @@ class Block(nn.Module):
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: AttentionLayout
     ) -> torch.Tensor:
         tokens, width = x.shape
-        q, k, v = self.qkv(self.attn_norm(x)).view(tokens, 3, self.n_heads, -1).permute(1, 2, 0, 3)
+        qkv = self.qkv(self.attn_norm(x)).view(tokens, 3, 1, self.n_heads, -1)
+        q, k, v = qkv.permute(1, 2, 3, 0, 4)  # each (1, heads, tokens, head_dim)
         mixed = layout.attend(rotate(q, cos, sin), rotate(k, cos, sin), v)
-        x = x + self.out(mixed.transpose(0, 1).reshape(tokens, width))
+        x = x + self.out(mixed[0].transpose(0, 1).reshape(tokens, width))
         return x + self.down(F.gelu(self.up(self.mlp_norm(x))))
 
 
