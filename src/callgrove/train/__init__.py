@@ -1,6 +1,7 @@
 """A reference trainer (the `train` extra, torch): a tiny decoder-only transformer that runs packed
 varlen batches and tree-packed batches, per-token log-probabilities, and a clipped
-policy-gradient loss. The only stage that imports torch."""
+policy-gradient loss, and a dataset over sample files that collates either kind of batch. The
+only stage that imports torch."""
 
 from callgrove.train.batches import (
     ModelBatch,
@@ -8,6 +9,7 @@ from callgrove.train.batches import (
     packed_model_batch,
     tree_model_batch,
 )
+from callgrove.train.data import UNITS, PackedCollate, SampleDataset, TreeCollate
 from callgrove.train.loss import (
     NORMALISATIONS,
     LossSettings,
@@ -20,10 +22,14 @@ from callgrove.train.model import TinyConfig, TinyDecoder, TreeLayout, VarlenLay
 
 __all__ = [
     "NORMALISATIONS",
+    "UNITS",
     "LossSettings",
     "ModelBatch",
+    "PackedCollate",
+    "SampleDataset",
     "TinyConfig",
     "TinyDecoder",
+    "TreeCollate",
     "TreeLayout",
     "VarlenLayout",
     "logprobs_from_logits",

@@ -36,7 +36,17 @@ class ModelBatch:
 
     @property
     def num_tokens(self) -> int:
+        """Tokens forwarded."""
         return len(self.token_ids)
+
+    @property
+    def num_row_tokens(self) -> int:
+        """Tokens the same rows forward row-wise."""
+        return self.row_bounds[-1]
+
+    @property
+    def forwarded_token_ratio(self) -> float:
+        return self.num_row_tokens / max(self.num_tokens, 1)
 
 
 def tree_model_batch(batch: TreeBatch) -> ModelBatch:
