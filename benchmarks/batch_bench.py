@@ -137,6 +137,12 @@ def fork_heavy_figures(repeats: int) -> bool:
     tree = pack_samples(samples, TreeSettings(scope="episode"))
     rows = [s.token_ids for s in samples]
     at_floor = report_floor("fork-heavy, per episode", tree, rows, [0] * len(rows))
+    print(
+        f"  attention query-key pairs: row-wise {tree.num_row_attention_pairs / 1e6:.1f}M, tree "
+        f"{tree.num_attention_pairs / 1e6:.1f}M (ratio "
+        f"{tree.num_row_attention_pairs / tree.num_attention_pairs:.2f}; the leader's own causal "
+        "attention is in both)"
+    )
 
     seq_len = max(s.num_tokens for s in samples)
     micro_batches = pack(samples, PackSettings(seq_len=seq_len)).micro_batches
