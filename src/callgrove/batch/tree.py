@@ -174,9 +174,11 @@ def pack_tree(
     )
 
 
-def pack_samples(samples: Sequence[Sample], settings: TreeSettings = TreeSettings()) -> TreeBatch:
-    """Tree-pack samples (rows read back from files): sampling logprobs, advantages and policy
-    versions go onto the targets; `logprobs` is left out when a sample has none."""
+def pack_samples(samples: Sequence[Sample], settings: TreeSettings | None = None) -> TreeBatch:
+    """Tree-pack samples (rows read back from files; default: a trie per episode): sampling
+    logprobs, advantages and policy versions go onto the targets; `logprobs` is left out when a
+    sample has none, so an importance-weighted loss refuses the batch instead of inventing them."""
+    settings = settings or TreeSettings(scope="episode")
     if settings.scope == "tree":
         raise ValueError(
             "samples do not record their call tree; tree-pack them per 'episode' or 'group'"
