@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from callgrove.batch import build_samples
 from callgrove.batch.tree import TreeSettings, pack_episode_rows, pack_samples, pack_tree
-from callgrove.episode import load
+from callgrove.episode import Agent, Call, Episode, load
 from callgrove.rows import build_rows
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -107,6 +107,14 @@ def test_a_twin_row_trains_its_shared_nodes_again_when_its_mask_says_so():
 def test_loss_on_a_first_token_is_refused_naming_the_row():
     with pytest.raises(ValueError, match=r"row 1: .*first token"):
         pack_tree([np.array([1, 2]), np.array([3, 4])], [np.array([0, 1]), np.array([1, 0])])
+
+
+def test_a_trained_call_without_a_prompt_is_refused_naming_episode_row_and_call():
+    episode = Episode(
+        "ep-7", [Agent("L", "leader", calls=[Call.make("C1", 1, [], [4, 5], [-1, -1])])]
+    )
+    with pytest.raises(ValueError, match=r"episode ep-7 row 0 \(root call C1\): .*first token"):
+        pack_episode_rows([build_rows(episode)])
 
 
 def test_mismatched_arrays_are_refused_naming_the_row():

@@ -118,16 +118,19 @@ def pack_tree(
     loss_masks: Sequence[np.ndarray],
     values: Mapping[str, Sequence[np.ndarray]] | None = None,
     trie_keys: Sequence[Hashable] | None = None,
+    row_names: Sequence[str] | None = None,
 ) -> TreeBatch:
     """Pack rows into one trie per trie key (rows of different keys never share a node).
 
     `values` are per-token arrays of each row (sampling logprobs, advantages, policy versions)
-    carried onto the targets at the row's loss-mask positions.
+    carried onto the targets at the row's loss-mask positions. `row_names` name the rows in
+    errors (default: `row <index>`).
     """
     values = dict(values or {})
     rows = [np.asarray(tokens) for tokens in token_ids]
     masks = [np.asarray(mask) for mask in loss_masks]
-    _check_rows(rows, masks, values, trie_keys)
+    names = list(row_names) if row_names is not None else [f"row {i}" for i in range(len(rows))]
+    _check_rows(rows, masks, values, trie_keys, names)
     order, shared = _sorted_prefixes(rows, trie_keys)
     row_nodes, attach_depth, path_rows = _claim_paths(rows, order, shared)
 
@@ -155,7 +158,7 @@ def pack_tree(
     loss_mask[target_nodes] = 1
     target_rows = np.repeat(np.arange(len(rows), dtype=NODE_DTYPE), row_lengths)[flat_mask]
     target_depths = np.flatnonzero(flat_mask) - row_bounds[target_rows]
-    _check_targets_predicted(target_depths, target_rows)
+    _check_targets_predicted(target_depths, target_rows, names)
     return TreeBatch(
         token_ids=_concat(token_parts, np.int32),
         position_ids=_concat(position_parts, NODE_DTYPE),
@@ -189,7 +192,9 @@ def pack_samples(samples: Sequence[Sample], settings: TreeSettings | None = None
         if all(getattr(s, name) is not None for s in samples)
     }
     keys = [_scope_key(settings.scope, s.episode, s.group) for s in samples]
-    return pack_tree([s.token_ids for s in samples], [s.loss_mask for s in samples], values, keys)
+    names = [f"episode {s.episode} row {s.row}" for s in samples]
+    tokens, masks = [s.token_ids for s in samples], [s.loss_mask for s in samples]
+    return pack_tree(tokens, masks, values, keys, names)
 
 
 def pack_episode_rows(
@@ -197,16 +202,17 @@ def pack_episode_rows(
 ) -> TreeBatch:
     """Tree-pack the rows of episodes (rows of `callgrove.rows`), carrying their sampling
     logprobs onto the targets when every row has them."""
-    tokens, masks, logprobs, keys = [], [], [], []
+    tokens, masks, logprobs, keys, names = [], [], [], [], []
     for er in episode_rows:
         for row in er.rows:
+            names.append(f"episode {er.episode.id} row {row.index} (root call {row.path[0].id})")
             tokens.append(row.token_ids)
             masks.append(row.loss_mask)
             logprobs.append(row.logprobs())
             root = row.path[0].id if settings.scope == "tree" else None
             keys.append(_scope_key(settings.scope, er.episode.id, er.episode.group, root))
     values = {} if any(lp is None for lp in logprobs) else {"logprobs": logprobs}
-    return pack_tree(tokens, masks, values, keys)
+    return pack_tree(tokens, masks, values, keys, names)
 
 
 def _scope_key(scope: str, episode: str, group: str | None, root: str | None = None) -> Hashable:
@@ -223,28 +229,31 @@ def _check_rows(
     masks: list[np.ndarray],
     values: Mapping[str, Sequence[np.ndarray]],
     trie_keys: Sequence[Hashable] | None,
+    names: list[str],
 ) -> None:
-    if len(masks) != len(rows) or (trie_keys is not None and len(trie_keys) != len(rows)):
-        raise ValueError("tree packing needs one loss mask (and one trie key) per row")
+    if any(n is not None and len(n) != len(rows) for n in (masks, trie_keys, names)):
+        raise ValueError("tree packing needs one loss mask (and trie key, and name) per row")
     for name, arrays in values.items():
         if len(arrays) != len(rows):
             raise ValueError(f"tree packing: {name!r} has {len(arrays)} rows, not {len(rows)}")
     for index, (tokens, mask) in enumerate(zip(rows, masks, strict=True)):
         if tokens.ndim != 1 or mask.shape != tokens.shape:
-            raise ValueError(f"row {index}: token ids and loss mask must be 1-d of one length")
+            raise ValueError(f"{names[index]}: token ids and loss mask must be 1-d of one length")
         if len(tokens) and int(tokens.min()) < 0:
-            raise ValueError(f"row {index}: negative token id {int(tokens.min())}")
+            raise ValueError(f"{names[index]}: negative token id {int(tokens.min())}")
         for name, arrays in values.items():
             if np.shape(arrays[index]) != tokens.shape:
-                raise ValueError(f"row {index}: {name!r} is not one value per token")
+                raise ValueError(f"{names[index]}: {name!r} is not one value per token")
 
 
-def _check_targets_predicted(target_depths: np.ndarray, target_rows: np.ndarray) -> None:
+def _check_targets_predicted(
+    target_depths: np.ndarray, target_rows: np.ndarray, names: list[str]
+) -> None:
     """A loss on a row's first token has no prediction to train: refuse it, never drop it."""
     unpredicted = target_rows[target_depths == 0]
     if len(unpredicted):
         raise ValueError(
-            f"row {int(unpredicted[0])}: its loss mask is 1 on its first token, "
+            f"{names[int(unpredicted[0])]}: its loss mask is 1 on its first token, "
             "which nothing predicts"
         )
 
