@@ -17,9 +17,17 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from callgrove.batch import PackSettings, build_samples, pack
 from callgrove.episode import load
 from callgrove.rows import build_rows
-from callgrove.train import NORMALISATIONS, LossSettings, ModelBatch, policy_loss, row_logprobs
+from callgrove.train import (
+    NORMALISATIONS,
+    LossSettings,
+    ModelBatch,
+    micro_batch_model_batch,
+    policy_loss,
+    row_logprobs,
+)
 
 from .helpers import (
     EXAMPLES,
@@ -142,3 +150,35 @@ def test_random_forests_train_the_same_tree_packed_row_wise_and_per_call(
     give_advantages(episode_rows, seed)
     for dtype in TOLERANCE:
         assert_same_training(episode_rows, dtype, "episode", seed, expect_gradient=False)
+
+
+@pytest.mark.parametrize("normalisation", NORMALISATIONS)
+def test_micro_batches_with_the_step_denominator_add_up_to_the_tree_loss(normalisation):
+    episode_rows = [build_rows(e) for e in load(EXAMPLES / "login_group.jsonl")]
+    give_advantages(episode_rows, seed=2)
+    model = tiny_model(torch.float64)
+    sample_near_the_model(model, episode_rows, seed=2)
+    samples = build_samples(episode_rows)
+    micro_batches = pack(samples, PackSettings(seq_len=80)).micro_batches
+    assert len(micro_batches) > 1
+    if normalisation == "token":
+        denominator = sum(s.num_loss_tokens for s in samples)
+    else:
+        denominator = sum(1 for s in samples if s.num_loss_tokens)
+    loss_settings = LossSettings(normalisation=normalisation)
+    model.zero_grad()
+    for micro_batch in micro_batches:
+        batch = micro_batch_model_batch(micro_batch)
+        policy_loss(model, batch, loss_settings, denominator).backward()
+    summed = {name: p.grad.clone() for name, p in model.named_parameters()}
+    tree_loss, tree_grads = loss_and_gradients(
+        model, tree_batch(episode_rows, "group"), loss_settings
+    )
+    with torch.no_grad():
+        parts = [
+            policy_loss(model, micro_batch_model_batch(mb), loss_settings, denominator)
+            for mb in micro_batches
+        ]
+    assert_close(sum(parts), tree_loss, 1e-9, "summed micro-batch loss")
+    for name, grad in summed.items():
+        assert_close(grad, tree_grads[name], 1e-9, f"summed micro-batch grad {name}")

@@ -52,10 +52,15 @@ def row_logprobs(model: TinyDecoder, batch: ModelBatch) -> list[torch.Tensor]:
 
 
 def policy_loss(
-    model: TinyDecoder, batch: ModelBatch, settings: LossSettings = LossSettings()
+    model: TinyDecoder,
+    batch: ModelBatch,
+    settings: LossSettings = LossSettings(),
+    denominator: float | None = None,
 ) -> torch.Tensor:
     """The clipped policy-gradient loss of a batch; needs `logprobs` (sampling) and `advantages`
-    on its targets."""
+    on its targets. `denominator` replaces the batch's own count of trained tokens (or of rows
+    that train something): with the count over all micro-batches of a step, the micro-batch
+    losses add up to the loss of the whole step."""
     missing = {"logprobs", "advantages"} - batch.target_values.keys()
     if missing and len(batch.target_index):
         raise ValueError(f"policy loss needs {sorted(missing)} on every trained token")
@@ -69,10 +74,11 @@ def policy_loss(
     clipped = ratio.clamp(1.0 - settings.clip_low, 1.0 + settings.clip_high)
     per_token = -torch.minimum(ratio * advantages, clipped * advantages)
     if settings.normalisation == "token":
-        return per_token.sum() / len(per_token)
+        return per_token.sum() / (denominator or len(per_token))
     row_sums = torch.zeros(batch.num_rows, dtype=per_token.dtype).index_add(
         0, batch.target_rows, per_token
     )
     row_counts = torch.bincount(batch.target_rows, minlength=batch.num_rows)
     training = row_counts > 0
-    return (row_sums[training] / row_counts[training]).mean()
+    row_means = row_sums[training] / row_counts[training]
+    return row_means.sum() / (denominator or len(row_means))
