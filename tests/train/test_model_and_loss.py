@@ -55,6 +55,15 @@ def test_fused_and_masked_path_attention_agree_with_row_wise():
             torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
 
 
+def test_a_batch_moves_to_a_device_whole():
+    tree = pack_tree([np.array([1, 2, 3]), np.array([1, 2, 4])], [np.array([0, 1, 1])] * 2)
+    moved = tree_model_batch(tree).to("meta")
+    tensors = [moved.token_ids, moved.predecessor, moved.target_index, moved.row_tokens]
+    tensors += [context for _, _, context in moved.layout.paths]
+    assert all(t.device.type == "meta" for t in tensors)
+    assert [(s, e) for s, e, _ in moved.layout.paths] == [(0, 3), (3, 4)]
+
+
 def single_row_batch(old_logprob_shift: float, advantages: list[float], mask: list[int]):
     """A row whose sampling logprobs are the model's own minus `old_logprob_shift`, so every
     importance ratio is exp(old_logprob_shift)."""

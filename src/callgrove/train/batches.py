@@ -8,7 +8,7 @@ an attention layout, and one loss target per 1 in a row's loss mask. Everything 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -47,6 +47,20 @@ class ModelBatch:
     @property
     def forwarded_token_ratio(self) -> float:
         return self.num_row_tokens / max(self.num_tokens, 1)
+
+    def to(self, device: torch.device | str) -> ModelBatch:
+        """The same batch with every tensor on `device`."""
+        return replace(
+            self,
+            token_ids=self.token_ids.to(device),
+            position_ids=self.position_ids.to(device),
+            predecessor=self.predecessor.to(device),
+            layout=self.layout.to(device),
+            row_tokens=self.row_tokens.to(device),
+            target_index=self.target_index.to(device),
+            target_rows=self.target_rows.to(device),
+            target_values={name: v.to(device) for name, v in self.target_values.items()},
+        )
 
 
 def tree_model_batch(batch: TreeBatch) -> ModelBatch:

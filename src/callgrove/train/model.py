@@ -31,6 +31,9 @@ class VarlenLayout:
     def __init__(self, cu_seqlens: list[int]):
         self.bounds = list(pairwise(cu_seqlens))
 
+    def to(self, device: torch.device | str) -> VarlenLayout:
+        return self
+
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """(1, heads, tokens, head_dim) in and out: the fused CPU kernels take 4-d inputs only."""
         parts = [
@@ -48,8 +51,13 @@ class TreeLayout:
     with `fused=False`, one masked kernel call over the path's rows of the mask."""
 
     def __init__(self, path_bounds: list[int], contexts: list[torch.Tensor], fused: bool = True):
+        self.path_bounds = path_bounds
         self.paths = list(zip(path_bounds[:-1], path_bounds[1:], contexts, strict=True))
         self.fused = fused
+
+    def to(self, device: torch.device | str) -> TreeLayout:
+        contexts = [context.to(device) for _, _, context in self.paths]
+        return TreeLayout(self.path_bounds, contexts, self.fused)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """(1, heads, tokens, head_dim) in and out."""
