@@ -163,8 +163,10 @@ def test_group_scope_forwards_the_shared_task_prompt_once():
     assert from_samples.num_tokens == per_group.num_tokens
     assert np.array_equal(from_samples.target_nodes, per_group.target_nodes)
     assert set(from_samples.target_values) == {"logprobs", "advantages", "policy_versions"}
-    with pytest.raises(ValueError, match="call tree"):
-        pack_samples(samples, TreeSettings(scope="tree"))
+    per_tree = pack_episode_rows(episode_rows, TreeSettings(scope="tree"))
+    from_samples_per_tree = pack_samples(samples, TreeSettings(scope="tree"))
+    assert from_samples_per_tree.num_tokens == per_tree.num_tokens > per_episode.num_tokens
+    assert np.array_equal(from_samples_per_tree.target_nodes, per_tree.target_nodes)
 
 
 def test_unknown_scope_is_refused():

@@ -178,20 +178,17 @@ def pack_tree(
 
 
 def pack_samples(samples: Sequence[Sample], settings: TreeSettings | None = None) -> TreeBatch:
-    """Tree-pack samples (rows read back from files; default: a trie per episode): sampling
+    """Tree-pack samples (rows read back from files; default: a trie per episode; a sample's
+    `root` names its call tree for scope "tree"): sampling
     logprobs, advantages and policy versions go onto the targets; `logprobs` is left out when a
     sample has none, so an importance-weighted loss refuses the batch instead of inventing them."""
     settings = settings or TreeSettings(scope="episode")
-    if settings.scope == "tree":
-        raise ValueError(
-            "samples do not record their call tree; tree-pack them per 'episode' or 'group'"
-        )
     values = {
         name: [getattr(s, name) for s in samples]
         for name in SAMPLE_VALUES
         if all(getattr(s, name) is not None for s in samples)
     }
-    keys = [_scope_key(settings.scope, s.episode, s.group) for s in samples]
+    keys = [_scope_key(settings.scope, s.episode, s.group, s.root) for s in samples]
     names = [f"episode {s.episode} row {s.row}" for s in samples]
     tokens, masks = [s.token_ids for s in samples], [s.loss_mask for s in samples]
     return pack_tree(tokens, masks, values, keys, names)
