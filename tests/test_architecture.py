@@ -1,0 +1,52 @@
+"""The one-way flow of docs/architecture.md: no stage imports a later one."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import callgrove
+
+STAGES = ["formats", "episode", "forest", "rows", "credit", "batch", "train"]
+ON_TOP = ["transcripts", "interop", "pictures", "cli"]
+PACKAGE = Path(callgrove.__file__).parent
+
+
+def imported_parts(path: Path) -> set[str]:
+    parts = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = []
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module]
+        elif isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        parts |= {
+            n.split(".")[1] for n in names if n.startswith("callgrove.") and n.count(".") >= 1
+        }
+    return parts
+
+
+def test_every_package_is_a_known_stage():
+    packages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
+    assert packages == set(STAGES) | set(ON_TOP)
+
+
+def test_no_stage_imports_a_later_stage_or_the_layer_on_top():
+    for position, stage in enumerate(STAGES):
+        allowed = set(STAGES[: position + 1])
+        for path in (PACKAGE / stage).rglob("*.py"):
+            wrong = imported_parts(path) - allowed
+            assert not wrong, f"{path.relative_to(PACKAGE)} imports {sorted(wrong)}"
+
+
+def test_torch_is_imported_only_by_train_or_lazily():
+    for path in PACKAGE.rglob("*.py"):
+        top_level = [
+            node
+            for node in ast.parse(path.read_text()).body
+            if isinstance(node, ast.Import | ast.ImportFrom)
+        ]
+        names = {a.name for n in top_level if isinstance(n, ast.Import) for a in n.names}
+        names |= {n.module for n in top_level if isinstance(n, ast.ImportFrom) and n.module}
+        if any(name == "torch" or name.startswith("torch.") for name in names):
+            assert path.parent.name == "train", f"{path} imports torch at module level"
