@@ -30,7 +30,7 @@ class Forest:
     leaves: list[int] = field(default_factory=list)
     tree_of: list[int] = field(default_factory=list)
     _index: dict[int, int] = field(default_factory=dict, repr=False)
-    _new_tokens: list[np.ndarray] | None = field(default=None, repr=False)
+    _new_tokens: NewTokens | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self._index = {id(call): i for i, call in enumerate(self.calls)}
@@ -51,22 +51,11 @@ class Forest:
         parent = self.parent[self.index_of(call)]
         return None if parent < 0 else self.calls[parent]
 
-    def new_tokens(self) -> list[np.ndarray]:
-        """Per call, the tokens it adds to its parent's full sequence (all of it for a root).
-
-        A row is the concatenation of these along its walk. Where a call's prompt is held on its
-        parent (the usual case), its new tokens are one contiguous slice of the pool.
-        """
+    def new_tokens(self) -> NewTokens:
+        """Per call, the tokens it adds to its parent's full sequence (all of it for a root),
+        with completion marks over them; a row is their concatenation along its walk."""
         if self._new_tokens is None:
-            views = []
-            for call, parent in zip(self.calls, self.parent, strict=True):
-                start = self.calls[parent].full_len if parent >= 0 else 0
-                if call.prompt_base_len == start:
-                    begin = self.pool.suffix_start[id(call)]
-                    views.append(self.pool.tokens[begin : begin + call.full_len - start])
-                else:
-                    views.append(np.concatenate(call.segments(start=start)))
-            self._new_tokens = views
+            self._new_tokens = NewTokens.of(self)
         return self._new_tokens
 
     def path_to(self, index: int) -> list[int]:
@@ -76,6 +65,38 @@ class Forest:
             path.append(self.parent[path[-1]])
         path.reverse()
         return path
+
+
+@dataclass(slots=True)
+class NewTokens:
+    """Each call's new tokens and a 0/1 mark per token (1 on its completion), as views.
+
+    Where a call's prompt is held on its parent (the usual case), both are one contiguous slice
+    of the pool, so a row is assembled by concatenating views, with no per-token work.
+    """
+
+    tokens: list[np.ndarray]
+    completion_marks: list[np.ndarray]
+    blank: np.ndarray  # zeros, as long as the longest new-token run: marks of a context call
+
+    @classmethod
+    def of(cls, forest: Forest) -> NewTokens:
+        pool = forest.pool
+        tokens, marks = [], []
+        for call, parent in zip(forest.calls, forest.parent, strict=True):
+            start = forest.calls[parent].full_len if parent >= 0 else 0
+            if call.prompt_base_len == start:
+                begin = pool.suffix_start[id(call)]
+                end = begin + call.full_len - start
+                tokens.append(pool.tokens[begin:end])
+                marks.append(pool.completion_marks[begin:end])
+            else:
+                tokens.append(np.concatenate(call.segments(start=start)))
+                mark = np.zeros(call.full_len - start, dtype=np.uint8)
+                mark[call.prompt_len - start :] = 1
+                marks.append(mark)
+        longest = max((len(t) for t in tokens), default=0)
+        return cls(tokens, marks, np.zeros(longest, dtype=np.uint8))
 
 
 def build_forest(episode: Episode) -> Forest:

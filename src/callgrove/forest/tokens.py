@@ -41,6 +41,7 @@ class TokenPool:
     tokens: np.ndarray  # int32, every call's suffix then completion, in call order
     positions: np.ndarray  # int64, the position of each pooled token in its sequences
     hashes: np.ndarray  # uint64, the hash of the prefix ending at (and including) each token
+    completion_marks: np.ndarray  # uint8, 1 on completion tokens, 0 on prompt suffixes
     suffix_start: dict[int, int]  # id(call) -> pool index of its prompt suffix
     completion_start: dict[int, int]  # id(call) -> pool index of its completion
 
@@ -67,7 +68,8 @@ class TokenPool:
         )
         values = _mix64((positions.astype(np.uint64) << np.uint64(32)) | tokens.astype(np.uint64))
         running = np.cumsum(values, dtype=np.uint64)
-        pool = cls(tokens, positions, running, suffix_start, completion_start)
+        marks = np.repeat(np.tile(np.array([0, 1], dtype=np.uint8), len(calls)), lengths)
+        pool = cls(tokens, positions, running, marks, suffix_start, completion_start)
         offsets = pool._prefix_offsets(calls, piece_starts)
         pool.hashes = running + np.repeat(offsets, lengths)
         return pool

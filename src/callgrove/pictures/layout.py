@@ -248,7 +248,7 @@ def _boxes(result: EpisodeRows, lanes: list[Lane]) -> list[Box]:
         for call in row.path:
             marks.setdefault(id(call), []).append(RowMark(row.index, id(call) in trained))
     leaf_of = {id(row.leaf): row.index for row in result.rows}
-    new_tokens = forest.new_tokens()
+    new_tokens = forest.new_tokens().tokens
     boxes = []
     for column, call in enumerate(calls):
         lane = lane_of[id(call.agent)]

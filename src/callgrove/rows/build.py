@@ -81,14 +81,22 @@ class Row:
 
     @cached_property
     def _materialized(self) -> tuple[np.ndarray, np.ndarray]:
-        if self.forest is not None:
-            views = self.forest.new_tokens()
-            tokens = np.concatenate([views[i] for i in self.path_index])
-        else:
+        if self.forest is None:
             tokens = self.leaf.full_ids()
-        mask = np.zeros(len(tokens), dtype=np.uint8)
-        for call in self.loss_calls:
-            mask[call.prompt_len : call.full_len] = 1
+            mask = np.zeros(len(tokens), dtype=np.uint8)
+            for call in self.loss_calls:
+                mask[call.prompt_len : call.full_len] = 1
+            return tokens, mask
+        new = self.forest.new_tokens()
+        loss = {id(c) for c in self.loss_calls}
+        blank = new.blank
+        tokens = np.concatenate([new.tokens[i] for i in self.path_index])
+        mask = np.concatenate(
+            [
+                new.completion_marks[i] if id(call) in loss else blank[: len(new.tokens[i])]
+                for i, call in zip(self.path_index, self.path, strict=True)
+            ]
+        )
         return tokens, mask
 
     def logprobs(self) -> np.ndarray | None:
