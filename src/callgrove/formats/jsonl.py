@@ -82,7 +82,7 @@ class _ZstdFramesReader(io.RawIOBase):
 
 
 def iter_lines(path: str | os.PathLike[str]) -> Iterator[tuple[int, bytes, bool]]:
-    """Yield (line number from 1, line without newline, ended-with-newline) for non-blank lines.
+    """Yield (line number from 1, line as read, ended-with-newline) for non-blank lines.
 
     A compressed file cut short raises `InputError` (a `truncated` warning) after its last
     complete line.
@@ -92,10 +92,8 @@ def iter_lines(path: str | os.PathLike[str]) -> Iterator[tuple[int, bytes, bool]
         stream = raw if isinstance(raw, io.BufferedIOBase) else io.BufferedReader(raw)  # type: ignore[arg-type]
         try:
             for number, line in enumerate(stream, start=1):
-                complete = line.endswith(b"\n")
-                body = line.rstrip(b"\r\n")
-                if body and not body.isspace():
-                    yield number, body, complete
+                if not line.isspace():  # JSON decoders skip the trailing newline: no copy
+                    yield number, line, line.endswith(b"\n")
         except EOFError:
             raise InputError(
                 Problem(

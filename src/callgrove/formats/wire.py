@@ -87,5 +87,21 @@ class WireEpisode(msgspec.Struct, kw_only=True):
     meta: dict[str, Any] | UnsetType = UNSET
 
 
-episode_decoder = msgspec.json.Decoder(WireEpisode)
+class _ReadCall(WireCall, kw_only=True):
+    # Token lists are kept as their raw JSON text when reading: `episode.codec.token_array`
+    # parses them straight into numpy, much faster than building Python int lists first.
+    prompt_ids: msgspec.Raw | UnsetType = UNSET
+    prompt_suffix_ids: msgspec.Raw | UnsetType = UNSET
+    completion_ids: msgspec.Raw
+
+
+class _ReadAgent(WireAgent, kw_only=True):
+    calls: list[_ReadCall] = []
+
+
+class _ReadEpisode(WireEpisode, kw_only=True):
+    agents: list[_ReadAgent] = []
+
+
+episode_decoder = msgspec.json.Decoder(_ReadEpisode)
 episode_encoder = msgspec.json.Encoder()
