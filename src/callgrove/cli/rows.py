@@ -162,11 +162,11 @@ def rows_table_view(result: EpisodeRows) -> Table:
     """The seed's table: row, leaf, walk, trains, context only (rows numbered from 1 as there)."""
     table = Table(title=f"episode {result.episode.id}", title_justify="left")
     for name in ("row", "leaf", "walk", "trains", "context only", "tokens", "loss", "reward"):
-        table.add_column(
-            name,
-            justify="right" if name in ("row", "tokens", "loss", "reward") else "left",
-            no_wrap=True,
-        )
+        if name in ("walk", "trains", "context only"):
+            # Call ids can be long (transcripts name calls by API response): wrap between ids.
+            table.add_column(name, ratio=1)
+        else:
+            table.add_column(name, justify="left" if name == "leaf" else "right", no_wrap=True)
     for row in result.rows:
         note = (
             f" [dim](duplicate of {row.duplicate_of + 1})[/]"
