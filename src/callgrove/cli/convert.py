@@ -21,6 +21,7 @@ from rich.table import Table
 
 from callgrove.cli.app import EXIT_FAILED, EXIT_OK, EXIT_USAGE, app, err, progress_bar
 from callgrove.episode import Episode, load, open_writer
+from callgrove.forest import compact_prompts
 from callgrove.formats.problems import Diagnostics, InputError
 from callgrove.interop.gym import TOKENS_SUFFIX, read_gym
 from callgrove.interop.verifiers import VerifiersWriter, read_verifiers, write_advantages
@@ -174,6 +175,7 @@ def _write(
     if to is Target.callgrove:
         with open_writer(out) as writer:
             for episode in episodes:
+                compact_prompts(episode)  # prompts reference each call's forest parent
                 writer.write(episode)
         return
     with VerifiersWriter(out / VERIFIERS_FILE if out.is_dir() else out) as writer:

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from callgrove.cli.app import EXIT_FAILED, EXIT_OK, EXIT_USAGE, app, err
 from callgrove.episode import Episode, encode_episode, load, save
+from callgrove.forest import compact_prompts
 from callgrove.formats.problems import Diagnostics, InputError
 from callgrove.transcripts import (
     BuiltinFormat,
@@ -91,6 +92,8 @@ def _run_import(
 
 
 def _write(episodes: list[Episode], out: Path | None) -> None:
+    for episode in episodes:
+        compact_prompts(episode)  # the written prompts reference each call's forest parent
     if out is not None:
         save(out, episodes)
         return
