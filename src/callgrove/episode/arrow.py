@@ -351,7 +351,7 @@ def _record_batches(path: str | os.PathLike[str]) -> Iterator[pa.RecordBatch]:
     file = str(path)
     try:
         if file.endswith(PARQUET_SUFFIX):
-            parquet = pq.ParquetFile(file)
+            parquet = pq.ParquetFile(file, memory_map=True)
             schema = parquet.schema_arrow
         else:
             reader = ipc.open_file(pa.memory_map(file, "r"))
