@@ -1,0 +1,11 @@
+"""Policies that sample: one small interface (`PolicyClient`) that every backend implements.
+
+The orchestrator's environments, the capture gateway and `serve-policy` talk to a policy only
+through it, so the embedded reference decoder, a Hugging Face model and an HTTP inference server
+are interchangeable. A sample carries exactly what the episode record needs of a policy call:
+the sampled token ids, their sampling log-probabilities and the policy version that sampled them.
+"""
+
+from callgrove.policy.client import FinishReason, PolicyClient, Sample, SamplingParams
+
+__all__ = ["FinishReason", "PolicyClient", "Sample", "SamplingParams"]

@@ -1,0 +1,63 @@
+"""The policy-client interface: token ids in, token ids and sampling log-probabilities out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol, runtime_checkable
+
+import numpy as np
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """How one call is sampled. No hidden top-k: the full distribution, tempered and top-p cut."""
+
+    max_tokens: int = 64
+    temperature: float = 1.0
+    top_p: float = 1.0
+    # Sampling ends after any of these tokens, which is kept as the completion's last token.
+    stop_token_ids: tuple[int, ...] = ()
+    # Sampling ends once the decoded completion ends with any of these strings (backends that
+    # can decode: a tokenizer is needed to tell).
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must not be negative, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """What the policy sampled for one prompt."""
+
+    completion_ids: np.ndarray
+    """int32 token ids, the stop token included when one ended sampling."""
+    logprobs: np.ndarray
+    """float log-probability of each sampled token under the sampling distribution (after
+    temperature and top-p), one per completion token: the behaviour policy of the importance
+    ratio."""
+    policy_version: int
+    """The weights' version when sampling started; a call never spans two versions."""
+    finish_reason: FinishReason
+    """`stop`: a stop token or string ended it; `length`: `max_tokens` did."""
+
+
+@runtime_checkable
+class PolicyClient(Protocol):
+    """A policy that samples completions for token prompts; concurrent calls may be batched."""
+
+    @property
+    def version(self) -> int:
+        """The policy version that new samples start from (bumped after each optimizer step)."""
+        ...
+
+    async def sample(self, prompt_ids: np.ndarray, params: SamplingParams) -> Sample:
+        """Sample one completion of `prompt_ids` (int32 token ids)."""
+        ...
