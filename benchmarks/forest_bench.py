@@ -2,10 +2,10 @@
 
     python benchmarks/forest_bench.py [--calls 2000] [--agents 50] [--prompt 16000] [--repeat 5]
 
-The episode is built in memory the way callgrove holds one: each call's prompt references its
-history instead of copying it. Agents are a leader and subagents, half of them forks from the
-leader at random depths, and every agent compacts regularly (the next call is a new root).
-Parents are then discovered from the tokens alone.
+The episode comes from `callgrove.synth`, held the way callgrove holds one: each call's prompt
+references its history instead of copying it. Agents are a leader and subagents, half of them
+forks from the leader at spread depths, and every agent compacts every 20 calls (the next call
+is a new root). Parents are then discovered from the tokens alone.
 
 Prints: the time of forest + rows + check at the base size and at 2x and 4x the calls and the
 tokens, each as a ratio to proportional growth, and the row materialization time against a
@@ -20,82 +20,28 @@ import time
 
 import numpy as np
 
-from callgrove.episode import Agent, Call, Episode
+from callgrove.episode import Episode
 from callgrove.forest import build_forest
 from callgrove.rows import build_rows, check_rows
+from callgrove.synth import Shape, synth_episode
 
 
 def synthetic_episode(calls: int, agents: int, mean_prompt: int, seed: int = 0) -> Episode:
-    """`calls` calls over `agents` agents whose prompts average about `mean_prompt` tokens."""
-    rng = np.random.default_rng(seed)
-    per_agent = calls // agents
-    turns_per_tree = 20
-    start_len = mean_prompt * 2 // 3
-    turn_len = max(2, (mean_prompt - start_len) * 2 // turns_per_tree)
-    completion_len = max(1, turn_len // 4)
-    fresh = iter(range(1, 1 << 30))
-
-    def tokens(n: int) -> np.ndarray:
-        first = next(fresh)
-        for _ in range(n - 1):
-            next(fresh)
-        return np.arange(first, first + n, dtype=np.int32) % 150_000
-
-    seq = iter(range(1, 1 << 30))
-    team = [Agent("L", "leader")]
-    leader_calls: list[Call] = []
-    for number in range(1, agents):
-        fork = number % 2 == 1
-        team.append(
-            Agent(
-                f"S{number}",
-                "fork" if fork else "explore",
-                parent="L",
-                start="fork" if fork else "fresh",
-            )
-        )
-    # Interleave: round-robin over agents so calls of different agents alternate in the ledger.
-    last: dict[str, Call | None] = {a.id: None for a in team}
-    made = {a.id: 0 for a in team}
-    for _round in range(per_agent):
-        for agent in team:
-            previous = last[agent.id]
-            s = next(seq)
-            if previous is None:
-                if agent.start == "fork" and leader_calls:
-                    base = leader_calls[int(rng.integers(len(leader_calls)))]
-                    call = Call(
-                        f"c{s}",
-                        s,
-                        tokens(completion_len),
-                        tokens(turn_len - completion_len),
-                        base,
-                        base.full_len,
-                    )
-                else:
-                    call = Call(f"c{s}", s, tokens(completion_len), tokens(start_len))
-            else:
-                purpose = (
-                    "compaction"
-                    if made[agent.id] % turns_per_tree == turns_per_tree - 1
-                    else "turn"
-                )
-                call = Call(
-                    f"c{s}",
-                    s,
-                    tokens(completion_len),
-                    tokens(turn_len - completion_len),
-                    previous,
-                    previous.full_len,
-                    purpose=purpose,
-                )
-            call.logprobs = np.full(len(call.completion_ids), -0.5)
-            agent.add(call)
-            made[agent.id] += 1
-            last[agent.id] = None if call.purpose == "compaction" else call
-            if agent.id == "L":
-                leader_calls.append(call)
-    return Episode("synthetic", agents=team, rewards={"r": 1.0})
+    """`calls` calls over `agents` agents (a leader, half forks, half fresh subagents, each
+    compacting every 20 calls) whose prompts average about `mean_prompt` tokens."""
+    per_agent = max(1, calls // agents)
+    shape = Shape(
+        leader_calls=per_agent,
+        subagent_calls=per_agent,
+        forks=agents // 2,
+        fresh=agents - 1 - agents // 2,
+        background=0,
+        twins=0,
+        compactions=max(0, per_agent // 20 - 1),
+        system=mean_prompt * 2 // 3,
+        context=mean_prompt * 4 // 3,
+    )
+    return synth_episode(shape, seed)
 
 
 def forest_rows_check(episode: Episode) -> tuple[float, int]:

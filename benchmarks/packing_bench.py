@@ -20,14 +20,12 @@ import gc
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import count
-
-import numpy as np
 
 from callgrove.batch import PackSettings, build_samples, pack
 from callgrove.credit import GRPO, finalize_group
-from callgrove.episode import Agent, Call, Episode
+from callgrove.episode import Episode
 from callgrove.rows import build_rows
+from callgrove.synth import Shape, synth_episode
 
 TARGET_TOKENS_PER_SECOND = 50e6
 
@@ -41,43 +39,21 @@ def fork_heavy_episode(
     seed: int = 0,
 ) -> Episode:
     """A leader whose history reaches about `history` tokens over `leader_calls` calls, forking
-    `forks` subagents at evenly spread depths; prompts reference their history, as loaded
-    episodes do."""
-    rng = np.random.default_rng(seed)
-    step = history // leader_calls
-    completion = max(1, step // 3)
-    seq = count(1)
-
-    def tokens(n: int) -> np.ndarray:
-        return rng.integers(1, 150_000, size=n, dtype=np.int32)
-
-    def call(name: str, base: Call | None, suffix: int, agent: Agent) -> Call:
-        number = next(seq)
-        made = Call(
-            f"{name}.{number}",
-            number,
-            tokens(completion),
-            tokens(suffix),
-            base,
-            0 if base is None else base.full_len,
-            logprobs=np.full(completion, -0.5),
-            policy_version=7,
-        )
-        return agent.add(made)
-
-    leader = Agent("L", "leader")
-    agents = [leader]
-    previous = None
-    fork_depths = set(np.linspace(1, leader_calls - 2, forks).astype(int).tolist())
-    for depth in range(leader_calls):
-        previous = call("L", previous, step - completion, leader)
-        if depth in fork_depths:
-            fork = Agent(f"F{depth}", "fork", parent="L", start="fork")
-            agents.append(fork)
-            fork_previous = previous
-            for _ in range(fork_calls):
-                fork_previous = call(fork.id, fork_previous, step - completion, fork)
-    return Episode(episode_id, agents, group="bench", rewards={"r": float(rng.random())})
+    `forks` subagents at evenly spread depths (`callgrove.synth`, no compactions)."""
+    shape = Shape(
+        leader_calls=leader_calls,
+        forks=forks,
+        subagent_calls=fork_calls,
+        fresh=0,
+        background=0,
+        twins=0,
+        compactions=0,
+        context=history,
+        system=history // leader_calls,
+    )
+    episode = synth_episode(shape, seed, episode_id)
+    episode.group = "bench"  # one group, credited together
+    return episode
 
 
 @dataclass(frozen=True)

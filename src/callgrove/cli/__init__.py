@@ -10,6 +10,7 @@ from callgrove.cli import convert as _convert  # noqa: F401  isort: skip
 from callgrove.cli import show as _show  # noqa: F401  isort: skip
 from callgrove.cli import stats as _stats  # noqa: F401  isort: skip
 from callgrove.cli import importers as _importers  # noqa: F401  isort: skip
+from callgrove.cli import synth as _synth  # noqa: F401  isort: skip
 
 
 def main() -> None:
