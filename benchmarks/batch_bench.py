@@ -2,7 +2,7 @@
 
     python benchmarks/batch_bench.py [--repeat 3] [--threads 1]
 
-Workloads: the seed example (`examples/login_bug.jsonl`, and its four-episode group), and a
+Workloads: the login_bug example (`examples/login_bug.jsonl`, and its four-episode group), and a
 fork-heavy episode (a leader of 40 calls whose history reaches about 8k tokens, forking 8
 subagents at different depths, each running 4 calls). For each: the forwarded-token ratio
 (row-wise tokens / tree-packed tokens), and a check that tree packing forwards exactly the
@@ -94,7 +94,7 @@ def scope_keys(episode_rows: list[EpisodeRows], scope: str) -> list[object]:
 
 
 def seed_figures() -> bool:
-    print("seed example (examples/login_bug.jsonl, login_group.jsonl)")
+    print("login_bug example (examples/login_bug.jsonl, login_group.jsonl)")
     ok = True
     single = [build_rows(e) for e in load(ROOT / "examples" / "login_bug.jsonl")]
     group = [build_rows(e) for e in load(ROOT / "examples" / "login_group.jsonl")]

@@ -2,7 +2,7 @@
 
     python examples/build_examples.py
 
-`login_bug.jsonl`: the 12-call episode of the design note. Leader L starts B in the background,
+`login_bug.jsonl`: the 12-call example of docs/episode-format.md. Leader L starts B in the background,
 asks a fresh subagent A to find the bug, forks F to write the fix, compacts, runs the tests.
 Each call's prompt extends exactly the history the story says, so the forest found from the
 tokens has trees rooted at C1, C2, C5, C11 and leaves C4, C6, C9, C10, C12.

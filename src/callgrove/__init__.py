@@ -1,3 +1,161 @@
-"""callgrove: multi-agent LLM rollouts (subagents, forks, compactions) as exactly-once RL rows."""
+"""callgrove: multi-agent LLM rollouts (subagents, forks, compactions) as exactly-once RL rows.
+
+The whole pipeline from one import::
+
+    import callgrove as cg
+
+    episodes = list(cg.load("traces.jsonl"))
+    cg.finalize_group(cg.GRPO(), episodes)          # advantages for one group
+    rows = [cg.build_rows(e) for e in episodes]     # one row per leaf, each call trained once
+    batch = cg.pack(cg.build_samples(rows), cg.PackSettings(seq_len=4096))
+
+The torch-backed trainer names (`TinyDecoder`, `policy_loss`, `SampleDataset`, ...) are loaded
+on first use, so `import callgrove` never imports torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from callgrove.batch import (
+    MicroBatch,
+    PackedBatch,
+    PackSettings,
+    Sample,
+    build_samples,
+    pack,
+    read_samples,
+    write_samples,
+)
+from callgrove.batch.tree import (
+    TreeBatch,
+    TreeSettings,
+    pack_episode_rows,
+    pack_samples,
+    pack_tree,
+)
+from callgrove.credit import (
+    GRPO,
+    Algorithm,
+    Credit,
+    EMABaseline,
+    GroupCredit,
+    HierarchicalGRPO,
+    Trace,
+    finalize_group,
+)
+from callgrove.episode import (
+    Agent,
+    Call,
+    Env,
+    Episode,
+    EpisodeError,
+    OffPolicySteps,
+    PolicySpan,
+    Run,
+    Stats,
+    load,
+    load_located,
+    off_policy_steps,
+    open_writer,
+    save,
+)
+from callgrove.forest import Forest, build_forest, compact_prompts
+from callgrove.formats import Diagnostics, InputError, Problem
+from callgrove.rows import (
+    CheckSummary,
+    EpisodeRows,
+    Row,
+    RowSettings,
+    Violation,
+    build_rows,
+    check_rows,
+)
+from callgrove.rows.table import row_record, rows_table
 
 __version__ = "0.1.0"
+
+# Names of `callgrove.train` (torch), imported when first asked for.
+_TRAIN_NAMES = (
+    "LossSettings",
+    "ModelBatch",
+    "PackedCollate",
+    "SampleDataset",
+    "TinyConfig",
+    "TinyDecoder",
+    "TreeCollate",
+    "micro_batch_model_batch",
+    "packed_model_batch",
+    "policy_loss",
+    "token_logprobs",
+    "tree_model_batch",
+)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _TRAIN_NAMES:
+        value = getattr(importlib.import_module("callgrove.train"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'callgrove' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
+
+__all__ = [
+    "GRPO",
+    "Agent",
+    "Algorithm",
+    "Call",
+    "CheckSummary",
+    "Credit",
+    "Diagnostics",
+    "EMABaseline",
+    "Env",
+    "Episode",
+    "EpisodeError",
+    "EpisodeRows",
+    "Forest",
+    "GroupCredit",
+    "HierarchicalGRPO",
+    "InputError",
+    "MicroBatch",
+    "OffPolicySteps",
+    "PackSettings",
+    "PackedBatch",
+    "PolicySpan",
+    "Problem",
+    "Row",
+    "RowSettings",
+    "Run",
+    "Sample",
+    "Stats",
+    "Trace",
+    "TreeBatch",
+    "TreeSettings",
+    "Violation",
+    "__version__",
+    "build_forest",
+    "build_rows",
+    "build_samples",
+    "check_rows",
+    "compact_prompts",
+    "finalize_group",
+    "load",
+    "load_located",
+    "off_policy_steps",
+    "open_writer",
+    "pack",
+    "pack_episode_rows",
+    "pack_samples",
+    "pack_tree",
+    "read_samples",
+    "row_record",
+    "rows_table",
+    "save",
+    "write_samples",
+    *_TRAIN_NAMES,
+]

@@ -36,7 +36,7 @@ def credited(episode: Episode, reward: float = 1.0, baseline_reward: float = 0.0
     return episode
 
 
-def test_seed_example_samples_carry_each_field_per_token():
+def test_login_bug_samples_carry_each_field_per_token():
     episode = credited(seed_episode())
     rows = build_rows(episode)
     samples = build_samples(rows)

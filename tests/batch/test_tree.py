@@ -124,7 +124,7 @@ def test_mismatched_arrays_are_refused_naming_the_row():
         pack_tree([np.array([1, 2])], [np.array([0, 1])], {"logprobs": [np.zeros(3)]})
 
 
-def test_seed_example_forwards_each_distinct_token_once():
+def test_login_bug_forwards_each_distinct_token_once():
     (episode,) = load(EXAMPLES / "login_bug.jsonl")
     er = build_rows(episode)
     batch = pack_episode_rows([er])

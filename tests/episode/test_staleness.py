@@ -13,12 +13,12 @@ def _episode(policy: WirePolicy | None, step: int = 6, kind: str = "train") -> E
     return Episode("ep", run=WireRun(id="run", type=kind, step=step, policy=policy))
 
 
-def test_seed_example_train_episode_spanning_v2_to_v4_at_step_6() -> None:
+def test_login_bug_train_episode_spanning_v2_to_v4_at_step_6() -> None:
     steps = off_policy_steps(_episode(WirePolicy(start=2, end=4)), 6)
     assert steps == OffPolicySteps(total=3, in_flight=2, in_queue=1)
 
 
-def test_seed_example_eval_episode_on_one_version_has_no_flight() -> None:
+def test_login_bug_eval_episode_on_one_version_has_no_flight() -> None:
     steps = off_policy_steps(_episode(WirePolicy(start=4, end=4), kind="eval"), 6)
     assert steps == OffPolicySteps(total=1, in_flight=0, in_queue=1)
 

@@ -1,4 +1,4 @@
-"""Brute-force statements of spec sections 2 and 3, quadratic on purpose, for comparison."""
+"""Brute-force statements of docs/episode-format.md sections 2 and 3, quadratic on purpose, for comparison."""
 
 from __future__ import annotations
 

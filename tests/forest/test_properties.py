@@ -1,5 +1,5 @@
 """Random forests (agents, forks, compactions, retries, twins, interleavings, colliding tokens):
-the forest and rows equal the brute-force statement of the spec, and every invariant holds."""
+the forest and rows equal the brute-force statement of docs/episode-format.md, and every invariant holds."""
 
 from __future__ import annotations
 

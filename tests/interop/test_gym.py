@@ -65,7 +65,7 @@ def test_every_agent_and_compaction_kept_rows_as_the_spec_example(
         "model_call_ownership_unavailable",
         "subagent_parent_unavailable",
     ]
-    # the spec's worked example, row for row
+    # the login_bug example of docs/episode-format.md, row for row
     table = [
         (r.leaf.id, [c.id for c in r.path], [c.id for c in r.trains], [c.id for c in r.context])
         for r in build_rows(episode).rows

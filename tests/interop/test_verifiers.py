@@ -95,7 +95,9 @@ def _compare_rows_with_branches(episode: Episode, reference: vf.WireEpisode) -> 
                 assert np.array_equal(loss, _trained_mask(row))
             else:
                 assert not loss.any()
-            if row.logprobs() is not None:  # 0 off the loss mask, as spec 4 writes them
+            if (
+                row.logprobs() is not None
+            ):  # 0 off the loss mask, as docs/episode-format.md section 4 writes them
                 assert np.allclose(row.logprobs(), np.where(loss, branch.logprobs, 0), atol=1e-4)
     assert len(rows.rows) == trainable_branches
     # exactly once: each kept call's completion is trained in one row, context elsewhere

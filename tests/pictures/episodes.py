@@ -1,4 +1,4 @@
-"""Episodes the picture tests draw: the seed's example, and one with every unusual mark."""
+"""Episodes the picture tests draw: the login_bug example, and one with every unusual mark."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ LOGIN_GROUP = EXAMPLES / "login_group.jsonl"
 HOSTILE_TEXT = "done </script><script>document.title='broken'</script> & <b>bold</b>"
 
 
-def seed_example() -> EpisodeRows:
+def login_bug() -> EpisodeRows:
     [episode] = load(LOGIN_BUG)
     return build_rows(episode)
 

@@ -7,7 +7,7 @@ from callgrove.pictures import call_details, layout
 from callgrove.pictures.html import MAX_TEXT_CHARS
 from callgrove.rows import build_rows
 
-from .episodes import seed_example
+from .episodes import login_bug
 
 
 def details_of(episode: Episode) -> dict[str, dict]:
@@ -15,7 +15,7 @@ def details_of(episode: Episode) -> dict[str, dict]:
 
 
 def test_token_counts_and_abbreviated_ids_without_content():
-    details = {box.call.id: call_details(box) for box in layout(seed_example()).boxes}
+    details = {box.call.id: call_details(box) for box in layout(login_bug()).boxes}
     c3 = details["C3"]
     assert (c3["prompt"], c3["completion"], c3["new"]) == (24, 7, 11)
     assert c3["parent"] == "C1" and c3["text_source"] == "token ids"

@@ -1,4 +1,4 @@
-"""The SVG picture: a golden file for the seed's example, and what every picture must show."""
+"""The SVG picture: a golden file for the login_bug example, and what every picture must show."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from callgrove.episode import Agent, Call, Episode
 from callgrove.pictures import layout, render_svg
 from callgrove.rows import build_rows
 
-from .episodes import seed_example, unusual_episode
+from .episodes import login_bug, unusual_episode
 
 GOLDEN = Path(__file__).parent / "golden" / "login_bug.svg"
 UPDATE_ENV = "CALLGROVE_UPDATE_GOLDEN"
@@ -33,25 +33,27 @@ def texts(element: ET.Element) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def seed_svg() -> str:
-    return render_svg(layout(seed_example()))
+def login_bug_svg() -> str:
+    return render_svg(layout(login_bug()))
 
 
 @pytest.fixture(scope="module")
-def seed_root(seed_svg) -> ET.Element:
-    return ET.fromstring(seed_svg)
+def seed_root(login_bug_svg) -> ET.Element:
+    return ET.fromstring(login_bug_svg)
 
 
-def test_seed_example_matches_the_golden_file(seed_svg):
+def test_login_bug_matches_the_golden_file(login_bug_svg):
     """Set CALLGROVE_UPDATE_GOLDEN=1 to rewrite the golden file after an intended change."""
     if os.environ.get(UPDATE_ENV):
-        GOLDEN.write_text(seed_svg, encoding="utf-8")
-    assert seed_svg == GOLDEN.read_text(encoding="utf-8")
+        GOLDEN.write_text(login_bug_svg, encoding="utf-8")
+    assert login_bug_svg == GOLDEN.read_text(encoding="utf-8")
 
 
-def test_drawing_is_deterministic(seed_svg):
-    assert render_svg(layout(seed_example())) == seed_svg
-    coordinates = re.findall(r' (?:x|y|x1|y1|x2|y2|cx|cy|r|width|height|d)="([^"]*)"', seed_svg)
+def test_drawing_is_deterministic(login_bug_svg):
+    assert render_svg(layout(login_bug())) == login_bug_svg
+    coordinates = re.findall(
+        r' (?:x|y|x1|y1|x2|y2|cx|cy|r|width|height|d)="([^"]*)"', login_bug_svg
+    )
     assert coordinates and not any("." in value for value in coordinates)
 
 
@@ -123,7 +125,7 @@ def test_hand_overs_for_each_subagent_drawn_dashed(seed_root):
         assert link.get("stroke") != arrow_stroke
         assert link.get("data-from-agent") == "L"
         assert "from-lane" not in classes(link)
-    # The example records the leader call that started each subagent, as the seed's figure does.
+    # The example records the leader call that started each subagent, as the login_bug story tells it.
     assert {link.get("data-agent"): link.get("data-from") for link in links} == {
         "B": "C1",
         "A": "C3",

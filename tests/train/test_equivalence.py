@@ -128,7 +128,7 @@ def all_rows(episode_rows):
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_seed_example_trains_the_same_tree_packed_row_wise_and_per_call(dtype):
+def test_login_bug_trains_the_same_tree_packed_row_wise_and_per_call(dtype):
     episode_rows = seed_episode_rows()
     give_advantages(episode_rows)
     assert_same_training(episode_rows, dtype, scope="episode")

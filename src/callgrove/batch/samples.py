@@ -62,7 +62,7 @@ class Sample:
     `policy_versions` (the version that sampled each completion token, `NO_VERSION` on prompt
     tokens and where none was recorded). Metadata: the episode and group, the leaf agent's id
     and seat (its name), the row index within the episode, the leaf call's id, the root call's
-    id (rows with the same episode and root share a call tree), the row reward (spec 3.4) and
+    id (rows with the same episode and root share a call tree), the row reward (docs/episode-format.md, rows) and
     the row it duplicates, if any.
 
     Samples built together hold views into shared arrays (`position_ids` into one read-only

@@ -23,7 +23,7 @@ for _console in (out, err):
     if not _console.is_terminal:
         _console.width = _PIPE_WIDTH
 
-# Exit statuses (spec section 4): all went through, some episode failed, usage error.
+# Exit statuses (docs/episode-format.md, section 4): all went through, some episode failed, usage error.
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2

@@ -46,7 +46,7 @@ class Outcome:
     failed: int = 0
 
     def report(self) -> int:
-        """Print the problems on stderr; return the exit status (spec section 4)."""
+        """Print the problems on stderr; return the exit status (docs/episode-format.md, section 4)."""
         for problem in self.diagnostics.problems:
             style = "yellow" if problem.severity == "warning" else "red"
             err.print(f"[{style}]{problem.severity}[/]: {problem}", markup=True, highlight=False)
@@ -159,7 +159,7 @@ class _RowSink:
 
 
 def rows_table_view(result: EpisodeRows) -> Table:
-    """The seed's table: row, leaf, walk, trains, context only (rows numbered from 1 as there)."""
+    """The table of docs/episode-format.md: row, leaf, walk, trains, context only (rows numbered from 1 as there)."""
     table = Table(title=f"episode {result.episode.id}", title_justify="left")
     for name in ("row", "leaf", "walk", "trains", "context only", "tokens", "loss", "reward"):
         if name in ("walk", "trains", "context only"):

@@ -27,7 +27,7 @@ def agent_reward(episode: Episode, agent: Agent) -> float:
     """The reward of one agent's trace.
 
     The sum of the agent's own `rewards` when it has them (an empty dict counts as present and
-    sums to 0.0), else the episode reward. This is the rule spec 3.4 applies to a row whose leaf
+    sums to 0.0), else the episode reward. This is the rule docs/episode-format.md (rows, reward) applies to a row whose leaf
     belongs to the agent, so a seat's trace is judged by the same number its rows carry.
 
     Credit follows the call's own agent, not the row: a call trained in a row whose leaf is

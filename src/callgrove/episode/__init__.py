@@ -22,9 +22,14 @@ from callgrove.episode.record import (
     TOKEN_DTYPE,
     Agent,
     Call,
+    Env,
     Episode,
+    EpisodeError,
+    PolicySpan,
+    Run,
 )
 from callgrove.episode.staleness import OffPolicySteps, off_policy_steps
+from callgrove.episode.stats import AgentTally, Spread, Stats
 
 __all__ = [
     "AGENT_STARTS",
@@ -32,11 +37,18 @@ __all__ = [
     "PURPOSES",
     "TOKEN_DTYPE",
     "Agent",
+    "AgentTally",
     "BinaryEpisodeWriter",
     "Call",
+    "Env",
     "Episode",
+    "EpisodeError",
     "EpisodeWriter",
     "OffPolicySteps",
+    "PolicySpan",
+    "Run",
+    "Spread",
+    "Stats",
     "encode_episode",
     "episode_from_wire",
     "episode_to_wire",

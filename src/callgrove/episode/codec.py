@@ -1,6 +1,6 @@
 """Between the wire form (`formats.wire`) and the typed record, validating at the edge.
 
-Every rule the spec states about a single episode is checked here, once, with an error that
+Every rule docs/episode-format.md states about a single episode is checked here, once, with an error that
 names the file, line, episode and call.
 """
 

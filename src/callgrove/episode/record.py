@@ -15,7 +15,13 @@ from typing import Any
 
 import numpy as np
 
-from callgrove.formats.wire import WireEnv, WireError, WireRun
+from callgrove.formats.wire import WireEnv, WireError, WirePolicy, WireRun
+
+# The episode's small parts are the wire structs themselves, under the names a user builds with.
+Env = WireEnv
+Run = WireRun
+PolicySpan = WirePolicy
+EpisodeError = WireError
 
 TOKEN_DTYPE = np.int32
 LOGPROB_DTYPE = np.float64  # exact JSON round trips; the binary form stores float32
@@ -151,7 +157,7 @@ class Episode:
         return float(sum(self.rewards.values()))
 
     def reward_of(self, agent: Agent | None) -> float:
-        """An agent's reward (spec 3.4): the sum of its own `rewards` when it has them (an empty
+        """An agent's reward (docs/episode-format.md, rows): the sum of its own `rewards` when it has them (an empty
         dict counts, summing to 0.0), else the episode reward. Rows and credit both use it."""
         if agent is not None and agent.rewards is not None:
             return float(sum(agent.rewards.values()))

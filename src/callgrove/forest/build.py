@@ -1,4 +1,4 @@
-"""The call forest (spec section 2): every kept call's parent, found from the tokens alone.
+"""The call forest (docs/episode-format.md, section 2): every kept call's parent, found from the tokens alone.
 
 A parent of X is the kept call P with lower `seq` whose full sequence is the longest exact
 prefix of X's prompt. Candidates come from prefix hashes (`TokenPool`): scanning X's prompt

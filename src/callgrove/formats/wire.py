@@ -1,6 +1,6 @@
 """The JSON contract of `callgrove.episode/1` as msgspec Structs.
 
-These mirror the spec field for field. They are what bytes decode into and encode from; the
+These mirror docs/episode-format.md field for field. They are what bytes decode into and encode from; the
 typed in-memory record (numpy tokens, resolved prompt references) lives in `callgrove.episode`.
 Fields typed with `UnsetType` are left out of the JSON when unset, so a call never carries both
 prompt forms and optional extras stay optional.

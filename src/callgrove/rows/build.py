@@ -1,4 +1,4 @@
-"""From the forest to training rows (spec section 3): one row per leaf, each call trained once."""
+"""From the forest to training rows (docs/episode-format.md, section 3): one row per leaf, each call trained once."""
 
 from __future__ import annotations
 

@@ -45,7 +45,7 @@ class CheckSummary:
         return not self.violations
 
     def line(self) -> str:
-        """The human check line, as in the seed: `12 kept calls, each trained exactly once`."""
+        """The human check line, as in docs/episode-format.md: `12 kept calls, each trained exactly once`."""
         if not self.ok:
             return f"{self.kept_calls} kept calls, {len(self.violations)} violation(s)"
         notes = []
@@ -58,7 +58,7 @@ class CheckSummary:
 
 
 def check_rows(result: EpisodeRows) -> CheckSummary:
-    """Every invariant of spec section 3 over one episode's rows."""
+    """Every invariant of the rows (docs/episode-format.md, section 3) over one episode's rows."""
     episode_id = result.episode.id
     violations: list[Violation] = []
     forest = result.forest

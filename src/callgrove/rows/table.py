@@ -1,4 +1,4 @@
-"""Rows as records (spec section 4, `callgrove rows --jsonl`) and as Arrow tables for Parquet."""
+"""Rows as records (`callgrove rows --jsonl`, docs/episode-format.md section 4) and as Arrow tables for Parquet."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from callgrove.rows.build import Row
 
 
 def row_record(row: Row, tokens: bool = False) -> dict[str, Any]:
-    """The spec's JSON object for a row; with `tokens`, its token ids, loss mask and logprobs."""
+    """The JSON object for a row (docs/episode-format.md, section 4); with `tokens`, its token ids, loss mask and logprobs."""
     record: dict[str, Any] = {
         "episode": row.episode.id,
         "row": row.index,

@@ -1,4 +1,4 @@
-"""The design note's 12-call example: 4 trees, 5 leaves, the spec's table of rows."""
+"""The login_bug example: 4 trees, 5 leaves, the table of rows in docs/episode-format.md."""
 
 from __future__ import annotations
 
