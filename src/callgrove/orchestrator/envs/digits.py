@@ -1,0 +1,96 @@
+"""Built-in environments on short digit strings, small enough for the reference decoder to
+learn from scratch on a laptop.
+
+`relay` holds every shape of a multi-agent episode. For a task such as `372` the leader:
+
+1. starts a background `checker` (fresh) asked to copy the task; nobody reads its answer;
+2. is asked the task itself and answers with a copy of it (its first call);
+3. asks two fresh `helper`s for the first and the middle digit (the same seat twice in one
+   episode: hierarchical GRPO baselines them within the episode);
+4. forks itself as `fork` and asks it for the last digit (the fork's first call resends the
+   leader's whole history and extends it);
+5. compacts its history (a `compaction` call continuing it, answered with the task), starts over
+   from that summary, and gives the final answer: the digits the subagents returned, joined.
+
+Every seat is scored on its own answers (`score`: a quarter for the right length, the rest for
+the right characters in place), the leader on the mean of its three; the episode reward is
+the mean over every seat's answer, so both per-seat and per-episode scoring have signal.
+
+`copy` is the single-agent comparison: the leader alone, asked to copy the task, twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+
+from callgrove.orchestrator.env import EpisodeRun
+
+DIGITS = "0123456789"
+
+
+def score(answer: str, target: str) -> float:
+    """A quarter for the right length, three quarters for the right characters in place."""
+    matches = sum(a == t for a, t in zip(answer, target, strict=False))
+    return 0.25 * (len(answer) == len(target)) + 0.75 * matches / len(target)
+
+
+class _DigitTasks:
+    name = "digits"
+
+    def __init__(self, length: int = 3, eval_size: int = 16):
+        self.length = length
+        self.eval_size = eval_size
+
+    def task(self, rng: np.random.Generator) -> str:
+        return "".join(DIGITS[int(d)] for d in rng.integers(0, 10, self.length))
+
+    def eval_tasks(self) -> list[str]:
+        rng = np.random.default_rng(12345)
+        return [self.task(rng) for _ in range(self.eval_size)]
+
+
+class Relay(_DigitTasks):
+    name = "relay"
+
+    async def run(self, episode: EpisodeRun, task: Any) -> dict[str, float]:
+        leader = episode.leader
+        checker = leader.background("checker", lambda agent: agent.ask(f"copy {task}"))
+        copied = await leader.ask(f"task {task}")
+        first_helper, middle_helper = leader.spawn("helper"), leader.spawn("helper")
+        first, middle = await asyncio.gather(
+            first_helper.ask(f"first {task}"), middle_helper.ask(f"middle {task}")
+        )
+        fork = leader.fork("fork")
+        last = await fork.ask("last")
+        summary = await leader.compact("sum", restart=lambda text: f"was {text}")
+        final = await leader.ask(f"join {first} {middle} {last}")
+
+        seats = {
+            "helper_first": score(first, task[0]),
+            "helper_middle": score(middle, task[len(task) // 2]),
+            "fork": score(last, task[-1]),
+            "copy": score(copied, task),
+            "summary": score(summary, task),
+            "final": score(final, first + middle + last),
+        }
+        first_helper.reward(score=seats["helper_first"])
+        middle_helper.reward(score=seats["helper_middle"])
+        fork.reward(score=seats["fork"])
+        leader.reward(score=float(np.mean([seats["copy"], seats["summary"], seats["final"]])))
+        checked = checker.answer()
+        if checked is not None:
+            seats["checker"] = score(checked, task)
+            checker.agent.reward(score=seats["checker"])
+        return {"score": float(np.mean(list(seats.values())))}
+
+
+class Copy(_DigitTasks):
+    name = "copy"
+
+    async def run(self, episode: EpisodeRun, task: Any) -> dict[str, float]:
+        first = await episode.leader.ask(f"copy {task}")
+        second = await episode.leader.ask(f"again {task}")
+        return {"score": (score(first, task) + score(second, task)) / 2}

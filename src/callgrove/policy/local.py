@@ -1,0 +1,93 @@
+"""The reference decoder as an in-process sampler: calls made at the same moment decode together.
+
+`sample` queues its request and awaits it. One worker task drains the queue: it yields to the
+event loop once so that every episode ready to call gets its request in, then decodes up to
+`max_batch` requests as one batch with a KV cache (`callgrove.train.decode`), and repeats while
+requests wait. A round runs on the event loop's thread from start to end, and new weights are
+loaded between rounds, so every call samples from one version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+
+from callgrove.policy.client import Sample, SamplingParams
+from callgrove.train.decode import DecodeRequest, decode, new_generator
+from callgrove.train.model import TinyDecoder
+
+
+class LocalSampler:
+    """A `TrainableSampler` over a `TinyDecoder` held in this process."""
+
+    def __init__(self, model: TinyDecoder, seed: int = 0, max_batch: int = 512):
+        self.model = model.eval()
+        self.generator = new_generator(seed)
+        self.max_batch = max_batch
+        self._version = 0
+        self._queue: list[tuple[DecodeRequest, asyncio.Future[Sample]]] = []
+        self._worker: asyncio.Task[None] | None = None
+        self.rounds = 0
+        self.calls = 0
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    async def sample(self, prompt_ids: np.ndarray, params: SamplingParams) -> Sample:
+        if params.stop:
+            raise ValueError("the reference decoder has no tokenizer: use stop_token_ids")
+        request = DecodeRequest(
+            prompt_ids=np.asarray(prompt_ids, dtype=np.int32),
+            max_tokens=params.max_tokens,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            stop_token_ids=params.stop_token_ids,
+            seed=params.seed,
+        )
+        future: asyncio.Future[Sample] = asyncio.get_running_loop().create_future()
+        self._queue.append((request, future))
+        if self._worker is None or self._worker.done():
+            self._worker = asyncio.create_task(self._drain())
+        return await future
+
+    async def _drain(self) -> None:
+        while self._queue:
+            await asyncio.sleep(0)  # let every caller that is ready queue its request
+            batch = [(r, f) for r, f in self._queue[: self.max_batch] if not f.done()]
+            del self._queue[: self.max_batch]
+            if not batch:
+                continue
+            version = self._version
+            try:
+                decoded = decode(self.model, [r for r, _ in batch], self.generator)
+            except Exception as error:  # every caller of the round learns why
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(error)
+                continue
+            self.rounds += 1
+            self.calls += len(batch)
+            for (_, future), result in zip(batch, decoded, strict=True):
+                if not future.done():
+                    future.set_result(
+                        Sample(
+                            completion_ids=result.completion_ids,
+                            logprobs=result.logprobs,
+                            policy_version=version,
+                            finish_reason="stop" if result.stopped else "length",
+                        )
+                    )
+
+    async def load_weights(self, weights: Any, version: int) -> None:
+        self.model.load_state_dict(weights)
+        self._version = version
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"generator": self.generator.get_state(), "version": self._version}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.generator.set_state(state["generator"])
+        self._version = int(state["version"])

@@ -1,0 +1,207 @@
+"""Batched sampling from the reference decoder with a KV cache.
+
+Several prompts of different lengths decode together: prompts are right-padded into one
+prefill, then each decode step forwards one new token per sequence, attending to that
+sequence's cached keys and values only (a key mask hides the padding). Rotary positions are
+each sequence's own, so every sequence sees exactly what it would see decoded alone.
+
+Sampling follows `callgrove.policy.SamplingParams`: logits divided by the temperature (0 is
+greedy), then the smallest set of tokens whose probability reaches `top_p`, renormalised; no
+hidden top-k. The log-probability returned for a token is the one under that final
+distribution, which is the behaviour policy the importance ratio divides by. Draws are inverse
+CDF over one uniform per token, taken from the sequence's own generator when its request has a
+seed and from the shared one otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from callgrove.train.model import Block, TinyDecoder, rotate
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeRequest:
+    """One prompt to continue and how (the fields of `SamplingParams` a decoder needs)."""
+
+    prompt_ids: np.ndarray
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Decoded:
+    completion_ids: np.ndarray  # int32
+    logprobs: np.ndarray  # float64, one per completion token
+    stopped: bool  # a stop token ended it (it is the last completion token)
+
+
+class KVCache:
+    """Keys and values of every layer for a batch of sequences, grown one step at a time."""
+
+    def __init__(self, layers: int):
+        self.keys: list[torch.Tensor | None] = [None] * layers
+        self.values: list[torch.Tensor | None] = [None] * layers
+
+    def extend(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Append (B, heads, T, head_dim) keys and values; returns the layer's whole cache."""
+        old_k, old_v = self.keys[layer], self.values[layer]
+        self.keys[layer] = k if old_k is None else torch.cat([old_k, k], dim=2)
+        self.values[layer] = v if old_v is None else torch.cat([old_v, v], dim=2)
+        return self.keys[layer], self.values[layer]  # type: ignore[return-value]
+
+
+def _block_step(
+    block: Block,
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    cache: KVCache,
+    layer: int,
+    visible: torch.Tensor,
+) -> torch.Tensor:
+    """One block on (B, T, width) new tokens; `visible` is (B, 1, T, keys) True where allowed."""
+    batch, tokens, width = x.shape
+    qkv = block.qkv(block.attn_norm(x)).view(batch, tokens, 3, block.n_heads, -1)
+    q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each (B, heads, T, head_dim)
+    keys, values = cache.extend(layer, rotate(k, cos, sin), v)
+    mixed = F.scaled_dot_product_attention(rotate(q, cos, sin), keys, values, attn_mask=visible)
+    x = x + block.out(mixed.transpose(1, 2).reshape(batch, tokens, width))
+    return x + block.down(F.gelu(block.up(block.mlp_norm(x))))
+
+
+def _forward(
+    model: TinyDecoder,
+    token_ids: torch.Tensor,
+    positions: torch.Tensor,
+    cache: KVCache,
+    visible: torch.Tensor,
+) -> torch.Tensor:
+    """Logits (B, T, vocab) of new tokens (B, T) at `positions` (B, T), extending `cache`."""
+    x = model.embed(token_ids)
+    angles = positions.to(torch.float64)[..., None] * model.inverse_frequency
+    cos, sin = angles.cos().to(x.dtype)[:, None], angles.sin().to(x.dtype)[:, None]
+    for layer, block in enumerate(model.blocks):
+        x = _block_step(block, x, cos, sin, cache, layer, visible)
+    return model.head(model.norm(x))
+
+
+def sampling_distribution(
+    logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor
+) -> torch.Tensor:
+    """Log-probabilities (B, vocab) after temperature and top-p; -inf outside the nucleus.
+
+    A temperature of 0 is greedy: the whole mass on the argmax (ties to the lowest id).
+    """
+    greedy = temperature <= 0
+    scaled = logits.double() / torch.where(greedy, 1.0, temperature.double())[:, None]
+    logp = torch.log_softmax(scaled, dim=-1)
+    sorted_logp, order = logp.sort(dim=-1, descending=True)
+    mass_before = sorted_logp.exp().cumsum(dim=-1) - sorted_logp.exp()
+    keep_sorted = mass_before < top_p.double()[:, None] - 1e-12  # round-off at the edge
+    keep_sorted[:, 0] = True
+    keep_sorted[greedy, 1:] = False
+    keep = torch.zeros_like(keep_sorted).scatter(1, order, keep_sorted)
+    cut = torch.where(keep, logp, torch.tensor(-torch.inf, dtype=logp.dtype))
+    return torch.log_softmax(cut, dim=-1)
+
+
+@torch.no_grad()
+def decode(
+    model: TinyDecoder, requests: Sequence[DecodeRequest], generator: torch.Generator
+) -> list[Decoded]:
+    """Sample a completion for every request, all of them decoding together."""
+    if not requests:
+        return []
+    device = next(model.parameters()).device
+    lengths = torch.tensor([len(r.prompt_ids) for r in requests], device=device)
+    if int(lengths.min()) < 1:
+        raise ValueError("cannot decode from an empty prompt")
+    vocab = model.config.vocab_size
+    for r in requests:
+        if len(r.prompt_ids) and (
+            int(np.max(r.prompt_ids)) >= vocab or int(np.min(r.prompt_ids)) < 0
+        ):
+            raise ValueError(f"prompt holds token ids outside the vocabulary of {vocab}")
+    batch, longest = len(requests), int(lengths.max())
+    prompts = torch.zeros(batch, longest, dtype=torch.long, device=device)
+    for i, r in enumerate(requests):
+        prompts[i, : len(r.prompt_ids)] = torch.as_tensor(r.prompt_ids, dtype=torch.long)
+    steps = torch.arange(longest, device=device)
+    valid = steps[None, :] < lengths[:, None]  # (B, L) real prompt tokens
+    causal = steps[None, :, None] >= steps[None, None, :]
+    cache = KVCache(len(model.blocks))
+    logits = _forward(
+        model, prompts, steps.expand(batch, -1), cache, (causal & valid[:, None, :])[:, None]
+    )
+    last = logits[torch.arange(batch), lengths - 1]
+
+    temperature = torch.tensor([r.temperature for r in requests], dtype=torch.float64)
+    top_p = torch.tensor([r.top_p for r in requests], dtype=torch.float64)
+    max_tokens = torch.tensor([r.max_tokens for r in requests], device=device)
+    stops = torch.zeros(batch, vocab, dtype=torch.bool, device=device)
+    for i, r in enumerate(requests):
+        stops[i, [t for t in r.stop_token_ids if 0 <= t < vocab]] = True
+    own = {
+        i: torch.Generator().manual_seed(r.seed)
+        for i, r in enumerate(requests)
+        if r.seed is not None
+    }
+
+    tokens, logprobs = [], []
+    running = torch.ones(batch, dtype=torch.bool, device=device)
+    stopped = torch.zeros(batch, dtype=torch.bool, device=device)
+    key_valid = valid
+    for step in range(int(max_tokens.max())):
+        logp = sampling_distribution(last, temperature, top_p)
+        uniforms = torch.rand(batch, generator=generator, dtype=torch.float64)
+        for i, g in own.items():
+            uniforms[i] = torch.rand(1, generator=g, dtype=torch.float64)[0]
+        cdf = logp.exp().cumsum(dim=-1)
+        chosen = torch.searchsorted(cdf, (uniforms * cdf[:, -1])[:, None]).clamp(max=vocab - 1)
+        chosen = _nearest_kept(chosen[:, 0], logp)
+        tokens.append(torch.where(running, chosen, -1))
+        logprobs.append(logp.gather(1, chosen[:, None])[:, 0])
+        hit = stops[torch.arange(batch), chosen] & running
+        stopped |= hit
+        running &= ~hit & (max_tokens > step + 1)
+        if not bool(running.any()):
+            break
+        key_valid = torch.cat([key_valid, torch.ones(batch, 1, dtype=torch.bool)], dim=1)
+        position = (lengths + step)[:, None]
+        logits = _forward(model, chosen[:, None], position, cache, key_valid[:, None, None, :])
+        last = logits[:, 0]
+    token_matrix = torch.stack(tokens, dim=1).numpy()
+    logprob_matrix = torch.stack(logprobs, dim=1).numpy()
+    results = []
+    for i in range(batch):
+        count = int((token_matrix[i] >= 0).sum())
+        results.append(
+            Decoded(
+                token_matrix[i, :count].astype(np.int32),
+                logprob_matrix[i, :count].astype(np.float64),
+                bool(stopped[i]),
+            )
+        )
+    return results
+
+
+def _nearest_kept(chosen: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
+    """Guard against float round-off landing the draw on a token outside the nucleus."""
+    outside = torch.isinf(logp.gather(1, chosen[:, None])[:, 0])
+    if bool(outside.any()):
+        chosen = torch.where(outside, logp.argmax(dim=-1), chosen)
+    return chosen
+
+
+def new_generator(seed: int) -> torch.Generator:
+    """The shared random source of a sampler (its state goes into checkpoints)."""
+    return torch.Generator().manual_seed(seed)

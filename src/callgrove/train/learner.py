@@ -1,0 +1,137 @@
+"""The reference learner: the tiny decoder, AdamW, and one optimizer step per call of
+`train_step` over tree-packed (default) or packed micro-batches.
+
+It satisfies `callgrove.policy.Learner` (see there for the contract). Tree packing forwards
+each distinct token of the step's rows once, a trie per group of episodes (a group's episodes
+share their task prompt); packing lays rows end to end in micro-batches of `seq_len` tokens.
+Either way the loss of a step has one denominator over all its micro-batches, so gradient
+accumulation gives the gradient of the whole step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from callgrove.batch import PackSettings, Sample, pack
+from callgrove.batch.tree import TreeSettings, pack_samples
+from callgrove.train.batches import ModelBatch, micro_batch_model_batch, tree_model_batch
+from callgrove.train.loss import LossSettings, policy_loss
+from callgrove.train.model import TinyConfig, TinyDecoder
+
+BATCHINGS = ("tree", "packed")
+
+
+@dataclass(slots=True)
+class StepReport:
+    """What one optimizer step did."""
+
+    loss: float
+    samples: int
+    loss_tokens: int
+    forwarded_tokens: int
+    """Tokens the model forwarded (distinct trie nodes when tree-packed)."""
+    row_tokens: int
+    """Tokens the same rows hold row-wise."""
+    grad_norm: float = 0.0
+    extra: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def forwarded_token_ratio(self) -> float:
+        """Row-wise tokens per forwarded token: 1.0 row-wise, above 1 when tree packing saves."""
+        return self.row_tokens / max(self.forwarded_tokens, 1)
+
+
+@dataclass(frozen=True, slots=True)
+class LearnerSettings:
+    learning_rate: float = 3e-3
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    batching: str = "tree"
+    tree_scope: str = "group"
+    seq_len: int = 4096
+    loss: LossSettings = field(default_factory=LossSettings)
+
+    def __post_init__(self) -> None:
+        if self.batching not in BATCHINGS:
+            raise ValueError(f"batching must be one of {BATCHINGS}, not {self.batching!r}")
+
+
+class TinyLearner:
+    """A `TinyDecoder` in training, its optimizer and its version."""
+
+    def __init__(
+        self, config: TinyConfig, settings: LearnerSettings = LearnerSettings(), seed: int = 0
+    ):
+        torch.manual_seed(seed)
+        self.config = config
+        self.settings = settings
+        self.model = TinyDecoder(config)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(),
+            lr=settings.learning_rate,
+            weight_decay=settings.weight_decay,
+        )
+        self._version = 0
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def model_batches(self, samples: Sequence[Sample]) -> list[ModelBatch]:
+        if not samples:
+            return []
+        if self.settings.batching == "tree":
+            return [tree_model_batch(pack_samples(samples, TreeSettings(self.settings.tree_scope)))]
+        packed = pack(samples, PackSettings(seq_len=self.settings.seq_len))
+        return [micro_batch_model_batch(mb) for mb in packed.ranks[0] if mb.num_tokens]
+
+    def train_step(self, samples: Sequence[Sample]) -> StepReport:
+        batches = self.model_batches(samples)
+        loss_tokens = sum(s.num_loss_tokens for s in samples)
+        denominator = self._denominator(samples, loss_tokens)
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        total = 0.0
+        for batch in batches:
+            loss = policy_loss(self.model, batch, self.settings.loss, denominator)
+            loss.backward()
+            total += float(loss.detach())
+        grad_norm = 0.0
+        if batches and loss_tokens:
+            grad_norm = float(
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.settings.max_grad_norm)
+            )
+            self.optimizer.step()
+        self._version += 1
+        return StepReport(
+            loss=total,
+            samples=len(samples),
+            loss_tokens=loss_tokens,
+            forwarded_tokens=sum(b.num_tokens for b in batches),
+            row_tokens=sum(b.num_row_tokens for b in batches),
+            grad_norm=grad_norm,
+        )
+
+    def _denominator(self, samples: Sequence[Sample], loss_tokens: int) -> float:
+        if self.settings.loss.normalisation == "token":
+            return float(max(loss_tokens, 1))
+        return float(max(sum(1 for s in samples if s.num_loss_tokens), 1))
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        return {name: t.detach().clone() for name, t in self.model.state_dict().items()}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "version": self._version,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self._version = int(state["version"])

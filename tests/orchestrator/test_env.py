@@ -1,0 +1,136 @@
+"""Agents record themselves: the forest of a run has the shape its environment meant."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from callgrove.forest import build_forest, compact_prompts
+from callgrove.orchestrator import EpisodeRun
+from callgrove.orchestrator.envs import make_env
+from callgrove.rows import build_rows, check_rows
+
+from .helpers import RENDERER, ScriptedPolicy, run
+
+
+def parents(episode):
+    forest = build_forest(episode)
+    return {
+        call.id: (call.agent.id, call.purpose, None if p < 0 else forest.calls[p].id)
+        for call, p in zip(forest.calls, forest.parent, strict=True)
+    }
+
+
+def test_relay_episode_has_every_shape_the_env_meant():
+    episode = run(make_env("relay"), "372", ScriptedPolicy("3"))
+    assert episode.ok, episode.errors
+    starts = {agent.id: (agent.start, agent.parent) for agent in episode.agents}
+    assert starts == {
+        "leader": ("root", None),
+        "checker-1": ("background", "leader"),
+        "helper-2": ("fresh", "leader"),
+        "helper-3": ("fresh", "leader"),
+        "fork-4": ("fork", "leader"),
+    }
+    by_agent = {agent.id: [c.id for c in agent.calls] for agent in episode.agents}
+    leader_first, compaction, final = by_agent["leader"]
+    shape = parents(episode)
+    # The fork's first call is a child of the leader's call it copied.
+    assert shape[by_agent["fork-4"][0]] == ("fork-4", "turn", leader_first)
+    # The compaction call continues the old history; the call after it is a root.
+    assert shape[compaction] == ("leader", "compaction", leader_first)
+    assert shape[final] == ("leader", "turn", None)
+    # Fresh and background subagents start their own trees.
+    for agent in ("checker-1", "helper-2", "helper-3"):
+        assert shape[by_agent[agent][0]][2] is None
+    # Ledger order: seq is the order calls completed, unique and dense.
+    assert sorted(c.seq for c in episode.calls()) == list(range(7))
+    assert episode.agent("checker-1").meta == {"ended": "finished"}
+    compact_prompts(episode)
+    assert not check_rows(build_rows(episode)).violations
+
+
+def test_prompts_extend_the_agents_previous_sequence_exactly():
+    episode = run(make_env("copy"), "123", ScriptedPolicy("9"))
+    first, second = episode.agent("leader").calls
+    full = first.full_ids()
+    assert np.array_equal(second.prompt_ids()[: len(full)], full)
+    assert RENDERER.parse(first.completion_ids) == "9"
+    assert first.logprobs is not None and len(first.logprobs) == len(first.completion_ids)
+    assert first.policy_version == 0
+
+
+class Hanging:
+    """The leader answers, starts a background agent that never finishes, and returns."""
+
+    name = "hanging"
+
+    async def run(self, episode: EpisodeRun, task):
+        async def forever(agent):
+            while True:
+                await agent.ask("more")
+
+        episode.leader.background("looper", forever)
+        await episode.leader.ask(task)
+        await asyncio.sleep(0.05)
+        return 1.0
+
+
+def test_a_background_agent_still_running_is_stopped_and_its_calls_stay():
+    episode = run(Hanging(), "go", ScriptedPolicy(delay=0.001))
+    assert episode.ok and episode.rewards == {"reward": 1.0}
+    looper = episode.agent("looper-1")
+    assert looper.meta == {"ended": "stopped"}
+    assert looper.calls and all(c.kept for c in looper.calls)
+
+
+class Raising:
+    name = "raising"
+
+    async def run(self, episode: EpisodeRun, task):
+        await episode.leader.ask(task)
+        raise RuntimeError("the env broke")
+
+
+def test_an_exception_makes_the_episode_not_ok_with_the_error():
+    episode = run(Raising(), "go", ScriptedPolicy())
+    assert not episode.ok and episode.rewards == {}
+    (error,) = episode.errors
+    assert (error.type, error.message) == ("RuntimeError", "the env broke")
+    assert [a.id for a in episode.agents] == ["leader"]
+    assert len(episode.agent("leader").calls) == 1
+
+
+def test_a_failed_policy_call_names_its_agent():
+    episode = run(make_env("copy"), "123", ScriptedPolicy(fail_on=(1,)))
+    (error,) = episode.errors
+    assert (error.type, error.agent) == ("ConnectionError", "leader")
+    assert not episode.ok
+
+
+def test_timeout_and_cancellation_are_recorded_errors():
+    slow = ScriptedPolicy(delay=10)
+    episode = run(make_env("copy"), "123", slow, timeout=0.05)
+    assert [e.type for e in episode.errors] == ["Timeout"] and not episode.ok
+
+    class SelfCancelling:
+        name = "cancel"
+
+        async def run(self, episode, task):
+            await episode.leader.ask(task)
+            asyncio.current_task().cancel()
+            await asyncio.sleep(1)
+
+    episode = run(SelfCancelling(), "go", ScriptedPolicy())
+    assert [e.type for e in episode.errors] == ["Cancelled"]
+    assert len(episode.agent("leader").calls) == 1
+
+
+def test_rewards_per_agent_and_unknown_env():
+    episode = run(make_env("relay"), "372", ScriptedPolicy("3"))
+    assert episode.agent("helper-2").rewards == {"score": 1.0}  # "first 372" -> "3"
+    assert episode.agent("fork-4").rewards == {"score": 0.25}  # right length, wrong digit
+    with pytest.raises(ValueError, match="unknown environment 'nope'"):
+        make_env("nope")
