@@ -63,7 +63,13 @@ def test_rows_with_tokens_carries_tokens_mask_and_logprobs():
 def test_rows_table_and_check_line():
     result = run("rows", str(EXAMPLES / "login_bug.jsonl"))
     assert result.exit_code == 0
-    assert "C1 C3 C7 C8 C9" in result.stdout
+    lines = result.stdout.splitlines()
+    header = next(line for line in lines if " path " in line)
+    assert header.split() == [
+        "row", "leaf", "agent", "path", "num_tokens", "num_loss_tokens", "reward",
+    ]  # fmt: skip
+    assert any(line.split() == ["2", "C9", "F", "(C1", "C3", "C7)", "C8", "C9", "62", "5", "1"]
+               for line in lines)  # fmt: skip
     assert "check: 12 kept calls, each trained exactly once" in result.stdout
 
 
@@ -88,7 +94,7 @@ def test_show_draws_the_trees_and_the_rows():
         "4 trees, 5 leaves",
         "C10",
         "compaction",
-        "leaf → row 5",
+        "leaf of row 4",
         "each trained exactly once",
     ):
         assert expected in result.stdout
@@ -146,6 +152,7 @@ def test_check_command_summarises_and_fails_on_bad_input(tmp_path):
         ("rows", "missing.jsonl"),
         ("rows", "--out", "rows.csv", "examples/login_bug.jsonl"),
         ("rows", "--nope", "x"),
+        ("rows", "--tokens", "examples/login_bug.jsonl"),
     ],
 )
 def test_usage_errors_exit_2(args):

@@ -63,7 +63,7 @@ def test_html_page_has_a_section_per_episode(tmp_path):
 def test_terminal_view_is_unchanged_without_files():
     result = run("show", LOGIN_BUG)
     assert result.exit_code == 0
-    assert "4 trees, 5 leaves" in result.stdout and "leaf → row 5" in result.stdout
+    assert "4 trees, 5 leaves" in result.stdout and "leaf of row 4" in result.stdout
 
 
 def test_unwritable_output_is_a_usage_error(tmp_path):

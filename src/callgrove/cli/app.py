@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TaskProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.text import Text
+
+from callgrove.cli.kinds import file_kind_hint
 
 app = typer.Typer(
     name="callgrove",
@@ -28,21 +41,78 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 
+# Every episode file form the commands read, named once for help texts and errors.
+EPISODE_FORMS = ".jsonl, .jsonl.gz, .jsonl.zst, .parquet, .arrow"
+FilesArg = Annotated[
+    list[Path],
+    typer.Argument(metavar="FILE...", help=f"Episode files ({EPISODE_FORMS}).", show_default=False),
+]
+
+
+def safe(value: object) -> str:
+    """`value` as text for a rich markup string: ids, paths and messages come from input, and
+    a `[bold]` or `[trimmed]` in them must print as written, never style or vanish."""
+    return escape(str(value))
+
+
+def cell(value: object, style: str = "") -> Text:
+    """A table cell that shows `value` exactly (table cells are otherwise read as markup)."""
+    return Text(str(value), style=style)
+
+
+def _version(show: bool) -> None:
+    if show:
+        try:
+            number = version("callgrove")
+        except PackageNotFoundError:  # run from a source tree that was never installed
+            number = "unknown (not installed)"
+        out.print(f"callgrove {number}")
+        raise typer.Exit(EXIT_OK)
+
+
+@app.callback()
+def main_options(
+    show_version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            help="Print callgrove's version and exit.",
+            callback=_version,
+            is_eager=True,
+        ),
+    ] = False,
+) -> None:
+    """Multi-agent LLM rollouts as exactly-once RL training rows."""
+
 
 def require_files(files: list[Path]) -> None:
     """A missing input file is a usage error (exit 2), named on stderr."""
     for path in files:
         if not path.is_file():
-            err.print(f"error: {path}: no such file")
+            err.print(f"error: {safe(path)}: no such file")
+            raise typer.Exit(EXIT_USAGE)
+
+
+def reject_foreign_files(files: list[Path]) -> None:
+    """A file of another kind (a harness transcript, verifiers traces) is a usage error whose
+    message says which command reads it, instead of one decode error per line."""
+    for path in files:
+        hint = file_kind_hint(path)
+        if hint is not None:
+            err.print(f"error: {safe(path)}: {safe(hint)}")
             raise typer.Exit(EXIT_USAGE)
 
 
 def progress_bar() -> Progress:
-    """The progress bar of long commands: on stderr, only when it is a terminal."""
+    """The progress bar of long commands, over bytes read: on stderr, only when it is a terminal.
+
+    The description says the file and how many episodes are done; the bar counts bytes
+    ("1.2/3.4 MB"), since a file's episode count is unknown until it is read."""
     return Progress(
         TextColumn("{task.description}"),
         BarColumn(),
-        MofNCompleteColumn(),
+        TaskProgressColumn(),
+        DownloadColumn(),
         TimeElapsedColumn(),
         console=err,
         transient=True,

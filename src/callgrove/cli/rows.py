@@ -1,4 +1,9 @@
-"""`callgrove rows` and `callgrove check`: episodes to rows, checked."""
+"""`callgrove rows` and `callgrove check`: episodes to rows, checked.
+
+The terminal views use the words of the JSON and Parquet records (`row` from 0, `path`,
+`trains`, `context`, `num_tokens`, `num_loss_tokens`), so what a table shows can be looked up
+in the files as it reads. Past a handful of episodes the table gives way to a summary.
+"""
 
 from __future__ import annotations
 
@@ -11,30 +16,40 @@ from typing import Annotated
 import orjson
 import pyarrow.parquet as pq
 import typer
+from rich import box
 from rich.table import Table
 
 from callgrove.cli.app import (
     EXIT_FAILED,
     EXIT_OK,
     EXIT_USAGE,
+    FilesArg,
     app,
+    cell,
     err,
     out,
     progress_bar,
+    reject_foreign_files,
     require_files,
+    safe,
 )
 from callgrove.episode import load
 from callgrove.formats.problems import Diagnostics
-from callgrove.rows import EpisodeRows, RowSettings, build_rows, check_rows
+from callgrove.pictures.text import clip_middle
+from callgrove.rows import EpisodeRows, Row, RowSettings, build_rows, check_rows
+from callgrove.rows.check import CheckSummary
 from callgrove.rows.table import row_record, rows_table
 
-FilesArg = Annotated[
-    list[Path], typer.Argument(help="Episode files (.jsonl, .jsonl.gz, .jsonl.zst)")
-]
 MaxIdentical = Annotated[
     int,
-    typer.Option("--max-identical", min=1, help="How many rows with identical tokens may train"),
+    typer.Option("--max-identical", min=1, help="How many rows with identical tokens may train."),
 ]
+EpisodeOption = Annotated[
+    str | None, typer.Option("--episode", metavar="ID", help="Only this episode.")
+]
+# More episodes than this and `rows` prints one summary table instead of a table each.
+TABLES_UP_TO = 5
+NO_REWARD = "no reward"
 
 
 @dataclass
@@ -49,67 +64,103 @@ class Outcome:
         """Print the problems on stderr; return the exit status (docs/episode-format.md, section 4)."""
         for problem in self.diagnostics.problems:
             style = "yellow" if problem.severity == "warning" else "red"
-            err.print(f"[{style}]{problem.severity}[/]: {problem}", markup=True, highlight=False)
+            err.print(f"[{style}]{problem.severity}[/]: {safe(problem)}")
         failed = self.failed + len(self.diagnostics.errors)
         if failed:
-            err.print(f"{failed} episode(s) failed, {self.episodes} went through")
+            err.print(f"{failed:,} episode(s) failed, {self.episodes:,} went through")
         return EXIT_FAILED if failed else EXIT_OK
 
 
 def episode_rows(
-    files: list[Path], settings: RowSettings, outcome: Outcome
+    files: list[Path], settings: RowSettings, outcome: Outcome, only: str | None = None
 ) -> Iterator[EpisodeRows]:
-    """Rows of every readable episode; every failure is recorded in `outcome`, none is lost."""
+    """Rows of every readable episode (or of episode `only`); every failure is recorded in
+    `outcome`, none is lost."""
     require_files(files)
+    reject_foreign_files(files)
     with progress_bar() as progress:
         for path in files:
-            task = progress.add_task(path.name, total=path.stat().st_size)
+            size = path.stat().st_size
+            task = progress.add_task(path.name, total=size)
             for episode in load(path, outcome.diagnostics):
+                if only is not None and episode.id != only:
+                    continue
                 try:
                     result = build_rows(episode, settings)
                 except (
                     Exception
                 ) as error:  # an episode that cannot become rows must not stop the rest
                     outcome.failed += 1
-                    err.print(f"[red]error[/]: {path}: episode {episode.id}: {error}", markup=True)
+                    err.print(
+                        f"[red]error[/]: {safe(path)}: episode {safe(episode.id)}: {safe(error)}"
+                    )
                     continue
                 outcome.episodes += 1
+                progress.update(task, description=f"{path.name} · {outcome.episodes:,} episodes")
                 yield result
-                progress.update(
-                    task, advance=0, description=f"{path.name} · {outcome.episodes} episodes"
-                )
-            progress.update(task, completed=path.stat().st_size)
+            progress.update(task, completed=size)
+
+
+def require_episode_found(only: str | None, outcome: Outcome, files: list[Path]) -> None:
+    """`--episode ID` that matched nothing is a failure, named on stderr."""
+    if only is not None and not outcome.episodes and not outcome.failed:
+        names = ", ".join(str(path) for path in files)
+        err.print(f"error: no episode {safe(repr(only))} in {safe(names)}")
+        raise typer.Exit(EXIT_FAILED)
 
 
 @app.command("rows")
 def rows_command(
     files: FilesArg,
     jsonl: Annotated[
-        bool, typer.Option("--jsonl", help="One JSON object per row on stdout")
+        bool, typer.Option("--jsonl", help="One JSON object per row on stdout.")
     ] = False,
     tokens: Annotated[
-        bool, typer.Option("--tokens", help="Add token_ids, loss_mask, logprobs")
+        bool,
+        typer.Option(
+            "--tokens",
+            help="With --jsonl: add token_ids, loss_mask and logprobs (--out files always "
+            "have them).",
+        ),
     ] = False,
     out_file: Annotated[
-        Path | None, typer.Option("--out", help="Write rows to a .parquet or .jsonl file")
+        Path | None,
+        typer.Option(
+            "--out", "-o", metavar="FILE", help="Write the rows to a .parquet or .jsonl file."
+        ),
     ] = None,
+    episode_id: EpisodeOption = None,
     max_identical: MaxIdentical = 1,
 ) -> None:
-    """Turn episodes into training rows: one per leaf, each kept call trained exactly once."""
+    """Turn episodes into training rows: one per leaf, each kept call trained exactly once.
+
+    Prints a table per episode (a summary past 5 episodes), or JSON Lines with --jsonl, or
+    writes a file with --out.
+    """
     if out_file is not None and out_file.suffix not in (".parquet", ".jsonl"):
-        err.print(f"error: --out {out_file}: expected a .parquet or .jsonl file")
+        err.print(f"error: --out {safe(out_file)}: expected a .parquet or .jsonl file")
+        raise typer.Exit(EXIT_USAGE)
+    if tokens and not jsonl:
+        err.print(
+            "error: --tokens adds token columns to --jsonl output; without --jsonl it would do "
+            "nothing (--out files always carry token_ids, loss_mask and logprobs)"
+        )
         raise typer.Exit(EXIT_USAGE)
     outcome = Outcome()
     settings = RowSettings(max_identical_trained=max_identical)
+    view = _TableView(files) if not jsonl and out_file is None else None
     with _RowSink(out_file) as sink:
-        for result in episode_rows(files, settings, outcome):
+        for result in episode_rows(files, settings, outcome, episode_id):
             sink.add(result)
             if jsonl:
                 _print_jsonl(result, tokens)
-            elif out_file is None:
-                print_rows_table(result)
+            elif view is not None:
+                view.add(result)
+    if view is not None:
+        view.finish()
     if out_file is not None:
-        err.print(f"wrote {sink.count} rows to {out_file}")
+        err.print(f"wrote {sink.count:,} rows to {safe(out_file)}")
+    require_episode_found(episode_id, outcome, files)
     raise typer.Exit(outcome.report())
 
 
@@ -158,60 +209,241 @@ class _RowSink:
             pq.write_table(rows_table([]), self.path)
 
 
-def rows_table_view(result: EpisodeRows) -> Table:
-    """The table of docs/episode-format.md: row, leaf, walk, trains, context only (rows numbered from 1 as there)."""
-    table = Table(title=f"episode {result.episode.id}", title_justify="left")
-    for name in ("row", "leaf", "walk", "trains", "context only", "tokens", "loss", "reward"):
-        if name in ("walk", "trains", "context only"):
-            # Call ids can be long (transcripts name calls by API response): wrap between ids.
-            table.add_column(name, ratio=1)
+@dataclass
+class RowTotals:
+    """What a set of episodes' rows add up to (the summary `rows` prints past a few episodes)."""
+
+    episodes: int = 0
+    rows: int = 0
+    num_tokens: int = 0
+    num_loss_tokens: int = 0
+    duplicates: int = 0
+    kept_calls: int = 0
+    violations: int = 0
+    failed_checks: int = 0
+
+    def add(self, result: EpisodeRows, summary: CheckSummary) -> None:
+        self.episodes += 1
+        self.rows += len(result.rows)
+        self.num_tokens += sum(row.num_tokens for row in result.rows)
+        self.num_loss_tokens += sum(row.num_loss_tokens for row in result.rows)
+        self.duplicates += sum(row.duplicate_of is not None for row in result.rows)
+        self.kept_calls += summary.kept_calls
+        self.violations += len(summary.violations)
+        self.failed_checks += not summary.ok
+
+    def check_line(self) -> str:
+        """The closing line over every episode: the check's verdict on all of them at once."""
+        episodes = f"{self.episodes:,} episode{'s' if self.episodes != 1 else ''}"
+        if self.violations:
+            return (
+                f"{self.kept_calls:,} kept calls in {episodes}: {self.violations:,} violation(s) "
+                f"in {self.failed_checks:,} episode(s)"
+            )
+        return f"{self.kept_calls:,} kept calls in {episodes}, each trained exactly once"
+
+
+class _TableView:
+    """A table per episode, until there are too many to read: then one summary table."""
+
+    def __init__(self, files: list[Path]):
+        self.files = files
+        self.held: list[tuple[EpisodeRows, CheckSummary]] = []
+        self.totals = RowTotals()
+        self.first_id: str | None = None
+
+    def add(self, result: EpisodeRows) -> None:
+        summary = check_rows(result)
+        self.totals.add(result, summary)
+        self.first_id = self.first_id or result.episode.id
+        if self.totals.episodes <= TABLES_UP_TO:
+            self.held.append((result, summary))
         else:
-            table.add_column(name, justify="left" if name == "leaf" else "right", no_wrap=True)
-    for row in result.rows:
-        note = (
-            f" [dim](duplicate of {row.duplicate_of + 1})[/]"
-            if row.duplicate_of is not None
-            else ""
+            self.held.clear()  # past the limit only the totals are printed
+
+    def finish(self) -> None:
+        if self.totals.episodes <= TABLES_UP_TO:
+            for result, summary in self.held:
+                out.print(rows_table_view(result))
+                out.print(f"check: {safe(summary.line())}")
+            if self.totals.episodes > 1:
+                out.print(f"total: {self.totals.check_line()}")
+            return
+        out.print(totals_table(self.totals))
+        out.print(f"check: {self.totals.check_line()}")
+        example = self.files[0] if len(self.files) == 1 else "FILE"
+        out.print(
+            f"[dim]one episode's rows: callgrove rows {safe(example)} --episode "
+            f"{safe(self.first_id)}; every row: --jsonl or --out rows.parquet[/]"
         )
-        table.add_row(
-            str(row.index + 1),
-            row.leaf.id,
-            " ".join(c.id for c in row.path),
-            " ".join(c.id for c in row.trains) + note,
-            " ".join(c.id for c in row.context),
-            str(row.num_tokens),
-            str(row.num_loss_tokens),
-            f"{row.reward:g}",
-        )
+
+
+def totals_table(totals: RowTotals) -> Table:
+    table = Table(title="rows", title_justify="left", show_header=False, box=box.SIMPLE)
+    table.add_column("what")
+    table.add_column("count", justify="right")
+    for what, count in (
+        ("episodes", totals.episodes),
+        ("rows", totals.rows),
+        ("num_tokens", totals.num_tokens),
+        ("num_loss_tokens", totals.num_loss_tokens),
+        ("duplicate rows (no loss)", totals.duplicates),
+    ):
+        table.add_row(what, f"{count:,}")
     return table
+
+
+def reward_text(row: Row) -> str:
+    """A row's reward, or "no reward" for an episode that was never scored."""
+    return f"{row.reward:g}" if row.episode.scored else NO_REWARD
+
+
+# Columns beside `path`, and the room each takes in the table.
+_FIXED_COLUMNS = ("row", "leaf", "agent", "num_tokens", "num_loss_tokens", "reward")
+_PADDING = 3  # a space each side of a cell and the column rule
+PATH_CAPTION = "path: root first, (context) calls held with the loss off, the rest trained"
+
+
+def rows_table_view(result: EpisodeRows, width: int | None = None) -> Table:
+    """The episode's rows under the names of the JSON fields, one line per row: the path marks
+    its context calls in parentheses (the rest is `trains`) and, when the ids do not fit the
+    terminal, names calls by their `seq` (#3) or by its first and last call and a count."""
+    rows = result.rows
+    cells = [_fixed_cells(row) for row in rows]
+    fixed = sum(
+        max([len(name), *(len(c[i]) for c in cells)]) + _PADDING
+        for i, name in enumerate(_FIXED_COLUMNS)
+    )
+    room = max((width or out.width) - fixed - _PADDING, 16)
+    table = Table(
+        title=f"episode {safe(result.episode.id)}",
+        title_justify="left",
+        caption=PATH_CAPTION,
+        caption_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+    )
+    for name in ("row", "leaf", "agent", "path", *_FIXED_COLUMNS[3:]):
+        table.add_column(
+            name, justify="left" if name in ("leaf", "agent", "path") else "right", no_wrap=True
+        )
+    for row, (number, leaf, agent, *numbers) in zip(rows, cells, strict=True):
+        path = path_text(row, room)
+        if row.duplicate_of is not None:
+            path += f" duplicate of {row.duplicate_of}"
+        table.add_row(number, cell(leaf), cell(agent), cell(path), *numbers)
+    return table
+
+
+def _fixed_cells(row: Row) -> tuple[str, ...]:
+    return (
+        str(row.index),
+        clip_middle(row.leaf.id, 14),
+        clip_middle(row.agent.id, 10),
+        f"{row.num_tokens:,}",
+        f"{row.num_loss_tokens:,}",
+        reward_text(row),
+    )
+
+
+def path_text(row: Row, room: int) -> str:
+    """The row's path in at most `room` characters: ids, else `#seq` numbers, else the first
+    and last call with counts; runs of context calls in parentheses."""
+    context = {id(call) for call in row.context}
+    for name in (lambda call: call.id, lambda call: f"#{call.seq}"):
+        text = _marked(row.path, context, name)
+        if len(text) <= room:
+            return text
+    first, last = row.path[0], row.path[-1]
+    held = f", {len(row.context):,} context" if row.context else ""
+    for text in (
+        f"#{first.seq} … #{last.seq} ({len(row.path):,} calls{held})",
+        f"#{first.seq}…#{last.seq} ({len(row.path):,}{held})",
+    ):
+        if len(text) <= room:
+            return text
+    return clip_middle(text, room)
+
+
+def _marked(calls: list, context: set[int], name) -> str:
+    parts: list[str] = []
+    opened = False
+    for call in calls:
+        held = id(call) in context
+        text = name(call)
+        if held and not opened:
+            text = "(" + text
+        elif not held and opened:
+            parts[-1] += ")"
+        opened = held
+        parts.append(text)
+    if opened:
+        parts[-1] += ")"
+    return " ".join(parts)
 
 
 def print_rows_table(result: EpisodeRows) -> None:
     out.print(rows_table_view(result))
-    summary = check_rows(result)
-    out.print(f"check: {summary.line()}")
+    out.print(f"check: {safe(check_rows(result).line())}")
 
 
 @app.command("check")
-def check_command(files: FilesArg, max_identical: MaxIdentical = 1) -> None:
-    """Check every row invariant; print a per-episode summary; exit 1 on any violation."""
+def check_command(
+    files: FilesArg,
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json", help="One JSON object on stdout: every episode's check and the total."
+        ),
+    ] = False,
+    max_identical: MaxIdentical = 1,
+) -> None:
+    """Check every row invariant; print a line per episode and a total; exit 1 on any violation."""
     outcome = Outcome()
-    table = Table(title="row invariants")
+    table = Table(title="row invariants", title_justify="left", box=box.SIMPLE_HEAD)
     for name in ("episode", "kept calls", "rows", "check"):
-        table.add_column(name)
-    violations = 0
-    for result in episode_rows(files, RowSettings(max_identical_trained=max_identical), outcome):
+        table.add_column(name, justify="right" if name in ("kept calls", "rows") else "left")
+    totals = RowTotals()
+    records = []
+    settings = RowSettings(max_identical_trained=max_identical)
+    for result in episode_rows(files, settings, outcome):
         summary = check_rows(result)
-        violations += len(summary.violations)
-        mark = "[green]ok[/]" if summary.ok else "[red]FAIL[/]"
-        table.add_row(
-            result.episode.id,
-            str(summary.kept_calls),
-            str(summary.rows),
-            f"{mark} {summary.line()}",
-        )
+        totals.add(result, summary)
+        if as_json:
+            records.append(_check_record(summary))
+        else:
+            mark = cell("ok", "green") if summary.ok else cell("FAIL", "red")
+            table.add_row(
+                cell(result.episode.id),
+                f"{summary.kept_calls:,}",
+                f"{summary.rows:,}",
+                mark.append(f" {summary.line()}", style=""),
+            )
         for violation in summary.violations:
-            err.print(f"[red]violation[/]: {violation}", markup=True)
-    out.print(table)
+            err.print(f"[red]violation[/]: {safe(violation)}")
     status = outcome.report()
-    raise typer.Exit(EXIT_FAILED if violations else status)
+    if as_json:
+        total = {
+            "episodes": totals.episodes,
+            "failed_to_read": outcome.failed + len(outcome.diagnostics.errors),
+            "kept_calls": totals.kept_calls,
+            "rows": totals.rows,
+            "violations": totals.violations,
+            "ok": not totals.violations and status == EXIT_OK,
+        }
+        sys.stdout.buffer.write(orjson.dumps({"episodes": records, "total": total}) + b"\n")
+    else:
+        out.print(table)
+        out.print(f"total: {totals.check_line()}")
+    raise typer.Exit(EXIT_FAILED if totals.violations else status)
+
+
+def _check_record(summary: CheckSummary) -> dict[str, object]:
+    return {
+        "episode": summary.episode,
+        "kept_calls": summary.kept_calls,
+        "rows": summary.rows,
+        "duplicates": summary.duplicates,
+        "ok": summary.ok,
+        "violations": [str(v) for v in summary.violations],
+    }

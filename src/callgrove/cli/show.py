@@ -9,9 +9,17 @@ from typing import Annotated
 import typer
 from rich.tree import Tree
 
-from callgrove.cli.app import EXIT_FAILED, EXIT_USAGE, app, err, out
-from callgrove.cli.rows import FilesArg, Outcome, episode_rows, print_rows_table
+from callgrove.cli.app import EPISODE_FORMS, EXIT_FAILED, EXIT_USAGE, FilesArg, app, err, out, safe
+from callgrove.cli.rows import (
+    NO_REWARD,
+    EpisodeOption,
+    Outcome,
+    episode_rows,
+    print_rows_table,
+    require_episode_found,
+)
 from callgrove.pictures import Picture, layout, render_html, render_svg
+from callgrove.pictures.text import clip_middle
 from callgrove.rows import EpisodeRows, RowSettings
 
 SVG_HELP = (
@@ -27,6 +35,7 @@ HTML_HELP = (
 
 SHOW_HELP = (
     "Each episode's call trees, its rows and the check line; or its picture (--svg, --html)."
+    f" Reads {EPISODE_FORMS}."
     "\n\nA picture has one lane per agent in ledger order and a box per call placed by seq, "
     "with parent arrows, dashed hand-over links where agents start, compactions and leaves "
     "marked, and each row's colour on the calls it trains. With --svg or --html the files are "
@@ -37,26 +46,29 @@ SHOW_HELP = (
 @app.command("show", help=SHOW_HELP)
 def show_command(
     files: FilesArg,
-    episode_id: Annotated[str | None, typer.Option("--episode", help="Only this episode")] = None,
-    svg: Annotated[Path | None, typer.Option("--svg", help=SVG_HELP)] = None,
-    html: Annotated[Path | None, typer.Option("--html", help=HTML_HELP)] = None,
+    episode_id: EpisodeOption = None,
+    svg: Annotated[Path | None, typer.Option("--svg", metavar="FILE", help=SVG_HELP)] = None,
+    html: Annotated[Path | None, typer.Option("--html", metavar="FILE", help=HTML_HELP)] = None,
+    out_file: Annotated[
+        Path | None,
+        typer.Option("--out", "-o", metavar="FILE", help="Same as --svg or --html, by the suffix."),
+    ] = None,
 ) -> None:
+    if out_file is not None:
+        if out_file.suffix not in (".svg", ".html"):
+            err.print(f"error: --out {safe(out_file)}: expected an .svg or .html file")
+            raise typer.Exit(EXIT_USAGE)
+        svg, html = (out_file, html) if out_file.suffix == ".svg" else (svg, out_file)
     drawing = svg is not None or html is not None
     outcome = Outcome()
     pictures: list[Picture] = []
-    shown = 0
-    for result in episode_rows(files, RowSettings(), outcome):
-        if episode_id is not None and result.episode.id != episode_id:
-            continue
-        shown += 1
+    for result in episode_rows(files, RowSettings(), outcome, episode_id):
         if drawing:
             pictures.append(layout(result))
         else:
             out.print(forest_view(result))
             print_rows_table(result)
-    if episode_id is not None and not shown:
-        err.print(f"error: no episode {episode_id!r} in {', '.join(map(str, files))}")
-        raise typer.Exit(EXIT_FAILED)
+    require_episode_found(episode_id, outcome, files)
     if drawing:
         _write_pictures(pictures, svg, html, title=", ".join(path.name for path in files))
     raise typer.Exit(outcome.report())
@@ -75,7 +87,7 @@ def _write_pictures(
             err.print(f"wrote {path} (episode {picture.episode.id})", markup=False)
     if html is not None:
         _write(html, render_html(pictures, title))
-        err.print(f"wrote {html} ({len(pictures)} episode(s))")
+        err.print(f"wrote {safe(html)} ({len(pictures)} episode(s))")
 
 
 def _write(path: Path, text: str) -> None:
@@ -105,34 +117,90 @@ def svg_file_names(path: Path, episode_ids: list[str]) -> list[Path]:
     return names
 
 
+# A run of at least this many calls, each the only child of the one before, prints as one line.
+CHAIN_FOLD = 3
+CHAIN_SHOWN = 4  # a folded run this short names every call
+ID_CHARS = 28
+
+
+def plural(count: int, word: str, words: str | None = None) -> str:
+    return f"{count:,} {word if count == 1 else words or word + 's'}"
+
+
 def forest_view(result: EpisodeRows) -> Tree:
-    """A rich Tree per call tree: call id, agent, purpose, token counts, leaf and row markers."""
+    """A rich Tree per call tree: call id, agent, purpose, token counts, leaf and row markers.
+
+    Branches stay visible; a linear run of calls (each the only child of the one before, as
+    in a long single-agent session) folds into one line, `C1 → … → C80 (80 calls)`, so the
+    tree keeps to the width of the terminal however long a session runs."""
     forest = result.forest
-    row_of_leaf = {id(row.leaf): row for row in result.rows}
-    trained_in = {id(c): row for row in result.rows for c in row.trains}
+    row_of_leaf = {id(row.leaf): row.index for row in result.rows}
+    trained_in = {id(c): row.index for row in result.rows for c in row.trains}
     episode = result.episode
+    reward = f"reward {episode.reward:g}" if episode.scored else NO_REWARD
     top = Tree(
-        f"[bold]{episode.id}[/]  reward {episode.reward:g}  {len(forest.roots)} trees, {len(forest.leaves)} leaves"
+        f"[bold]{safe(episode.id)}[/]  {reward}  {plural(len(forest.roots), 'tree')}, "
+        f"{plural(len(forest.leaves), 'leaf', 'leaves')}, {plural(len(result.rows), 'row')}"
     )
+
+    def added(index: int) -> int:
+        parent = forest.parent[index]
+        return forest.calls[index].prompt_len - (
+            forest.calls[parent].full_len if parent >= 0 else 0
+        )
 
     def label(index: int) -> str:
         call = forest.calls[index]
         agent = call.agent
-        parts = [f"[bold]{call.id}[/]", f"{agent.id}·{agent.name}" if agent else "?"]
+        who = f"{clip_middle(agent.id, ID_CHARS)}·{agent.name}" if agent else "?"
+        parts = [f"[bold]{safe(clip_middle(call.id, ID_CHARS))}[/]", safe(who)]
         if call.purpose != "turn":
-            parts.append(f"[magenta]{call.purpose}[/]")
-        parts.append(
-            f"[dim]+{call.full_len - (forest.calls[forest.parent[index]].full_len if forest.parent[index] >= 0 else 0)} tok, completion {len(call.completion_ids)}[/]"
-        )
-        parts.append(f"trained in row {trained_in[id(call)].index + 1}")
+            parts.append(f"[magenta]{safe(call.purpose)}[/]")
+        parts.append(f"[dim]prompt +{added(index):,}, completion {len(call.completion_ids):,}[/]")
+        parts.append(f"trained in row {trained_in[id(call)]}")
         if id(call) in row_of_leaf:
-            parts.append(f"[green]leaf → row {row_of_leaf[id(call)].index + 1}[/]")
+            parts.append(f"[green]leaf of row {row_of_leaf[id(call)]}[/]")
+        return "  ".join(parts)
+
+    def chain_from(index: int) -> list[int]:
+        chain = [index]
+        while len(forest.children[chain[-1]]) == 1:
+            chain.append(forest.children[chain[-1]][0])
+        return chain
+
+    def chain_label(chain: list[int]) -> str:
+        calls = [forest.calls[i] for i in chain]
+        agents = ", ".join(
+            dict.fromkeys(clip_middle(c.agent.id, ID_CHARS) for c in calls if c.agent is not None)
+        )
+        ids = [clip_middle(c.id, ID_CHARS) for c in calls]
+        compactions = sum(c.purpose == "compaction" for c in calls)
+        rows = sorted({trained_in[id(c)] for c in calls})
+        prompt = sum(added(i) for i in chain)
+        completion = sum(len(c.completion_ids) for c in calls)
+        parts = [
+            f"[bold]{safe(' → '.join(ids) if len(ids) <= CHAIN_SHOWN else f'{ids[0]} → … → {ids[-1]}')}[/]",
+            f"{len(calls)} calls",
+            safe(agents),
+            f"[dim]prompt +{prompt:,}, completion {completion:,}[/]",
+            f"trained in row{'s' if len(rows) > 1 else ''} {', '.join(map(str, rows))}",
+        ]
+        if compactions:
+            parts.insert(3, f"[magenta]{compactions} compaction{'s' if compactions > 1 else ''}[/]")
+        if id(calls[-1]) in row_of_leaf:
+            parts.append(f"[green]leaf of row {row_of_leaf[id(calls[-1])]}[/]")
         return "  ".join(parts)
 
     def grow(node: Tree, index: int) -> None:
-        for child in forest.children[index]:
-            grow(node.add(label(child)), child)
+        chain = chain_from(index)
+        if len(chain) >= CHAIN_FOLD:
+            branch = node.add(chain_label(chain))
+        else:
+            branch = node.add(label(index))
+            chain = [index]
+        for child in forest.children[chain[-1]]:
+            grow(branch, child)
 
     for root in forest.roots:
-        grow(top.add(label(root)), root)
+        grow(top, root)
     return top

@@ -156,6 +156,12 @@ class Episode:
         """The episode reward: the sum of its named rewards."""
         return float(sum(self.rewards.values()))
 
+    @property
+    def scored(self) -> bool:
+        """Whether any reward was recorded: imported (supervised) episodes and ones that failed
+        before scoring have none, and views say "no reward" rather than a made-up 0."""
+        return bool(self.rewards) or any(agent.rewards is not None for agent in self.agents)
+
     def reward_of(self, agent: Agent | None) -> float:
         """An agent's reward (docs/episode-format.md, rows): the sum of its own `rewards` when it has them (an empty
         dict counts, summing to 0.0), else the episode reward. Rows and credit both use it."""

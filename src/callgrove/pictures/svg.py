@@ -30,6 +30,7 @@ from callgrove.pictures.layout import (
     row_colour,
     start_text,
 )
+from callgrove.pictures.text import clip, clip_middle
 
 INK = "#222222"
 MUTED = "#777777"
@@ -211,7 +212,7 @@ def _lane(writer: _Writer, lane: Lane, width: int) -> None:
     )
     writer.leaf(
         "text",
-        text=_clip(f"{agent.id} · {agent.name}", 24),
+        text=clip(f"{agent.id} · {agent.name}", 24),
         x=MARGIN + 8,
         y=lane.top + 22,
         font_size=13,
@@ -220,7 +221,7 @@ def _lane(writer: _Writer, lane: Lane, width: int) -> None:
     )
     for number, line in enumerate(start_text(lane)):
         writer.leaf(
-            "text", text=_clip(line, 34), x=MARGIN + 8, y=lane.top + 38 + 13 * number, fill=MUTED
+            "text", text=clip(line, 34), x=MARGIN + 8, y=lane.top + 38 + 13 * number, fill=MUTED
         )
     if agent.start == "background":
         writer.leaf(
@@ -305,7 +306,7 @@ def _box(writer: _Writer, box: Box) -> None:
     left = box.x + 8
     writer.leaf(
         "text",
-        text=_clip_middle(call.id, MAX_BOX_CHARS),
+        text=clip_middle(call.id, MAX_BOX_CHARS),
         x=left,
         y=box.y + 16,
         font_family=MONO,
@@ -349,7 +350,7 @@ def _link_line(box: Box) -> str:
     call = box.call
     if not call.kept:
         return "not kept"
-    return "root" if box.parent is None else f"← {_clip_middle(box.parent.id, MAX_BOX_CHARS)}"
+    return "root" if box.parent is None else f"← {clip_middle(box.parent.id, MAX_BOX_CHARS)}"
 
 
 def _count_line(box: Box) -> str:
@@ -507,7 +508,7 @@ def _row_text(number: int, row) -> str:
 
 
 def _id_list(ids: list[str], limit: int = 10) -> str:
-    shown = " ".join(_clip_middle(i, MAX_BOX_CHARS) for i in ids[:limit])
+    shown = " ".join(clip_middle(i, MAX_BOX_CHARS) for i in ids[:limit])
     return shown + (f" … (+{len(ids) - limit})" if len(ids) > limit else "")
 
 
@@ -569,18 +570,6 @@ def _key_symbol(writer: _Writer, symbol: str, x: int, y: int) -> None:
             stroke="#999999",
             stroke_dasharray="2 2",
         )
-
-
-def _clip(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _clip_middle(text: str, limit: int) -> str:
-    """Ids often share a long prefix and differ at the end, so keep both ends."""
-    if len(text) <= limit:
-        return text
-    head = (limit - 1) // 2
-    return f"{text[:head]}…{text[len(text) - (limit - 1 - head) :]}"
 
 
 __all__ = ["render_svg"]
