@@ -140,7 +140,9 @@ def test_truncated_final_line_alone_is_a_warning_not_a_failure(tmp_path):
 
 def test_check_command_summarises_and_fails_on_bad_input(tmp_path):
     ok = run("check", str(EXAMPLES / "login_group.jsonl"))
-    assert ok.exit_code == 0 and ok.stdout.count("each trained exactly once") == 4
+    assert (
+        ok.exit_code == 0 and ok.stdout.count("each trained exactly once") == 4 + 1
+    )  # and the total
     bad = run("check", str(_bad_file(tmp_path, truncated_tail=False)))
     assert bad.exit_code == 1
 

@@ -14,25 +14,41 @@ from callgrove.episode import save
 from .helpers import cancelled, env_raised, healthy
 
 runner = CliRunner()
+TITLE_IN_FLIGHT = "of which in flight (weights changed while it ran)"
+TITLE_IN_QUEUE = "of which in queue (waited after it finished)"
 
 
 def run(*args: str | Path):
     return runner.invoke(app, ["stats", *map(str, args)])
 
 
-def cell(output: str, label: str) -> str:
-    """The value beside `label` in a rich table row."""
-    match = re.search(rf"{re.escape(label)}\s*[│|]\s*([^│|]+?)\s*[│|]", output)
-    assert match, f"no {label!r} row in:\n{output}"
-    return match.group(1)
-
-
 def row(output: str, first: str) -> list[str]:
+    """The cells after `first` in a table line (cells are set apart by two spaces or more)."""
     for line in output.splitlines():
-        parts = [p.strip() for p in re.split(r"[│┃|]", line) if p.strip()]
-        if parts and parts[0] == first:
+        parts = re.split(r"\s{2,}", line.strip())
+        if len(parts) > 1 and parts[0] == first:
             return parts[1:]
     raise AssertionError(f"no row {first!r} in:\n{output}")
+
+
+def cell(output: str, label: str) -> str:
+    """The value beside `label` in a two-column table."""
+    [value] = row(output, label)
+    return value
+
+
+def histogram(output: str, title: str) -> dict[str, str]:
+    """Steps to episodes in the histogram under `title`."""
+    lines = output.splitlines()
+    start = lines.index(title)
+    counts = {}
+    for line in lines[start + 1 :]:
+        parts = line.split()
+        if parts and parts[0].isdigit():
+            counts[parts[0]] = parts[-1]
+        elif counts:
+            break
+    return counts
 
 
 @pytest.fixture
@@ -60,18 +76,20 @@ def test_tables_count_episodes_agents_errors_and_staleness(traces: Path) -> None
     assert row(out, "EnvSetupError") == ["1"]
     # the two healthy train episodes: v2..v4 read at their step 6 -> 3 steps, 2 in flight,
     # 1 in queue; the eval one on v4 at step 6 -> 1 step, in queue; the cancelled is frozen.
-    # Columns: episodes by total, by in-flight count, by in-queue count.
-    assert row(out, "3") == ["2", "0", "0"]
-    assert row(out, "2") == ["0", "2", "0"]
-    assert row(out, "1") == ["1", "0", "3"]
+    # One histogram per quantity, every step between the lowest and the highest listed.
+    assert histogram(out, "off-policy steps (total)") == {"1": "1", "2": "0", "3": "2"}
+    assert histogram(out, TITLE_IN_FLIGHT) == {"0": "1", "1": "0", "2": "2"}
+    assert histogram(out, TITLE_IN_QUEUE) == {"1": "3"}
     assert "frozen policy (never stale): 1" in out
 
 
 def test_step_option_measures_staleness_at_that_step(traces: Path) -> None:
     result = run(traces, "--step", "10")
     assert result.exit_code == 0, result.output
-    assert row(result.stdout, "7") == ["2", "0", "0"]  # (10 - 1) - 2
-    assert row(result.stdout, "5") == ["1", "0", "3"]  # eval: (10 - 1) - 4, all in queue
+    total = histogram(result.stdout, "off-policy steps (total)")
+    assert total["7"] == "2"  # (10 - 1) - 2
+    assert total["5"] == "1"  # eval: (10 - 1) - 4, all in queue
+    assert histogram(result.stdout, TITLE_IN_QUEUE)["5"] == "3"
 
 
 def test_both_forms_and_several_files_add_up(traces: Path, tmp_path: Path) -> None:

@@ -45,7 +45,7 @@ EXIT_USAGE = 2
 EPISODE_FORMS = ".jsonl, .jsonl.gz, .jsonl.zst, .parquet, .arrow"
 FilesArg = Annotated[
     list[Path],
-    typer.Argument(metavar="FILE...", help=f"Episode files ({EPISODE_FORMS}).", show_default=False),
+    typer.Argument(metavar="FILE", help=f"Episode files ({EPISODE_FORMS}).", show_default=False),
 ]
 
 

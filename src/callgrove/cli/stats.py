@@ -1,28 +1,135 @@
 """`callgrove stats`: what a set of episode files holds, read in one streaming pass.
 
-Episodes, agents by name, calls, tokens, errors by type, the ok rate and how far off-policy
-the episodes are. Memory does not grow with the files: each episode is tallied and dropped.
-An episode with no agents (cancelled, or failed before the env ran) is counted under errors
-and never appears in the per-agent tallies.
+First what an RL engineer reads: the ok rate, rewards (overall, per seat, per group),
+advantages, the rows they make (tokens, loss tokens, duplicates); then agents by name,
+errors by type and how far off-policy the episodes are. Memory does not grow with the
+files: each episode is tallied and dropped. Tables with nothing to show are left out, and
+episodes never scored (imported transcripts) count as "no reward", never as 0.
 """
 
 from __future__ import annotations
 
 import gc
+import math
+import sys
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated
 
+import numpy as np
+import orjson
 import typer
+from rich import box
+from rich.console import Group, RenderableType
 from rich.table import Table
+from rich.text import Text
 
-from callgrove.cli.app import EXIT_FAILED, EXIT_OK, app, err, out, progress_bar, require_files
-from callgrove.episode import Stats, load
+from callgrove.cli.app import (
+    EXIT_FAILED,
+    EXIT_OK,
+    FilesArg,
+    app,
+    cell,
+    err,
+    out,
+    progress_bar,
+    reject_foreign_files,
+    require_files,
+    safe,
+)
+from callgrove.episode import Episode, Stats, load
 from callgrove.formats.problems import Diagnostics
+from callgrove.rows import build_rows
 
 # Problems printed one by one before the rest are only counted.
 SHOWN_PROBLEMS = 20
 COLLECT_EVERY = 64
+# Up to this many groups each get a line in the rewards table; past it, a summary line.
+GROUPS_LISTED = 8
+BAR_WIDTH = 30
+NO_REWARD = "no reward"
+
+
+@dataclass
+class Moments:
+    """Count, mean, standard deviation (population), min and max of a stream of numbers."""
+
+    count: int = 0
+    total: float = 0.0
+    total_sq: float = 0.0
+    low: float = math.inf
+    high: float = -math.inf
+
+    def add(self, value: float) -> None:
+        self.count += 1
+        self.total += value
+        self.total_sq += value * value
+        self.low = min(self.low, value)
+        self.high = max(self.high, value)
+
+    @property
+    def mean(self) -> float:
+        return self.total / self.count if self.count else math.nan
+
+    @property
+    def std(self) -> float:
+        if not self.count:
+            return math.nan
+        return math.sqrt(max(self.total_sq / self.count - self.mean**2, 0.0))
+
+    def record(self) -> dict[str, float | int | None]:
+        if not self.count:
+            return {"count": 0, "mean": None, "std": None, "min": None, "max": None}
+        return {
+            "count": self.count,
+            "mean": self.mean,
+            "std": self.std,
+            "min": self.low,
+            "max": self.high,
+        }
+
+
+@dataclass
+class Learning:
+    """What training would see: rewards, advantages and the rows the episodes make."""
+
+    reward: Moments = field(default_factory=Moments)
+    unscored: int = 0
+    seat_rewards: dict[str, Moments] = field(default_factory=dict)
+    group_rewards: dict[str, Moments] = field(default_factory=dict)
+    advantages: dict[str, Moments] = field(default_factory=dict)
+    rows: int = 0
+    num_tokens: int = 0
+    num_loss_tokens: int = 0
+    duplicates: int = 0
+    unbuildable: int = 0
+
+    def add(self, episode: Episode) -> None:
+        if episode.scored:
+            self.reward.add(episode.reward)
+            if episode.group is not None:
+                self.group_rewards.setdefault(episode.group, Moments()).add(episode.reward)
+            for agent in episode.agents:
+                self.seat_rewards.setdefault(agent.name, Moments()).add(episode.reward_of(agent))
+        else:
+            self.unscored += 1
+        for call in episode.calls():
+            if call.advantages is not None and call.agent is not None:
+                value = float(np.mean(call.advantages))
+                self.advantages.setdefault("all", Moments()).add(value)
+                self.advantages.setdefault(call.agent.name, Moments()).add(value)
+        if not episode.agents:
+            return
+        try:
+            rows = build_rows(episode).rows
+        except Exception:  # counted and shown: `callgrove rows` names the reason
+            self.unbuildable += 1
+            return
+        self.rows += len(rows)
+        self.num_tokens += sum(row.num_tokens for row in rows)
+        self.num_loss_tokens += sum(row.num_loss_tokens for row in rows)
+        self.duplicates += sum(row.duplicate_of is not None for row in rows)
 
 
 def collect(
@@ -30,144 +137,303 @@ def collect(
     diagnostics: Diagnostics,
     training_step: int | None = None,
     skip_bad: bool = False,
-) -> Stats:
-    """Stream every file into one `Stats`. Problems go to `diagnostics`; without `skip_bad`
+) -> tuple[Stats, Learning]:
+    """Stream every file into one `Stats` and `Learning`. Problems go to `diagnostics`; without `skip_bad`
     the first error stops the reading (the error is the last problem recorded)."""
-    stats = Stats()
+    stats, learning = Stats(), Learning()
     with progress_bar() as progress:
         for path in files:
             task = progress.add_task(path.name, total=path.stat().st_size)
             seen_errors = len(diagnostics.errors)
             for episode in load(path, diagnostics):
                 if not skip_bad and len(diagnostics.errors) > seen_errors:
-                    return stats
+                    return stats, learning
                 stats.add(episode, training_step)
+                learning.add(episode)
                 if stats.episodes % COLLECT_EVERY == 0:
                     # An episode is a reference cycle (agent <-> call), freed only by the
                     # cycle collector; run it as we go so memory stays flat.
                     gc.collect()
-                    progress.update(task, description=f"{path.name} · {stats.episodes} episodes")
+                    progress.update(task, description=f"{path.name} · {stats.episodes:,} episodes")
             progress.update(task, completed=path.stat().st_size)
             if not skip_bad and len(diagnostics.errors) > seen_errors:
-                return stats
-    return stats
+                return stats, learning
+    return stats, learning
 
 
 def _percent(part: int, whole: int) -> str:
     return f"{100 * part / whole:.1f}%" if whole else "-"
 
 
-def summary_table(stats: Stats) -> Table:
-    table = Table(title="episodes", title_justify="left", show_header=False)
-    table.add_column("what")
-    table.add_column("count", justify="right")
-    rows = [
-        ("episodes", f"{stats.episodes}"),
-        ("ok", f"{stats.ok} ({_percent(stats.ok, stats.episodes)})"),
-        ("with errors", f"{stats.with_errors}"),
-        ("without agents", f"{stats.without_agents}"),
-        ("calls (kept)", f"{stats.calls} ({stats.kept_calls})"),
-        ("prompt tokens", f"{stats.prompt_tokens}"),
-        ("completion tokens", f"{stats.completion_tokens}"),
-        ("distinct tokens stored", f"{stats.stored_tokens}"),
-    ]
-    rows += [(f"run {kind}", f"{count}") for kind, count in sorted(stats.run_types.items())]
-    for row in rows:
-        table.add_row(*row)
+def _number(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:,.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
+
+
+def _table(title: str, *columns: str, header: bool = True) -> Table:
+    table = Table(title=title, title_justify="left", show_header=header, box=box.SIMPLE_HEAD)
+    for number, name in enumerate(columns):
+        table.add_column(name, justify="left" if number == 0 else "right")
     return table
 
 
-def agents_table(stats: Stats) -> Table:
-    table = Table(title="agents by name", title_justify="left")
-    for name in ("name", "agents", "trainable", "calls", "kept", "prompt tok", "completion tok"):
-        table.add_column(name, justify="left" if name == "name" else "right")
-    table.add_column("errors", justify="right")
+def summary_table(stats: Stats, learning: Learning) -> Table:
+    table = _table("episodes", "what", "count", header=False)
+    rows = [
+        ("episodes", f"{stats.episodes:,}"),
+        ("ok", f"{stats.ok:,} ({_percent(stats.ok, stats.episodes)})"),
+        ("with errors", f"{stats.with_errors:,}"),
+        ("without agents", f"{stats.without_agents:,}"),
+        ("groups", f"{len(learning.group_rewards):,}"),
+        ("calls (kept)", f"{stats.calls:,} ({stats.kept_calls:,})"),
+        ("prompt tokens", f"{stats.prompt_tokens:,}"),
+        ("completion tokens", f"{stats.completion_tokens:,}"),
+        ("distinct tokens stored", f"{stats.stored_tokens:,}"),
+    ]
+    rows += [(f"run {kind}", f"{count:,}") for kind, count in sorted(stats.run_types.items())]
+    for what, count in rows:
+        table.add_row(cell(what), count)
+    return table
+
+
+def _moments_row(table: Table, label: str, moments: Moments) -> None:
+    table.add_row(
+        cell(label),
+        f"{moments.count:,}",
+        _number(moments.mean),
+        _number(moments.std),
+        _number(moments.low),
+        _number(moments.high),
+    )
+
+
+def rewards_table(learning: Learning) -> RenderableType:
+    """Overall, per seat and per group; a group whose episodes all got one reward gives
+    group-relative algorithms nothing to learn from, so those are counted."""
+    if not learning.reward.count:
+        return Text(f"rewards: {NO_REWARD} ({learning.unscored:,} episodes never scored)")
+    table = _table("rewards", "", "episodes", "mean", "std", "min", "max")
+    _moments_row(table, "all", learning.reward)
+    for name, moments in sorted(learning.seat_rewards.items()):
+        _moments_row(table, f"seat {name}", moments)
+    groups = learning.group_rewards
+    if len(groups) <= GROUPS_LISTED:
+        for name, moments in sorted(groups.items()):
+            _moments_row(table, f"group {name}", moments)
+    flat = sum(1 for m in groups.values() if m.count > 1 and m.high == m.low)
+    notes = []
+    if groups:
+        notes.append(f"{flat:,} of {len(groups):,} groups have one reward for every episode")
+    if learning.unscored:
+        notes.append(f"{learning.unscored:,} episodes never scored ({NO_REWARD})")
+    table.caption = "; ".join(notes) or None
+    table.caption_justify = "left"
+    return table
+
+
+def advantages_table(learning: Learning) -> Table | None:
+    if not learning.advantages:
+        return None
+    table = _table("advantages (per call)", "", "calls", "mean", "std", "min", "max")
+    _moments_row(table, "all", learning.advantages["all"])
+    for name, moments in sorted(learning.advantages.items()):
+        if name != "all":
+            _moments_row(table, f"seat {name}", moments)
+    return table
+
+
+def rows_table(learning: Learning) -> Table | None:
+    if not learning.rows and not learning.unbuildable:
+        return None
+    table = _table("rows", "what", "count", header=False)
+    for what, count in (
+        ("rows", f"{learning.rows:,}"),
+        ("num_tokens", f"{learning.num_tokens:,}"),
+        ("num_loss_tokens", f"{learning.num_loss_tokens:,}"),
+        ("loss share", _percent(learning.num_loss_tokens, learning.num_tokens)),
+        ("duplicate rows (no loss)", f"{learning.duplicates:,}"),
+    ):
+        table.add_row(what, count)
+    if learning.unbuildable:
+        table.add_row(cell("episodes that make no rows", "red"), f"{learning.unbuildable:,}")
+    return table
+
+
+def agents_table(stats: Stats) -> Table | None:
+    if not stats.agents:
+        return None
+    table = _table(
+        "agents by name", "name", "agents", "trainable", "calls", "kept", "prompt tokens",
+        "completion tokens", "errors",
+    )  # fmt: skip
     for name, tally in sorted(stats.agents.items()):
         table.add_row(
-            name,
-            str(tally.agents),
-            str(tally.trainable),
-            str(tally.calls),
-            str(tally.kept_calls),
-            str(tally.prompt_tokens),
-            str(tally.completion_tokens),
-            str(tally.errors),
+            cell(name),
+            *(
+                f"{value:,}"
+                for value in (
+                    tally.agents,
+                    tally.trainable,
+                    tally.calls,
+                    tally.kept_calls,
+                    tally.prompt_tokens,
+                    tally.completion_tokens,
+                    tally.errors,
+                )
+            ),
         )
     return table
 
 
-def errors_table(stats: Stats) -> Table:
-    table = Table(title="errors by type", title_justify="left")
-    table.add_column("type")
-    table.add_column("count", justify="right")
+def errors_table(stats: Stats) -> Table | None:
+    if not stats.errors:
+        return None
+    table = _table("errors by type", "type", "episodes")
     for kind, count in stats.errors.most_common():
-        table.add_row(kind, str(count))
+        table.add_row(cell(kind), f"{count:,}")
     return table
 
 
-def spread_table(stats: Stats) -> Table:
+# The staleness quantities, each read as its own histogram (see `off_policy_steps`).
+SPREAD_QUANTITIES = (
+    ("by_total", "off-policy steps (total)"),
+    ("in_flight", "of which in flight (weights changed while it ran)"),
+    ("in_queue", "of which in queue (waited after it finished)"),
+)
+
+
+def spread_view(stats: Stats) -> RenderableType | None:
+    """One histogram per quantity: steps, a bar, the count of episodes."""
     spread = stats.spread
-    table = Table(title="off-policy steps", title_justify="left")
-    for name in ("steps", "episodes (total)", "in flight", "in queue"):
-        table.add_column(name, justify="right")
-    steps = sorted(set(spread.by_total) | set(spread.in_flight) | set(spread.in_queue))
-    for step in steps:
-        table.add_row(
-            str(step),
-            str(spread.by_total[step]),
-            str(spread.in_flight[step]),
-            str(spread.in_queue[step]),
-        )
-    table.caption = f"frozen policy (never stale): {spread.frozen}" + (
-        f" · no training step known: {spread.unknown_step}" if spread.unknown_step else ""
-    )
-    return table
+    if not spread.by_total and not spread.frozen and not spread.unknown_step:
+        return None
+    parts: list[RenderableType] = []
+    for attribute, title in SPREAD_QUANTITIES:
+        counts = getattr(spread, attribute)
+        if not counts:
+            continue
+        table = _table(title, "steps", "", "episodes")
+        table.columns[1].justify = "left"
+        largest = max(counts.values())
+        for step in range(min(counts), max(counts) + 1):
+            count = counts[step]
+            bar = "█" * (round(BAR_WIDTH * count / largest) if count else 0)
+            table.add_row(f"{step:,}", Text(bar, style="cyan"), f"{count:,}")
+        parts.append(table)
+    notes = [f"frozen policy (never stale): {spread.frozen:,}"]
+    if spread.unknown_step:
+        notes.append(f"no training step known: {spread.unknown_step:,}")
+    parts.append(Text(" · ".join(notes), style="dim"))
+    return Group(*parts)
+
+
+def stats_record(stats: Stats, learning: Learning) -> dict[str, object]:
+    """Everything the tables show, as one JSON object (for CI and scripts)."""
+    spread = stats.spread
+    return {
+        "episodes": stats.episodes,
+        "ok": stats.ok,
+        "ok_rate": stats.ok / stats.episodes if stats.episodes else None,
+        "with_errors": stats.with_errors,
+        "without_agents": stats.without_agents,
+        "calls": stats.calls,
+        "kept_calls": stats.kept_calls,
+        "prompt_tokens": stats.prompt_tokens,
+        "completion_tokens": stats.completion_tokens,
+        "distinct_tokens_stored": stats.stored_tokens,
+        "run_types": dict(stats.run_types),
+        "rewards": {
+            "all": learning.reward.record(),
+            "unscored_episodes": learning.unscored,
+            "seats": {name: m.record() for name, m in sorted(learning.seat_rewards.items())},
+            "groups": {name: m.record() for name, m in sorted(learning.group_rewards.items())},
+        },
+        "advantages": {name: m.record() for name, m in sorted(learning.advantages.items())},
+        "rows": {
+            "rows": learning.rows,
+            "num_tokens": learning.num_tokens,
+            "num_loss_tokens": learning.num_loss_tokens,
+            "duplicates": learning.duplicates,
+            "episodes_without_rows": learning.unbuildable,
+        },
+        "agents": {
+            name: {
+                "agents": t.agents,
+                "trainable": t.trainable,
+                "calls": t.calls,
+                "kept_calls": t.kept_calls,
+                "prompt_tokens": t.prompt_tokens,
+                "completion_tokens": t.completion_tokens,
+                "errors": t.errors,
+            }
+            for name, t in sorted(stats.agents.items())
+        },
+        "errors": dict(stats.errors.most_common()),
+        "off_policy_steps": {
+            attribute: {str(k): v for k, v in sorted(getattr(spread, attribute).items())}
+            for attribute, _ in SPREAD_QUANTITIES
+        }
+        | {"frozen": spread.frozen, "unknown_step": spread.unknown_step},
+    }
 
 
 def _report(diagnostics: Diagnostics) -> None:
     for problem in diagnostics.problems[:SHOWN_PROBLEMS]:
         style = "yellow" if problem.severity == "warning" else "red"
-        err.print(f"[{style}]{problem.severity}[/]: {problem}", markup=True, highlight=False)
+        err.print(f"[{style}]{problem.severity}[/]: {safe(problem)}")
     hidden = len(diagnostics.problems) - SHOWN_PROBLEMS
     if hidden > 0:
-        counts = ", ".join(f"{n} {kind}" for kind, n in diagnostics.counts().most_common())
-        err.print(f"… and {hidden} more problems ({counts} in all)")
+        counts = ", ".join(f"{n:,} {kind}" for kind, n in diagnostics.counts().most_common())
+        err.print(f"… and {hidden:,} more problems ({safe(counts)} in all)")
 
 
 @app.command("stats")
 def stats_command(
-    files: Annotated[
-        list[Path], typer.Argument(help="Episode files (.jsonl[.gz|.zst], .parquet, .arrow)")
-    ],
+    files: FilesArg,
     step: Annotated[
         int | None,
         typer.Option(
-            "--step", help="Training step to measure staleness at (default: each run.step)"
+            "--step", help="Training step to measure staleness at (default: each run.step)."
         ),
     ] = None,
     skip_bad: Annotated[
         bool,
         typer.Option(
-            "--skip-bad", help="Skip and count unreadable lines instead of stopping at the first"
+            "--skip-bad", help="Skip and count unreadable lines instead of stopping at the first."
         ),
     ] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="One JSON object on stdout instead of the tables.")
+    ] = False,
 ) -> None:
-    """Episodes, agents by name, calls, tokens, errors by type, ok rate, off-policy spread.
+    """Ok rate, rewards, advantages, rows, agents by name, errors by type, off-policy spread.
 
     Exit 0 when every episode was read (a truncated final line is only a warning), 1 when
     any line or episode could not be used (with --skip-bad: after the tables), 2 on usage
     errors.
     """
     require_files(files)
+    reject_foreign_files(files)
     diagnostics = Diagnostics()
-    stats = collect(files, diagnostics, step, skip_bad)
+    stats, learning = collect(files, diagnostics, step, skip_bad)
     if skip_bad or not diagnostics.errors:
-        for table in (summary_table(stats), agents_table(stats), errors_table(stats)):
-            out.print(table)
-        out.print(spread_table(stats))
+        if as_json:
+            sys.stdout.buffer.write(orjson.dumps(stats_record(stats, learning)) + b"\n")
+        else:
+            views = (
+                summary_table(stats, learning),
+                rewards_table(learning),
+                advantages_table(learning),
+                rows_table(learning),
+                agents_table(stats),
+                errors_table(stats),
+                spread_view(stats),
+            )
+            for view in views:
+                if view is not None:
+                    out.print(view)
     _report(diagnostics)
     if diagnostics.errors and skip_bad:
-        err.print(f"skipped {len(diagnostics.errors)} unusable line(s) or episode(s)")
+        err.print(f"skipped {len(diagnostics.errors):,} unusable line(s) or episode(s)")
     elif diagnostics.errors:
         err.print("stopped at the first unusable line; --skip-bad skips such lines and goes on")
     raise typer.Exit(EXIT_FAILED if diagnostics.errors else EXIT_OK)

@@ -1,0 +1,196 @@
+"""The terminal views as a user meets them: escaped input, widths, totals, hints and help."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from callgrove.cli import app
+from callgrove.cli.rows import rows_table_view
+from callgrove.cli.show import forest_view
+from callgrove.episode import Agent, Call, Episode, save
+from callgrove.rows import build_rows
+
+ROOT = Path(__file__).parents[2]
+EXAMPLES = ROOT / "examples"
+CODEX = (
+    ROOT
+    / "tests/data/real/jazzyalex__agent-sessions/Resources/Fixtures/stage0/agents/codex/small.jsonl"
+)
+CLAUDE = (
+    ROOT / "tests/data/real/d-kimuson__claude-code-viewer/mock-global-claude-dir/projects/"
+    "sample-project/5c0375b4-57a5-4f26-b12d-d022ee4e51b7.jsonl"
+)
+runner = CliRunner()
+MARKUP_ID = "[trimmed for fixture]"
+
+
+def run(*args: object):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def chain_episode(episode_id: str, calls: int, call_prefix: str = "C", **extra) -> Episode:
+    """One agent whose every call resends the previous call's tokens: a linear chain."""
+    agent = Agent(id=f"{call_prefix}agent", name="leader")
+    prompt: list[int] = [1, 2]
+    for seq in range(1, calls + 1):
+        agent.add(Call.make(f"{call_prefix}{seq}", seq, list(prompt), [seq + 100]))
+        prompt += [seq + 100, seq + 200]
+    return Episode(episode_id, agents=[agent], **extra)
+
+
+def rendered(renderable, width: int) -> list[str]:
+    console = Console(width=width, record=True, highlight=False)
+    console.print(renderable)
+    return console.export_text().splitlines()
+
+
+def test_markup_in_ids_and_paths_prints_as_written(tmp_path):
+    path = tmp_path / "odd.jsonl"
+    save(path, [chain_episode(MARKUP_ID, 2, call_prefix="[bold]c", rewards={"r": 1.0})])
+    for command in ("rows", "show", "check"):
+        result = run(command, path)
+        assert result.exit_code == 0, result.output
+        assert MARKUP_ID in result.stdout, command
+    assert "[bold]c1" in run("show", path).stdout
+    out = tmp_path / "out[bold].parquet"
+    written = run("rows", path, "-o", out)
+    assert written.exit_code == 0 and out.is_file()
+    assert f"to {out}" in written.stderr
+
+
+def test_show_folds_an_80_call_chain_and_keeps_branches():
+    result = build_rows(chain_episode("long", 80))
+    lines = rendered(forest_view(result), 100)
+    assert max(len(line) for line in lines) <= 100
+    assert len(lines) == 2 and "C1 → … → C80" in lines[1] and "80 calls" in lines[1]
+    example = rendered(forest_view(_example()), 100)
+    assert any("C1 → C3 → C7" in line for line in example)  # short runs name every call
+    assert sum("C8 " in line or "C10 " in line for line in example) == 2  # the branch stays
+
+
+def test_rows_keep_one_line_per_row_at_100_columns_with_long_ids():
+    long = chain_episode("real", 85, call_prefix="main/msg_01Bm4U8urWjXsKBx8t4Jy1Dg_")
+    lines = rendered(rows_table_view(build_rows(long), 100), 100)
+    assert max(len(line) for line in lines) <= 100
+    [row] = [line for line in lines if line.lstrip().startswith("0 ")]
+    assert "#1…#85 (85)" in row
+    assert "no reward" in row  # never scored: not a made-up 0
+
+
+def test_rows_of_many_episodes_print_a_summary_and_say_how_to_see_one(tmp_path):
+    path = tmp_path / "many.jsonl"
+    save(path, [chain_episode(f"ep{n}", 3, rewards={"r": 1.0}) for n in range(12)])
+    result = run("rows", path)
+    assert result.exit_code == 0
+    assert "episode ep0\n" not in result.stdout  # no table per episode
+    lines = {
+        parts[0]: parts[-1]
+        for line in result.stdout.splitlines()
+        if len(parts := re.split(r"\s{2,}", line.strip())) == 2
+    }
+    assert lines["episodes"] == "12" and lines["rows"] == "12"
+    assert "check: 36 kept calls in 12 episodes, each trained exactly once" in result.stdout
+    assert f"callgrove rows {path} --episode ep0" in result.stdout
+    one = run("rows", path, "--episode", "ep3")
+    assert "episode ep3" in one.stdout and "ep4" not in one.stdout
+
+
+def test_thousands_separators_in_totals(tmp_path):
+    path = tmp_path / "big.jsonl"
+    save(path, [chain_episode(f"ep{n}", 30, rewards={"r": 1.0}) for n in range(8)])
+    result = run("rows", path)
+    tokens = next(line for line in result.stdout.splitlines() if "num_tokens" in line)
+    assert tokens.split()[-1] == f"{8 * (2 + 30 * 2 - 1):,}"
+
+
+def test_check_ends_with_a_total_and_speaks_json():
+    result = run("check", EXAMPLES / "login_group.jsonl")
+    assert result.stdout.rstrip().splitlines()[-1] == (
+        "total: 48 kept calls in 4 episodes, each trained exactly once"
+    )
+    data = json.loads(run("check", "--json", EXAMPLES / "login_group.jsonl").stdout)
+    assert data["total"] == {
+        "episodes": 4, "failed_to_read": 0, "kept_calls": 48, "rows": 20, "violations": 0,
+        "ok": True,
+    }  # fmt: skip
+    assert [e["episode"] for e in data["episodes"]] == [f"login-bug-g{n}" for n in range(4)]
+
+
+@pytest.mark.parametrize("command", ["rows", "check", "show", "stats"])
+def test_harness_files_get_a_hint_not_an_error_per_line(command):
+    result = run(command, CODEX)
+    assert result.exit_code == 2
+    assert "callgrove import codex" in result.stderr
+    assert result.stderr.count("\n") == 1
+    claude = run(command, CLAUDE)
+    assert claude.exit_code == 2 and "callgrove import claude-code" in claude.stderr
+
+
+def test_tokens_without_jsonl_is_refused_not_ignored():
+    result = run("rows", EXAMPLES / "login_bug.jsonl", "--tokens")
+    assert result.exit_code == 2 and "--jsonl" in result.stderr
+
+
+def test_version():
+    result = run("--version")
+    assert result.exit_code == 0 and result.stdout.startswith("callgrove ")
+
+
+@pytest.mark.parametrize("command", ["rows", "check", "show", "stats"])
+def test_help_lists_the_formats_and_has_plain_usage(command):
+    result = run(command, "--help")
+    usage = next(line for line in result.stdout.splitlines() if "Usage:" in line)
+    assert usage.split()[-1] == "{FILE}..."
+    text = " ".join(result.stdout.split())
+    for form in (".jsonl", ".jsonl.gz", ".jsonl.zst", ".parquet", ".arrow"):
+        assert form in text
+
+
+def _example():
+    from callgrove.episode import load
+
+    [episode] = load(EXAMPLES / "login_bug.jsonl")
+    return build_rows(episode)
+
+
+def test_stats_reads_like_an_rl_engineer_looks(tmp_path):
+    """Rewards overall, per seat and per group; advantages; rows; no empty tables."""
+    import callgrove as cg
+
+    episodes = list(cg.load(EXAMPLES / "login_group.jsonl"))
+    cg.finalize_group(cg.GRPO(), episodes)
+    path = tmp_path / "scored.jsonl"
+    save(path, episodes)
+    result = run("stats", path)
+    assert result.exit_code == 0, result.output
+    text = result.stdout
+    rewards = [e.reward for e in episodes]
+    mean = sum(rewards) / len(rewards)
+    line = next(line.split() for line in text.splitlines() if line.strip().startswith("all "))
+    assert line[:3] == ["all", "4", f"{mean:,.4g}"]
+    assert line[4:] == [f"{min(rewards):g}", f"{max(rewards):g}"]
+    assert "seat leader" in text and "group grp-login" in text
+    assert "advantages (per call)" in text
+    assert "num_loss_tokens" in text and "duplicate rows (no loss)" in text
+    assert "errors by type" not in text  # nothing to show, nothing printed
+    data = json.loads(run("stats", "--json", path).stdout)
+    assert data["rewards"]["all"]["count"] == 4
+    assert data["rewards"]["all"]["mean"] == pytest.approx(mean)
+    assert data["rows"]["rows"] == 20 and data["ok_rate"] == 1.0
+    assert data["advantages"]["all"]["count"] == 48
+
+
+def test_never_scored_episodes_say_no_reward(tmp_path):
+    path = tmp_path / "imported.jsonl"
+    save(path, [chain_episode("imported", 3, objective="supervised")])
+    stats = run("stats", path).stdout
+    assert "rewards: no reward (1 episodes never scored)" in stats
+    assert "no reward" in run("show", path).stdout
+    assert "no reward" in run("rows", path).stdout
+    assert json.loads(run("stats", "--json", path).stdout)["rewards"]["all"]["mean"] is None
