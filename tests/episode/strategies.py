@@ -10,6 +10,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 from callgrove.episode import AGENT_STARTS, PURPOSES, Agent, Call, Episode, episode_to_wire
+from callgrove.episode.provenance import gap_from_json
 from callgrove.formats.wire import WireEnv, WireError, WirePolicy, WireRun
 
 names = st.text(min_size=1, max_size=6)
@@ -27,6 +28,14 @@ json_values = st.recursive(
 )
 json_objects = st.dictionaries(st.text(max_size=4), json_values, max_size=3)
 finite = st.floats(-1e6, 1e6, allow_nan=False)
+gap_objects = st.builds(
+    lambda kind, reason, detail: {"kind": kind, **({"reason": reason} if reason else {}), **detail},
+    st.text(min_size=1, max_size=6),
+    st.text(max_size=6),
+    st.dictionaries(
+        st.text(min_size=5, max_size=6).map(lambda k: "x" + k), json_values, max_size=2
+    ),
+)
 reward_maps = st.dictionaries(st.text(max_size=5), finite, max_size=3)
 token_lists = st.lists(st.integers(0, 2**31 - 1), max_size=6)
 
@@ -117,7 +126,7 @@ def episodes(draw: st.DrawFn, index: int | None = None) -> Episode:
         ),
         rewards=draw(reward_maps),
         objective=draw(st.none() | st.sampled_from(["rl", "supervised"])),
-        gaps=draw(st.none() | st.lists(json_objects, max_size=2)),
+        gaps=draw(st.none() | st.lists(gap_objects.map(gap_from_json), max_size=2)),
         meta=draw(st.none() | json_objects),
     )
 

@@ -59,7 +59,7 @@ def test_every_agent_and_compaction_kept_rows_as_the_spec_example(
     assert episode.call("C10").purpose == "compaction"
     assert not episode.call("R12").kept  # captured, named by no invocation
     assert episode.call("C8").prompt_ids().tolist() == [1, 10, 11, 12, 13, 14, 15, 16, 50]
-    kinds = sorted(g["kind"] for g in episode.gaps)
+    kinds = sorted(g.kind for g in episode.gaps)
     assert kinds == [
         "empty_generation",
         "model_call_ownership_unavailable",
@@ -134,7 +134,7 @@ def test_without_invocation_records_every_call_is_one_agents(store: TokenCapture
     [episode] = read_gym(store.root)
     [agent] = episode.agents
     assert len(agent.calls) == 13 and all(c.kept for c in agent.calls)
-    assert [g["kind"] for g in episode.gaps] == [
+    assert [g.kind for g in episode.gaps] == [
         "empty_generation",
         "agent_invocations_unavailable",
     ]
@@ -167,7 +167,7 @@ def test_lost_calls_and_failed_agents_are_errors(store: TokenCaptureStore, tmp_p
         ("timeout", "S", "agent invocation failed"),
         ("capture_incomplete", UNSET, "calls lost: C3, C4"),
     ]
-    unmatched = [g for g in episode.gaps if g["kind"] == "model_call_reference_unmatched"]
+    unmatched = [g.to_json() for g in episode.gaps if g.kind == "model_call_reference_unmatched"]
     assert unmatched == [
         {
             "kind": "model_call_reference_unmatched",
@@ -185,7 +185,7 @@ def test_delta_prompts_through_a_call_that_generated_nothing(store: TokenCapture
     capture.call("C3", capture.after("C2", 5), [6], parent="C2", delta=True)
     [episode] = read_gym(store.root)
     assert episode.call("C3").prompt_ids().tolist() == [1, 2, 3, 4, 5]
-    assert [g["kind"] for g in episode.gaps][:1] == ["empty_generation"]
+    assert [g.kind for g in episode.gaps][:1] == ["empty_generation"]
 
 
 def test_delta_over_a_parent_never_captured_is_a_gap(tmp_path: Path) -> None:
@@ -203,7 +203,7 @@ def test_delta_over_a_parent_never_captured_is_a_gap(tmp_path: Path) -> None:
     path.write_text(json.dumps(line) + "\n")
     [episode] = read_gym(path)
     assert list(episode.calls()) == []
-    assert episode.gaps[0]["kind"] == "delta_chain_unreconstructable"
+    assert episode.gaps[0].kind == "delta_chain_unreconstructable"
 
 
 def test_bad_lines_are_reported_with_file_and_line(

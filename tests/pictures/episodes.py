@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from callgrove.episode import Agent, Call, Episode, load
+from callgrove.episode import Agent, Call, Episode, Gap, Spawn, load
 from callgrove.rows import EpisodeRows, build_rows
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
@@ -32,7 +32,7 @@ def unusual_episode() -> Episode:
     r5 = Call.make("R5", 5, [1, 2, 3, 4, 5, 6, 10, 11, 12], [13], kept=False)
     s6 = Call.make("S6", 6, [1, 2, 3, 4, 5, 6, 10, 11, 14], [15, 16])
     leader = Agent("L", "leader", calls=[s1, s3, r5])
-    worker = Agent("W", "worker", parent="L", start="fresh", calls=[s2], meta={"spawned_by": "S1"})
+    worker = Agent("W", "worker", parent="L", start="fresh", calls=[s2], spawn=Spawn(call="S1"))
     lost = Agent("G", "ghost", parent=None, start="background", calls=[s4])
     frozen = Agent("N", "frozen", parent="L", start="fork", trainable=False, calls=[s6])
     idle = Agent("Z", "idle", parent="L", start="fresh")
@@ -40,5 +40,5 @@ def unusual_episode() -> Episode:
         "unusual",
         agents=[leader, worker, lost, frozen, idle],
         rewards={"score": 0.5},
-        gaps=[{"kind": "subagent_parent_unavailable", "agent": "G"}],
+        gaps=[Gap(kind="subagent_parent_unavailable", agent="G")],
     )

@@ -53,7 +53,7 @@ def tool_use(path: Path, use_id: str) -> dict:
 
 def spawning_tool_ids(episode: Episode, agent_id: str) -> list[str]:
     """Tool call ids in the answer of the call an agent names as its spawner."""
-    spawner = episode.call(episode.agent(agent_id).meta["spawned_by"])
+    spawner = episode.call(episode.agent(agent_id).spawn.call)
     return [t["id"] for t in spawner.content["response"]["tool_calls"]]
 
 
@@ -84,7 +84,7 @@ def test_flat_layout_linked_by_tool_use_result_agent_id():
     (episode,), report = imported(FLAT)
     leader, sub = episode.agents
     assert (sub.id, sub.name, sub.parent, sub.start) == ("agent-ea02459f", "Plan", "main", "fresh")
-    assert sub.meta["layout"] == "flat" and sub.meta["link"] == "toolUseResult.agentId"
+    assert sub.meta["layout"] == "flat" and sub.spawn.link == "toolUseResult.agentId"
     assert "toolu_01HD7PpSCWhP2gP8dXvJiyZN" in spawning_tool_ids(episode, sub.id)
     assert len(leader.calls) == len(response_keys(FLAT))
     assert len(sub.calls) == len(response_keys(FLAT_DIR / "agent-ea02459f.jsonl"))
@@ -196,8 +196,8 @@ def test_unlinkable_subagent_is_a_gap_and_keeps_its_calls():
     assert (sub.id, sub.parent, sub.name) == ("agent-a0ad4f44468bdf20d", None, "general-purpose")
     assert sub.meta["meta_json"] == {"agentType": "general-purpose", "spawnDepth": 1}
     assert len(sub.calls) == 1 and len(leader.calls) == 1
-    assert [g["agent"] for g in episode.gaps] == [sub.id]
-    assert episode.gaps[0]["kind"] == "subagent_parent_unavailable"
+    assert [g.agent for g in episode.gaps] == [sub.id]
+    assert episode.gaps[0].kind == "subagent_parent_unavailable"
     assert_every_line_accounted(report)
 
 

@@ -45,7 +45,7 @@ def test_stitched_fixture_threads_compactions_and_accounting():
     assert tools == ["call-2", "call-3", "call-1"]
     assert calls[0].content["usage"]["output_tokens"] == 81
     # The second thread names itself as its parent (trimmed ids): a gap, its own episode.
-    assert [g["kind"] for g in second.gaps] == ["subagent_parent_unavailable"]
+    assert [g.kind for g in second.gaps] == ["subagent_parent_unavailable"]
     assert second.agents[0].parent is None
     compactions = [c for c in second.calls() if c.purpose == "compaction"]
     assert len(compactions) == 5  # lines 47, 69, 81, 89, 111 (line 26 is the first thread's)
@@ -142,7 +142,7 @@ def test_subagent_thread_joined_to_its_parent_rollout(tmp_path, linked_by):
         parent_id,
         "fresh",
     )
-    spawner = episode.call(child.meta["spawned_by"])
+    spawner = episode.call(child.spawn.call)
     assert [t["id"] for t in spawner.content["response"]["tool_calls"]] == ["c1"]
     assert len(leader.calls) == 2 and len(child.calls) == 1
     assert_every_line_accounted(report)

@@ -60,7 +60,7 @@ def test_join_takes_capture_tokens_with_transcript_structure():
         ("main", "fresh"),
     ]
     assert joined.objective == "rl" and joined.rewards == {"pass": 1.0}
-    assert joined.gaps[-1]["calls"] == ["cap-stray"]
+    assert joined.gaps[-1].calls == ["cap-stray"]
     assert joined.meta["join"]["unmatched_transcript"] == [lost]
     build_forest(joined)
 

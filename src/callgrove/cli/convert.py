@@ -63,7 +63,7 @@ class Tally:
             self.kept += call.kept
             self.compactions += call.purpose == "compaction"
             self.completion_tokens += len(call.completion_ids)
-        self.gaps.update(str(gap.get("kind", "unnamed")) for gap in episode.gaps or [])
+        self.gaps.update(gap.kind for gap in episode.gaps or [])
 
 
 @app.command("convert")

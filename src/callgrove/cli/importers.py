@@ -135,7 +135,9 @@ def _summary(episodes: list[Episode], report: ImportReport, verbose: bool) -> No
         err.print(f"[{colour}]{problem.severity}[/{colour}]: {escape(str(problem))}")
     for episode in episodes:
         for gap in episode.gaps or []:
-            where = f"in {episode.id}: {gap.get('agent')}: {gap.get('reason')}"
+            where = (
+                f"in {episode.id}: {gap.agent or gap.file or gap.kind}: {gap.reason or gap.kind}"
+            )
             err.print(f"[yellow]gap[/yellow] {escape(where)}")
     err.print(
         "[bold]These episodes are for supervised training:[/bold] transcripts carry no sampling "

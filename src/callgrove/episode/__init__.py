@@ -15,6 +15,7 @@ from callgrove.episode.io import (
     read_located_episodes,
     write_episodes,
 )
+from callgrove.episode.provenance import Gap, Spawn
 from callgrove.episode.record import (
     AGENT_STARTS,
     LOGPROB_DTYPE,
@@ -44,9 +45,11 @@ __all__ = [
     "Episode",
     "EpisodeError",
     "EpisodeWriter",
+    "Gap",
     "OffPolicySteps",
     "PolicySpan",
     "Run",
+    "Spawn",
     "Spread",
     "Stats",
     "encode_episode",

@@ -27,6 +27,7 @@ from callgrove.episode.codec import (
     check_unique_calls,
     share_histories,
 )
+from callgrove.episode.provenance import gaps_from_json, gaps_to_json, join_spawn, split_spawn
 from callgrove.episode.record import AGENT_STARTS, PURPOSES, TOKEN_DTYPE, Agent, Call, Episode
 from callgrove.formats.problems import Diagnostics, InputError, Problem
 from callgrove.formats.wire import FORMAT, WireEnv, WireError, WirePolicy, WireRun
@@ -190,7 +191,7 @@ def _agents_array(agents: list[Agent]) -> pa.StructArray:
         column("start", [a.start for a in agents]),
         column("trainable", [a.trainable for a in agents]),
         column("rewards", [None if a.rewards is None else list(a.rewards.items()) for a in agents]),
-        column("meta", [_json_text(a.meta) for a in agents]),
+        column("meta", [_json_text(join_spawn(a.spawn, a.meta)) for a in agents]),
         pa.ListArray.from_arrays(
             _offsets(len(a.calls) for a in agents),
             _calls_array(calls),
@@ -236,7 +237,7 @@ def episodes_to_batch(episodes: list[Episode]) -> pa.RecordBatch:
         column("errors", [[_error_dict(x) for x in e.errors] for e in episodes]),
         column("rewards", [list(e.rewards.items()) for e in episodes]),
         column("objective", [e.objective for e in episodes]),
-        column("gaps", [_json_text(e.gaps) for e in episodes]),
+        column("gaps", [_json_text(gaps_to_json(e.gaps)) for e in episodes]),
         column("meta", [_json_text(e.meta) for e in episodes]),
         pa.ListArray.from_arrays(
             _offsets(len(e.agents) for e in episodes),
@@ -622,7 +623,7 @@ class _Batch:
             errors=[_error(e) for e in self.errors[row] or []],
             rewards=dict(self.rewards[row] or []),
             objective=self.objectives[row],
-            gaps=_decode_json(self.gaps[row]),
+            gaps=gaps_from_json(_decode_json(self.gaps[row]), episode_id),
             meta=_decode_json(self.metas[row]),
         )
         check_run(episode_id, episode.run, episode.rewards)
@@ -654,6 +655,7 @@ class _Batch:
                 )
             )
         rewards = self.agent_rewards[index]
+        spawn, meta = split_spawn(_decode_json(self.agent_metas[index]))
         first, end = self.call_offsets[index], self.call_offsets[index + 1]
         self.calls.check(first, end)
         return Agent(
@@ -664,7 +666,8 @@ class _Batch:
             trainable=self.agent_trainable[index],
             calls=self.built[first:end],
             rewards=None if rewards is None else dict(rewards),
-            meta=_decode_json(self.agent_metas[index]),
+            meta=meta,
+            spawn=spawn,
         )
 
 

@@ -14,6 +14,7 @@ import msgspec
 import numpy as np
 from msgspec import UNSET
 
+from callgrove.episode.provenance import gaps_from_json, gaps_to_json, join_spawn, split_spawn
 from callgrove.episode.record import (
     AGENT_STARTS,
     LOGPROB_DTYPE,
@@ -126,7 +127,7 @@ def episode_from_wire(wire: WireEpisode) -> Episode:
         errors=list(wire.errors),
         rewards=dict(wire.rewards),
         objective=None if wire.objective is UNSET else wire.objective,
-        gaps=None if wire.gaps is UNSET else wire.gaps,
+        gaps=None if wire.gaps is UNSET else gaps_from_json(wire.gaps, wire.id),
         meta=None if wire.meta is UNSET else wire.meta,
     )
 
@@ -183,6 +184,7 @@ def _agent_shell(wire: WireAgent, episode: str) -> Agent:
             f"agent {wire.id!r} has start {wire.start!r}, expected one of {', '.join(AGENT_STARTS)}",
             episode,
         )
+    spawn, meta = split_spawn(None if wire.meta is UNSET else wire.meta)
     return Agent(
         id=wire.id,
         name=wire.name,
@@ -190,7 +192,8 @@ def _agent_shell(wire: WireAgent, episode: str) -> Agent:
         start=wire.start,
         trainable=wire.trainable,
         rewards=None if wire.rewards is UNSET else dict(wire.rewards),
-        meta=None if wire.meta is UNSET else wire.meta,
+        meta=meta,
+        spawn=spawn,
     )
 
 
@@ -324,7 +327,7 @@ def episode_to_wire(episode: Episode) -> WireEpisode:
         rewards=dict(episode.rewards),
         agents=[_agent_to_wire(a) for a in episode.agents],
         objective=UNSET if episode.objective is None else episode.objective,
-        gaps=UNSET if episode.gaps is None else episode.gaps,
+        gaps=UNSET if episode.gaps is None else gaps_to_json(episode.gaps),
         meta=UNSET if episode.meta is None else episode.meta,
     )
 
@@ -338,7 +341,9 @@ def _agent_to_wire(agent: Agent) -> WireAgent:
         trainable=agent.trainable,
         calls=[_call_to_wire(c) for c in agent.calls],
         rewards=UNSET if agent.rewards is None else agent.rewards,
-        meta=UNSET if agent.meta is None else agent.meta,
+        meta=UNSET
+        if agent.spawn is None and agent.meta is None
+        else join_spawn(agent.spawn, agent.meta),
     )
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from callgrove.episode.provenance import Gap, Spawn
 from callgrove.formats.wire import WireEnv, WireError, WirePolicy, WireRun
 
 # The episode's small parts are the wire structs themselves, under the names a user builds with.
@@ -123,6 +124,7 @@ class Agent:
     calls: list[Call] = field(default_factory=list)
     rewards: dict[str, float] | None = None
     meta: dict[str, Any] | None = None
+    spawn: Spawn | None = None  # the call that started this agent, when recorded
 
     def __post_init__(self) -> None:
         for call in self.calls:
@@ -148,7 +150,7 @@ class Episode:
     errors: list[WireError] = field(default_factory=list)
     rewards: dict[str, float] = field(default_factory=dict)
     objective: str | None = None
-    gaps: list[dict[str, Any]] | None = None
+    gaps: list[Gap] | None = None
     meta: dict[str, Any] | None = None
 
     @property

@@ -206,9 +206,8 @@ def _notes(result: EpisodeRows) -> list[str]:
     episode = result.episode
     notes = []
     for gap in episode.gaps or ():
-        what = gap.get("kind", "gap")
-        where = f" (agent {gap['agent']})" if gap.get("agent") else ""
-        notes.append(f"gap: {what}{where}")
+        where = f" (agent {gap.agent})" if gap.agent else ""
+        notes.append(f"gap: {gap.kind}{where}")
     for error in episode.errors:
         notes.append(f"error: {error.type}: {error.message}")
     if not episode.ok and not episode.errors:
@@ -298,7 +297,7 @@ def _hand_over(
     parent_lane = lanes[lane.parent_lane]
     own = boxes_of_lane[lane.index]
     first = own[0] if own else None
-    spawned_by = (lane.agent.meta or {}).get("spawned_by")
+    spawned_by = lane.agent.spawn.call if lane.agent.spawn else None
     source = next((b for b in boxes_of_lane[parent_lane.index] if b.call.id == spawned_by), None)
     going_down = lane.index > parent_lane.index
     if first is not None:

@@ -30,6 +30,7 @@ from typing import Any
 
 import orjson
 
+from callgrove.episode import Gap, Spawn
 from callgrove.transcripts.ledger import ImportReport, Line, collector_paused, read_json_lines
 from callgrove.transcripts.model import (
     Message,
@@ -709,7 +710,7 @@ def _link(units: list[Unit]) -> list[dict[str, Any]]:
     by_use_id = {tool.id: (call, tool) for call, tool in spawns if tool.id}
     results = {key: value for unit in units for key, value in unit.results.items()}
     claimed: set[int] = set()
-    gaps: list[dict[str, Any]] = []
+    gaps: list[Gap] = []
     for unit in units[1:]:
         found, how, status = None, None, None
         if unit.claude_agent_id and unit.claude_agent_id in results:
@@ -731,13 +732,13 @@ def _link(units: list[Unit]) -> list[dict[str, Any]]:
         if found is None:
             agent.parent = None
             gaps.append(
-                {
-                    "kind": "subagent_parent_unavailable",
-                    "agent": agent.id,
-                    "file": agent.meta.get("file"),
-                    "reason": "no Task/Agent call names this subagent (no toolUseResult.agentId "
+                Gap(
+                    kind="subagent_parent_unavailable",
+                    agent=agent.id,
+                    file=agent.meta.get("file"),
+                    reason="no Task/Agent call names this subagent (no toolUseResult.agentId "
                     "and no Task prompt equal to its first prompt)",
-                }
+                )
             )
             continue
         call, tool = found
@@ -747,13 +748,12 @@ def _link(units: list[Unit]) -> list[dict[str, Any]]:
         agent.start = _start_of(arguments, status, agent.meta, unit.copied_responses)
         if arguments.get("subagent_type"):
             agent.name = str(arguments["subagent_type"])
-        agent.meta.update(
-            {
-                "spawned_by": call.id,
-                "tool_use_id": tool.id or None,
-                "link": how,
-                "description": arguments.get("description"),
-            }
+        description = arguments.get("description")
+        agent.spawn = Spawn(
+            call=call.id,
+            tool_call_id=tool.id or None,
+            link=how,
+            description=description if isinstance(description, str) else None,
         )
     return gaps
 

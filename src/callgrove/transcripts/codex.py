@@ -21,6 +21,7 @@ from typing import Any
 
 import orjson
 
+from callgrove.episode import Gap, Spawn
 from callgrove.transcripts.ledger import ImportReport, Line, collector_paused, read_json_lines
 from callgrove.transcripts.model import (
     Message,
@@ -399,7 +400,7 @@ def _episodes(threads: list[Thread]) -> list[Transcript]:
     by_id = {t.id: t for t in threads}
     children: dict[str, list[Thread]] = {}
     roots: list[Thread] = []
-    gaps_of: dict[str, list[dict[str, Any]]] = {}
+    gaps_of: dict[str, list[Gap]] = {}
     for thread in threads:
         parent = thread.parent_id
         if parent is not None and parent in by_id and parent != thread.id:
@@ -409,13 +410,13 @@ def _episodes(threads: list[Thread]) -> list[Transcript]:
         if parent is not None:
             thread.agent.start = "fresh"
             gaps_of[thread.id] = [
-                {
-                    "kind": "subagent_parent_unavailable",
-                    "agent": thread.id,
-                    "file": thread.agent.meta.get("file"),
-                    "reason": f"parent thread {parent!r} is "
+                Gap(
+                    kind="subagent_parent_unavailable",
+                    agent=thread.id,
+                    file=thread.agent.meta.get("file"),
+                    reason=f"parent thread {parent!r} is "
                     + ("this thread itself" if parent == thread.id else "not among the files read"),
-                }
+                )
             ]
     transcripts = []
     for root in roots:
@@ -447,9 +448,10 @@ def _link(parent: Thread, child: Thread) -> None:
     agent.start = "fork" if child.meta.get("forked_from_id") else "fresh"
     if agent.name == "leader":
         agent.name = "subagent"
-    use_id = parent.spawned.get(child.id)
+    use_id, link = parent.spawned.get(child.id), "spawn event"
     if use_id is None:  # else a spawn tool's output names the new thread
         use_id = next((k for k, text in parent.outputs.items() if child.id in text), None)
+        link = "tool output"
     call = parent.tool_calls.get(use_id) if use_id else None
     if call is not None:
-        agent.meta.update({"spawned_by": call.id, "tool_use_id": use_id})
+        agent.spawn = Spawn(call=call.id, tool_call_id=use_id, link=link)

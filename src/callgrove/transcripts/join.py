@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from callgrove.episode import Agent, Call, Episode
+from callgrove.episode import Agent, Call, Episode, Gap
 
 UNMATCHED_AGENT = "capture-unmatched"
 
@@ -73,7 +73,16 @@ def join_capture(
     free = set(range(len(captured)))
     result = JoinResult(transcript)
     agents = {
-        a.id: Agent(a.id, a.name, a.parent, a.start, a.trainable, rewards=a.rewards, meta=a.meta)
+        a.id: Agent(
+            a.id,
+            a.name,
+            a.parent,
+            a.start,
+            a.trainable,
+            rewards=a.rewards,
+            meta=a.meta,
+            spawn=a.spawn,
+        )
         for a in transcript.agents
     }
     for call in sorted(transcript.calls(), key=lambda c: c.seq):
@@ -104,12 +113,12 @@ def join_capture(
     gaps = list(transcript.gaps or [])
     if leftover:
         gaps.append(
-            {
-                "kind": "capture_calls_unattributed",
-                "agent": UNMATCHED_AGENT,
-                "calls": result.unmatched_capture,
-                "reason": "no transcript call has these answers",
-            }
+            Gap(
+                kind="capture_calls_unattributed",
+                agent=UNMATCHED_AGENT,
+                calls=result.unmatched_capture,
+                reason="no transcript call has these answers",
+            )
         )
     meta = dict(transcript.meta or {})
     meta["join"] = {

@@ -12,6 +12,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from callgrove.episode import Gap, Spawn
+
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
@@ -117,6 +119,7 @@ class TranscriptAgent:
     start: str = "root"
     calls: list[TranscriptCall] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
+    spawn: Spawn | None = None
 
 
 @dataclass(slots=True, eq=False)
@@ -125,7 +128,7 @@ class Transcript:
 
     id: str
     agents: list[TranscriptAgent]
-    gaps: list[dict[str, Any]] = field(default_factory=list)
+    gaps: list[Gap] = field(default_factory=list)
     task: Any = None
     meta: dict[str, Any] = field(default_factory=dict)
 

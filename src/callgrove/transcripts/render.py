@@ -297,6 +297,7 @@ class Renderer:
                 parent=a.parent,
                 start=a.start,
                 meta=a.meta or None,
+                spawn=a.spawn,
             )
             for a in transcript.agents
         }
