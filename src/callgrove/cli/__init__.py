@@ -11,6 +11,7 @@ from callgrove.cli import show as _show  # noqa: F401  isort: skip
 from callgrove.cli import stats as _stats  # noqa: F401  isort: skip
 from callgrove.cli import importers as _importers  # noqa: F401  isort: skip
 from callgrove.cli import synth as _synth  # noqa: F401  isort: skip
+from callgrove.cli import gateway as _gateway  # noqa: F401  isort: skip
 
 
 def main() -> None:

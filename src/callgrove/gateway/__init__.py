@@ -1,0 +1,1 @@
+"""The capture gateway: real harnesses in front, any inference server behind, every call recorded."""

@@ -1,0 +1,599 @@
+"""The three client APIs: requests into messages, replies out in each API's shape.
+
+OpenAI chat completions, OpenAI Responses (what Codex speaks) and Anthropic Messages (what
+Claude Code speaks) all become one `ChatRequest` of renderer messages, and one `Reply` (the
+parsed assistant message and its token counts) goes back out in the shape the client asked in,
+streamed as that API's event sequence or whole.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from callgrove.gateway.web import HttpError, sse_event
+from callgrove.transcripts import Message, ToolCall
+from callgrove.transcripts.claude_code import user_messages
+from callgrove.transcripts.codex import input_messages, response_message
+
+DEFAULT_MAX_TOKENS = 4096
+
+
+@dataclass
+class ChatRequest:
+    """One chat request in renderer terms, whichever API it came in."""
+
+    api: str
+    messages: list[Message]
+    tools: list[dict[str, Any]]
+    model: str
+    stream: bool
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ()
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Reply:
+    """What the policy answered, parsed, with the counts and token extras the APIs report."""
+
+    message: Message
+    finish_reason: str  # "stop" or "length"
+    prompt_tokens: int
+    completion_tokens: int
+    policy_version: int
+    extras: dict[str, Any] = field(default_factory=dict)  # vLLM token fields, when asked for
+
+
+def number_of(data: dict[str, Any], key: str, default: float, low: float, high: float) -> float:
+    value = data.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
+        raise HttpError(400, f"{key} must be a number in [{low}, {high}]")
+    return float(value)
+
+
+def max_tokens_of(data: dict[str, Any], *keys: str) -> int:
+    for key in keys:
+        value = data.get(key)
+        if value is not None:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise HttpError(400, f"{key} must be a positive integer")
+            return value
+    return DEFAULT_MAX_TOKENS
+
+
+def stops_of(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    raise HttpError(400, "stop must be a string or a list of strings")
+
+
+def _common(
+    api: str, data: dict[str, Any], messages: list[Message], tools: Any, *keys: str
+) -> ChatRequest:
+    if tools is not None and not isinstance(tools, list):
+        raise HttpError(400, "tools must be a list")
+    return ChatRequest(
+        api=api,
+        messages=messages,
+        tools=[t for t in tools or [] if isinstance(t, dict)],
+        model=str(data.get("model") or "policy"),
+        stream=bool(data.get("stream")),
+        max_tokens=max_tokens_of(data, *keys),
+        temperature=number_of(data, "temperature", 1.0, 0.0, 2.0),
+        top_p=number_of(data, "top_p", 1.0, 1e-9, 1.0),
+        stop=stops_of(data.get("stop", data.get("stop_sequences"))),
+        metadata=data.get("metadata") if isinstance(data.get("metadata"), dict) else {},
+    )
+
+
+def _text(content: Any) -> str:
+    """Text of a content value: a string or a list of text parts (other parts named in brackets)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if isinstance(part, dict):
+                kind = part.get("type")
+                parts.append(str(part["text"]) if "text" in part else f"[{kind}]")
+            else:
+                parts.append(str(part))
+        return "\n".join(parts)
+    return orjson.dumps(content).decode()
+
+
+def _arguments(raw: Any) -> Any:
+    if isinstance(raw, str):
+        try:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return raw
+    return raw
+
+
+def _need_list(value: Any, name: str) -> list[Any]:
+    if not isinstance(value, list) or not value:
+        raise HttpError(400, f"{name} must be a non-empty list")
+    return value
+
+
+# ---------------------------------------------------------------------------------------------
+# Requests
+
+
+def openai_chat_request(data: dict[str, Any]) -> ChatRequest:
+    messages: list[Message] = []
+    for index, raw in enumerate(_need_list(data.get("messages"), "messages")):
+        if not isinstance(raw, dict) or raw.get("role") not in (
+            "system",
+            "developer",
+            "user",
+            "assistant",
+            "tool",
+        ):
+            raise HttpError(
+                400, f"messages[{index}] needs a role of system, developer, user, assistant or tool"
+            )
+        role = raw["role"]
+        if role == "assistant":
+            calls = tuple(
+                ToolCall(
+                    str(c.get("id") or ""),
+                    str((c.get("function") or {}).get("name") or ""),
+                    _arguments((c.get("function") or {}).get("arguments")),
+                )
+                for c in raw.get("tool_calls") or []
+                if isinstance(c, dict)
+            )
+            thinking = str(raw.get("reasoning_content") or raw.get("reasoning") or "")
+            messages.append(Message("assistant", _text(raw.get("content")), thinking, calls))
+        elif role == "tool":
+            messages.append(
+                Message(
+                    "tool",
+                    _text(raw.get("content")),
+                    tool_call_id=str(raw.get("tool_call_id") or ""),
+                )
+            )
+        else:
+            messages.append(Message(role, _text(raw.get("content"))))
+    tools = data.get("tools")
+    return _common("chat", data, messages, tools, "max_completion_tokens", "max_tokens")
+
+
+def anthropic_messages(data: dict[str, Any]) -> list[Message]:
+    """`system` (a string or blocks) and `messages` (system entries, tool use and results)."""
+    messages: list[Message] = []
+    system = data.get("system")
+    if system:
+        messages.append(Message("system", _text(system)))
+    for index, raw in enumerate(_need_list(data.get("messages"), "messages")):
+        if not isinstance(raw, dict) or raw.get("role") not in ("user", "assistant", "system"):
+            raise HttpError(400, f"messages.{index}: role must be user, assistant or system")
+        content = raw.get("content")
+        if raw["role"] == "system":
+            messages.append(Message("system", _text(content)))
+        elif raw["role"] == "user":
+            messages.extend(user_messages(content))
+        else:
+            messages.append(_anthropic_assistant(content))
+    return messages
+
+
+def _anthropic_assistant(content: Any) -> Message:
+    if isinstance(content, str):
+        return Message("assistant", content)
+    texts, thinking, calls = [], [], []
+    for block in content if isinstance(content, list) else []:
+        if not isinstance(block, dict):
+            continue
+        kind = block.get("type")
+        if kind == "text":
+            texts.append(str(block.get("text", "")))
+        elif kind == "thinking":
+            thinking.append(str(block.get("thinking", "")))
+        elif kind in ("tool_use", "server_tool_use"):
+            calls.append(
+                ToolCall(
+                    str(block.get("id") or ""), str(block.get("name") or ""), block.get("input")
+                )
+            )
+    return Message("assistant", "\n".join(texts), "\n".join(thinking), tuple(calls))
+
+
+def anthropic_request(data: dict[str, Any]) -> ChatRequest:
+    tools = data.get("tools")
+    return _common("messages", data, anthropic_messages(data), tools, "max_tokens")
+
+
+_ASSISTANT_ITEMS = frozenset({"reasoning", "function_call", "custom_tool_call", "local_shell_call"})
+
+
+def responses_request(data: dict[str, Any]) -> ChatRequest:
+    messages: list[Message] = []
+    if data.get("instructions"):
+        messages.append(Message("system", _text(data["instructions"])))
+    items = data.get("input")
+    if isinstance(items, str):
+        items = [{"type": "message", "role": "user", "content": items}]
+    pending: list[dict[str, Any]] = []  # consecutive assistant-side items: one assistant message
+    for index, item in enumerate(_need_list(items, "input")):
+        if not isinstance(item, dict):
+            raise HttpError(400, f"input[{index}] must be an object")
+        kind = item.get("type", "message")
+        if kind in _ASSISTANT_ITEMS or (kind == "message" and item.get("role") == "assistant"):
+            pending.append({**item, "type": kind})
+            continue
+        if pending:
+            messages.append(response_message(pending))
+            pending = []
+        added = input_messages({**item, "type": kind})
+        if added is None:
+            raise HttpError(400, f"input[{index}]: unsupported item type {kind!r}")
+        messages.extend(added)
+    if pending:
+        messages.append(response_message(pending))
+    return _common("responses", data, messages, data.get("tools"), "max_output_tokens")
+
+
+def count_tokens_request(data: dict[str, Any]) -> list[Message]:
+    return anthropic_messages(data)
+
+
+# ---------------------------------------------------------------------------------------------
+# Replies
+
+
+def _id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:24]}"
+
+
+def _arguments_text(arguments: Any) -> str:
+    return arguments if isinstance(arguments, str) else orjson.dumps(arguments).decode()
+
+
+def reply_json(request: ChatRequest, reply: Reply) -> dict[str, Any]:
+    return {"chat": _chat_json, "messages": _anthropic_json, "responses": _responses_json}[
+        request.api
+    ](request, reply)
+
+
+def reply_events(request: ChatRequest, reply: Reply) -> list[bytes]:
+    return {"chat": _chat_events, "messages": _anthropic_events, "responses": _responses_events}[
+        request.api
+    ](request, reply)
+
+
+def error_json(api: str, status: int, message: str, kind: str) -> dict[str, Any]:
+    """An error in the API's own shape."""
+    if api == "messages":
+        anthropic = {
+            401: "authentication_error",
+            404: "not_found_error",
+            413: "request_too_large",
+            429: "rate_limit_error",
+            529: "overloaded_error",
+        }
+        name = anthropic.get(status, "invalid_request_error" if status < 500 else "api_error")
+        return {"type": "error", "error": {"type": name, "message": message}}
+    return {"error": {"message": message, "type": kind, "param": None, "code": status}}
+
+
+def error_events(api: str, status: int, message: str, kind: str) -> list[bytes]:
+    """An error after a stream has begun: the API's error event."""
+    payload = error_json(api, status, message, kind)
+    if api == "messages":
+        return [sse_event(payload, "error")]
+    if api == "responses":
+        return [
+            sse_event(
+                {
+                    "type": "response.failed",
+                    "response": {"status": "failed", "error": {"code": kind, "message": message}},
+                }
+            )
+        ]
+    return [sse_event(payload), b"data: [DONE]\n\n"]
+
+
+# OpenAI chat completions
+
+
+def _chat_finish(reply: Reply) -> str:
+    if reply.message.tool_calls:
+        return "tool_calls"
+    return "length" if reply.finish_reason == "length" else "stop"
+
+
+def _chat_tool_calls(message: Message) -> list[dict[str, Any]]:
+    return [
+        {
+            "id": c.id,
+            "type": "function",
+            "function": {"name": c.name, "arguments": _arguments_text(c.arguments)},
+        }
+        for c in message.tool_calls
+    ]
+
+
+def _usage_chat(reply: Reply) -> dict[str, int]:
+    return {
+        "prompt_tokens": reply.prompt_tokens,
+        "completion_tokens": reply.completion_tokens,
+        "total_tokens": reply.prompt_tokens + reply.completion_tokens,
+    }
+
+
+def _chat_json(request: ChatRequest, reply: Reply) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": reply.message.text or None}
+    if reply.message.thinking:
+        message["reasoning_content"] = reply.message.thinking
+    if reply.message.tool_calls:
+        message["tool_calls"] = _chat_tool_calls(reply.message)
+    choice: dict[str, Any] = {
+        "index": 0,
+        "message": message,
+        "finish_reason": _chat_finish(reply),
+        "logprobs": None,
+    }
+    choice.update(reply.extras.get("choice", {}))
+    return {
+        "id": _id("chatcmpl"),
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": request.model,
+        "choices": [choice],
+        "usage": _usage_chat(reply),
+        "policy_version": reply.policy_version,
+        **reply.extras.get("top", {}),
+    }
+
+
+def _chat_events(request: ChatRequest, reply: Reply) -> list[bytes]:
+    base = {
+        "id": _id("chatcmpl"),
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": request.model,
+        "policy_version": reply.policy_version,
+    }
+    delta: dict[str, Any] = {"role": "assistant", "content": reply.message.text or ""}
+    if reply.message.thinking:
+        delta["reasoning_content"] = reply.message.thinking
+    if reply.message.tool_calls:
+        delta["tool_calls"] = [
+            {"index": i, **c} for i, c in enumerate(_chat_tool_calls(reply.message))
+        ]
+    first = {
+        **base,
+        "choices": [
+            {"index": 0, "delta": delta, "finish_reason": None, **reply.extras.get("choice", {})}
+        ],
+        **reply.extras.get("top", {}),
+    }
+    last = {
+        **base,
+        "choices": [{"index": 0, "delta": {}, "finish_reason": _chat_finish(reply)}],
+        "usage": _usage_chat(reply),
+    }
+    return [sse_event(first), sse_event(last), b"data: [DONE]\n\n"]
+
+
+# Anthropic Messages
+
+
+def _anthropic_blocks(message: Message) -> list[dict[str, Any]]:
+    blocks: list[dict[str, Any]] = []
+    if message.thinking:
+        blocks.append({"type": "thinking", "thinking": message.thinking, "signature": ""})
+    if message.text or not message.tool_calls:
+        blocks.append({"type": "text", "text": message.text})
+    for call in message.tool_calls:
+        arguments = (
+            call.arguments if isinstance(call.arguments, dict) else {"input": call.arguments}
+        )
+        blocks.append({"type": "tool_use", "id": call.id, "name": call.name, "input": arguments})
+    return blocks
+
+
+def _anthropic_stop(reply: Reply) -> str:
+    if reply.message.tool_calls:
+        return "tool_use"
+    return "max_tokens" if reply.finish_reason == "length" else "end_turn"
+
+
+def _anthropic_usage(reply: Reply) -> dict[str, int]:
+    return {
+        "input_tokens": reply.prompt_tokens,
+        "output_tokens": reply.completion_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+    }
+
+
+def _anthropic_json(request: ChatRequest, reply: Reply) -> dict[str, Any]:
+    return {
+        "id": _id("msg"),
+        "type": "message",
+        "role": "assistant",
+        "model": request.model,
+        "content": _anthropic_blocks(reply.message),
+        "stop_reason": _anthropic_stop(reply),
+        "stop_sequence": None,
+        "usage": _anthropic_usage(reply),
+        "policy_version": reply.policy_version,
+    }
+
+
+def _anthropic_events(request: ChatRequest, reply: Reply) -> list[bytes]:
+    start = _anthropic_json(request, reply)
+    start.update(
+        content=[], stop_reason=None, usage={**_anthropic_usage(reply), "output_tokens": 0}
+    )
+    events = [sse_event({"type": "message_start", "message": start}, "message_start")]
+    for index, block in enumerate(_anthropic_blocks(reply.message)):
+        kind = block["type"]
+        if kind == "thinking":
+            opening = {"type": "thinking", "thinking": "", "signature": ""}
+            deltas = [
+                {"type": "thinking_delta", "thinking": block["thinking"]},
+                {"type": "signature_delta", "signature": ""},
+            ]
+        elif kind == "text":
+            opening = {"type": "text", "text": ""}
+            deltas = [{"type": "text_delta", "text": block["text"]}] if block["text"] else []
+        else:
+            opening = {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}
+            deltas = [
+                {"type": "input_json_delta", "partial_json": orjson.dumps(block["input"]).decode()}
+            ]
+        events.append(
+            sse_event(
+                {"type": "content_block_start", "index": index, "content_block": opening},
+                "content_block_start",
+            )
+        )
+        for delta in deltas:
+            events.append(
+                sse_event(
+                    {"type": "content_block_delta", "index": index, "delta": delta},
+                    "content_block_delta",
+                )
+            )
+        events.append(
+            sse_event({"type": "content_block_stop", "index": index}, "content_block_stop")
+        )
+    events.append(
+        sse_event(
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": _anthropic_stop(reply), "stop_sequence": None},
+                "usage": {"output_tokens": reply.completion_tokens},
+            },
+            "message_delta",
+        )
+    )
+    events.append(sse_event({"type": "message_stop"}, "message_stop"))
+    return events
+
+
+# OpenAI Responses
+
+
+def _responses_items(message: Message) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = []
+    if message.thinking:
+        items.append(
+            {
+                "type": "reasoning",
+                "id": _id("rs"),
+                "summary": [{"type": "summary_text", "text": message.thinking}],
+            }
+        )
+    if message.text or not message.tool_calls:
+        items.append(
+            {
+                "type": "message",
+                "id": _id("msg"),
+                "role": "assistant",
+                "status": "completed",
+                "content": [{"type": "output_text", "text": message.text, "annotations": []}],
+            }
+        )
+    for call in message.tool_calls:
+        items.append(
+            {
+                "type": "function_call",
+                "id": _id("fc"),
+                "call_id": call.id,
+                "name": call.name,
+                "arguments": _arguments_text(call.arguments),
+                "status": "completed",
+            }
+        )
+    return items
+
+
+def _responses_json(
+    request: ChatRequest, reply: Reply, items: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    return {
+        "id": _id("resp"),
+        "object": "response",
+        "created_at": int(time.time()),
+        "status": "completed" if reply.finish_reason == "stop" else "incomplete",
+        "model": request.model,
+        "output": _responses_items(reply.message) if items is None else items,
+        "usage": {
+            "input_tokens": reply.prompt_tokens,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": reply.completion_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": reply.prompt_tokens + reply.completion_tokens,
+        },
+        "policy_version": reply.policy_version,
+    }
+
+
+def _responses_events(request: ChatRequest, reply: Reply) -> list[bytes]:
+    items = _responses_items(reply.message)
+    final = _responses_json(request, reply, items)
+    sequence = itertools.count()
+
+    def event(payload: dict[str, Any]) -> bytes:
+        return sse_event({**payload, "sequence_number": next(sequence)}, payload["type"])
+
+    opening = {**final, "status": "in_progress", "output": [], "usage": None}
+    events = [
+        event({"type": "response.created", "response": opening}),
+        event({"type": "response.in_progress", "response": opening}),
+    ]
+    for index, item in enumerate(items):
+        events.append(
+            event({"type": "response.output_item.added", "output_index": index, "item": item})
+        )
+        if item["type"] == "message":
+            text = item["content"][0]["text"]
+            events.append(
+                event(
+                    {
+                        "type": "response.output_text.delta",
+                        "item_id": item["id"],
+                        "output_index": index,
+                        "content_index": 0,
+                        "delta": text,
+                    }
+                )
+            )
+            events.append(
+                event(
+                    {
+                        "type": "response.output_text.done",
+                        "item_id": item["id"],
+                        "output_index": index,
+                        "content_index": 0,
+                        "text": text,
+                    }
+                )
+            )
+        events.append(
+            event({"type": "response.output_item.done", "output_index": index, "item": item})
+        )
+    events.append(event({"type": "response.completed", "response": final}))
+    return events

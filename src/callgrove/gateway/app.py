@@ -1,0 +1,465 @@
+"""The capture gateway: chat requests in, token prompts to the policy, every call in the ledger.
+
+For each request the gateway finds who is calling (`attribution`), renders the conversation to
+tokens, samples from the policy (any `PolicyClient`; over HTTP, `HttpPolicyClient` sends the
+token ids to `/v1/completions`), parses the completion back into text and tool calls, appends
+the call to the episode's ledger and waits for it to be durable, and only then answers, in the
+API shape the client asked in.
+
+Token-exact continuation: every recorded call is indexed by a hash of its conversation
+(messages normalised: cache-control markers dropped, system text joined, reasoning left out)
+through its answer. A request whose messages start with such a conversation is rendered as that
+call's exact full token sequence plus the tokens of the messages added since, so the forest sees
+the extension the harness meant; the longest such call wins, one of the requesting agent first.
+A request that extends none (a compaction's next call, a fork that drops text) is rendered
+whole and starts a new tree.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from callgrove.episode import TOKEN_DTYPE, Agent, Call, Episode, encode_episode
+from callgrove.gateway.apis import (
+    ChatRequest,
+    Reply,
+    anthropic_messages,
+    anthropic_request,
+    error_json,
+    openai_chat_request,
+    reply_events,
+    reply_json,
+    responses_request,
+)
+from callgrove.gateway.attribution import (
+    UNTAGGED,
+    Identity,
+    Spawn,
+    episode_from_key,
+    identify,
+    match_spawn,
+    spawns_in,
+    valid_episode,
+)
+from callgrove.gateway.chat import Chat, tools_message
+from callgrove.gateway.ledger import (
+    CALLS_SUFFIX,
+    AppendFile,
+    append_episode,
+    call_from_line,
+    call_line,
+    close_record,
+    read_ledger,
+)
+from callgrove.gateway.web import (
+    DEFAULT_BODY_LIMIT,
+    HttpError,
+    check_token,
+    json_response,
+    read_json,
+    request_key,
+    sse_response,
+)
+from callgrove.policy import PolicyClient, SamplingParams
+from callgrove.policy.http import UpstreamError
+from callgrove.transcripts import Message, ToolCall
+
+PARSERS: dict[str, Callable[[dict[str, Any]], ChatRequest]] = {
+    "chat": openai_chat_request,
+    "messages": anthropic_request,
+    "responses": responses_request,
+}
+
+
+def message_key(message: Message) -> bytes:
+    """What must match for two messages to be the same turn of a conversation."""
+    calls = [[c.id, c.name, c.arguments] for c in message.tool_calls]
+    return orjson.dumps(
+        [message.role, message.text.strip(), calls, message.tool_call_id, message.is_error],
+        option=orjson.OPT_SORT_KEYS,
+    )
+
+
+def chain_hashes(messages: list[Message], start: bytes = b"") -> list[bytes]:
+    """The conversation hash after each message."""
+    out = []
+    current = start
+    for message in messages:
+        current = hashlib.blake2b(current + message_key(message), digest_size=16).digest()
+        out.append(current)
+    return out
+
+
+def message_from_dict(data: dict[str, Any]) -> Message:
+    """The inverse of `Message.as_dict` (ledger lines keep messages in that shape)."""
+    calls = tuple(
+        ToolCall(c["id"], c["function"]["name"], c["function"]["arguments"])
+        for c in data.get("tool_calls") or []
+    )
+    return Message(
+        data["role"],
+        data.get("content") or "",
+        data.get("reasoning_content") or "",
+        calls,
+        data.get("tool_call_id"),
+        bool(data.get("is_error")),
+    )
+
+
+@dataclass(eq=False)
+class Recorded:
+    """A recorded call with what continuing from it needs."""
+
+    call: Call
+    response: Message
+    previous: Message | None
+    history: bytes
+    tools: bytes
+
+
+@dataclass(eq=False)
+class EpisodeState:
+    """One episode's ledger file and the calls it holds, as the gateway continues them."""
+
+    id: str
+    file: AppendFile
+    seq: int = 0
+    agents: dict[str, Agent] = field(default_factory=dict)
+    by_history: dict[bytes, list[Recorded]] = field(default_factory=dict)
+    by_id: dict[str, Recorded] = field(default_factory=dict)
+    prompt_keys: dict[str, str] = field(default_factory=dict)
+    spawns: list[Spawn] = field(default_factory=list)
+    failed: list[dict[str, Any]] = field(default_factory=list)
+    closed: bool = False
+
+    def remember(self, recorded: Recorded, prompt_key: str) -> None:
+        self.by_history.setdefault(recorded.history, []).append(recorded)
+        self.by_id[recorded.call.id] = recorded
+        self.prompt_keys[recorded.call.id] = prompt_key
+        self.spawns.extend(spawns_in(recorded.call.agent.id, recorded.response))  # type: ignore[union-attr]
+
+    def agent_for(self, who: Identity, messages: list[Message]) -> Agent:
+        agent = self.agents.get(who.agent)
+        if agent is not None:
+            return agent
+        parent, start, name = who.parent, who.start, who.name
+        if start != "root":
+            spawn = match_spawn(self.spawns, messages)
+            if spawn is not None:
+                spawn.used = True
+                parent = parent or spawn.agent
+                start = start or spawn.start
+                name = name or spawn.kind
+            parent = parent or who.root
+        start = start or ("root" if parent is None else "fresh")
+        agent = Agent(
+            id=who.agent,
+            name=name or ("leader" if start == "root" else "subagent"),
+            parent=parent,
+            start=start,
+        )
+        self.agents[who.agent] = agent
+        return agent
+
+    def base_for(
+        self,
+        agent: Agent,
+        hashes: list[bytes],
+        messages: list[Message],
+        tools: bytes,
+        compaction: bool,
+    ) -> tuple[Recorded | None, int]:
+        """The recorded call whose conversation this request extends the most, and its length."""
+        for index in range(len(messages) - 1, -1, -1):
+            if messages[index].role != "assistant":
+                continue
+            found = [
+                r for r in self.by_history.get(hashes[index], ()) if compaction or r.tools == tools
+            ]
+            if found:
+                own = [r for r in found if r.call.agent is agent]
+                return (own or found)[-1], index + 1
+        return None, 0
+
+
+class Gateway:
+    """The gateway's state (episodes, ledger folder) and its HTTP routes."""
+
+    def __init__(
+        self,
+        policy: PolicyClient,
+        chat: Chat,
+        ledger: str | Path,
+        *,
+        tokens: list[str] | None = None,
+        body_limit: int = DEFAULT_BODY_LIMIT,
+        max_tokens: int = 4096,
+    ):
+        self.policy = policy
+        self.chat = chat
+        self.ledger = Path(ledger)
+        self.ledger.mkdir(parents=True, exist_ok=True)
+        self.tokens = tokens or []
+        self.body_limit = body_limit
+        self.max_tokens = max_tokens
+        self.episodes: dict[str, EpisodeState] = {}
+
+    # -- episodes ------------------------------------------------------------------------------
+
+    def episode(self, episode_id: str) -> EpisodeState:
+        """The open state of an episode, recovered from its ledger file on first use."""
+        state = self.episodes.get(episode_id)
+        if state is None:
+            path = self.ledger / f"{valid_episode(episode_id)}{CALLS_SUFFIX}"
+            lines = list(read_ledger(path)) if path.exists() else []
+            state = EpisodeState(episode_id, AppendFile(path))
+            for line in lines:
+                self._replay(state, line)
+            self.episodes[episode_id] = state
+        return state
+
+    def recover(self) -> int:
+        """Open every episode that has a ledger file (after a restart); returns how many."""
+        for path in sorted(self.ledger.glob(f"*{CALLS_SUFFIX}")):
+            self.episode(path.name[: -len(CALLS_SUFFIX)])
+        return len(self.episodes)
+
+    def _replay(self, state: EpisodeState, line: dict[str, Any]) -> None:
+        if "closed" in line:
+            state.closed = True
+            return
+        if "failed" in line:
+            state.failed.append(line["failed"])
+            return
+        info = line["agent"]
+        agent = state.agents.get(info["id"])
+        if agent is None:
+            agent = state.agents[info["id"]] = Agent(
+                id=info["id"], name=info["name"], parent=info["parent"], start=info["start"]
+            )
+        earlier = {key: r.call for key, r in state.by_id.items()}
+        call = agent.add(call_from_line(line, earlier))
+        content = call.content or {}
+        new = [message_from_dict(m) for m in content.get("prompt", [])]
+        base = state.by_id.get(line.get("prompt_from", ""))
+        previous = new[-1] if new else (base.response if base else None)
+        recorded = Recorded(
+            call,
+            message_from_dict(content["response"]),
+            previous,
+            bytes.fromhex(line["history"]),
+            bytes.fromhex(line["tools"]),
+        )
+        state.remember(recorded, line["prompt_key"])
+        state.seq = max(state.seq, call.seq)
+
+    def close_episode(self, episode_id: str, body: dict[str, Any] | None = None) -> Episode:
+        """Close the episode: its record goes to `episodes.jsonl` and is returned."""
+        state = self.episode(episode_id)
+        if state.closed:
+            raise HttpError(409, f"episode {episode_id!r} is already closed", "conflict")
+        body = body or {}
+        rewards = body.get("rewards") or {}
+        if not isinstance(rewards, dict) or not all(
+            isinstance(v, int | float) and not isinstance(v, bool) for v in rewards.values()
+        ):
+            raise HttpError(400, "rewards must be an object of numbers")
+        episode = close_record(
+            episode_id, list(state.agents.values()), state.prompt_keys, state.failed, body
+        )
+        append_episode(self.ledger, episode)
+        state.file.append_now(orjson.dumps({"closed": time.time()}) + b"\n")
+        state.closed = True
+        return episode
+
+    # -- one call ------------------------------------------------------------------------------
+
+    async def call(
+        self, api: str, chat_request: ChatRequest, episode_id: str, who: Identity
+    ) -> Reply:
+        """Render, sample, parse and record one call; returns the reply to send."""
+        state = self.episode(episode_id)
+        if state.closed:
+            raise HttpError(
+                409, f"episode {episode_id!r} is closed; it takes no more calls", "conflict"
+            )
+        agent = state.agent_for(who, chat_request.messages)
+        messages = chat_request.messages
+        tools = tools_message(chat_request.tools)
+        tools_hash = hashlib.blake2b(message_key(tools) if tools else b"", digest_size=16).digest()
+        hashes = chain_hashes(messages)
+        base, cut = state.base_for(agent, hashes, messages, tools_hash, who.purpose == "compaction")
+        if base is not None:
+            new = messages[cut:]
+            suffix = np.concatenate(
+                [
+                    self.chat.trailing(base.response, base.previous),
+                    self.chat.render(new, base.response),
+                ]
+            ).astype(TOKEN_DTYPE)
+            prompt = np.concatenate([*base.call.segments(), suffix])
+            previous = new[-1] if new else base.response
+        else:
+            new = ([tools] if tools else []) + messages
+            suffix = prompt = self.chat.render(new)
+            previous = new[-1]
+        params = SamplingParams(
+            max_tokens=min(chat_request.max_tokens, self.max_tokens),
+            temperature=chat_request.temperature,
+            top_p=chat_request.top_p,
+            stop_token_ids=self.chat.stop_token_ids,
+            stop=chat_request.stop,
+        )
+        try:
+            sample = await self.policy.sample(prompt, params)
+        except UpstreamError as error:
+            await self._record_failure(state, agent, api, str(error))
+            raise HttpError(error.status, str(error), "upstream_error") from None
+        except Exception as error:  # the policy failed: the client hears why; the ledger too
+            await self._record_failure(state, agent, api, f"{type(error).__name__}: {error}")
+            raise HttpError(502, f"policy failed: {error}", "upstream_error") from None
+        response = self.chat.parse(sample.completion_ids)
+        state.seq += 1
+        call = Call(
+            id=f"c{state.seq}",
+            seq=state.seq,
+            completion_ids=sample.completion_ids,
+            prompt_suffix=suffix,
+            prompt_base=base.call if base else None,
+            prompt_base_len=base.call.full_len if base else 0,
+            logprobs=sample.logprobs,
+            policy_version=sample.policy_version,
+            purpose=who.purpose,
+            content={"prompt": [m.as_dict() for m in new], "response": response.as_dict()},
+        )
+        agent.add(call)
+        history = chain_hashes([response], hashes[-1] if hashes else b"")[0]
+        prompt_key = hashes[-1].hex() if hashes else ""
+        state.remember(Recorded(call, response, previous, history, tools_hash), prompt_key)
+        line = call_line(
+            call,
+            agent,
+            {
+                "history": history.hex(),
+                "prompt_key": prompt_key,
+                "tools": tools_hash.hex(),
+                "api": api,
+                "harness": who.harness,
+                "time": time.time(),
+            },
+        )
+        await state.file.append(line)
+        return Reply(
+            response,
+            sample.finish_reason,
+            len(prompt),
+            len(sample.completion_ids),
+            sample.policy_version,
+        )
+
+    async def _record_failure(
+        self, state: EpisodeState, agent: Agent, api: str, message: str
+    ) -> None:
+        failure = {"agent": agent.id, "api": api, "error": message, "time": time.time()}
+        state.failed.append(failure)
+        await state.file.append(orjson.dumps({"failed": failure}) + b"\n")
+
+    # -- HTTP ----------------------------------------------------------------------------------
+
+    def app(self) -> Starlette:
+        routes = [Route("/health", self.health, methods=["GET"])]
+        for prefix in ("", "/e/{episode}"):
+            routes += [
+                Route(f"{prefix}/v1/chat/completions", self._endpoint("chat"), methods=["POST"]),
+                Route(f"{prefix}/v1/responses", self._endpoint("responses"), methods=["POST"]),
+                Route(f"{prefix}/v1/messages", self._endpoint("messages"), methods=["POST"]),
+                Route(f"{prefix}/v1/messages/count_tokens", self.count_tokens, methods=["POST"]),
+                Route(f"{prefix}/v1/models", self.models, methods=["GET"]),
+            ]
+        routes.append(Route("/e/{episode}/close", self.close, methods=["POST"]))
+        return Starlette(routes=routes)
+
+    def _attribute(self, request: Request) -> str:
+        """The request's episode, after checking its key."""
+        path_episode = request.path_params.get("episode")
+        key_episode, token = episode_from_key(request_key(request))
+        check_token(token, self.tokens)
+        episode = path_episode or key_episode or UNTAGGED
+        return valid_episode(episode)
+
+    def _endpoint(self, api: str) -> Callable[[Request], Any]:
+        async def endpoint(request: Request) -> Response:
+            stream = False
+            try:
+                episode = self._attribute(request)
+                data = await read_json(request, self.body_limit)
+                stream = bool(data.get("stream"))
+                chat_request = PARSERS[api](data)
+                who = identify(request.headers, chat_request.messages)
+                reply = await self.call(api, chat_request, episode, who)
+            except HttpError as error:
+                return json_response(
+                    error_json(api, error.status, error.message, error.kind), error.status
+                )
+            headers = {"x-callgrove-policy-version": str(reply.policy_version)}
+            if stream:
+                response = sse_response(reply_events(chat_request, reply))
+                response.headers.update(headers)
+                return response
+            return json_response(reply_json(chat_request, reply), headers=headers)
+
+        return endpoint
+
+    async def count_tokens(self, request: Request) -> Response:
+        try:
+            self._attribute(request)
+            data = await read_json(request, self.body_limit)
+            messages = anthropic_messages(data)
+            tools = tools_message([t for t in data.get("tools") or [] if isinstance(t, dict)])
+            count = len(self.chat.render(([tools] if tools else []) + messages))
+        except HttpError as error:
+            return json_response(
+                error_json("messages", error.status, error.message, error.kind), error.status
+            )
+        return json_response({"input_tokens": count})
+
+    async def models(self, request: Request) -> Response:
+        try:
+            self._attribute(request)
+        except HttpError as error:
+            return json_response(
+                error_json("chat", error.status, error.message, error.kind), error.status
+            )
+        return json_response(
+            {
+                "object": "list",
+                "data": [{"id": "policy", "object": "model", "owned_by": "callgrove"}],
+            }
+        )
+
+    async def close(self, request: Request) -> Response:
+        try:
+            check_token(request_key(request), self.tokens)
+            episode = valid_episode(request.path_params["episode"])
+            body = await read_json(request, self.body_limit, empty_ok=True)
+            record = self.close_episode(episode, body)
+        except HttpError as error:
+            return json_response(
+                error_json("chat", error.status, error.message, error.kind), error.status
+            )
+        return Response(encode_episode(record), media_type="application/json")
+
+    async def health(self, request: Request) -> Response:
+        return json_response({"ok": True, "episodes": len(self.episodes)})

@@ -1,0 +1,176 @@
+"""Which episode and agent a request belongs to, from the URL, the key and the harness's headers.
+
+The episode comes from the URL prefix `/e/EPISODE/...` or from an API key `cg:EPISODE` (or
+`cg:EPISODE:TOKEN` where client tokens are required); a request naming none is recorded under
+the episode `untagged`. The agent comes from, in order:
+
+- `X-Callgrove-Agent` (with `X-Callgrove-Parent`, `X-Callgrove-Start`, `X-Callgrove-Name`,
+  `X-Callgrove-Purpose`) for one's own harnesses;
+- Claude Code's `x-claude-code-session-id` (the main thread), `x-claude-code-agent-id` and
+  `x-claude-code-parent-agent-id` (subagents);
+- Codex's `thread-id`, `x-codex-parent-thread-id` and `x-codex-turn-metadata`
+  (`agent_name`, `history_initialization`, `request_kind`);
+- otherwise one agent, `main`, per episode.
+
+A subagent whose parent is not named (Claude Code names none for subagents of the main thread)
+is matched to the `Agent` / `Task` tool call, relayed earlier by the gateway, whose prompt its
+first messages carry; that call also tells its start: a `fork`, a `background` run, or `fresh`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from callgrove.episode import AGENT_STARTS
+from callgrove.gateway.web import HttpError
+from callgrove.transcripts import Message
+
+EPISODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+AGENT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
+UNTAGGED = "untagged"
+KEY_PREFIX = "cg:"
+SPAWN_TOOLS = frozenset({"Agent", "Task"})
+# Claude Code's compaction request ends its last user message with this instruction.
+CLAUDE_COMPACTION_MARK = "summary of the conversation"
+
+
+def valid_episode(value: str) -> str:
+    """An episode id safe as a file name in the ledger folder (no separators, no dot-dot)."""
+    if not EPISODE_ID.fullmatch(value) or ".." in value:
+        raise HttpError(400, f"invalid episode id {value[:80]!r}: letters, digits, . _ - only")
+    return value
+
+
+def valid_agent(value: str) -> str:
+    if not AGENT_ID.fullmatch(value):
+        raise HttpError(400, f"invalid agent id {value[:80]!r}")
+    return value
+
+
+def episode_from_key(key: str | None) -> tuple[str | None, str | None]:
+    """(episode, remaining token) of an API key `cg:EPISODE[:TOKEN]`; (None, key) otherwise."""
+    if key is None or not key.startswith(KEY_PREFIX):
+        return None, key
+    episode, _, token = key[len(KEY_PREFIX) :].partition(":")
+    return valid_episode(episode), token or None
+
+
+@dataclass
+class Identity:
+    """The agent a request speaks for, as far as the request itself says."""
+
+    agent: str
+    name: str | None = None
+    parent: str | None = None
+    start: str | None = None
+    purpose: str = "turn"
+    # Claude Code's main thread: subagents without a parent header belong to it.
+    root: str | None = None
+    harness: str = "callgrove"
+
+
+def _metadata(raw: str | None) -> dict[str, Any]:
+    if not raw:
+        return {}
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def identify(headers: Any, messages: list[Message]) -> Identity:
+    """The agent identity that the request's headers (and compaction markers) give."""
+    own = headers.get("x-callgrove-agent")
+    purpose = headers.get("x-callgrove-purpose") or "turn"
+    if purpose not in ("turn", "compaction"):
+        raise HttpError(400, "X-Callgrove-Purpose must be turn or compaction")
+    if own:
+        start = headers.get("x-callgrove-start")
+        if start is not None and start not in AGENT_STARTS:
+            raise HttpError(400, f"X-Callgrove-Start must be one of {', '.join(AGENT_STARTS)}")
+        parent = headers.get("x-callgrove-parent")
+        return Identity(
+            valid_agent(own),
+            headers.get("x-callgrove-name"),
+            valid_agent(parent) if parent else None,
+            start,
+            purpose,
+        )
+    session = headers.get("x-claude-code-session-id")
+    if session:
+        agent = headers.get("x-claude-code-agent-id")
+        parent = headers.get("x-claude-code-parent-agent-id")
+        last_user = next((m.text for m in reversed(messages) if m.role == "user"), "")
+        if CLAUDE_COMPACTION_MARK in last_user and purpose == "turn":
+            purpose = "compaction"
+        return Identity(
+            valid_agent(agent or session),
+            None if agent else "leader",
+            valid_agent(parent) if parent else None,
+            None if agent else "root",
+            purpose,
+            root=valid_agent(session),
+            harness="claude-code",
+        )
+    thread = headers.get("thread-id")
+    if thread:
+        meta = _metadata(headers.get("x-codex-turn-metadata"))
+        parent = headers.get("x-codex-parent-thread-id") or meta.get("parent_thread_id")
+        if meta.get("request_kind") == "compaction":
+            purpose = "compaction"
+        start = None
+        if not parent:
+            start = "root"
+        elif meta.get("history_initialization") == "warm_fork":
+            start = "fork"
+        return Identity(
+            valid_agent(thread),
+            str(meta.get("agent_name") or ("leader" if not parent else "subagent")),
+            valid_agent(str(parent)) if parent else None,
+            start,
+            purpose,
+            harness="codex",
+        )
+    return Identity("main", "leader", None, "root", purpose)
+
+
+@dataclass
+class Spawn:
+    """An `Agent` tool call the gateway relayed: who asked, with what prompt, how it runs."""
+
+    agent: str
+    prompt: str
+    kind: str
+    start: str
+    used: bool = False
+
+
+def spawns_in(agent: str, message: Message) -> list[Spawn]:
+    """The subagent starts a relayed answer asks for (Claude Code's `Agent` / `Task` tool)."""
+    found = []
+    for call in message.tool_calls:
+        if call.name not in SPAWN_TOOLS or not isinstance(call.arguments, dict):
+            continue
+        prompt = call.arguments.get("prompt")
+        if not isinstance(prompt, str) or not prompt.strip():
+            continue
+        kind = str(call.arguments.get("subagent_type") or "general-purpose")
+        background = call.arguments.get("run_in_background", True)  # the harness's default
+        start = "fork" if kind == "fork" else "background" if background else "fresh"
+        found.append(Spawn(agent, prompt.strip(), kind, start))
+    return found
+
+
+def match_spawn(spawns: list[Spawn], messages: list[Message]) -> Spawn | None:
+    """The unused relayed spawn whose prompt the newest user message carries (else any user one)."""
+    users = [m.text for m in reversed(messages) if m.role == "user"]
+    for text in users:
+        for spawn in reversed(spawns):
+            if not spawn.used and spawn.prompt in text:
+                return spawn
+    return None

@@ -1,0 +1,172 @@
+"""A policy that answers from a script: reproducible harness runs without a trained model.
+
+A script is a JSON file:
+
+    {"rules": [{"when": "SPAWN", "reply": {"text": "...", "tool_calls": [...]}, "times": 1},
+               ...],
+     "default": {"text": "done"}}
+
+For each prompt the first rule whose `when` strings all occur in the prompt's newest messages
+(everything after the last assistant turn; `"in": "prompt"` searches the whole prompt) and that
+has fired fewer than `times` times (unlimited without it) gives the reply; `default` otherwise.
+A reply is an assistant message (`text`, `thinking`, `tool_calls` of `{"name", "arguments"}`
+with an optional `id`), rendered to the completion tokens of the chat format, each token given
+a fixed sampling log-probability so the ledger has real numbers to carry.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+from callgrove.episode import LOGPROB_DTYPE
+from callgrove.formats.problems import InputError, Problem
+from callgrove.gateway.chat import Chat
+from callgrove.policy import Sample, SamplingParams
+from callgrove.transcripts import Message, ToolCall
+
+SCRIPT_LOGPROB = -0.25
+"""The log-probability each scripted token is given."""
+
+
+@dataclass
+class Rule:
+    when: tuple[str, ...]
+    reply: Message
+    times: int | None = None
+    whole_prompt: bool = False
+    fired: int = 0
+
+    def matches(self, newest: str, prompt: str) -> bool:
+        if self.times is not None and self.fired >= self.times:
+            return False
+        haystack = prompt if self.whole_prompt else newest
+        return all(needle in haystack for needle in self.when)
+
+
+def _reply(data: Any, where: str, ids: itertools.count) -> Message:
+    if isinstance(data, str):
+        return Message("assistant", data)
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: a reply is a string or an object")
+    calls = []
+    for call in data.get("tool_calls") or []:
+        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+            raise ValueError(f"{where}: each tool call needs a name")
+        call_id = call.get("id") or f"toolu_script_{next(ids):04d}"
+        calls.append(ToolCall(str(call_id), call["name"], call.get("arguments", {})))
+    return Message(
+        "assistant", str(data.get("text", "")), str(data.get("thinking", "")), tuple(calls)
+    )
+
+
+@dataclass
+class Script:
+    rules: list[Rule]
+    default: Message
+    _ids: itertools.count = field(default_factory=lambda: itertools.count(1))
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Script:
+        file = str(path)
+        try:
+            data = orjson.loads(Path(path).read_bytes())
+        except (OSError, orjson.JSONDecodeError) as error:
+            raise InputError(Problem(f"cannot read script: {error}", file=file)) from None
+        ids = itertools.count(1)
+        try:
+            if not isinstance(data, dict):
+                raise ValueError("a script is a JSON object with `rules` and `default`")
+            rules = []
+            for index, raw in enumerate(data.get("rules") or []):
+                where = f"rules[{index}]"
+                when = raw.get("when", [])
+                when = (when,) if isinstance(when, str) else tuple(str(w) for w in when)
+                times = raw.get("times")
+                if times is not None and (not isinstance(times, int) or times < 1):
+                    raise ValueError(f"{where}: times must be a positive integer")
+                rules.append(
+                    Rule(
+                        when,
+                        _reply(raw.get("reply"), where, ids),
+                        times,
+                        raw.get("in", "newest") == "prompt",
+                    )
+                )
+            default = _reply(data.get("default", "done"), "default", ids)
+        except (ValueError, AttributeError) as error:
+            raise InputError(Problem(f"bad script: {error}", file=file)) from None
+        return cls(rules, default, ids)
+
+    def answer(self, newest: str, prompt: str) -> Message:
+        for rule in self.rules:
+            if rule.matches(newest, prompt):
+                rule.fired += 1
+                return rule.reply
+        return self.default
+
+
+def newest_messages(chat: Chat, prompt_ids: np.ndarray) -> np.ndarray:
+    """The prompt's tokens after its last assistant turn (all of it when there is none).
+
+    An assistant turn is the generation prompt followed by a completion that ends at its first
+    special token; the prompt's own closing generation prompt is left out.
+    """
+    opening = np.asarray(chat.format.generation_prompt())
+    ids = np.asarray(prompt_ids)
+    body = ids[: len(ids) - len(opening)] if _ends_with(ids, opening) else ids
+    width = len(opening)
+    if width == 0 or len(body) < width:
+        return body
+    windows = np.lib.stride_tricks.sliding_window_view(body, width)
+    starts = np.flatnonzero((windows == opening).all(axis=1))
+    if not starts.size:
+        return body
+    after = int(starts[-1]) + width
+    for position in range(after, len(body)):
+        if chat.is_special(int(body[position])):
+            return body[position + 1 :]
+    return body[after:]
+
+
+def _ends_with(ids: np.ndarray, tail: np.ndarray) -> bool:
+    return len(ids) >= len(tail) and bool((ids[len(ids) - len(tail) :] == tail).all())
+
+
+class ScriptedPolicy:
+    """`PolicyClient` that answers each prompt from a `Script`, in the chat format's tokens."""
+
+    def __init__(self, script: Script, chat: Chat, version: int = 0):
+        self.script = script
+        self.chat = chat
+        self._version = version
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def _text(self, ids: np.ndarray) -> str:
+        """Decoded text without special tokens: rules match what was said, not the markup."""
+        ids = np.asarray(ids)
+        keep = [not self.chat.is_special(int(t)) for t in ids]
+        return self.chat.decode(ids[np.asarray(keep, dtype=bool)]) if len(ids) else ""
+
+    async def sample(self, prompt_ids: np.ndarray, params: SamplingParams) -> Sample:
+        newest = self._text(newest_messages(self.chat, prompt_ids))
+        reply = self.script.answer(newest, self._text(prompt_ids))
+        completion = self.chat.completion(reply, None)
+        finish = "stop"
+        if len(completion) > params.max_tokens:
+            completion, finish = completion[: params.max_tokens], "length"
+        return Sample(
+            completion_ids=completion,
+            logprobs=np.full(len(completion), SCRIPT_LOGPROB, dtype=LOGPROB_DTYPE),
+            policy_version=self._version,
+            finish_reason=finish,
+        )

@@ -1,0 +1,296 @@
+"""`callgrove serve-policy`: any `PolicyClient` behind an OpenAI-compatible HTTP server.
+
+`/v1/completions` takes the prompt as text or as token ids, `/v1/chat/completions` renders the
+messages with the chat format; both answer whole or as SSE, with vLLM's token extras
+(`prompt_token_ids`, per-choice `token_ids`, per-token logprobs; `return_tokens_as_token_ids`
+names tokens `token_id:N`) and the policy version (`policy_version`) in every response.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import numpy as np
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from callgrove.gateway.apis import (
+    ChatRequest,
+    Reply,
+    error_json,
+    max_tokens_of,
+    number_of,
+    openai_chat_request,
+    reply_events,
+    reply_json,
+    stops_of,
+)
+from callgrove.gateway.chat import Chat, tools_message
+from callgrove.gateway.web import (
+    DEFAULT_BODY_LIMIT,
+    HttpError,
+    check_token,
+    json_response,
+    read_json,
+    request_key,
+    sse_event,
+    sse_response,
+)
+from callgrove.policy import PolicyClient, Sample, SamplingParams
+
+STREAM_CHUNK_TOKENS = 16
+
+
+def _logprob_block(
+    chat: Chat, ids: np.ndarray, logprobs: np.ndarray, as_ids: bool, offset: int = 0
+) -> dict[str, Any]:
+    tokens = [f"token_id:{int(t)}" if as_ids else chat.decode(np.asarray([t])) for t in ids]
+    return {
+        "tokens": tokens,
+        "token_logprobs": [float(v) for v in logprobs],
+        "top_logprobs": None,
+        "text_offset": list(range(offset, offset + len(ids))),
+    }
+
+
+def _chat_logprobs(
+    chat: Chat, ids: np.ndarray, logprobs: np.ndarray, as_ids: bool
+) -> dict[str, Any]:
+    content = []
+    for token, value in zip(ids, logprobs, strict=True):
+        text = f"token_id:{int(token)}" if as_ids else chat.decode(np.asarray([token]))
+        content.append(
+            {
+                "token": text,
+                "logprob": float(value),
+                "bytes": list(text.encode()),
+                "top_logprobs": [],
+            }
+        )
+    return {"content": content}
+
+
+class PolicyServer:
+    """The serve-policy routes over one policy and chat format."""
+
+    def __init__(
+        self,
+        policy: PolicyClient,
+        chat: Chat,
+        model: str = "policy",
+        tokens: list[str] | None = None,
+        body_limit: int = DEFAULT_BODY_LIMIT,
+    ):
+        self.policy = policy
+        self.chat = chat
+        self.model = model
+        self.tokens = tokens or []
+        self.body_limit = body_limit
+
+    def app(self) -> Starlette:
+        return Starlette(
+            routes=[
+                Route("/v1/models", self.models, methods=["GET"]),
+                Route("/v1/completions", self.completions, methods=["POST"]),
+                Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
+                Route("/health", self.health, methods=["GET"]),
+            ]
+        )
+
+    async def health(self, request: Request) -> Response:
+        return json_response({"ok": True, "policy_version": self.policy.version})
+
+    async def models(self, request: Request) -> Response:
+        try:
+            check_token(request_key(request), self.tokens)
+        except HttpError as error:
+            return json_response(
+                error_json("chat", error.status, error.message, error.kind), error.status
+            )
+        return json_response(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": self.model,
+                        "object": "model",
+                        "owned_by": "callgrove",
+                        "policy_version": self.policy.version,
+                    }
+                ],
+            }
+        )
+
+    def _params(
+        self,
+        data: dict[str, Any],
+        max_tokens: int,
+        temperature: float,
+        top_p: float,
+        stop: tuple[str, ...],
+    ) -> SamplingParams:
+        stop_ids = data.get("stop_token_ids") or []
+        if not isinstance(stop_ids, list) or not all(isinstance(t, int) for t in stop_ids):
+            raise HttpError(400, "stop_token_ids must be a list of integers")
+        seed = data.get("seed")
+        try:
+            return SamplingParams(
+                max_tokens=max_tokens,
+                temperature=temperature,
+                top_p=top_p,
+                stop_token_ids=tuple(stop_ids) or self.chat.stop_token_ids,
+                stop=stop,
+                seed=seed if isinstance(seed, int) else None,
+            )
+        except ValueError as error:
+            raise HttpError(400, str(error)) from None
+
+    async def _sample(self, prompt: np.ndarray, params: SamplingParams) -> Sample:
+        try:
+            return await self.policy.sample(prompt, params)
+        except HttpError:
+            raise
+        except Exception as error:  # a backend failure is the client's 500, with its reason
+            raise HttpError(500, f"sampling failed: {error}", "server_error") from None
+
+    async def completions(self, request: Request) -> Response:
+        try:
+            check_token(request_key(request), self.tokens)
+            data = await read_json(request, self.body_limit)
+            prompt = data.get("prompt")
+            if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], list | str):
+                prompt = prompt[0]
+            if isinstance(prompt, str):
+                prompt_ids = self.chat.encode(prompt)
+            elif (
+                isinstance(prompt, list)
+                and prompt
+                and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+            ):
+                prompt_ids = np.asarray(prompt, dtype=np.int32)
+            else:
+                raise HttpError(400, "prompt must be a string or a non-empty list of token ids")
+            request_chat = ChatRequest(
+                api="chat",
+                messages=[],
+                tools=[],
+                model=str(data.get("model") or self.model),
+                stream=bool(data.get("stream")),
+                max_tokens=16,
+            )
+            params = self._params(
+                data,
+                max_tokens_of(data, "max_tokens"),
+                number_of(data, "temperature", 1.0, 0, 2),
+                number_of(data, "top_p", 1.0, 1e-9, 1.0),
+                stops_of(data.get("stop")),
+            )
+            sample = await self._sample(prompt_ids, params)
+        except HttpError as error:
+            return json_response(
+                error_json("chat", error.status, error.message, error.kind), error.status
+            )
+        return self._completion_response(request_chat, data, prompt_ids, sample)
+
+    def _completion_response(
+        self, request: ChatRequest, data: dict[str, Any], prompt_ids: np.ndarray, sample: Sample
+    ) -> Response:
+        as_ids = bool(data.get("return_tokens_as_token_ids"))
+        want_ids = bool(data.get("return_token_ids", True))
+        want_logprobs = data.get("logprobs") is not None and data.get("logprobs") is not False
+        ids, logprobs = sample.completion_ids, sample.logprobs
+        base = {
+            "id": f"cmpl-{uuid.uuid4().hex[:24]}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": request.model,
+            "policy_version": sample.policy_version,
+        }
+        usage = {
+            "prompt_tokens": len(prompt_ids),
+            "completion_tokens": len(ids),
+            "total_tokens": len(prompt_ids) + len(ids),
+        }
+        if not request.stream:
+            choice: dict[str, Any] = {
+                "index": 0,
+                "text": self.chat.decode(ids),
+                "finish_reason": sample.finish_reason,
+                "logprobs": _logprob_block(self.chat, ids, logprobs, as_ids)
+                if want_logprobs
+                else None,
+            }
+            payload = {**base, "choices": [choice], "usage": usage}
+            if want_ids:
+                choice["token_ids"] = ids.tolist()
+                choice["prompt_token_ids"] = prompt_ids.tolist()
+                payload["prompt_token_ids"] = prompt_ids.tolist()
+            return json_response(payload)
+        events = []
+        for start in range(0, len(ids), STREAM_CHUNK_TOKENS):
+            piece = slice(start, start + STREAM_CHUNK_TOKENS)
+            last = start + STREAM_CHUNK_TOKENS >= len(ids)
+            choice = {
+                "index": 0,
+                "text": self.chat.decode(ids[piece]),
+                "finish_reason": sample.finish_reason if last else None,
+                "logprobs": _logprob_block(self.chat, ids[piece], logprobs[piece], as_ids, start)
+                if want_logprobs
+                else None,
+            }
+            chunk: dict[str, Any] = {**base, "choices": [choice]}
+            if want_ids:
+                choice["token_ids"] = ids[piece].tolist()
+                if start == 0:
+                    chunk["prompt_token_ids"] = prompt_ids.tolist()
+            if last:
+                chunk["usage"] = usage
+            events.append(sse_event(chunk))
+        events.append(b"data: [DONE]\n\n")
+        return sse_response(events)
+
+    async def chat_completions(self, request: Request) -> Response:
+        try:
+            check_token(request_key(request), self.tokens)
+            data = await read_json(request, self.body_limit)
+            chat_request = openai_chat_request(data)
+            tools = tools_message(chat_request.tools)
+            messages = ([tools] if tools else []) + chat_request.messages
+            prompt_ids = self.chat.render(messages)
+            params = self._params(
+                data,
+                chat_request.max_tokens,
+                chat_request.temperature,
+                chat_request.top_p,
+                chat_request.stop,
+            )
+            sample = await self._sample(prompt_ids, params)
+        except HttpError as error:
+            return json_response(
+                error_json("chat", error.status, error.message, error.kind), error.status
+            )
+        as_ids = bool(data.get("return_tokens_as_token_ids"))
+        choice: dict[str, Any] = {}
+        top: dict[str, Any] = {}
+        if data.get("logprobs"):
+            choice["logprobs"] = _chat_logprobs(
+                self.chat, sample.completion_ids, sample.logprobs, as_ids
+            )
+        if data.get("return_token_ids", True):
+            choice["token_ids"] = sample.completion_ids.tolist()
+            top["prompt_token_ids"] = prompt_ids.tolist()
+        reply = Reply(
+            self.chat.parse(sample.completion_ids),
+            sample.finish_reason,
+            len(prompt_ids),
+            len(sample.completion_ids),
+            sample.policy_version,
+            {"choice": choice, "top": top},
+        )
+        if chat_request.stream:
+            return sse_response(reply_events(chat_request, reply))
+        return json_response(reply_json(chat_request, reply))

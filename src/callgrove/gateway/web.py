@@ -1,0 +1,105 @@
+"""HTTP plumbing both servers share: bearer tokens, a body size limit, errors, SSE, uvicorn."""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import AsyncIterator, Callable, Iterable
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+DEFAULT_BODY_LIMIT = 32 * 1024 * 1024
+
+
+class HttpError(Exception):
+    """An error answered to the client (in its API's error shape) with an HTTP status."""
+
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.kind = kind
+
+
+def json_response(
+    payload: Any, status: int = 200, headers: dict[str, str] | None = None
+) -> Response:
+    return Response(
+        orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY),
+        status_code=status,
+        media_type="application/json",
+        headers=headers,
+    )
+
+
+def request_key(request: Request) -> str | None:
+    """The client's key: `Authorization: Bearer KEY` or `x-api-key: KEY`."""
+    header = request.headers.get("authorization", "")
+    if header.lower().startswith("bearer "):
+        return header[7:].strip()
+    return request.headers.get("x-api-key")
+
+
+def check_token(key: str | None, tokens: Iterable[str]) -> None:
+    """Raise 401 unless `key` is one of `tokens` (no tokens configured: anyone may call)."""
+    tokens = list(tokens)
+    if not tokens:
+        return
+    if key is None or not any(hmac.compare_digest(key, t) for t in tokens):
+        raise HttpError(401, "missing or wrong API key", "authentication_error")
+
+
+async def read_json(request: Request, limit: int, empty_ok: bool = False) -> dict[str, Any]:
+    """The request body as a JSON object, refused past `limit` bytes (413) or when not JSON (400)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise HttpError(413, f"request body over the {limit}-byte limit")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise HttpError(413, f"request body over the {limit}-byte limit")
+    if empty_ok and not body.strip():
+        return {}
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as error:
+        raise HttpError(400, f"request body is not valid JSON: {error}") from None
+    if not isinstance(data, dict):
+        raise HttpError(400, "request body must be a JSON object")
+    return data
+
+
+def sse_event(data: Any, event: str | None = None) -> bytes:
+    head = f"event: {event}\n".encode() if event else b""
+    return head + b"data: " + orjson.dumps(data, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n\n"
+
+
+def sse_response(events: Iterable[bytes] | AsyncIterator[bytes]) -> StreamingResponse:
+    return StreamingResponse(
+        events,
+        media_type="text/event-stream",
+        headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
+    )
+
+
+def serve(app: Any, host: str, port: int, on_ready: Callable[[int], None] | None = None) -> None:
+    """Run `app` on uvicorn until interrupted; `on_ready` gets the bound port (0 picks one)."""
+    import asyncio
+    import socket
+
+    import uvicorn
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    if on_ready is not None:
+        on_ready(sock.getsockname()[1])
+    config = uvicorn.Config(
+        app, log_level="warning", access_log=False, timeout_keep_alive=30, backlog=2048
+    )
+    asyncio.run(uvicorn.Server(config).serve(sockets=[sock]))

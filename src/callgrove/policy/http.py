@@ -1,0 +1,135 @@
+"""A policy behind an OpenAI-compatible server: token ids in, token ids and log-probabilities out.
+
+`HttpPolicyClient` sends the prompt as a list of token ids to `/v1/completions` and asks for the
+token extras vLLM and SGLang return (`return_token_ids`, per-token `logprobs`,
+`return_tokens_as_token_ids`), so what it hands back is exactly what was sampled, never a
+re-tokenisation of text. `callgrove serve-policy` answers the same shapes, with the policy
+version in every response.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from callgrove.episode import LOGPROB_DTYPE, TOKEN_DTYPE
+from callgrove.policy.client import Sample, SamplingParams
+
+
+class UpstreamError(Exception):
+    """The inference server failed or answered something without the token fields."""
+
+    def __init__(self, message: str, status: int = 502):
+        super().__init__(message)
+        self.status = status
+
+
+def completion_request(
+    prompt_ids: np.ndarray, params: SamplingParams, model: str
+) -> dict[str, object]:
+    """The `/v1/completions` body for a token prompt, with vLLM / SGLang token extras."""
+    body: dict[str, object] = {
+        "model": model,
+        "prompt": np.asarray(prompt_ids).tolist(),
+        "max_tokens": params.max_tokens,
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "logprobs": 0,
+        "return_token_ids": True,
+        "return_tokens_as_token_ids": True,
+        "skip_special_tokens": False,
+        "include_stop_str_in_output": True,
+    }
+    if params.stop_token_ids:
+        body["stop_token_ids"] = list(params.stop_token_ids)
+    if params.stop:
+        body["stop"] = list(params.stop)
+    if params.seed is not None:
+        body["seed"] = params.seed
+    return body
+
+
+def sample_from_completion(payload: dict, fallback_version: int) -> Sample:
+    """The sample a `/v1/completions` response carries; an error when its token fields lack."""
+    try:
+        choice = payload["choices"][0]
+        ids = choice.get("token_ids")
+        logprobs = (choice.get("logprobs") or {}).get("token_logprobs")
+    except (KeyError, IndexError, TypeError, AttributeError):
+        raise UpstreamError("upstream response has no choices") from None
+    if not ids:
+        raise UpstreamError(
+            "upstream response has no completion token ids (choices[0].token_ids): "
+            "the server must support return_token_ids"
+        )
+    if logprobs is None or len(logprobs) != len(ids) or None in logprobs:
+        raise UpstreamError(
+            "upstream response has no per-token logprobs matching its token ids "
+            "(choices[0].logprobs.token_logprobs)"
+        )
+    version = payload.get("policy_version", fallback_version)
+    finish = "length" if choice.get("finish_reason") == "length" else "stop"
+    return Sample(
+        completion_ids=np.asarray(ids, dtype=TOKEN_DTYPE),
+        logprobs=np.asarray(logprobs, dtype=LOGPROB_DTYPE),
+        policy_version=int(version) if version is not None else fallback_version,
+        finish_reason=finish,
+    )
+
+
+class HttpPolicyClient:
+    """`PolicyClient` over HTTP; one pooled connection set for all concurrent calls."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        model: str = "policy",
+        token: str | None = None,
+        timeout: float = 600.0,
+        max_connections: int = 256,
+    ):
+        import httpx
+
+        headers = {"authorization": f"Bearer {token}"} if token else {}
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self._version = 0
+        self._client = httpx.AsyncClient(
+            base_url=self.base_url,
+            headers=headers,
+            timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
+            limits=httpx.Limits(
+                max_connections=max_connections, max_keepalive_connections=max_connections
+            ),
+        )
+
+    @property
+    def version(self) -> int:
+        """The policy version of the latest sample the server returned."""
+        return self._version
+
+    async def sample(self, prompt_ids: np.ndarray, params: SamplingParams) -> Sample:
+        import httpx
+
+        body = completion_request(prompt_ids, params, self.model)
+        try:
+            response = await self._client.post("/v1/completions", json=body)
+        except httpx.TimeoutException:
+            raise UpstreamError(f"upstream {self.base_url} timed out", 504) from None
+        except httpx.HTTPError as error:
+            raise UpstreamError(f"upstream {self.base_url} unreachable: {error}") from None
+        if response.status_code != 200:
+            raise UpstreamError(
+                f"upstream answered {response.status_code}: {response.text[:500]}",
+                response.status_code if 400 <= response.status_code < 600 else 502,
+            )
+        try:
+            payload = response.json()
+        except ValueError:
+            raise UpstreamError("upstream answered something that is not JSON") from None
+        sample = sample_from_completion(payload, self._version)
+        self._version = max(self._version, sample.policy_version)
+        return sample
+
+    async def aclose(self) -> None:
+        await self._client.aclose()

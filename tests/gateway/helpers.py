@@ -1,0 +1,95 @@
+"""Servers for the gateway tests: in process over ASGI, or as real processes on loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+from callgrove.gateway.app import Gateway
+from callgrove.gateway.chat import Chat
+from callgrove.gateway.script import Script, ScriptedPolicy
+from callgrove.gateway.serve import PolicyServer
+
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+
+
+def write_script(path: Path, rules: list[dict], default: object = "done") -> Path:
+    path.write_text(json.dumps({"rules": rules, "default": default}))
+    return path
+
+
+def scripted(path: Path) -> ScriptedPolicy:
+    return ScriptedPolicy(Script.load(path), Chat.builtin())
+
+
+def gateway_client(policy, ledger: Path, **options) -> tuple[Gateway, httpx.AsyncClient]:
+    gateway = Gateway(policy, Chat.builtin(), ledger, **options)
+    transport = httpx.ASGITransport(app=gateway.app())
+    return gateway, httpx.AsyncClient(transport=transport, base_url="http://gateway")
+
+
+def policy_client(policy, **options) -> httpx.AsyncClient:
+    server = PolicyServer(policy, Chat.builtin(), **options)
+    return httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=server.app()), base_url="http://policy"
+    )
+
+
+def sse_events(text: str) -> list[tuple[str | None, dict | str]]:
+    """(event name, data) of each SSE event."""
+    events = []
+    for block in text.strip().split("\n\n"):
+        name = None
+        data = None
+        for line in block.splitlines():
+            if line.startswith("event: "):
+                name = line[7:]
+            elif line.startswith("data: "):
+                data = line[6:]
+        if data is not None:
+            events.append((name, data if data == "[DONE]" else json.loads(data)))
+    return events
+
+
+@contextmanager
+def server_process(*args: str, env: dict | None = None):
+    """`callgrove ARGS --port 0` as a process; yields (process, base URL); killed afterwards."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", "from callgrove.cli import main; main()", *args, "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": SRC, **(env or {})},
+        start_new_session=True,
+    )
+    try:
+        url = wait_for_url(process)
+        yield process, url
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+
+
+def wait_for_url(process: subprocess.Popen, timeout: float = 30.0) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = process.stdout.readline().decode()
+        match = re.search(r"listening on (http://\S+)", line)
+        if match:
+            return match.group(1)
+        if not line and process.poll() is not None:
+            raise RuntimeError(f"server exited: {process.stderr.read().decode()[-2000:]}")
+    raise TimeoutError("server did not report its address")
