@@ -50,6 +50,7 @@ class Reply:
     completion_tokens: int
     policy_version: int
     extras: dict[str, Any] = field(default_factory=dict)  # vLLM token fields, when asked for
+    call_id: str | None = None  # the ledger's id of the call, when the gateway recorded it
 
 
 def number_of(data: dict[str, Any], key: str, default: float, low: float, high: float) -> float:

@@ -367,6 +367,7 @@ class Gateway:
             len(prompt),
             len(sample.completion_ids),
             sample.policy_version,
+            call_id=call.id,
         )
 
     async def _record_failure(
@@ -413,7 +414,11 @@ class Gateway:
                 return json_response(
                     error_json(api, error.status, error.message, error.kind), error.status
                 )
-            headers = {"x-callgrove-policy-version": str(reply.policy_version)}
+            headers = {
+                "x-callgrove-policy-version": str(reply.policy_version),
+                "x-callgrove-episode": episode,
+                "x-callgrove-call": str(reply.call_id),
+            }
             if stream:
                 response = sse_response(reply_events(chat_request, reply))
                 response.headers.update(headers)
