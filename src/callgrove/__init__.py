@@ -55,14 +55,18 @@ from callgrove.episode import (
     PolicySpan,
     Run,
     Stats,
+    convert,
     load,
     load_located,
     off_policy_steps,
     open_writer,
+    register,
     save,
 )
+from callgrove.episode.files import EpisodeFormat, format_for
 from callgrove.forest import Forest, build_forest, compact_prompts
 from callgrove.formats import Diagnostics, InputError, Problem
+from callgrove.interop import GYM, VERIFIERS  # registers the foreign formats
 from callgrove.rows import (
     CheckSummary,
     EpisodeRows,
@@ -107,6 +111,8 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "GRPO",
+    "GYM",
+    "VERIFIERS",
     "Agent",
     "Algorithm",
     "Call",
@@ -117,6 +123,7 @@ __all__ = [
     "Env",
     "Episode",
     "EpisodeError",
+    "EpisodeFormat",
     "EpisodeRows",
     "Forest",
     "GroupCredit",
@@ -143,7 +150,9 @@ __all__ = [
     "build_samples",
     "check_rows",
     "compact_prompts",
+    "convert",
     "finalize_group",
+    "format_for",
     "load",
     "load_located",
     "off_policy_steps",
@@ -153,6 +162,7 @@ __all__ = [
     "pack_samples",
     "pack_tree",
     "read_samples",
+    "register",
     "row_record",
     "rows_table",
     "save",

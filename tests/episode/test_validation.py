@@ -1,6 +1,6 @@
-"""Every rule of `episode/codec.py`, broken one at a time in the middle of a file: the
-problem names the file, the line (the row of a binary file), the episode and the call, and
-the episodes around it are still read."""
+"""Every rule of `episode/checks.py` and `episode/codec.py`, broken one at a time in the middle
+of a file: the problem names the file, the line (the row of a binary file), the episode and the
+call, and the episodes around it are still read. `save` refuses each one before writing."""
 
 from __future__ import annotations
 
@@ -12,7 +12,15 @@ import msgspec
 import numpy as np
 import pytest
 
-from callgrove.episode import Episode, episode_to_wire, load, save
+from callgrove.episode import (
+    Episode,
+    episode_to_wire,
+    is_binary,
+    load,
+    save,
+    write_binary_episodes,
+    write_episodes,
+)
 from callgrove.formats import Diagnostics, InputError
 from callgrove.formats.wire import WirePolicy
 
@@ -99,9 +107,31 @@ FORMS = [".jsonl", ".jsonl.gz", ".parquet", ".arrow"]
 
 
 def _file_with_broken_middle(path: Path, rule: Break) -> None:
+    """Written as they are, with the unchecked writers: `save` refuses the broken one."""
     broken = healthy("bad")
     rule(broken)
-    save(path, [healthy("ok-0"), broken, healthy("ok-2")])
+    episodes = [healthy("ok-0"), broken, healthy("ok-2")]
+    if is_binary(path):
+        write_binary_episodes(path, episodes)
+    else:
+        write_episodes(path, episodes)
+
+
+@pytest.mark.parametrize("suffix", FORMS)
+@pytest.mark.parametrize(("name", "rule", "message", "call"), RULES, ids=[r[0] for r in RULES])
+def test_save_refuses_what_load_would_refuse(
+    tmp_path: Path, suffix: str, name: str, rule: Break, message: str, call: str | None
+) -> None:
+    broken = healthy("bad")
+    rule(broken)
+    with pytest.raises(InputError) as raised:
+        save(tmp_path / f"episodes{suffix}", [healthy("ok-0"), broken])
+    problem = raised.value.problem
+    assert problem.episode == "bad", name
+    if call is not None:
+        assert problem.call == call
+    # the reward rule's other spelling is the JSON reader's; the record rule is the first one
+    assert re.search(message.split("|")[0], problem.message)
 
 
 @pytest.mark.parametrize("suffix", FORMS)

@@ -20,11 +20,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from callgrove.cli.app import EXIT_FAILED, EXIT_OK, EXIT_USAGE, app, err, progress_bar
-from callgrove.episode import Episode, load, open_writer
+from callgrove.episode import Episode, format_for, load, open_writer
 from callgrove.forest import compact_prompts
 from callgrove.formats.problems import Diagnostics, InputError
-from callgrove.interop.gym import TOKENS_SUFFIX, read_gym
-from callgrove.interop.verifiers import VerifiersWriter, read_verifiers, write_advantages
+from callgrove.interop.gym import TOKENS_SUFFIX
+from callgrove.interop.verifiers import write_advantages
 
 # verifiers names the file inside a run's results folder
 VERIFIERS_FILE = "traces.jsonl"
@@ -139,14 +139,18 @@ def _input_path(
     return source
 
 
+def _format_name(path: Path, kind: Source | Target) -> str:
+    """The registry's format: `callgrove` is whichever of callgrove's own forms the name says."""
+    if kind.value != "callgrove":
+        return kind.value
+    return format_for(path, sniff=False).name
+
+
 def _read(
     source: Path, from_: Source, invocations: Path | None, diagnostics: Diagnostics
 ) -> Iterator[Episode]:
-    if from_ is Source.verifiers:
-        return read_verifiers(source, diagnostics)
-    if from_ is Source.gym:
-        return read_gym(source, invocations, diagnostics)
-    return load(source, diagnostics)
+    options = {"invocations": invocations} if from_ is Source.gym else {}
+    return load(source, diagnostics, _format_name(source, from_), **options)
 
 
 def _total(source: Path, from_: Source, invocations: Path | None) -> int | None:
@@ -172,16 +176,13 @@ def _write(
     if onto is not None:
         write_advantages(onto, episodes, out)
         return
-    if to is Target.callgrove:
-        with open_writer(out) as writer:
-            for episode in episodes:
-                compact_prompts(episode)  # prompts reference each call's forest parent
-                writer.write(episode)
-        return
-    with VerifiersWriter(out / VERIFIERS_FILE if out.is_dir() else out) as writer:
+    if to is Target.verifiers and out.is_dir():
+        out = out / VERIFIERS_FILE
+    with open_writer(out, format=_format_name(out, to)) as writer:
         for episode in episodes:
+            compact_prompts(episode)  # prompts reference each call's forest parent
             writer.write(episode)
-        for notes in writer.notes.values():
+        for notes in getattr(writer, "notes", {}).values():
             tally.dropped.update(str(note["kind"]) for note in notes)
 
 

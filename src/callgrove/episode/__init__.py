@@ -1,13 +1,22 @@
 """The episode record: the unit that is dispatched, scored, written and read back."""
 
-from callgrove.episode.arrow import (
+from callgrove.episode.binary import (
     BinaryEpisodeWriter,
     is_binary,
     read_binary_episodes,
     write_binary_episodes,
 )
 from callgrove.episode.codec import episode_from_wire, episode_to_wire, token_array
-from callgrove.episode.files import load, load_located, open_writer, save
+from callgrove.episode.files import (
+    EpisodeFormat,
+    convert,
+    format_for,
+    load,
+    load_located,
+    open_writer,
+    register,
+    save,
+)
 from callgrove.episode.io import (
     EpisodeWriter,
     encode_episode,
@@ -44,6 +53,7 @@ __all__ = [
     "Env",
     "Episode",
     "EpisodeError",
+    "EpisodeFormat",
     "EpisodeWriter",
     "Gap",
     "OffPolicySteps",
@@ -52,9 +62,11 @@ __all__ = [
     "Spawn",
     "Spread",
     "Stats",
+    "convert",
     "encode_episode",
     "episode_from_wire",
     "episode_to_wire",
+    "format_for",
     "is_binary",
     "load",
     "load_located",
@@ -63,6 +75,7 @@ __all__ = [
     "read_binary_episodes",
     "read_episodes",
     "read_located_episodes",
+    "register",
     "save",
     "token_array",
     "write_binary_episodes",

@@ -1,38 +1,34 @@
 """Between the wire form (`formats.wire`) and the typed record, validating at the edge.
 
-Every rule docs/episode-format.md states about a single episode is checked here, once, with an error that
-names the file, line, episode and call.
+The JSON-only rules (the format string, token ids that fit, one complete prompt form) are
+checked here; every other rule by `episode.checks`, which the binary reader and the writers
+share. Errors name the file, line, episode and call.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
 from typing import Any
 
 import msgspec
 import numpy as np
 from msgspec import UNSET
 
-from callgrove.episode.provenance import gaps_from_json, gaps_to_json, join_spawn, split_spawn
-from callgrove.episode.record import (
-    AGENT_STARTS,
-    LOGPROB_DTYPE,
-    PURPOSES,
-    RUN_TYPES,
-    TOKEN_DTYPE,
-    Agent,
-    Call,
-    Episode,
+from callgrove.episode.checks import (
+    CallColumns,
+    call_problems,
+    check_agents,
+    check_run,
+    check_unique_calls,
+    fail,
+    negative_token,
+    raise_first,
+    resolve_prompts,
 )
-from callgrove.formats.problems import InputError, Problem
-from callgrove.formats.wire import FORMAT, WireAgent, WireCall, WireEpisode, WireRun
+from callgrove.episode.provenance import gaps_from_json, gaps_to_json, join_spawn, split_spawn
+from callgrove.episode.record import LOGPROB_DTYPE, TOKEN_DTYPE, Agent, Call, Episode
+from callgrove.formats.wire import FORMAT, WireAgent, WireCall, WireEpisode
 
 _TOKEN_MAX = np.iinfo(TOKEN_DTYPE).max
-
-
-def _fail(message: str, episode: str | None, call: str | None = None) -> InputError:
-    return InputError(Problem(message, episode=episode, call=call))
 
 
 def token_array(values: Any, episode: str, call: str, field: str) -> np.ndarray:
@@ -49,13 +45,13 @@ def token_array(values: Any, episode: str, call: str, field: str) -> np.ndarray:
     try:
         array = np.asarray(values, dtype=TOKEN_DTYPE)
     except (OverflowError, ValueError, TypeError):
-        raise _fail(
+        raise fail(
             f"{field} holds a value that is not a token id in [0, {_TOKEN_MAX}]", episode, call
         ) from None
     if array.ndim != 1:
-        raise _fail(f"{field} must be a flat list of token ids", episode, call)
+        raise fail(f"{field} must be a flat list of token ids", episode, call)
     if array.size and array.min() < 0:
-        raise _fail(f"{field} holds a negative token id", episode, call)
+        raise fail(negative_token(field), episode, call)
     return array
 
 
@@ -84,37 +80,28 @@ def _decode_raw_list(raw: msgspec.Raw, kind: type, episode: str, call: str, fiel
     try:
         return msgspec.json.decode(raw, type=list[kind])
     except msgspec.ValidationError as error:
-        raise _fail(f"{field}: {error}", episode, call) from None
+        raise fail(f"{field}: {error}", episode, call) from None
 
 
-def _float_array(
-    values: list[float], episode: str, call: str, field: str, length: int
-) -> np.ndarray:
-    array = np.asarray(values, dtype=LOGPROB_DTYPE)
-    if len(array) != length:
-        raise _fail(
-            f"{field} has {len(array)} values but completion_ids has {length} tokens", episode, call
-        )
-    if not np.all(np.isfinite(array)):
-        raise _fail(f"{field} holds a value that is not a finite number", episode, call)
-    return array
+def _floats(values: list[float] | None) -> np.ndarray | None:
+    return None if values is None else np.asarray(values, dtype=LOGPROB_DTYPE)
 
 
 def episode_from_wire(wire: WireEpisode) -> Episode:
-    """Build and validate the record. Raises `InputError` naming the episode and call."""
+    """Build and validate the record. Raises `InputError` naming the episode and the call."""
     if wire.format != FORMAT:
-        raise _fail(f"format is {wire.format!r}, expected {FORMAT!r}", wire.id)
+        raise fail(f"format is {wire.format!r}, expected {FORMAT!r}", wire.id)
     check_run(wire.id, wire.run, wire.rewards)
-    agents = [_agent_shell(a, wire.id) for a in wire.agents]
-    check_agent_links(agents, wire.id)
-    by_seq = sorted((c for a in wire.agents for c in a.calls), key=lambda c: c.seq)
-    check_unique_calls(by_seq, wire.id)
-    built: dict[str, Call] = {}
-    for wire_call in by_seq:
-        built[wire_call.id] = _call_from_wire(wire_call, built, wire.id)
-    for agent, wire_agent in zip(agents, wire.agents, strict=True):
-        for wire_call in wire_agent.calls:
-            agent.add(built[wire_call.id])
+    check_agents(wire.agents, wire.id)
+    agents = [_agent_from_wire(a, wire.id) for a in wire.agents]
+    calls = [call for agent in agents for call in agent.calls]
+    check_unique_calls(calls, wire.id)
+    columns = CallColumns.of_calls(calls)
+    raise_first(call_problems(columns), columns.ids, 0, len(calls), wire.id)
+    prompt_from = [
+        None if c.prompt_from is UNSET else c.prompt_from for a in wire.agents for c in a.calls
+    ]
+    resolve_prompts(calls, prompt_from, wire.id)
     share_histories(agents)
     return Episode(
         id=wire.id,
@@ -133,22 +120,34 @@ def episode_from_wire(wire: WireEpisode) -> Episode:
 
 
 def share_histories(agents: list[Agent]) -> None:
-    """Hold a full prompt that resends its agent's previous call as a reference plus a suffix.
+    """Hold a full prompt that resends an earlier call as a reference plus a suffix: its
+    agent's previous call, or for an agent's first call (a fork) the longest earlier call of
+    the agent that started it.
 
-    Only an encoding: the forest still decides parents from the tokens. It keeps memory linear
-    in the distinct tokens when a file gives every prompt in full.
+    Only an encoding: the forest still decides parents from the tokens. It keeps memory and
+    files linear in the distinct tokens when every prompt is given in full.
     """
+    by_id = {agent.id: agent for agent in agents}
     for agent in agents:
         previous: Call | None = None
         for call in sorted(agent.calls, key=lambda c: c.seq):
-            if (
-                previous is not None
-                and call.prompt_base is None
-                and _starts_with(call.prompt_suffix, previous)
-            ):
-                call.prompt_suffix = call.prompt_suffix[previous.full_len :].copy()
-                call.prompt_base, call.prompt_base_len = previous, previous.full_len
+            if call.prompt_base is None:
+                starter = by_id.get(agent.parent) if agent.parent is not None else None
+                candidates = [previous] if previous is not None else _earlier(starter, call)
+                for source in candidates:
+                    if _starts_with(call.prompt_suffix, source):
+                        call.prompt_suffix = call.prompt_suffix[source.full_len :].copy()
+                        call.prompt_base, call.prompt_base_len = source, source.full_len
+                        break
             previous = call
+
+
+def _earlier(agent: Agent | None, call: Call) -> list[Call]:
+    """`agent`'s calls before `call`, longest full sequence first."""
+    if agent is None:
+        return []
+    earlier = [c for c in agent.calls if c.seq < call.seq and c.full_len]
+    return sorted(earlier, key=lambda c: -c.full_len)
 
 
 def _starts_with(tokens: np.ndarray, call: Call) -> bool:
@@ -162,155 +161,66 @@ def _starts_with(tokens: np.ndarray, call: Call) -> bool:
     return True
 
 
-def check_run(episode: str, run: WireRun | None, rewards: dict[str, float]) -> None:
-    """Rewards are finite; the run's type is known and its policy span runs forward."""
-    for name, value in rewards.items():
-        if not math.isfinite(value):
-            raise _fail(f"reward {name!r} is not a finite number", episode)
-    if run is None:
-        return
-    if run.type not in RUN_TYPES:
-        raise _fail(f"run.type is {run.type!r}, expected one of {', '.join(RUN_TYPES)}", episode)
-    if run.policy is not None and run.policy.end < run.policy.start:
-        raise _fail(
-            f"run.policy.end ({run.policy.end}) is before run.policy.start ({run.policy.start})",
-            episode,
-        )
-
-
-def _agent_shell(wire: WireAgent, episode: str) -> Agent:
-    if wire.start not in AGENT_STARTS:
-        raise _fail(
-            f"agent {wire.id!r} has start {wire.start!r}, expected one of {', '.join(AGENT_STARTS)}",
-            episode,
-        )
+def _agent_from_wire(wire: WireAgent, episode: str) -> Agent:
     spawn, meta = split_spawn(None if wire.meta is UNSET else wire.meta)
     return Agent(
         id=wire.id,
         name=wire.name,
         parent=wire.parent,
-        start=wire.start,
+        start=wire.start,  # type: ignore[arg-type]  # checked by check_agents
         trainable=wire.trainable,
+        calls=[_call_from_wire(c, episode) for c in wire.calls],
         rewards=None if wire.rewards is UNSET else dict(wire.rewards),
         meta=meta,
         spawn=spawn,
     )
 
 
-def check_agent_links(agents: list[Agent], episode: str) -> None:
-    """Agent ids are unique and every `parent` names another agent of the episode."""
-    ids = [a.id for a in agents]
-    seen: set[str] = set()
-    for agent_id in ids:
-        if agent_id in seen:
-            raise _fail(f"agent id {agent_id!r} appears twice", episode)
-        seen.add(agent_id)
-    for agent in agents:
-        if agent.parent is not None and agent.parent not in seen:
-            raise _fail(
-                f"agent {agent.id!r} names parent agent {agent.parent!r}, which is not in the episode",
-                episode,
-            )
-        if agent.parent == agent.id:
-            raise _fail(f"agent {agent.id!r} names itself as its parent", episode)
-
-
-def check_unique_calls(calls: Sequence[WireCall | Call], episode: str) -> None:
-    """No call id or `seq` appears twice in the episode."""
-    ids: set[str] = set()
-    seqs: dict[int, str] = {}
-    for call in calls:
-        if call.id in ids:
-            raise _fail(f"call id {call.id!r} appears twice", episode, call.id)
-        ids.add(call.id)
-        if call.seq in seqs:
-            raise _fail(
-                f"seq {call.seq} is used by both {seqs[call.seq]!r} and {call.id!r}",
-                episode,
-                call.id,
-            )
-        seqs[call.seq] = call.id
-
-
-def _call_from_wire(wire: WireCall, earlier: dict[str, Call], episode: str) -> Call:
-    completion = token_array(wire.completion_ids, episode, wire.id, "completion_ids")
-    if completion.size == 0:
-        raise _fail("completion_ids is empty (a call samples at least one token)", episode, wire.id)
-    if wire.purpose not in PURPOSES:
-        raise _fail(
-            f"purpose is {wire.purpose!r}, expected one of {', '.join(PURPOSES)}", episode, wire.id
-        )
-    base, base_len, suffix = _prompt_from_wire(wire, earlier, episode)
-    logprobs = (
-        None
-        if wire.logprobs is None
-        else _float_array(wire.logprobs, episode, wire.id, "logprobs", completion.size)
-    )
+def _call_from_wire(wire: WireCall, episode: str) -> Call:
+    """The call as given; its values are checked with its episode's (`checks.call_problems`)."""
+    base_len, suffix = _prompt_from_wire(wire, episode)
+    value = wire.advantages
     return Call(
         id=wire.id,
         seq=wire.seq,
-        completion_ids=completion,
+        completion_ids=token_array(wire.completion_ids, episode, wire.id, "completion_ids"),
         prompt_suffix=suffix,
-        prompt_base=base,
         prompt_base_len=base_len,
-        logprobs=logprobs,
+        logprobs=_floats(wire.logprobs),
         policy_version=wire.policy_version,
-        purpose=wire.purpose,
+        purpose=wire.purpose,  # type: ignore[arg-type]  # checked by call_problems
         kept=wire.kept,
-        advantages=_advantages_from_wire(wire, episode, completion.size),
+        advantages=(
+            None
+            if value is UNSET or value is None
+            else _floats(value)
+            if isinstance(value, list)
+            else float(value)
+        ),
         content=None if wire.content is UNSET else wire.content,
     )
 
 
-def _prompt_from_wire(
-    wire: WireCall, earlier: dict[str, Call], episode: str
-) -> tuple[Call | None, int, np.ndarray]:
-    compact = (wire.prompt_from, wire.prompt_from_len, wire.prompt_suffix_ids)
-    given = [part is not UNSET for part in compact]
+def _prompt_from_wire(wire: WireCall, episode: str) -> tuple[int, np.ndarray]:
+    """The prompt's reference length and suffix; the reference is resolved with the episode's."""
+    compact = {
+        "prompt_from": wire.prompt_from,
+        "prompt_from_len": wire.prompt_from_len,
+        "prompt_suffix_ids": wire.prompt_suffix_ids,
+    }
     if wire.prompt_ids is not UNSET:
-        if any(given):
-            raise _fail(
+        if any(part is not UNSET for part in compact.values()):
+            raise fail(
                 "call has both prompt_ids and prompt_from/prompt_from_len/prompt_suffix_ids",
                 episode,
                 wire.id,
             )
-        return None, 0, token_array(wire.prompt_ids, episode, wire.id, "prompt_ids")
-    if not all(given):
-        missing = [
-            n
-            for n, g in zip(
-                ("prompt_from", "prompt_from_len", "prompt_suffix_ids"), given, strict=True
-            )
-            if not g
-        ]
-        raise _fail(f"call has no prompt_ids and lacks {', '.join(missing)}", episode, wire.id)
-    source = earlier.get(wire.prompt_from)  # type: ignore[arg-type]
-    if source is None:
-        raise _fail(
-            f"prompt_from names {wire.prompt_from!r}, which is not an earlier call (lower seq) of the episode",
-            episode,
-            wire.id,
-        )
-    length = wire.prompt_from_len
-    if not 0 <= length <= source.full_len:  # type: ignore[operator]
-        raise _fail(
-            f"prompt_from_len {length} is outside [0, {source.full_len}], the length of {source.id!r}'s full sequence",
-            episode,
-            wire.id,
-        )
+        return 0, token_array(wire.prompt_ids, episode, wire.id, "prompt_ids")
+    missing = [name for name, part in compact.items() if part is UNSET]
+    if missing:
+        raise fail(f"call has no prompt_ids and lacks {', '.join(missing)}", episode, wire.id)
     suffix = token_array(wire.prompt_suffix_ids, episode, wire.id, "prompt_suffix_ids")
-    return (source, length, suffix) if length else (None, 0, suffix)  # type: ignore[return-value]
-
-
-def _advantages_from_wire(wire: WireCall, episode: str, length: int) -> float | np.ndarray | None:
-    value = wire.advantages
-    if value is UNSET or value is None:
-        return None
-    if isinstance(value, list):
-        return _float_array(value, episode, wire.id, "advantages", length)
-    if not math.isfinite(value):
-        raise _fail("advantages is not a finite number", episode, wire.id)
-    return float(value)
+    return wire.prompt_from_len, suffix  # type: ignore[return-value]
 
 
 def episode_to_wire(episode: Episode) -> WireEpisode:

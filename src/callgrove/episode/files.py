@@ -1,56 +1,230 @@
-"""Episode files of any supported form, chosen by extension.
+"""Episode files of every form, through one registry of formats.
 
-`.parquet` and `.arrow` are the binary form (`callgrove.episode.arrow`); anything else is JSON
-Lines (plain, `.gz` or `.zst`).
+A format is one `EpisodeFormat` entry: its name, the file names it claims, how to recognise its
+first line when several claim a name, how to read it and how to open a writer. `load`, `save`,
+`open_writer` and `convert` (and every command) find the format here, by the name given or by
+the path; adding a form is one `register(...)` call. callgrove's own forms are registered
+below; `callgrove.interop` registers verifiers and NeMo Gym.
+
+Writers check every episode against the same rules a reader applies (`episode.checks`), so
+what `save` writes `load` reads back, and hold prompts compactly (`codec.share_histories`).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
 
-from callgrove.episode.arrow import BinaryEpisodeWriter, is_binary, read_binary_episodes
+from callgrove.episode.binary import BinaryEpisodeWriter, read_binary_episodes
+from callgrove.episode.checks import check_episode
+from callgrove.episode.codec import share_histories
 from callgrove.episode.io import EpisodeWriter, read_located_episodes
 from callgrove.episode.record import Episode
+from callgrove.formats.jsonl import iter_lines
 from callgrove.formats.problems import Diagnostics
 
 JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".json", ".gz", ".zst")
 
 
+class EpisodeSink(Protocol):
+    """What every format's writer offers: `write(episode)`, `sync()` at batch boundaries,
+    `close()` (or a `with` block), and `lines`, the episodes written so far."""
+
+    lines: int
+
+    def write(self, episode: Episode) -> None: ...
+    def sync(self) -> None: ...
+    def close(self) -> None: ...
+    def __enter__(self) -> Any: ...
+    def __exit__(self, *exc: object) -> None: ...
+
+
+Reader = Callable[..., Iterator[tuple[int, Episode]]]
+
+
+@dataclass(frozen=True)
+class EpisodeFormat:
+    """One form of episode file.
+
+    `read(path, diagnostics, **options)` streams `(line, episode)`; `open_writer(path, append)`
+    returns an `EpisodeSink` (None: the form is read-only); `sniff(first_line)` tells this form
+    from others that claim the same file names; `folder`: a directory of files is one input.
+    """
+
+    name: str
+    suffixes: tuple[str, ...]
+    read: Reader
+    open_writer: Callable[[Path, bool], EpisodeSink] | None = None
+    sniff: Callable[[bytes], bool] | None = None
+    folder: bool = False
+
+
+FORMATS: dict[str, EpisodeFormat] = {}
+
+
+def register(form: EpisodeFormat) -> EpisodeFormat:
+    """Add a form (or replace the one of that name); the first registered wins ties."""
+    FORMATS[form.name] = form
+    return form
+
+
+def format_for(
+    path: str | os.PathLike[str], name: str | None = None, sniff: bool = True
+) -> EpisodeFormat:
+    """The form named `name`, else the one whose file names match `path` (the longest suffix;
+    among equals, with `sniff`, the one that recognises the file's first line; else the first
+    registered)."""
+    if name is not None:
+        if name not in FORMATS:
+            raise ValueError(f"unknown episode format {name!r}; known: {', '.join(FORMATS)}")
+        return FORMATS[name]
+    path = Path(path)
+    if path.is_dir():
+        folders = [f for f in FORMATS.values() if f.folder]
+        if folders:
+            return folders[0]
+    text = path.name
+    matches = [(len(s), f) for f in FORMATS.values() for s in f.suffixes if text.endswith(s)]
+    if not matches:
+        return FORMATS["callgrove"]
+    longest = max(length for length, _ in matches)
+    candidates = list(dict.fromkeys(f for length, f in matches if length == longest))
+    if len(candidates) > 1 and sniff:
+        first = _first_line(path)
+        for candidate in candidates:
+            if first is not None and candidate.sniff is not None and candidate.sniff(first):
+                return candidate
+    return candidates[0]
+
+
+def _first_line(path: Path) -> bytes | None:
+    """The first non-blank line of a JSON Lines file (plain, .gz or .zst), if it can be read."""
+    if not path.is_file():
+        return None
+    try:
+        for _number, line, _complete in iter_lines(path):
+            if line.strip():
+                return bytes(line)
+    except (OSError, EOFError, ValueError):
+        return None
+    return None
+
+
 def load_located(
-    path: str | os.PathLike[str], diagnostics: Diagnostics | None = None
+    path: str | os.PathLike[str],
+    diagnostics: Diagnostics | None = None,
+    format: str | None = None,
+    **options: Any,
 ) -> Iterator[tuple[int, Episode]]:
     """Stream `(line, Episode)`; in a binary file the line is the episode's row, from 1."""
-    if is_binary(path):
-        return read_binary_episodes(path, diagnostics)
-    return read_located_episodes(path, diagnostics)
+    return format_for(path, format).read(path, diagnostics, **options)
 
 
-def load(path: str | os.PathLike[str], diagnostics: Diagnostics | None = None) -> Iterator[Episode]:
-    """Stream the episodes of a file; the form is chosen by its extension.
+def load(
+    path: str | os.PathLike[str],
+    diagnostics: Diagnostics | None = None,
+    format: str | None = None,
+    **options: Any,
+) -> Iterator[Episode]:
+    """Stream the episodes of a file, in the form `format` names or the path tells.
 
     Without `diagnostics` the first bad episode raises `InputError`; with it, bad episodes are
     recorded there (with file, line, episode and call) and the rest are still read.
     """
-    return (episode for _line, episode in load_located(path, diagnostics))
+    return (episode for _line, episode in load_located(path, diagnostics, format, **options))
+
+
+class CheckedWriter:
+    """A format's writer behind the rules: each episode is checked as a reader would check it
+    (an `InputError` naming the episode and call refuses it, and nothing of it is written) and
+    its prompts are held compactly before the form writes it."""
+
+    def __init__(self, writer: EpisodeSink):
+        self.writer = writer
+
+    @property
+    def lines(self) -> int:
+        return self.writer.lines
+
+    def write(self, episode: Episode) -> None:
+        check_episode(episode)
+        share_histories(episode.agents)
+        self.writer.write(episode)
+
+    def sync(self) -> None:
+        self.writer.sync()
+
+    def close(self) -> None:
+        self.writer.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.writer, name)  # what a form adds (verifiers' notes)
+
+    def __enter__(self) -> CheckedWriter:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.writer.__exit__(*exc)
 
 
 def open_writer(
-    path: str | os.PathLike[str], append: bool = False
-) -> EpisodeWriter | BinaryEpisodeWriter:
-    """A streaming writer for the form named by the extension: `write(episode)`, `sync()` at
-    batch boundaries, `close()` (or use it as a context manager). Binary files cannot be
-    appended to."""
-    if is_binary(path):
-        if append:
-            raise ValueError(f"{path}: a binary episode file cannot be appended to")
-        return BinaryEpisodeWriter(path)
-    return EpisodeWriter(path, append=append)
+    path: str | os.PathLike[str], append: bool = False, format: str | None = None
+) -> CheckedWriter:
+    """A streaming writer for the form `format` names or the path tells: `write(episode)`,
+    `sync()` at batch boundaries, `close()` (or a `with` block). A file is only sniffed when
+    appended to: a new one takes callgrove's form for its name."""
+    form = format_for(path, format, sniff=append)
+    if form.open_writer is None:
+        raise ValueError(f"{path}: episodes cannot be written as {form.name}")
+    return CheckedWriter(form.open_writer(Path(path), append))
 
 
-def save(path: str | os.PathLike[str], episodes: Iterable[Episode]) -> int:
-    """Write episodes in the form named by the extension; returns how many were written."""
-    with open_writer(path) as writer:
+def save(
+    path: str | os.PathLike[str], episodes: Iterable[Episode], format: str | None = None
+) -> int:
+    """Write episodes in the form `format` names or the path tells; returns how many.
+    An episode that breaks a rule raises `InputError` (the file is then incomplete)."""
+    with open_writer(path, format=format) as writer:
         for episode in episodes:
             writer.write(episode)
         return writer.lines
+
+
+def convert(
+    source: str | os.PathLike[str],
+    target: str | os.PathLike[str],
+    diagnostics: Diagnostics | None = None,
+    source_format: str | None = None,
+    target_format: str | None = None,
+    **options: Any,
+) -> int:
+    """Stream every episode of `source` into `target`, each form found as `load` and `save`
+    find it; returns how many were written."""
+    episodes = load(source, diagnostics, source_format, **options)
+    return save(target, episodes, target_format)
+
+
+def _binary_writer(path: Path, append: bool) -> BinaryEpisodeWriter:
+    if append:
+        raise ValueError(f"{path}: a binary episode file cannot be appended to")
+    return BinaryEpisodeWriter(path)
+
+
+def _is_callgrove(line: bytes) -> bool:
+    return b'"callgrove.episode/' in line
+
+
+register(
+    EpisodeFormat(
+        "callgrove",
+        JSONL_SUFFIXES,
+        read_located_episodes,
+        lambda path, append: EpisodeWriter(path, append=append),
+        sniff=_is_callgrove,
+    )
+)
+register(EpisodeFormat("parquet", (".parquet",), read_binary_episodes, _binary_writer))
+register(EpisodeFormat("arrow", (".arrow",), read_binary_episodes, _binary_writer))

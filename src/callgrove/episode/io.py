@@ -46,7 +46,7 @@ def encode_episode(episode: Episode) -> bytes:
 def write_episodes(
     path: str | os.PathLike[str], episodes: Iterable[Episode], append: bool = False
 ) -> int:
-    """Write episodes one per line; returns how many were written."""
+    """Write episodes one per line, as they are (unchecked; `save` checks); returns how many."""
     with EpisodeWriter(path, append=append) as writer:
         for episode in episodes:
             writer.write(episode)
@@ -54,7 +54,8 @@ def write_episodes(
 
 
 class EpisodeWriter(JsonlWriter):
-    """`JsonlWriter` that takes records: whole lines, flushed; `sync()` at batch boundaries."""
+    """`JsonlWriter` that takes records as they are: whole lines, flushed; `sync()` at batch
+    boundaries. `open_writer` and `save` put the rules in front of it."""
 
-    def write(self, episode: Episode) -> None:  # type: ignore[override]
+    def write(self, episode: Episode) -> None:
         self.write_line(encode_episode(episode))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
 
@@ -28,9 +28,14 @@ TOKEN_DTYPE = np.int32
 LOGPROB_DTYPE = np.float64  # exact JSON round trips; the binary form stores float32
 EMPTY_TOKENS = np.zeros(0, dtype=TOKEN_DTYPE)
 
-AGENT_STARTS = ("root", "fresh", "fork", "background")
-PURPOSES = ("turn", "compaction")
-RUN_TYPES = ("train", "eval")
+# The enumerated values (docs/episode-format.md); readers check them with a message naming the
+# value, the writers before writing.
+AgentStart = Literal["root", "fresh", "fork", "background"]
+Purpose = Literal["turn", "compaction"]
+RunType = Literal["train", "eval"]
+AGENT_STARTS: tuple[str, ...] = get_args(AgentStart)
+PURPOSES: tuple[str, ...] = get_args(Purpose)
+RUN_TYPES: tuple[str, ...] = get_args(RunType)
 
 
 @dataclass(slots=True, eq=False)
@@ -45,7 +50,7 @@ class Call:
     prompt_base_len: int = 0
     logprobs: np.ndarray | None = None
     policy_version: int | None = None
-    purpose: str = "turn"
+    purpose: Purpose = "turn"
     kept: bool = True
     advantages: float | np.ndarray | None = None
     content: Any = None
@@ -119,7 +124,7 @@ class Agent:
     id: str
     name: str
     parent: str | None = None
-    start: str = "root"
+    start: AgentStart = "root"
     trainable: bool = True
     calls: list[Call] = field(default_factory=list)
     rewards: dict[str, float] | None = None

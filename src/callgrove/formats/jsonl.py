@@ -248,9 +248,6 @@ class JsonlWriter:
         self._stream.flush()
         self.lines += 1
 
-    def write(self, wire: WireEpisode) -> None:
-        self.write_line(encode_wire_episode(wire))
-
     def sync(self) -> None:
         self._stream.flush()
         fileno = getattr(self._stream, "fileno", None)

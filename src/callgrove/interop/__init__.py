@@ -4,4 +4,11 @@
   bare-trace rows), advantages written back onto its message nodes, episodes written as it.
 - `callgrove.interop.gym`: NeMo Gym token capture (`TokenEntry`) joined with its agent
   invocation records, so every subagent's and compaction's calls are kept.
+
+Importing the package registers both as episode formats (`verifiers`, `gym`) for `load`,
+`save` and `convert`.
 """
+
+from callgrove.interop.formats import GYM, VERIFIERS
+
+__all__ = ["GYM", "VERIFIERS"]

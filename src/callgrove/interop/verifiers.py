@@ -668,7 +668,7 @@ class VerifiersWriter(JsonlWriter):
         super().__init__(path, append=append)
         self.notes: dict[str, list[dict[str, Any]]] = {}
 
-    def write(self, episode: Episode) -> None:  # type: ignore[override]
+    def write(self, episode: Episode) -> None:
         notes: list[dict[str, Any]] = []
         self.write_line(orjson.dumps(verifiers_row(episode, notes)) + b"\n")
         if notes:

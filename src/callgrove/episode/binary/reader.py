@@ -1,0 +1,322 @@
+"""Reading Parquet and Arrow IPC episode files one record batch at a time.
+
+Each batch's columns become numpy once and every call gets views into those buffers, so a
+call's arrays are never copied and memory is bounded by the batch, not the file. The batch's
+calls are checked column-wise (`episode.checks`) before any episode is built.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.ipc as ipc
+import pyarrow.parquet as pq
+
+from callgrove.episode.binary.schema import FLOAT_DTYPE, LAYOUT, PARQUET_SUFFIX
+from callgrove.episode.checks import (
+    CallColumns,
+    ListColumn,
+    call_problems,
+    check_agents,
+    check_run,
+    check_unique_calls,
+    fail,
+    raise_first,
+    resolve_prompts,
+)
+from callgrove.episode.codec import share_histories
+from callgrove.episode.provenance import gaps_from_json, split_spawn
+from callgrove.episode.record import TOKEN_DTYPE, Agent, Call, Episode
+from callgrove.formats.problems import Diagnostics, InputError, Problem
+from callgrove.formats.wire import FORMAT, WireEnv, WireError, WirePolicy, WireRun
+
+
+def _file_problem(file: str, message: str) -> InputError:
+    return InputError(Problem(message, file=file, kind="malformed"))
+
+
+def _record_batches(path: str | os.PathLike[str]) -> Iterator[pa.RecordBatch]:
+    """The file's record batches, one at a time; Arrow IPC files are memory-mapped."""
+    file = str(path)
+    try:
+        if file.endswith(PARQUET_SUFFIX):
+            parquet = pq.ParquetFile(file, memory_map=True)
+            schema = parquet.schema_arrow
+        else:
+            reader = ipc.open_file(pa.memory_map(file, "r"))
+            schema = reader.schema
+    except (pa.ArrowException, OSError) as error:
+        raise _file_problem(file, f"not a readable {Path(file).suffix} file: {error}") from None
+    metadata = schema.metadata or {}
+    if metadata.get(b"format") != FORMAT.encode() or metadata.get(b"layout") != LAYOUT.encode():
+        found = metadata.get(b"format", b"none").decode(errors="replace")
+        raise _file_problem(
+            file, f"not a callgrove episode file (format {found!r}, expected {FORMAT!r})"
+        )
+    try:
+        if file.endswith(PARQUET_SUFFIX):
+            for group in range(parquet.num_row_groups):
+                yield from parquet.read_row_group(group).to_batches()
+        else:
+            for index in range(reader.num_record_batches):
+                yield reader.get_batch(index)
+    except (pa.ArrowException, OSError) as error:
+        raise _file_problem(file, f"unreadable data: {error}") from None
+
+
+def _relative_offsets(lists: pa.ListArray) -> tuple[list[int], pa.Array]:
+    """Offsets into `lists.flatten()` (as Python ints) and that flattened child."""
+    offsets = lists.offsets.to_numpy()
+    return (offsets - offsets[0]).tolist(), lists.flatten()
+
+
+def _list_column(lists: pa.ListArray, dtype: type) -> ListColumn:
+    """A list column as a numpy buffer plus offsets, without copying the values."""
+    values = lists.values
+    bad_values = None
+    if values.null_count:
+        bad_values = values.is_null().to_numpy(zero_copy_only=False)
+        values = values.fill_null(0)
+    array = values.to_numpy(zero_copy_only=True)
+    if array.dtype != dtype:
+        raise TypeError(f"a list column holds {array.dtype}, expected {np.dtype(dtype)}")
+    offsets = lists.offsets.to_numpy()
+    return ListColumn(array, offsets, lists.is_null().to_numpy(zero_copy_only=False), bad_values)
+
+
+class _Calls:
+    """Every call of one batch, checked column-wise before any call is built."""
+
+    def __init__(self, calls: pa.StructArray):
+        field = calls.field
+        self.prompt_from = field("prompt_from").to_pylist()
+        self.prompt_from_len = field("prompt_from_len").to_pylist()
+        self.policy_versions = field("policy_version").to_pylist()
+        self.content = field("content").to_pylist()
+        self.columns = CallColumns(
+            ids=field("id").to_pylist(),
+            seqs=field("seq").to_pylist(),
+            purposes=field("purpose").to_pylist(),
+            kept=field("kept").to_pylist(),
+            advantage=field("advantage").to_pylist(),
+            prompt_suffix_ids=_list_column(field("prompt_suffix_ids"), TOKEN_DTYPE),
+            completion_ids=_list_column(field("completion_ids"), TOKEN_DTYPE),
+            logprobs=_list_column(field("logprobs"), FLOAT_DTYPE),
+            advantages=_list_column(field("advantages"), FLOAT_DTYPE),
+        )
+        self.problems = call_problems(self.columns)
+        for index, (source, length) in enumerate(
+            zip(self.prompt_from, self.prompt_from_len, strict=True)
+        ):
+            if (source is None) != (length is None):
+                self.problems.setdefault(
+                    index, "call has only one of prompt_from and prompt_from_len"
+                )
+
+    def build_all(self) -> list[Call]:
+        """Every call of the batch in one pass, its arrays views into the column buffers."""
+        columns = self.columns
+        advantages = [
+            scalar if scalar is not None else per_token
+            for scalar, per_token in zip(columns.advantage, columns.advantages.views(), strict=True)
+        ]
+        content = [self._content(i, text) for i, text in enumerate(self.content)]
+        return [
+            Call(
+                id=call_id,
+                seq=seq,
+                completion_ids=completion,
+                prompt_suffix=suffix,
+                prompt_base_len=base_len or 0,
+                logprobs=logprobs,
+                policy_version=version,
+                purpose=purpose,
+                kept=kept,
+                advantages=advantage,
+                content=value,
+            )
+            for call_id, seq, completion, suffix, base_len, logprobs, version, purpose, kept, advantage, value in zip(
+                columns.ids,
+                columns.seqs,
+                columns.completion_ids.views(),
+                columns.prompt_suffix_ids.views(),
+                self.prompt_from_len,
+                columns.logprobs.views(),
+                self.policy_versions,
+                columns.purposes,
+                columns.kept,
+                advantages,
+                content,
+                strict=True,
+            )
+        ]
+
+    def _content(self, index: int, text: str | None) -> Any:
+        try:
+            return _decode_json(text)
+        except InputError:
+            self.problems.setdefault(index, "content is not valid JSON")
+            return None
+
+
+class _Batch:
+    """One record batch, decoded column-wise; `episode(i)` builds row i."""
+
+    def __init__(self, batch: pa.RecordBatch):
+        column = batch.column
+        self.rows = batch.num_rows
+        self.ids = column("id").to_pylist()
+        self.groups = column("group").to_pylist()
+        self.envs = column("env").to_pylist()
+        self.tasks = column("task").to_pylist()
+        self.runs = column("run").to_pylist()
+        self.oks = column("ok").to_pylist()
+        self.errors = column("errors").to_pylist()
+        self.rewards = column("rewards").to_pylist()
+        self.objectives = column("objective").to_pylist()
+        self.gaps = column("gaps").to_pylist()
+        self.metas = column("meta").to_pylist()
+        self.agent_offsets, agents = _relative_offsets(column("agents"))
+        self.agent_ids = agents.field("id").to_pylist()
+        self.agent_names = agents.field("name").to_pylist()
+        self.agent_parents = agents.field("parent").to_pylist()
+        self.agent_starts = agents.field("start").to_pylist()
+        self.agent_trainable = agents.field("trainable").to_pylist()
+        self.agent_rewards = agents.field("rewards").to_pylist()
+        self.agent_metas = agents.field("meta").to_pylist()
+        self.call_offsets, calls = _relative_offsets(agents.field("calls"))
+        self.calls = _Calls(calls)
+        self.built = self.calls.build_all()
+
+    def episode(self, row: int) -> Episode:
+        episode_id = self.ids[row]
+        if episode_id is None or self.oks[row] is None:
+            raise InputError(Problem("episode lacks its id or ok"))
+        episode = Episode(
+            id=episode_id,
+            group=self.groups[row],
+            env=None if self.envs[row] is None else WireEnv(**self.envs[row]),
+            task=_decode_json(self.tasks[row]),
+            run=_run(self.runs[row]),
+            ok=self.oks[row],
+            errors=[_error(e) for e in self.errors[row] or []],
+            rewards=dict(self.rewards[row] or []),
+            objective=self.objectives[row],
+            gaps=gaps_from_json(_decode_json(self.gaps[row]), episode_id),
+            meta=_decode_json(self.metas[row]),
+        )
+        check_run(episode_id, episode.run, episode.rewards)
+        for index in range(self.agent_offsets[row], self.agent_offsets[row + 1]):
+            episode.agents.append(self._agent(index, episode_id))
+        check_agents(episode.agents, episode_id)
+        calls = [c for a in episode.agents for c in a.calls]
+        check_unique_calls(calls, episode_id)
+        first_call = self.call_offsets[self.agent_offsets[row]]
+        resolve_prompts(
+            calls, self.calls.prompt_from[first_call : first_call + len(calls)], episode_id
+        )
+        share_histories(episode.agents)  # full prompts held as the JSON reader holds them
+        return episode
+
+    def _agent(self, index: int, episode: str) -> Agent:
+        agent_id, start = self.agent_ids[index], self.agent_starts[index]
+        if (
+            agent_id is None
+            or self.agent_names[index] is None
+            or self.agent_trainable[index] is None
+        ):
+            raise fail("agent lacks its id, name or trainable", episode)
+        rewards = self.agent_rewards[index]
+        spawn, meta = split_spawn(_decode_json(self.agent_metas[index]))
+        first, end = self.call_offsets[index], self.call_offsets[index + 1]
+        raise_first(self.calls.problems, self.calls.columns.ids, first, end)
+        return Agent(
+            id=agent_id,
+            name=self.agent_names[index],
+            parent=self.agent_parents[index],
+            start=start,
+            trainable=self.agent_trainable[index],
+            calls=self.built[first:end],
+            rewards=None if rewards is None else dict(rewards),
+            meta=meta,
+            spawn=spawn,
+        )
+
+
+def _decode_json(text: str | None) -> Any:
+    try:
+        return None if text is None else msgspec.json.decode(text)
+    except msgspec.DecodeError:
+        raise InputError(Problem(f"not valid JSON: {text[:40]!r}")) from None
+
+
+def _run(value: dict[str, Any] | None) -> WireRun | None:
+    if value is None:
+        return None
+    policy = value["policy"]
+    return WireRun(
+        id=value["id"],
+        type=value["type"],
+        step=value["step"],
+        policy=None if policy is None else WirePolicy(start=policy["start"], end=policy["end"]),
+    )
+
+
+def _error(value: dict[str, Any]) -> WireError:
+    return WireError(
+        type=value["type"],
+        message=value["message"] or "",
+        agent=msgspec.UNSET if value["agent"] is None else value["agent"],
+        call=msgspec.UNSET if value["call"] is None else value["call"],
+    )
+
+
+def _batch_episodes(
+    batch: _Batch, first_row: int, file: str, diagnostics: Diagnostics | None
+) -> Iterator[tuple[int, Episode]]:
+    for row in range(batch.rows):
+        number = first_row + row + 1
+        try:
+            episode = batch.episode(row)
+        except InputError as error:
+            located = error.located(file=file, line=number, episode=batch.ids[row])
+            if diagnostics is None:
+                raise located from None
+            diagnostics.add(located.problem)
+            continue
+        yield number, episode
+
+
+def read_binary_episodes(
+    path: str | os.PathLike[str], diagnostics: Diagnostics | None = None
+) -> Iterator[tuple[int, Episode]]:
+    """Stream `(row number from 1, Episode)` from a `.parquet` or `.arrow` file.
+
+    Problems are located by file, row (reported as the line), episode and call. Without
+    `diagnostics` the first bad episode raises `InputError`; with it, bad episodes are recorded
+    and skipped. A file that cannot be opened at all is one problem for the whole file.
+    """
+    file = str(path)
+    first_row = 0
+    try:
+        for record_batch in _record_batches(path):
+            try:
+                batch = _Batch(record_batch)
+            except (KeyError, TypeError, ValueError, pa.ArrowException) as error:
+                raise _file_problem(file, f"columns do not match {LAYOUT}: {error}") from None
+            # Hold no reference to this batch while the next one is read: memory stays at
+            # one batch (plus whatever episodes the caller keeps).
+            del record_batch
+            yield from _batch_episodes(batch, first_row, file, diagnostics)
+            first_row += batch.rows
+            del batch
+    except InputError as error:
+        if diagnostics is None or error.problem.line is not None:
+            raise
+        diagnostics.add(error.problem)

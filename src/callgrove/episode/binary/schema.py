@@ -1,0 +1,101 @@
+"""The binary episode form's layout: one row per episode, nested as episode -> agents -> calls
+exactly like the JSON record (docs/format.md has the table). Tokens are `int32` list columns,
+per-token floats (logprobs, advantages) `float32` list columns, free-form values JSON text.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pyarrow as pa
+
+from callgrove.formats.wire import FORMAT
+
+LAYOUT = "callgrove.binary/1"
+PARQUET_SUFFIX = ".parquet"
+ARROW_SUFFIX = ".arrow"
+BINARY_SUFFIXES = (PARQUET_SUFFIX, ARROW_SUFFIX)
+FLOAT_DTYPE = np.float32
+
+# A record batch (a Parquet row group) is closed once it holds this many tokens or episodes:
+# the unit a reader holds in memory at once.
+BATCH_TOKENS = 1_000_000
+BATCH_EPISODES = 256
+PARQUET_PAGE_BYTES = 8 << 20
+
+_TOKENS = pa.list_(pa.int32())
+_FLOATS = pa.list_(pa.float32())
+_REWARDS = pa.map_(pa.string(), pa.float64())
+_JSON = pa.string()  # free-form JSON values, stored as their JSON text
+
+CALL_TYPE = pa.struct(
+    [
+        pa.field("id", pa.string(), nullable=False),
+        pa.field("seq", pa.int64(), nullable=False),
+        pa.field("prompt_from", pa.string()),
+        pa.field("prompt_from_len", pa.int64()),
+        pa.field("prompt_suffix_ids", _TOKENS, nullable=False),
+        pa.field("completion_ids", _TOKENS, nullable=False),
+        pa.field("logprobs", _FLOATS),
+        pa.field("policy_version", pa.int64()),
+        pa.field("purpose", pa.string(), nullable=False),
+        pa.field("kept", pa.bool_(), nullable=False),
+        pa.field("advantage", pa.float64()),
+        pa.field("advantages", _FLOATS),
+        pa.field("content", _JSON),
+    ]
+)
+AGENT_TYPE = pa.struct(
+    [
+        pa.field("id", pa.string(), nullable=False),
+        pa.field("name", pa.string(), nullable=False),
+        pa.field("parent", pa.string()),
+        pa.field("start", pa.string(), nullable=False),
+        pa.field("trainable", pa.bool_(), nullable=False),
+        pa.field("rewards", _REWARDS),
+        pa.field("meta", _JSON),
+        pa.field("calls", pa.list_(pa.field("item", CALL_TYPE, nullable=False)), nullable=False),
+    ]
+)
+ENV_TYPE = pa.struct([pa.field("id", pa.string()), pa.field("name", pa.string())])
+POLICY_TYPE = pa.struct(
+    [pa.field("start", pa.int64(), nullable=False), pa.field("end", pa.int64(), nullable=False)]
+)
+RUN_TYPE = pa.struct(
+    [
+        pa.field("id", pa.string()),
+        pa.field("type", pa.string(), nullable=False),
+        pa.field("step", pa.int64()),
+        pa.field("policy", POLICY_TYPE),
+    ]
+)
+ERROR_TYPE = pa.struct(
+    [
+        pa.field("type", pa.string(), nullable=False),
+        pa.field("message", pa.string(), nullable=False),
+        pa.field("agent", pa.string()),
+        pa.field("call", pa.string()),
+    ]
+)
+SCHEMA = pa.schema(
+    [
+        pa.field("id", pa.string(), nullable=False),
+        pa.field("group", pa.string()),
+        pa.field("env", ENV_TYPE),
+        pa.field("task", _JSON),
+        pa.field("run", RUN_TYPE),
+        pa.field("ok", pa.bool_(), nullable=False),
+        pa.field("errors", pa.list_(pa.field("item", ERROR_TYPE, nullable=False)), nullable=False),
+        pa.field("rewards", _REWARDS, nullable=False),
+        pa.field("objective", pa.string()),
+        pa.field("gaps", _JSON),
+        pa.field("meta", _JSON),
+        pa.field("agents", pa.list_(pa.field("item", AGENT_TYPE, nullable=False)), nullable=False),
+    ],
+    metadata={"format": FORMAT, "layout": LAYOUT},
+)
+
+
+def is_binary(path: str | os.PathLike[str]) -> bool:
+    return str(path).endswith(BINARY_SUFFIXES)

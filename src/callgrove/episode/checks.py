@@ -1,0 +1,288 @@
+"""Every rule of one episode (docs/episode-format.md, "What a reader checks"), each with its
+message, written once.
+
+The JSON reader, the binary reader and the writers (`save`, `open_writer`) all check through
+here. Call rules run column-wise: a batch of calls is a few numpy buffers plus offsets
+(`CallColumns`), each rule is tested over the whole batch at once, and only a batch that breaks
+one is searched for the calls that do. The binary reader hands its Arrow buffers over without a
+copy; records are gathered into the same columns.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from callgrove.episode.record import AGENT_STARTS, PURPOSES, RUN_TYPES, Call, Episode
+from callgrove.formats.problems import InputError, Problem
+from callgrove.formats.wire import WireRun
+
+EMPTY_COMPLETION = "completion_ids is empty (a call samples at least one token)"
+
+
+def fail(message: str, episode: str | None, call: str | None = None) -> InputError:
+    return InputError(Problem(message, episode=episode, call=call))
+
+
+def unexpected(subject: str, value: object, allowed: Sequence[str]) -> str:
+    return f"{subject} {value!r}, expected one of {', '.join(allowed)}"
+
+
+def negative_token(field: str) -> str:
+    return f"{field} holds a negative token id"
+
+
+def not_finite(field: str, per_token: bool = True) -> str:
+    if per_token:
+        return f"{field} holds a value that is not a finite number"
+    return f"{field} is not a finite number"
+
+
+def wrong_length(field: str, values: int, tokens: int) -> str:
+    return f"{field} has {values} values but completion_ids has {tokens} tokens"
+
+
+class ListColumn:
+    """One list field of a batch of calls: a flat numpy buffer, offsets, and which items are
+    null (None). Item i is `values[offsets[i]:offsets[i + 1]]`."""
+
+    def __init__(
+        self,
+        values: np.ndarray,
+        offsets: np.ndarray,
+        null: np.ndarray,
+        bad_values: np.ndarray | None = None,
+    ):
+        self.values = values
+        self.offsets = offsets
+        self.lengths = np.diff(offsets)
+        self.null = null
+        # values the source marked missing (a null inside an Arrow list), where it can
+        self.bad_values = np.zeros(0, dtype=bool) if bad_values is None else bad_values
+
+    @classmethod
+    def of(cls, arrays: Sequence[np.ndarray | None], dtype: type) -> ListColumn:
+        present = [np.zeros(0, dtype=dtype) if a is None else a for a in arrays]
+        offsets = np.zeros(len(present) + 1, dtype=np.int64)
+        np.cumsum([len(a) for a in present], out=offsets[1:])
+        values = np.concatenate(present) if present else np.zeros(0, dtype=dtype)
+        return cls(values, offsets, np.array([a is None for a in arrays], dtype=bool))
+
+    def views(self) -> list[np.ndarray | None]:
+        """Item i as a view into the buffer, None where the list is null."""
+        values, bounds = self.values, self.offsets.tolist()
+        return [
+            None if null else values[start:end]
+            for start, end, null in zip(bounds[:-1], bounds[1:], self.null.tolist(), strict=True)
+        ]
+
+    def items_where(self, flagged_values: np.ndarray) -> np.ndarray:
+        """Indices of the items that hold a flagged value."""
+        positions = np.flatnonzero(flagged_values)
+        return np.unique(np.searchsorted(self.offsets, positions, side="right") - 1)
+
+
+@dataclass
+class CallColumns:
+    """The checked fields of a batch of calls, one entry (or list item) per call."""
+
+    ids: list[str | None]
+    seqs: list[int | None]
+    purposes: list[str | None]
+    kept: list[bool | None]
+    advantage: list[float | None]  # the scalar advantages
+    prompt_suffix_ids: ListColumn
+    completion_ids: ListColumn
+    logprobs: ListColumn
+    advantages: ListColumn  # the per-token advantages
+
+    @classmethod
+    def of_calls(cls, calls: Sequence[Call]) -> CallColumns:
+        per_token = [c.advantages if isinstance(c.advantages, np.ndarray) else None for c in calls]
+        return cls(
+            ids=[c.id for c in calls],
+            seqs=[c.seq for c in calls],
+            purposes=[c.purpose for c in calls],
+            kept=[c.kept for c in calls],
+            advantage=[
+                None
+                if c.advantages is None or isinstance(c.advantages, np.ndarray)
+                else c.advantages
+                for c in calls
+            ],
+            prompt_suffix_ids=ListColumn.of([c.prompt_suffix for c in calls], np.int64),
+            completion_ids=ListColumn.of([c.completion_ids for c in calls], np.int64),
+            logprobs=ListColumn.of([c.logprobs for c in calls], np.float64),
+            advantages=ListColumn.of(per_token, np.float64),
+        )
+
+
+def call_problems(columns: CallColumns) -> dict[int, str]:
+    """The first problem of each call that has one, by its index in the batch."""
+    problems: dict[int, str] = {}
+
+    def flag(indices: Iterable[int], message: str) -> None:
+        for index in indices:
+            problems.setdefault(int(index), message)
+
+    for name in ("prompt_suffix_ids", "completion_ids"):
+        column: ListColumn = getattr(columns, name)
+        flag(np.flatnonzero(column.null), f"{name} is missing")
+        flag(column.items_where(column.bad_values), f"{name} holds a null token id")
+        if column.values.size and column.values.min() < 0:
+            flag(column.items_where(column.values < 0), negative_token(name))
+    completion = columns.completion_ids
+    flag(np.flatnonzero(completion.lengths == 0), EMPTY_COMPLETION)
+    for name in ("logprobs", "advantages"):
+        column = getattr(columns, name)
+        for index in np.flatnonzero(~column.null & (column.lengths != completion.lengths)):
+            flag([index], wrong_length(name, column.lengths[index], completion.lengths[index]))
+        finite = np.isfinite(column.values)
+        if column.bad_values.any() or not finite.all():
+            bad = ~finite if not column.bad_values.size else ~finite | column.bad_values
+            flag(column.items_where(bad), not_finite(name))
+    if (
+        set(columns.purposes) <= set(PURPOSES)
+        and all(a is None for a in columns.advantage)
+        and None not in columns.ids
+        and None not in columns.seqs
+        and None not in columns.kept
+    ):
+        return problems
+    for index, purpose in enumerate(columns.purposes):
+        advantage = columns.advantage[index]
+        if None in (columns.ids[index], columns.seqs[index], columns.kept[index]):
+            flag([index], "call lacks its id, seq or kept")
+        elif purpose not in PURPOSES:
+            flag([index], unexpected("purpose is", purpose, PURPOSES))
+        elif advantage is not None and not columns.advantages.null[index]:
+            flag([index], "call has both a scalar and a per-token advantage")
+        elif advantage is not None and not math.isfinite(advantage):
+            flag([index], not_finite("advantages", per_token=False))
+    return problems
+
+
+def check_run(episode: str, run: WireRun | None, rewards: dict[str, float]) -> None:
+    """Rewards are finite; the run's type is known and its policy span runs forward."""
+    for name, value in rewards.items():
+        if not math.isfinite(value):
+            raise fail(f"reward {name!r} is not a finite number", episode)
+    if run is None:
+        return
+    if run.type not in RUN_TYPES:
+        raise fail(unexpected("run.type is", run.type, RUN_TYPES), episode)
+    if run.policy is not None and run.policy.end < run.policy.start:
+        raise fail(
+            f"run.policy.end ({run.policy.end}) is before run.policy.start ({run.policy.start})",
+            episode,
+        )
+
+
+class _AgentLike(Protocol):
+    id: str
+    parent: str | None
+    start: str
+
+
+def check_agents(agents: Sequence[_AgentLike], episode: str) -> None:
+    """Agent starts are known, ids unique, and every `parent` names another agent."""
+    seen: set[str] = set()
+    for agent in agents:
+        if agent.start not in AGENT_STARTS:
+            raise fail(
+                unexpected(f"agent {agent.id!r} has start", agent.start, AGENT_STARTS), episode
+            )
+        if agent.id in seen:
+            raise fail(f"agent id {agent.id!r} appears twice", episode)
+        seen.add(agent.id)
+    for agent in agents:
+        if agent.parent is not None and agent.parent not in seen:
+            raise fail(
+                f"agent {agent.id!r} names parent agent {agent.parent!r}, which is not in the episode",
+                episode,
+            )
+        if agent.parent == agent.id:
+            raise fail(f"agent {agent.id!r} names itself as its parent", episode)
+
+
+def check_unique_calls(calls: Sequence[Call], episode: str) -> None:
+    """No call id or `seq` appears twice in the episode."""
+    ids: set[str] = set()
+    seqs: dict[int, str] = {}
+    for call in calls:
+        if call.id in ids:
+            raise fail(f"call id {call.id!r} appears twice", episode, call.id)
+        ids.add(call.id)
+        if call.seq in seqs:
+            raise fail(
+                f"seq {call.seq} is used by both {seqs[call.seq]!r} and {call.id!r}",
+                episode,
+                call.id,
+            )
+        seqs[call.seq] = call.id
+
+
+def resolve_prompts(calls: Sequence[Call], prompt_from: Sequence[str | None], episode: str) -> None:
+    """Point each compact prompt at the earlier call it starts from (`prompt_from[i]` names
+    call i's), checking that it is an earlier call of the episode and long enough."""
+    if not any(prompt_from):
+        return
+    by_id = {c.id: c for c in calls}
+    for call, source_id in zip(calls, prompt_from, strict=True):
+        if source_id is None:
+            continue
+        source = by_id.get(source_id)
+        if source is None or source.seq >= call.seq:
+            raise fail(
+                f"prompt_from names {source_id!r}, which is not an earlier call (lower seq) "
+                "of the episode",
+                episode,
+                call.id,
+            )
+        if not 0 <= call.prompt_base_len <= source.full_len:
+            raise fail(
+                f"prompt_from_len {call.prompt_base_len} is outside [0, {source.full_len}], "
+                f"the length of {source.id!r}'s full sequence",
+                episode,
+                call.id,
+            )
+        call.prompt_base = source if call.prompt_base_len else None
+
+
+def raise_first(
+    problems: dict[int, str],
+    ids: Sequence[str | None],
+    first: int,
+    end: int,
+    episode: str | None = None,
+) -> None:
+    """Raise the first problem among calls `first`..`end - 1` (one episode's calls)."""
+    for index in range(first, end):
+        if index in problems:
+            raise fail(problems[index], episode, ids[index])
+
+
+def check_episode(episode: Episode) -> None:
+    """Every rule, over a record built in code or read from a file; raises `InputError`
+    naming the episode and the call."""
+    check_run(episode.id, episode.run, episode.rewards)
+    check_agents(episode.agents, episode.id)
+    calls = list(episode.calls())
+    check_unique_calls(calls, episode.id)
+    columns = CallColumns.of_calls(calls)
+    raise_first(call_problems(columns), columns.ids, 0, len(calls), episode.id)
+    prompt_from = [None if c.prompt_base is None else c.prompt_base.id for c in calls]
+    bases = [c.prompt_base for c in calls]
+    resolve_prompts(calls, prompt_from, episode.id)
+    for call, base in zip(calls, bases, strict=True):
+        if base is not None and call.prompt_base is not base:
+            raise fail(
+                f"prompt_from names {base.id!r}, which is not an earlier call (lower seq) "
+                "of the episode",
+                episode.id,
+                call.id,
+            )

@@ -1,0 +1,39 @@
+"""verifiers and NeMo Gym as entries of the episode format registry (`callgrove.episode.files`),
+so `load`, `save`, `convert` and every command read and write them by name or by file."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from callgrove.episode import Episode
+from callgrove.episode.files import EpisodeFormat, register
+from callgrove.formats.problems import Diagnostics
+from callgrove.interop.gym import TOKENS_SUFFIX, read_gym
+from callgrove.interop.verifiers import VerifiersWriter, read_located_verifiers
+
+
+def _read_gym(
+    path: str | os.PathLike[str],
+    diagnostics: Diagnostics | None = None,
+    invocations: str | os.PathLike[str] | None = None,
+) -> Iterator[tuple[int, Episode]]:
+    """Gym rollouts numbered from 1 in the order they are joined (a store has no lines)."""
+    return enumerate(read_gym(path, invocations, diagnostics), start=1)
+
+
+def _is_verifiers(line: bytes) -> bool:
+    return b'"traces"' in line or b'"nodes"' in line
+
+
+VERIFIERS = register(
+    EpisodeFormat(
+        "verifiers",
+        (".jsonl", ".jsonl.gz", ".jsonl.zst"),
+        read_located_verifiers,
+        lambda path, append: VerifiersWriter(Path(path), append=append),
+        sniff=_is_verifiers,
+    )
+)
+GYM = register(EpisodeFormat("gym", (TOKENS_SUFFIX,), _read_gym, folder=True))
