@@ -20,7 +20,14 @@ class ScriptedPolicy:
     """Answers every prompt with `reply` and its end token; `fail_on` call numbers raise;
     `delay` seconds per call (awaited, so cancellation and timeouts reach it)."""
 
-    def __init__(self, reply: str = "7", fail_on: tuple[int, ...] = (), delay: float = 0.0):
+    def __init__(
+        self,
+        reply: str = "7",
+        fail_on: tuple[int, ...] = (),
+        delay: float = 0.0,
+        fail_text: str | None = None,
+    ):
+        self.fail_text = fail_text
         self.reply = np.concatenate([RENDERER.encode(reply), [RENDERER.END]]).astype(np.int32)
         self.fail_on = fail_on
         self.delay = delay
@@ -36,7 +43,9 @@ class ScriptedPolicy:
             await asyncio.sleep(self.delay)
         else:
             await asyncio.sleep(0)
-        if number in self.fail_on:
+        if number in self.fail_on or (
+            self.fail_text is not None and self.fail_text in RENDERER.show(prompt_ids)
+        ):
             raise ConnectionError(f"call {number} refused")
         return Sample(self.reply, np.full(len(self.reply), -0.5), self.version, "stop")
 

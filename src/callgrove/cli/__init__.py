@@ -12,6 +12,7 @@ from callgrove.cli import stats as _stats  # noqa: F401  isort: skip
 from callgrove.cli import importers as _importers  # noqa: F401  isort: skip
 from callgrove.cli import synth as _synth  # noqa: F401  isort: skip
 from callgrove.cli import gateway as _gateway  # noqa: F401  isort: skip
+from callgrove.cli import train as _train  # noqa: F401  isort: skip
 
 
 def main() -> None:

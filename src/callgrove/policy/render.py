@@ -37,6 +37,10 @@ class Renderer(Protocol):
         """The text of a completion, its end marker left out."""
         ...
 
+    def show(self, token_ids: np.ndarray) -> str:
+        """Any tokens as readable text, markers included (for sample tables and displays)."""
+        ...
+
 
 class CharRenderer:
     """One token per character of a small alphabet, plus a header token per role and an end token.
@@ -54,6 +58,9 @@ class CharRenderer:
         self._ids = {ch: i + 4 for i, ch in enumerate(alphabet)}
         # A header sampled inside a completion reads as "?", so replies can be quoted back.
         self._text = np.array(["?", "?", "?", "", *alphabet], dtype=object)
+        self._shown = np.array(
+            ["\n[system] ", "\n[user] ", "\n[assistant] ", "⏎", *alphabet], dtype=object
+        )
 
     @property
     def vocab_size(self) -> int:
@@ -89,3 +96,6 @@ class CharRenderer:
         if len(ids) and ids[-1] == self.END:
             ids = ids[:-1]
         return "".join(self._text[ids])
+
+    def show(self, token_ids: np.ndarray) -> str:
+        return "".join(self._shown[np.asarray(token_ids)]).lstrip("\n")

@@ -1,0 +1,64 @@
+"""`callgrove train CONFIG`: run (or resume) the RL loop a TOML config describes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from callgrove.cli.app import EXIT_USAGE, app, err, out
+
+
+@app.command("train")
+def train_command(
+    config: Annotated[Path | None, typer.Argument(help="TOML config (none: the defaults)")] = None,
+    steps: Annotated[int | None, typer.Option(help="training steps (run.steps)")] = None,
+    out_dir: Annotated[
+        Path | None, typer.Option("--out", help="output directory (run.out)")
+    ] = None,
+    seed: Annotated[int | None, typer.Option(help="run seed (run.seed)")] = None,
+    executor: Annotated[str | None, typer.Option(help="local or ray (run.executor)")] = None,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="any setting: section.key=value (repeatable)"),
+    ] = None,
+    quiet: Annotated[bool, typer.Option(help="no live display")] = False,
+) -> None:
+    """Train: episodes of the configured environment, scored by groups, tree-packed steps.
+
+    Writes OUT/step_N/{train,eval}/traces.jsonl, metrics.jsonl, config.toml, a checkpoint and
+    rewards.png; run the same command again after a crash to continue from the checkpoint.
+    """
+    from callgrove.orchestrator.config import ConfigError, load_config, parse_override
+
+    overrides = {}
+    try:
+        for text in set_ or []:
+            key, value = parse_override(text)
+            overrides[key] = value
+        named = {"run.steps": steps, "run.out": out_dir, "run.seed": seed, "run.executor": executor}
+        overrides |= {
+            k: str(v) if isinstance(v, Path) else v for k, v in named.items() if v is not None
+        }
+        if quiet:
+            overrides["monitor.live"] = False
+        resolved = load_config(config, overrides)
+        from callgrove.orchestrator.loop import train
+
+        summary = train(resolved, err)
+    except ConfigError as error:
+        err.print(f"error: {error}", markup=False)
+        raise typer.Exit(EXIT_USAGE) from None
+    rewards = [
+        m["train/all/episode/reward/mean"]
+        for m in summary.metrics
+        if "train/all/episode/reward/mean" in m
+    ]
+    reward = rewards[-1] if rewards else None
+    out.print(
+        f"trained steps {summary.first_step + 1}..{summary.last_step} into {summary.out}"
+        + (f" · last reward {reward:.3f}" if reward is not None else "")
+        + (f" · plot {summary.plot}" if summary.plot else ""),
+        markup=False,
+    )

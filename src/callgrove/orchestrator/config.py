@@ -1,0 +1,239 @@
+"""The training configuration: one TOML file, validated at load, every key overridable.
+
+Unknown keys and wrong types are errors that name the key (`ConfigError: dispatch.group_size:
+expected int, got str`). `load_config(path, overrides)` applies `section.key=value` overrides
+(values parsed as TOML, falling back to a plain string) before validating, so the command line
+can set anything the file can.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from callgrove.orchestrator.degeneracy import DegeneracySettings
+from callgrove.orchestrator.dispatcher import DispatchSettings
+from callgrove.orchestrator.step import AlgorithmSettings
+from callgrove.policy import SamplingParams
+from callgrove.policy.backends import LearnerConfig, ModelSettings
+
+EXECUTORS = ("local", "ray")
+
+
+class ConfigError(ValueError):
+    pass
+
+
+class _Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    pass
+
+
+class RunSection(_Section):
+    steps: int = 20
+    out: str = "runs/train"
+    seed: int = 0
+    executor: str = "local"
+    eval_every: int = 0
+    """Evaluate after every this many steps (0: never)."""
+    eval_repeats: int = 1
+
+
+class EnvSection(_Section):
+    name: str = "relay"
+    options: dict[str, Any] = {}
+
+
+class SamplingSection(_Section):
+    max_tokens: int = 4
+    temperature: float = 1.0
+    top_p: float = 1.0
+
+
+class DispatchSection(_Section):
+    group_size: int = 8
+    groups_per_step: int = 4
+    max_in_flight: int = 256
+    max_off_policy_steps: int = 1
+    episode_timeout: float | None = 300.0
+
+
+class AlgorithmSection(_Section):
+    name: str = "hierarchical_grpo"
+    scope: str = "seat"
+    scale_by_std: bool = False
+    local_seats: list[str] = msgspec.field(default_factory=lambda: ["helper"])
+    decay: float = 0.9
+
+
+class DegeneracySection(_Section):
+    gibberish_logprob: float = -9.0
+    gibberish_tokens: int = 2
+    repetition_logprob: float = -0.01
+    repetition_run: int = 64
+    drop: list[str] = msgspec.field(default_factory=lambda: ["gibberish", "repetition"])
+
+
+class MonitorSection(_Section):
+    live: bool = True
+    plot: bool = True
+    samples_per_step: int = 16
+    wandb: bool = False
+    wandb_project: str = "callgrove"
+    tensorboard: bool = False
+
+
+class RaySection(_Section):
+    address: str = ""
+    """Empty: start a local Ray; else a cluster address (`ray://host:10001` or `auto`)."""
+    env_workers: int = 2
+
+
+class TrainConfig(_Section):
+    run: RunSection = msgspec.field(default_factory=RunSection)
+    env: EnvSection = msgspec.field(default_factory=EnvSection)
+    model: ModelSettings = msgspec.field(default_factory=ModelSettings)
+    sampling: SamplingSection = msgspec.field(default_factory=SamplingSection)
+    dispatch: DispatchSection = msgspec.field(default_factory=DispatchSection)
+    algorithm: AlgorithmSection = msgspec.field(default_factory=AlgorithmSection)
+    train: LearnerConfig = msgspec.field(default_factory=LearnerConfig)
+    degeneracy: DegeneracySection = msgspec.field(default_factory=DegeneracySection)
+    monitor: MonitorSection = msgspec.field(default_factory=MonitorSection)
+    ray: RaySection = msgspec.field(default_factory=RaySection)
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """The settings objects the loop runs with, built (and so checked) from a config."""
+
+    config: TrainConfig
+    dispatch: DispatchSettings
+    sampling: SamplingParams
+    algorithm: AlgorithmSettings
+    degeneracy: DegeneracySettings
+
+
+def resolve(config: TrainConfig, stop_token_ids: tuple[int, ...]) -> Resolved:
+    try:
+        if config.run.executor not in EXECUTORS:
+            raise ValueError(
+                f"run.executor must be one of {EXECUTORS}, not {config.run.executor!r}"
+            )
+        if config.run.steps < 0:
+            raise ValueError("run.steps must not be negative")
+        return Resolved(
+            config,
+            DispatchSettings(**msgspec.structs.asdict(config.dispatch)),
+            SamplingParams(
+                max_tokens=config.sampling.max_tokens,
+                temperature=config.sampling.temperature,
+                top_p=config.sampling.top_p,
+                stop_token_ids=stop_token_ids,
+            ),
+            AlgorithmSettings(
+                name=config.algorithm.name,
+                scope=config.algorithm.scope,
+                scale_by_std=config.algorithm.scale_by_std,
+                local_seats=tuple(config.algorithm.local_seats),
+                decay=config.algorithm.decay,
+            ),
+            DegeneracySettings(
+                gibberish_logprob=config.degeneracy.gibberish_logprob,
+                gibberish_tokens=config.degeneracy.gibberish_tokens,
+                repetition_logprob=config.degeneracy.repetition_logprob,
+                repetition_run=config.degeneracy.repetition_run,
+                drop=tuple(config.degeneracy.drop),
+                stop_token_ids=stop_token_ids,
+            ),
+        )
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+
+
+def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None) -> TrainConfig:
+    """Read, override and validate a config (no path: the defaults)."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        try:
+            raw = tomllib.loads(Path(path).read_text())
+        except tomllib.TOMLDecodeError as error:
+            raise ConfigError(f"{path}: not valid TOML: {error}") from None
+        except OSError as error:
+            raise ConfigError(f"{path}: {error.strerror}") from None
+    for key, value in (overrides or {}).items():
+        _set(raw, key, value)
+    return config_from_dict(raw, source=str(path or "defaults"))
+
+
+def config_from_dict(raw: dict[str, Any], source: str = "config") -> TrainConfig:
+    try:
+        return msgspec.convert(raw, TrainConfig)
+    except msgspec.ValidationError as error:
+        raise ConfigError(f"{source}: {_readable(str(error))}") from None
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """`section.key=value` with the value read as TOML (`4`, `true`, `"x"`, `[1, 2]`), else a
+    plain string."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"override {text!r}: expected section.key=value")
+    try:
+        parsed = tomllib.loads(f"v = {value}")["v"]
+    except tomllib.TOMLDecodeError:
+        parsed = value
+    return key.strip(), parsed
+
+
+def _set(raw: dict[str, Any], dotted: str, value: Any) -> None:
+    *sections, key = dotted.split(".")
+    node = raw
+    for section in sections:
+        node = node.setdefault(section, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"override {dotted}: {section} is not a section")
+    node[key] = value
+
+
+def _readable(message: str) -> str:
+    """msgspec's `Object contains unknown field `x` - at `$.run`` as `run.x: unknown key`."""
+    unknown = re.match(r"Object contains unknown field `([^`]+)`(?: - at `\$\.?([^`]*)`)?", message)
+    if unknown:
+        where = ".".join(p for p in (unknown.group(2), unknown.group(1)) if p)
+        return f"{where}: unknown key"
+    typed = re.match(r"(.*) - at `\$\.?([^`]*)`", message)
+    if typed:
+        return f"{typed.group(2)}: {typed.group(1)}"
+    return message
+
+
+def to_toml(config: TrainConfig) -> str:
+    """The resolved config as TOML (written next to a run's outputs)."""
+    lines = []
+    for section, values in msgspec.to_builtins(config).items():
+        lines.append(f"[{section}]")
+        for key, value in values.items():
+            if value is None:
+                continue
+            lines.append(f"{key} = {_toml_value(value)}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return msgspec.json.encode(value).decode()
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        inner = ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items())
+        return "{ " + inner + " }"
+    raise TypeError(f"cannot write {value!r} as TOML")

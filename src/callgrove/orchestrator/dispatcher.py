@@ -1,0 +1,270 @@
+"""The dispatcher: groups of episodes in flight, stamped with the policy span they covered.
+
+Invariants:
+- Every dispatched episode comes back exactly once: in a group handed to a step (trained, or
+  dropped as stale), from `evaluate`, or from `stop` (cancelled in flight, or finished after
+  the last step). A failed episode comes back as itself (`ok: false`, its errors), counted in
+  `dispatcher/errored/{train,eval}`; a cancelled one carries a `Cancelled` error and is counted
+  in `dispatcher/cancelled/{train,eval}`. Nothing is invented for a failure.
+- Each episode's `run.policy` is the span of policy versions its generation covered (the
+  version when it started, the version when it ended); staleness is only ever derived from it
+  (`callgrove.episode.off_policy_steps`).
+- Generation runs at most `max_off_policy_steps` steps ahead of training: a group is launched
+  only while the groups taken for training plus those in flight stay below
+  `(version + 1 + max_off_policy_steps) * groups_per_step`. A group that still comes back
+  staler than that (it finished late) is dropped whole before it trains.
+- Evaluation episodes are pinned: the loop loads no new weights while they run, so their span
+  is one version, and they are never dropped for staleness.
+
+Tasks are drawn per group from a generator seeded by (seed, group index), so a group launched
+again after a restart gets the same task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from callgrove.episode import Episode, off_policy_steps
+from callgrove.formats.wire import WireEnv, WirePolicy, WireRun
+from callgrove.orchestrator.env import Environment, cancelled_error, run_episode
+from callgrove.policy import PolicyClient, SamplingParams
+from callgrove.policy.render import Renderer
+
+SUBSETS = ("train", "eval")
+# Runs one episode to its end (errors recorded on it): in this process by default, or on a
+# worker (`callgrove.orchestrator.ray_executor`).
+EpisodeRunner = Callable[[Episode, Any], Awaitable[Episode]]
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchSettings:
+    group_size: int = 8
+    groups_per_step: int = 4
+    max_in_flight: int = 256
+    """Episodes in flight at most (training generation; evaluation runs besides)."""
+    max_off_policy_steps: int = 1
+    episode_timeout: float | None = 300.0
+
+    def __post_init__(self) -> None:
+        for name in ("group_size", "groups_per_step", "max_in_flight"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"dispatch.{name} must be at least 1")
+        if self.max_off_policy_steps < 0:
+            raise ValueError("dispatch.max_off_policy_steps must not be negative")
+        if self.max_in_flight < self.group_size:
+            raise ValueError("dispatch.max_in_flight must hold at least one group")
+
+
+@dataclass(eq=False)
+class Group:
+    """One task's episodes, compared with each other when credit is assigned."""
+
+    index: int
+    task: Any
+    episodes: list[Episode] = field(default_factory=list)
+
+    @property
+    def id(self) -> str:
+        return f"g{self.index}"
+
+
+@dataclass
+class Collected:
+    """What `collect` handed to one step: groups that train and groups dropped as stale."""
+
+    trained: list[Group]
+    stale: list[Group]
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        env: Environment,
+        policy: PolicyClient,
+        renderer: Renderer,
+        params: SamplingParams,
+        settings: DispatchSettings,
+        run_id: str,
+        seed: int = 0,
+        next_group: int = 0,
+        relaunch: Iterable[int] = (),
+        runner: EpisodeRunner | None = None,
+    ):
+        self.env = env
+        self.policy = policy
+        self.renderer = renderer
+        self.params = params
+        self.settings = settings
+        self.run_id = run_id
+        self.seed = seed
+        self.next_group = next_group
+        self._relaunch = sorted(relaunch)
+        self.runner = runner or self._run_here
+        self.counters: Counter[str] = Counter()
+        self.taken = 0  # groups handed to steps (trained); dropped ones free their room
+        self.in_flight_episodes = 0
+        self._live: dict[int, asyncio.Task[Group]] = {}
+        self._episode_tasks: set[asyncio.Task[Episode]] = set()
+        self._done: asyncio.Queue[Group] = asyncio.Queue()
+        self._changed = asyncio.Condition()
+        self._producer: asyncio.Task[None] | None = None
+
+    # -- generation ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._producer = asyncio.create_task(self._produce())
+
+    async def notify(self) -> None:
+        """Wake the producer: the policy version moved or room was freed."""
+        async with self._changed:
+            self._changed.notify_all()
+
+    def _room(self) -> bool:
+        settings = self.settings
+        if self.in_flight_episodes + settings.group_size > settings.max_in_flight:
+            return False
+        ahead = (self.policy.version + 1 + settings.max_off_policy_steps) * settings.groups_per_step
+        return self.taken + len(self._live) + self._done.qsize() < ahead
+
+    async def _produce(self) -> None:
+        while True:
+            async with self._changed:
+                await self._changed.wait_for(self._room)
+            self._launch(self._take_index())
+
+    def _take_index(self) -> int:
+        if self._relaunch:
+            return self._relaunch.pop(0)
+        index = self.next_group
+        self.next_group += 1
+        return index
+
+    def task_of(self, index: int) -> Any:
+        return self.env.task(np.random.default_rng([self.seed, index]))
+
+    def _launch(self, index: int) -> None:
+        group = Group(index, self.task_of(index))
+        self.in_flight_episodes += self.settings.group_size
+        self._live[index] = asyncio.create_task(self._run_group(group))
+
+    async def _run_group(self, group: Group) -> Group:
+        tasks = []
+        for number in range(self.settings.group_size):
+            episode = Episode(id=f"{group.id}-{number}-{uuid.uuid4().hex[:8]}", group=group.id)
+            tasks.append(self._spawn(episode, group.task, "train"))
+        group.episodes = list(await asyncio.gather(*tasks))
+        self._live.pop(group.index, None)
+        await self._done.put(group)
+        await self.notify()
+        return group
+
+    def _spawn(self, episode: Episode, task: Any, subset: str) -> asyncio.Task[Episode]:
+        future = asyncio.create_task(self._run_one(episode, task, subset))
+        self._episode_tasks.add(future)
+        future.add_done_callback(self._episode_tasks.discard)
+        return future
+
+    async def _run_one(self, episode: Episode, task: Any, subset: str) -> Episode:
+        start = self.policy.version
+        episode.env = WireEnv(id=self.env.name, name=self.env.name)
+        try:
+            episode = await self.runner(episode, task)
+        except asyncio.CancelledError:  # cancelled before the episode's own handler ran
+            episode.task, episode.ok = task, False
+            episode.errors.append(cancelled_error("cancelled before it started"))
+        episode.run = WireRun(
+            id=self.run_id, type=subset, policy=WirePolicy(start=start, end=self.policy.version)
+        )
+        if subset == "train":
+            self.in_flight_episodes -= 1
+        self._count(episode, subset)
+        return episode
+
+    async def _run_here(self, episode: Episode, task: Any) -> Episode:
+        return await run_episode(
+            self.env,
+            task,
+            self.policy,
+            self.renderer,
+            self.params,
+            episode,
+            self.settings.episode_timeout,
+        )
+
+    def _count(self, episode: Episode, subset: str) -> None:
+        if episode.ok:
+            return
+        cancelled = any(error.type == "Cancelled" for error in episode.errors)
+        self.counters[f"dispatcher/{'cancelled' if cancelled else 'errored'}/{subset}"] += 1
+
+    # -- handing groups to steps -----------------------------------------------------------
+
+    async def collect(self, step: int) -> Collected:
+        """The next `groups_per_step` fresh groups to finish (in the order they finished), and
+        every stale group met on the way; all of them are stamped with `step`."""
+        trained, stale = [], []
+        while len(trained) < self.settings.groups_per_step:
+            group = await self._done.get()
+            for episode in group.episodes:
+                episode.run.step = step  # type: ignore[union-attr]
+            if self.is_stale(group, step):
+                stale.append(group)
+                self.counters["dispatcher/stale_groups/train"] += 1
+                self.counters["dispatcher/stale_episodes/train"] += len(group.episodes)
+            else:
+                trained.append(group)
+                self.taken += 1
+            await self.notify()
+        return Collected(trained, stale)
+
+    def is_stale(self, group: Group, step: int) -> bool:
+        limit = self.settings.max_off_policy_steps
+        return any(off_policy_steps(e, step).total > limit for e in group.episodes)
+
+    def pending_groups(self) -> list[int]:
+        """Groups launched but not yet handed to a step: a restart launches them again."""
+        finished = [group.index for group in self._done._queue]  # type: ignore[attr-defined]
+        return sorted([*self._live, *finished, *self._relaunch])
+
+    # -- evaluation ------------------------------------------------------------------------
+
+    async def evaluate(self, step: int, repeats: int = 1) -> list[Episode]:
+        """Each evaluation task `repeats` times, all at once, on the current policy version."""
+        version = self.policy.version
+        tasks = []
+        for number, task in enumerate(self.env.eval_tasks()):
+            for repeat in range(repeats):
+                episode = Episode(id=f"eval{step}-{number}-{repeat}", group=f"eval{step}-{number}")
+                tasks.append(self._spawn(episode, task, "eval"))
+        episodes = list(await asyncio.gather(*tasks))
+        for episode in episodes:
+            episode.run.step = step  # type: ignore[union-attr]
+            span = episode.run.policy  # type: ignore[union-attr]
+            if (span.start, span.end) != (version, version):
+                raise RuntimeError(f"evaluation episode {episode.id} spans {span}: not pinned")
+        return episodes
+
+    # -- shutdown --------------------------------------------------------------------------
+
+    async def stop(self) -> list[Episode]:
+        """Stop generating; cancel what is in flight. Returns every episode not handed to a step
+        (cancelled ones carry a `Cancelled` error), so each still reaches a sink once."""
+        if self._producer is not None:
+            self._producer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._producer
+        for task in list(self._episode_tasks):
+            task.cancel()
+        await asyncio.gather(*self._live.values())  # each finished group joins the queue
+        groups = []
+        while not self._done.empty():
+            groups.append(self._done.get_nowait())
+        return [episode for group in groups for episode in group.episodes]

@@ -1,0 +1,210 @@
+"""The training loop: dispatch, step, write, checkpoint; resumable at any moment.
+
+Each step: collect the step's groups from the dispatcher (stale ones dropped), prepare samples
+(credit, rows, degeneracy), one optimizer step in a worker thread while generation goes on,
+the new weights to the sampler, evaluation if due (pinned to the new version), then the step's
+files, its metrics line and the checkpoint, in that order (`callgrove.orchestrator.sinks`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from rich.console import Console
+
+from callgrove.orchestrator import monitors, sinks
+from callgrove.orchestrator.config import Resolved, TrainConfig, resolve, to_toml
+from callgrove.orchestrator.dispatcher import Dispatcher
+from callgrove.orchestrator.envs import make_env
+from callgrove.orchestrator.step import make_algorithm, prepare_step
+from callgrove.policy.backends import PolicyBackend, build_policy
+
+
+@dataclass
+class RunSummary:
+    out: Path
+    first_step: int
+    last_step: int
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+    plot: Path | None = None
+    unused_episodes: int = 0
+
+
+def train(config: TrainConfig, console: Console | None = None) -> RunSummary:
+    """Run (or resume) the training described by `config`; returns where it wrote what."""
+    return asyncio.run(train_async(config, console or Console(stderr=True)))
+
+
+async def train_async(config: TrainConfig, console: Console) -> RunSummary:
+    out = Path(config.run.out)
+    out.mkdir(parents=True, exist_ok=True)
+    backend = build_policy(config.model, config.train, config.run.seed)
+    resolved = resolve(config, tuple(backend.renderer.stop_token_ids))
+    env = make_env(config.env.name, config.env.options)
+    algorithm = make_algorithm(resolved.algorithm)
+
+    checkpoint = sinks.load_checkpoint(out)
+    progress: dict[str, Any] = {
+        "step": 0,
+        "next_group": 0,
+        "pending": [],
+        "run_id": uuid.uuid4().hex,
+    }
+    if checkpoint is not None:
+        progress = checkpoint["progress"]
+        backend.learner.load_state_dict(checkpoint["learner"])
+        backend.sampler.load_state_dict(checkpoint["sampler"])
+        await backend.sampler.load_weights(backend.learner.weights(), backend.learner.version)
+        algorithm = checkpoint["algorithm"]
+    first = int(progress["step"])
+    sinks.rewind(out, first)
+    (out / "config.toml").write_text(to_toml(config))
+
+    executor = await _executor(config, backend, env, resolved)
+    dispatcher = Dispatcher(
+        env,
+        executor.policy if executor else backend.sampler,
+        backend.renderer,
+        resolved.sampling,
+        resolved.dispatch,
+        run_id=progress["run_id"],
+        seed=config.run.seed,
+        next_group=int(progress["next_group"]),
+        relaunch=progress["pending"],
+        runner=executor.run_episode if executor else None,
+    )
+    dispatcher.counters.update(progress.get("counters", {}))
+    metric_sinks = _metric_sinks(config, out, progress["run_id"])
+    display = monitors.LiveDisplay(console, config.run.steps, config.monitor.live)
+    dispatcher.start()
+    try:
+        for step in range(first + 1, config.run.steps + 1):
+            metrics, table = await _step(
+                step, config, resolved, backend, dispatcher, algorithm, out, executor
+            )
+            for sink in metric_sinks:
+                sink.log(step, metrics)
+                sink.log_samples(step, table)
+            progress = {
+                "step": step,
+                "next_group": dispatcher.next_group,
+                "pending": dispatcher.pending_groups(),
+                "run_id": progress["run_id"],
+                "counters": dict(dispatcher.counters),
+            }
+            sinks.save_checkpoint(
+                out,
+                {
+                    "progress": progress,
+                    "learner": backend.learner.state_dict(),
+                    "sampler": backend.sampler.state_dict(),
+                    "algorithm": algorithm,
+                    "config": msgspec.to_builtins(config),
+                },
+            )
+            display.update(step, metrics, dispatcher.in_flight_episodes)
+    finally:
+        leftovers = await dispatcher.stop()
+        unused = sinks.append_episodes(out / "unused" / "train" / "traces.jsonl", leftovers)
+        final = {"final": True, **{k: float(v) for k, v in dispatcher.counters.items()}}
+        for sink in metric_sinks:
+            sink.log(max(first, int(progress["step"])), final)
+            sink.close()
+        display.close()
+        if executor:
+            executor.close()
+    metrics = sinks.read_metrics(out)
+    plot = monitors.plot_run(metrics, out / "rewards.png") if config.monitor.plot else None
+    return RunSummary(out, first, int(progress["step"]), metrics, plot, unused)
+
+
+async def _step(
+    step: int,
+    config: TrainConfig,
+    resolved: Resolved,
+    backend: PolicyBackend,
+    dispatcher: Dispatcher,
+    algorithm: Any,
+    out: Path,
+    executor: Any,
+) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    started = time.perf_counter()
+    collected = await dispatcher.collect(step)
+    waited = time.perf_counter() - started
+    groups = [group.episodes for group in collected.trained]
+    prepared = prepare_step(groups, algorithm, resolved.degeneracy)
+    trained_at = time.perf_counter()
+    report = await asyncio.to_thread(backend.learner.train_step, prepared.samples)
+    train_seconds = time.perf_counter() - trained_at
+    await backend.sampler.load_weights(backend.learner.weights(), backend.learner.version)
+    if executor:
+        await executor.load_weights(backend.learner.weights(), backend.learner.version)
+    await dispatcher.notify()
+
+    evaluated = []
+    if config.run.eval_every and step % config.run.eval_every == 0:
+        evaluated = await dispatcher.evaluate(step, config.run.eval_repeats)
+
+    episodes = [e for group in groups for e in group]
+    dropped = [e for group in collected.stale for e in group.episodes]
+    for episode in dropped:
+        episode.meta = {**(episode.meta or {}), "dropped": "stale"}
+    here = sinks.step_dir(out, step)
+    sinks.write_episodes_atomically(here / "train" / "traces.jsonl", [*episodes, *dropped])
+    table = monitors.sample_table(step, prepared, backend.renderer, config.monitor.samples_per_step)
+    sinks.write_json_lines_atomically(here / "train" / "samples.jsonl", table)
+    if evaluated:
+        sinks.write_episodes_atomically(here / "eval" / "traces.jsonl", evaluated)
+
+    elapsed = time.perf_counter() - started
+    tokens = sum(len(c.completion_ids) for e in episodes for c in e.calls())
+    metrics = monitors.seat_metrics("train", episodes)
+    metrics |= monitors.staleness_metrics(episodes, step)
+    metrics |= monitors.step_degeneracy_metrics(prepared)
+    if evaluated:
+        metrics |= monitors.seat_metrics("eval", evaluated)
+    metrics |= {k: float(v) for k, v in dispatcher.counters.items()}
+    metrics |= {
+        "train/loss": report.loss,
+        "train/grad_norm": report.grad_norm,
+        "train/samples": float(report.samples),
+        "train/loss_tokens": float(report.loss_tokens),
+        "train/forwarded_tokens": float(report.forwarded_tokens),
+        "train/row_tokens": float(report.row_tokens),
+        "train/forwarded_token_ratio": report.forwarded_token_ratio,
+        "policy/version": float(backend.learner.version),
+        "throughput/tokens_per_s": tokens / max(elapsed, 1e-9),
+        "throughput/episodes_per_s": len(episodes) / max(elapsed, 1e-9),
+        "time/step_s": elapsed,
+        "time/wait_s": waited,
+        "time/train_s": train_seconds,
+        "dispatcher/in_flight": float(dispatcher.in_flight_episodes),
+    }
+    return metrics, table
+
+
+def _metric_sinks(config: TrainConfig, out: Path, run_id: str) -> list[Any]:
+    chosen: list[Any] = [sinks.JsonlSink(out)]
+    if config.monitor.wandb:
+        chosen.append(
+            sinks.WandbSink(out, config.monitor.wandb_project, msgspec.to_builtins(config), run_id)
+        )
+    if config.monitor.tensorboard:
+        chosen.append(sinks.TensorBoardSink(out))
+    return chosen
+
+
+async def _executor(
+    config: TrainConfig, backend: PolicyBackend, env: Any, resolved: Resolved
+) -> Any:
+    if config.run.executor != "ray":
+        return None
+    from callgrove.orchestrator.ray_executor import RayExecutor
+
+    return await RayExecutor.start(config, backend, resolved)

@@ -1,0 +1,185 @@
+"""Where a run's results go, so that a run killed at any moment resumes without loss or repeats.
+
+    OUT/config.toml                       the resolved config
+    OUT/metrics.jsonl                     one line per step ({"step": N, metric: value, ...})
+    OUT/step_N/train/traces.jsonl         the step's episodes (trained and dropped), one a line
+    OUT/step_N/train/samples.jsonl        the step's sample table (one line per training row)
+    OUT/step_N/eval/traces.jsonl          the step's evaluation episodes
+    OUT/unused/train/traces.jsonl         episodes still in flight (cancelled) or finished but
+                                          never trained when a run ended
+    OUT/checkpoint.pt                     model, optimizer, sampler RNG, progress, data position
+
+A step's files are written whole and renamed into place, then its metrics line is appended,
+then the checkpoint replaces the previous one (written to a temporary file and renamed). A
+restart loads the checkpoint of step K, cuts `metrics.jsonl` back to steps <= K, removes the
+directories of later steps and redoes them: no line is written twice, and nothing a finished
+step recorded is lost. Optional sinks (W&B in offline mode, TensorBoard) get the same metrics.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, Protocol
+
+from callgrove.episode import Episode, EpisodeWriter
+
+CHECKPOINT = "checkpoint.pt"
+METRICS = "metrics.jsonl"
+
+
+def write_episodes_atomically(path: Path, episodes: Iterable[Episode]) -> int:
+    """Write episodes one per line to `path` through a temporary file renamed into place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(path.name + ".tmp")
+    with EpisodeWriter(temporary) as writer:
+        for episode in episodes:
+            writer.write(episode)
+        lines = writer.lines
+    os.replace(temporary, path)
+    return lines
+
+
+def write_json_lines_atomically(path: Path, records: Iterable[dict[str, Any]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(path.name + ".tmp")
+    with temporary.open("w") as stream:
+        for record in records:
+            stream.write(json.dumps(record) + "\n")
+        stream.flush()
+        os.fsync(stream.fileno())
+    os.replace(temporary, path)
+
+
+def append_episodes(path: Path, episodes: Iterable[Episode]) -> int:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with EpisodeWriter(path, append=True) as writer:
+        for episode in episodes:
+            writer.write(episode)
+        return writer.lines
+
+
+def step_dir(out: Path, step: int) -> Path:
+    return out / f"step_{step}"
+
+
+def rewind(out: Path, step: int) -> None:
+    """Forget everything after `step`: later step directories and metrics lines."""
+    for child in out.glob("step_*"):
+        number = child.name.removeprefix("step_")
+        if number.isdigit() and int(number) > step:
+            shutil.rmtree(child)
+    metrics = out / METRICS
+    if metrics.exists():
+        kept = [line for line in _lines(metrics) if json.loads(line).get("step", 0) <= step]
+        temporary = metrics.with_name(METRICS + ".tmp")
+        temporary.write_text("".join(kept))
+        os.replace(temporary, metrics)
+
+
+def _lines(path: Path) -> list[str]:
+    """Whole lines only: a line cut by a crash is dropped."""
+    return [line for line in path.read_text().splitlines(keepends=True) if line.endswith("\n")]
+
+
+def read_metrics(out: Path) -> list[dict[str, Any]]:
+    path = out / METRICS
+    return [json.loads(line) for line in _lines(path)] if path.exists() else []
+
+
+def save_checkpoint(out: Path, state: dict[str, Any]) -> None:
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    temporary = out / (CHECKPOINT + ".tmp")
+    with temporary.open("wb") as stream:
+        stream.write(buffer.getvalue())
+        stream.flush()
+        os.fsync(stream.fileno())
+    os.replace(temporary, out / CHECKPOINT)
+
+
+def load_checkpoint(out: Path) -> dict[str, Any] | None:
+    path = out / CHECKPOINT
+    if not path.exists():
+        return None
+    import torch
+
+    return torch.load(path, weights_only=False)
+
+
+class MetricSink(Protocol):
+    def log(self, step: int, metrics: dict[str, float]) -> None: ...
+
+    def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class JsonlSink:
+    """Always on: `metrics.jsonl`, appended and flushed line by line."""
+
+    def __init__(self, out: Path):
+        self.path = out / METRICS
+        self._stream = self.path.open("a")
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        self._stream.write(json.dumps({"step": step, **metrics}) + "\n")
+        self._stream.flush()
+        os.fsync(self._stream.fileno())
+
+    def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
+        pass  # the sample table is a file of its step
+
+    def close(self) -> None:
+        self._stream.close()
+
+
+class WandbSink:
+    """W&B in offline mode (nothing leaves the machine; `wandb sync` uploads later)."""
+
+    def __init__(self, out: Path, project: str, config: dict[str, Any], name: str):
+        import wandb
+
+        os.environ.setdefault("WANDB_SILENT", "true")
+        self._wandb = wandb
+        self.run = wandb.init(
+            project=project, dir=str(out), mode="offline", config=config, name=name, resume="allow"
+        )
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        self.run.log(metrics, step=step)
+
+    def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
+        if not rows:
+            return
+        columns = list(rows[0])
+        table = self._wandb.Table(columns=columns, data=[[row[c] for c in columns] for row in rows])
+        self.run.log({"samples": table}, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class TensorBoardSink:
+    def __init__(self, out: Path):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(str(out / "tensorboard"))
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        for name, value in metrics.items():
+            self.writer.add_scalar(name, value, step)
+        self.writer.flush()
+
+    def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
+        lines = [" | ".join(str(v) for v in row.values()) for row in rows]
+        self.writer.add_text("samples", "\n\n".join(lines), step)
+
+    def close(self) -> None:
+        self.writer.close()

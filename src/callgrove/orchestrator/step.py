@@ -1,0 +1,82 @@
+"""The step: a step's groups of episodes become the samples one optimizer step trains on.
+
+    groups -> finalize_group (the configured algorithm: credit on every call)
+           -> rows (one per leaf, each kept call trained once)
+           -> degeneracy (every detector measures, the drop policy decides)
+           -> samples (advantages and sampling logprobs on the loss tokens)
+
+Episodes that failed take part in nothing (the algorithms give them no credit) but are still
+written with their group. The learner then forwards the samples tree-packed or packed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from callgrove.batch import Sample, build_samples
+from callgrove.credit import GRPO, Algorithm, EMABaseline, HierarchicalGRPO, finalize_group
+from callgrove.episode import Episode
+from callgrove.forest import compact_prompts
+from callgrove.orchestrator import degeneracy
+from callgrove.rows import EpisodeRows, build_rows
+
+ALGORITHMS = ("grpo", "hierarchical_grpo", "ema")
+
+
+@dataclass(frozen=True, slots=True)
+class AlgorithmSettings:
+    name: str = "grpo"
+    scope: str = "seat"
+    scale_by_std: bool = False
+    local_seats: tuple[str, ...] = ()
+    decay: float = 0.9
+
+    def __post_init__(self) -> None:
+        if self.name not in ALGORITHMS:
+            raise ValueError(f"algorithm.name must be one of {ALGORITHMS}, not {self.name!r}")
+
+
+def make_algorithm(settings: AlgorithmSettings) -> Algorithm:
+    if settings.name == "grpo":
+        return GRPO(scope=settings.scope, scale_by_std=settings.scale_by_std)  # type: ignore[arg-type]
+    if settings.name == "hierarchical_grpo":
+        return HierarchicalGRPO(
+            local_seats=frozenset(settings.local_seats), scale_by_std=settings.scale_by_std
+        )
+    return EMABaseline(decay=settings.decay)
+
+
+@dataclass
+class PreparedStep:
+    samples: list[Sample]
+    episode_rows: list[EpisodeRows]
+    """Rows of the completed episodes, drop policy applied."""
+    degeneracy: degeneracy.DegeneracyReport
+    unassigned_calls: int = 0
+    advantages: dict[str, list[float]] = field(default_factory=dict)  # seat -> per trace
+
+
+def prepare_step(
+    groups: Sequence[Sequence[Episode]],
+    algorithm: Algorithm,
+    degeneracy_settings: degeneracy.DegeneracySettings,
+) -> PreparedStep:
+    report = degeneracy.DegeneracyReport()
+    all_rows: list[EpisodeRows] = []
+    unassigned = 0
+    advantages: dict[str, list[float]] = {}
+    for group in groups:
+        credit = finalize_group(algorithm, group)
+        unassigned += sum(credit.unassigned_calls.values())
+        for given in credit.credits:
+            advantages.setdefault(given.trace.seat or "episode", []).append(given.advantage)
+        for episode in group:
+            if not any(True for _ in episode.calls()):
+                continue
+            compact_prompts(episode)  # prompts held by reference: compact in memory and files
+            if episode.ok:
+                all_rows.append(build_rows(episode))
+    kept = degeneracy.apply(all_rows, degeneracy_settings, report)
+    samples = build_samples(kept) if kept else []
+    return PreparedStep(samples, kept, report, unassigned, advantages)

@@ -1,0 +1,101 @@
+"""Policy backends by model name: what builds the learner, its sampler and the renderer.
+
+`model.name` in a training config picks a backend by its prefix (`tiny`, or `hf:PATH` once a
+backend registers `hf`). A factory gets the model settings, the learner settings and the run's
+seed and returns a `PolicyBackend`; `register_backend` adds one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from callgrove.policy.learner import Learner, TrainableSampler
+from callgrove.policy.render import CharRenderer, Renderer
+
+
+class ModelSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """`[model]`: which backend, and the reference decoder's size (other backends read
+    their own settings from `options`)."""
+
+    name: str = "tiny"
+    d_model: int = 64
+    n_heads: int = 4
+    n_layers: int = 2
+    d_ff: int = 128
+    max_batch: int = 512
+    options: dict[str, Any] = {}
+
+
+class LearnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """`[train]`: the optimizer and how a step's rows are forwarded."""
+
+    learning_rate: float = 3e-3
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    batching: str = "tree"
+    tree_scope: str = "group"
+    seq_len: int = 4096
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    normalisation: str = "token"
+
+
+@dataclass
+class PolicyBackend:
+    learner: Learner
+    sampler: TrainableSampler
+    renderer: Renderer
+
+
+BackendFactory = Callable[[ModelSettings, LearnerConfig, int], PolicyBackend]
+_BACKENDS: dict[str, BackendFactory] = {}
+
+
+def register_backend(prefix: str, factory: BackendFactory) -> None:
+    _BACKENDS[prefix] = factory
+
+
+def build_policy(model: ModelSettings, learner: LearnerConfig, seed: int) -> PolicyBackend:
+    prefix = model.name.split(":", 1)[0]
+    if prefix not in _BACKENDS:
+        known = ", ".join(sorted(_BACKENDS))
+        raise ValueError(f"model.name {model.name!r}: no backend {prefix!r} (known: {known})")
+    return _BACKENDS[prefix](model, learner, seed)
+
+
+def _tiny(model: ModelSettings, learner: LearnerConfig, seed: int) -> PolicyBackend:
+    """The reference decoder over the character vocabulary of the built-in environments."""
+    from callgrove.policy.local import LocalSampler
+    from callgrove.train import LossSettings, TinyConfig
+    from callgrove.train.learner import LearnerSettings, TinyLearner
+
+    renderer = CharRenderer()
+    config = TinyConfig(
+        vocab_size=renderer.vocab_size,
+        d_model=model.d_model,
+        n_heads=model.n_heads,
+        n_layers=model.n_layers,
+        d_ff=model.d_ff,
+    )
+    settings = LearnerSettings(
+        learning_rate=learner.learning_rate,
+        weight_decay=learner.weight_decay,
+        max_grad_norm=learner.max_grad_norm,
+        batching=learner.batching,
+        tree_scope=learner.tree_scope,
+        seq_len=learner.seq_len,
+        loss=LossSettings(learner.clip_low, learner.clip_high, learner.normalisation),
+    )
+    trainer = TinyLearner(config, settings, seed)
+    from callgrove.train import TinyDecoder
+
+    sampler_model = TinyDecoder(config)
+    sampler_model.load_state_dict(trainer.weights())
+    return PolicyBackend(trainer, LocalSampler(sampler_model, seed, model.max_batch), renderer)
+
+
+register_backend("tiny", _tiny)
