@@ -52,6 +52,7 @@ class Story:
         before = history.full_ids().tolist() if isinstance(history, Call) else list(history or [])
         prompt = before + self.vocab(new)
         completion = self.vocab(answer)
+        content = {"prompt": [_message(new)], "response": _message(answer)}
         logprobs = [round(-0.05 * (1 + (self.seq + i) % 7), 2) for i in range(len(completion))]
         return agent.add(
             Call.make(
@@ -62,8 +63,29 @@ class Story:
                 logprobs,
                 policy_version=self.policy_version,
                 purpose=purpose,
+                content=content,
             )
         )
+
+
+def _message(words: str) -> dict[str, object]:
+    """The story's words as a chat message: `<call> tool args </call>` becomes a tool call,
+    `<system>`, `<user>` and `<result>` their roles, anything else the assistant's text."""
+    for tag, role in (("<system>", "system"), ("<user>", "user"), ("<result>", "tool")):
+        if words.startswith(tag):
+            if tag == "<system>" and "<user>" in words:  # a first prompt: system, then the task
+                return {"role": "user", "content": words}
+            return {"role": role, "content": words[len(tag) : -len(tag) - 1].strip()}
+    if words.startswith("<call>"):
+        name, _, arguments = (
+            words.removeprefix("<call>").removesuffix("</call>").strip().partition(" ")
+        )
+        return {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"function": {"name": name, "arguments": {"args": arguments}}}],
+        }
+    return {"role": "assistant", "content": words}
 
 
 def login_bug(

@@ -166,8 +166,8 @@ def test_hovering_a_call_shows_its_text_and_token_counts(tmp_path, pictures):
         shown = seen[key]["shown"]
         assert shown is not None and seen[key]["hidden_after"], key
         counts = (
-            f"prompt {details['prompt']} · completion {details['completion']} · "
-            f"new {details['new']} tokens"
+            f"prompt {details['prompt']} (+{details['prompt_added']}) · "
+            f"completion {details['completion']} tokens"
         )
         assert details["id"] in shown and counts in shown, (key, shown)
         assert details["text"] in shown, (key, shown)

@@ -14,17 +14,29 @@ def details_of(episode: Episode) -> dict[str, dict]:
     return {box.call.id: call_details(box) for box in layout(build_rows(episode)).boxes}
 
 
-def test_token_counts_and_abbreviated_ids_without_content():
+def test_the_example_keeps_its_words_so_hovering_shows_text():
     details = {box.call.id: call_details(box) for box in layout(login_bug()).boxes}
+    assert details["C6"]["text_source"] == "content"
+    assert details["C6"]["text"] == (
+        "── response ──\n[assistant] auth.py:12\n── new prompt messages ──\n"
+        "[tool] auth.py:12 compares hash to plain text"
+    )
+
+
+def test_token_counts_and_abbreviated_ids_without_content():
+    result = login_bug()
+    for call in result.episode.calls():
+        call.content = None
+    details = {box.call.id: call_details(box) for box in layout(result).boxes}
     c3 = details["C3"]
-    assert (c3["prompt"], c3["completion"], c3["new"]) == (24, 7, 11)
+    assert (c3["prompt"], c3["completion"], c3["prompt_added"]) == (24, 7, 4)
     assert c3["parent"] == "C1" and c3["text_source"] == "token ids"
     # Only what C3 adds to C1's sequence, then its completion.
     assert c3["text"] == (
         "new prompt tokens (4): [25 16 26 27]\ncompletion tokens (7): [14 15 28 29 10 12 20]"
     )
     assert details["C1"]["text"].startswith("prompt tokens (13): [1 2 3 4 5 6 7 8 9 10 11 12 13]")
-    assert details["C7"]["rows"] == ["context in row 3", "trains in row 4"]
+    assert details["C7"]["rows"] == ["context in row 2", "trains in row 3"]
 
 
 def test_long_token_lists_are_abbreviated():

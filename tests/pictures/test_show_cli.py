@@ -82,3 +82,20 @@ def test_file_names_keep_ids_readable_and_refuse_clashes(tmp_path):
     with pytest.raises(typer.Exit) as clash:
         svg_file_names(base, ["a/b", "a_b"])
     assert clash.value.exit_code == 2
+
+
+def test_html_puts_a_group_side_by_side_with_rewards_and_advantages_per_seat(tmp_path):
+    import callgrove as cg
+
+    episodes = list(cg.load(LOGIN_GROUP))
+    cg.finalize_group(cg.GRPO(), episodes)
+    scored = tmp_path / "scored.jsonl"
+    cg.save(scored, episodes)
+    page = tmp_path / "group.html"
+    assert run("show", scored, "-o", page).exit_code == 0
+    text = page.read_text(encoding="utf-8")
+    assert text.count('<section class="group" data-group="grp-login">') == 1
+    assert text.count('<div class="side-by-side">') == 1
+    assert "<th>seat leader</th>" in text and "advantage +" in text and "advantage -" in text
+    assert "<h2>login-bug-g0</h2>" not in text  # the picture's own title is the only one
+    assert '<output id="callgrove-status" data-state="loading" hidden>' in text

@@ -1,9 +1,11 @@
 """Episode pictures as one self-contained HTML page: inline SVG, CSS and script, no network.
 
-Hovering (or focusing) a call shows its text and token counts; hovering a row in the key dims
-every call outside that row. The page's Content-Security-Policy forbids every fetch, so it
-cannot reach the network even by accident. A status element reports how many calls the
-browser drew and any script errors, for people and for the headless-browser test alike.
+Hovering (or focusing) a call shows its text and token counts; clicking it pins the tip so a
+long text can be scrolled (Escape or a click elsewhere lets it go); hovering a row in the key
+dims every call outside that row. Episodes of one group stand side by side under a table of
+their rewards and advantages per seat. The page's Content-Security-Policy forbids every
+fetch, so it cannot reach the network even by accident. A hidden status element records how
+many calls the browser drew and any script errors, for the headless-browser test.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import numpy as np
 import orjson
 
 from callgrove.pictures.layout import Box, Picture
-from callgrove.pictures.svg import render_svg
+from callgrove.pictures.svg import picture_summary, render_svg
 
 CONTENT_SECURITY_POLICY = (
     "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:"
@@ -43,16 +45,28 @@ def render_html(pictures: list[Picture], title: str) -> str:
         "<body>",
         "<header>",
         f"<h1>{escape(title)}</h1>",
-        f"<p>{len(pictures)} episode(s). Hover or focus a call for its text and token counts; "
-        "hover a row in a key to see only that row.</p>",
+        f"<p>{len(pictures)} episode(s). Hover or focus a call for its text and token counts "
+        "(click to pin it and scroll); hover a row in a key to see only that row.</p>",
         _contents(pictures),
         "</header>",
     ]
-    for number, picture in enumerate(pictures):
-        parts.append(_section(number, picture))
+    numbered = list(enumerate(pictures))
+    for group, members in _by_group(numbered):
+        if len(members) < 2:
+            parts += [_section(number, picture) for number, picture in members]
+            continue
+        parts += [
+            f'<section class="group" data-group="{escape(group)}">',
+            f"<h2>group {escape(group)}: {len(members)} episodes</h2>",
+            _group_table([picture for _, picture in members]),
+            '<div class="side-by-side">',
+            *(_section(number, picture) for number, picture in members),
+            "</div>",
+            "</section>",
+        ]
     parts += [
         '<div id="callgrove-tip" class="tip" role="tooltip" hidden></div>',
-        '<footer><output id="callgrove-status" data-state="loading">loading</output></footer>',
+        '<output id="callgrove-status" data-state="loading" hidden>loading</output>',
         f"<script>\n{script}</script>",
         "</body>",
         "</html>",
@@ -76,7 +90,6 @@ def _section(number: int, picture: Picture) -> str:
         [
             f'<section class="episode" id="episode-{number}" '
             f'data-episode="{escape(picture.episode.id)}" data-calls="{len(picture.boxes)}">',
-            f"<h2>{escape(picture.episode.id)}</h2>",
             '<div class="picture">',
             render_svg(picture, id_prefix=f"e{number}-").rstrip("\n"),
             "</div>",
@@ -84,6 +97,55 @@ def _section(number: int, picture: Picture) -> str:
             "</section>",
         ]
     )
+
+
+def _by_group(numbered: list[tuple[int, Picture]]) -> list[tuple[str, list[tuple[int, Picture]]]]:
+    """Episodes in page order, those of one group gathered where its first one appears."""
+    groups: dict[str, list[tuple[int, Picture]]] = {}
+    order: list[tuple[str, list[tuple[int, Picture]]]] = []
+    for number, picture in numbered:
+        group = picture.episode.group
+        if group is None:
+            order.append(("", [(number, picture)]))
+        elif group in groups:
+            groups[group].append((number, picture))
+        else:
+            groups[group] = [(number, picture)]
+            order.append((group, groups[group]))
+    return order
+
+
+def _group_table(pictures: list[Picture]) -> str:
+    """One column per episode: its reward, then each seat's reward and mean advantage."""
+    seats = sorted({agent.name for p in pictures for agent in p.episode.agents})
+    head = "".join(f"<th>{escape(p.episode.id)}</th>" for p in pictures)
+    lines = [f"<tr><th></th>{head}</tr>"]
+    lines.append(
+        "<tr><th>episode</th>"
+        + "".join(f"<td>{escape(picture_summary(p))}</td>" for p in pictures)
+        + "</tr>"
+    )
+    for seat in seats:
+        cells = "".join(f"<td>{escape(_seat_cell(p, seat))}</td>" for p in pictures)
+        lines.append(f"<tr><th>seat {escape(seat)}</th>{cells}</tr>")
+    return '<table class="group-table">' + "".join(lines) + "</table>"
+
+
+def _seat_cell(picture: Picture, seat: str) -> str:
+    episode = picture.episode
+    agents = [agent for agent in episode.agents if agent.name == seat]
+    if not agents:
+        return "-"
+    rewards = sorted({episode.reward_of(agent) for agent in agents})
+    reward = " / ".join(f"{r:g}" for r in rewards) if episode.scored else "no reward"
+    values = [
+        float(np.mean(call.advantages))
+        for agent in agents
+        for call in agent.calls
+        if call.advantages is not None
+    ]
+    advantage = f"advantage {np.mean(values):+.3g}" if values else "no advantage"
+    return f"reward {reward} · {advantage}"
 
 
 def call_details(box: Box) -> dict[str, Any]:
@@ -94,7 +156,7 @@ def call_details(box: Box) -> dict[str, Any]:
         text, source = _content_text(call.content), "content"
     else:
         text, source = _token_text(box), "token ids"
-    rows = [f"{'trains' if m.trains else 'context'} in row {m.row + 1}" for m in box.rows]
+    rows = [f"{'trains' if m.trains else 'context'} in row {m.row}" for m in box.rows]
     return {
         "id": call.id,
         "seq": call.seq,
@@ -104,7 +166,7 @@ def call_details(box: Box) -> dict[str, Any]:
         "parent": None if box.parent is None else box.parent.id,
         "prompt": call.prompt_len,
         "completion": len(call.completion_ids),
-        "new": box.new_tokens,
+        "prompt_added": call.prompt_len - (box.parent.full_len if box.parent is not None else 0),
         "rows": rows,
         "loss": box.loss,
         "text_source": source,

@@ -1,5 +1,6 @@
-// Hover details for call boxes, row highlighting from the key, and a status line that says
-// how many calls the browser drew and whether any script error happened.
+// Hover details for call boxes (a click pins them, so a long text can be scrolled), row
+// highlighting from the key, and a hidden status element that records how many calls the
+// browser drew and whether any script error happened.
 (function () {
   "use strict";
   var errors = [];
@@ -33,8 +34,8 @@
     tip.replaceChildren();
     tip.appendChild(line("head", details.id + "  ·  seq " + details.seq + "  ·  " + details.purpose));
     tip.appendChild(line("meta", details.agent));
-    tip.appendChild(line("counts", "prompt " + details.prompt + " · completion " +
-      details.completion + " · new " + details.new + " tokens"));
+    tip.appendChild(line("counts", "prompt " + details.prompt + " (+" + details.prompt_added +
+      ") · completion " + details.completion + " tokens"));
     var place = !details.kept ? "not kept: outside the forest"
       : (details.parent === null ? "root" : "parent " + details.parent) +
         " · " + details.rows.join(", ") + (details.loss ? "" : " · no loss");
@@ -54,9 +55,30 @@
     tip.style.top = top + "px";
   }
 
+  var pinned = null;
+
   function hideTip() {
+    if (!pinned) {
+      tip.hidden = true;
+    }
+  }
+
+  function unpin() {
+    pinned = null;
+    tip.classList.remove("pinned");
     tip.hidden = true;
   }
+
+  document.addEventListener("keydown", function (event) {
+    if (event.key === "Escape") {
+      unpin();
+    }
+  });
+  document.addEventListener("click", function (event) {
+    if (pinned && !tip.contains(event.target) && !pinned.contains(event.target)) {
+      unpin();
+    }
+  });
 
   function wireCalls(section, details) {
     section.querySelectorAll("g.call").forEach(function (box) {
@@ -67,10 +89,20 @@
       }
       box.setAttribute("tabindex", "0");
       box.addEventListener("mouseenter", function (event) {
-        showTip(own, event.clientX, event.clientY);
+        if (!pinned) {
+          showTip(own, event.clientX, event.clientY);
+        }
       });
       box.addEventListener("mousemove", function (event) {
-        moveTip(event.clientX, event.clientY);
+        if (!pinned) {
+          moveTip(event.clientX, event.clientY);
+        }
+      });
+      box.addEventListener("click", function (event) {
+        pinned = null;
+        showTip(own, event.clientX, event.clientY);
+        pinned = box;
+        tip.classList.add("pinned");
       });
       box.addEventListener("mouseleave", hideTip);
       box.addEventListener("focus", function () {

@@ -1,9 +1,10 @@
 """An episode picture as hand-written SVG: same layout in, same bytes out.
 
 Attributes are written in a fixed order, every number is an integer, and elements follow the
-layout's order (lanes, then calls by `seq`, then links, then the key), so a golden file can be
-compared byte for byte. Colours are presentation attributes, so the file looks the same in any
-viewer; classes and `data-*` attributes name what each element is, for pages and tests.
+layout's order (bands and their lanes, then calls by `seq`, then links, then the key), so a
+golden file can be compared byte for byte. Colours are presentation attributes, so the file
+looks the same in any viewer; classes and `data-*` attributes name what each element is, for
+pages and tests (`box-text` on every text that must stay inside its call's box).
 """
 
 from __future__ import annotations
@@ -11,37 +12,47 @@ from __future__ import annotations
 from html import escape
 
 from callgrove.pictures.layout import (
+    BAND_GAP,
     BOX_HEIGHT,
+    BOX_PADDING,
     BOX_WIDTH,
-    COLUMN_WIDTH,
+    COLUMNS_PER_BAND,
+    FONT,
     KEY_LINE,
     KEY_SYMBOLS,
     LABEL_WIDTH,
     LANE_HEIGHT,
+    LINK_FONT,
     MARGIN,
     MARKER_SIZE,
     NOTE_HEIGHT,
     TITLE_HEIGHT,
+    Band,
     Box,
-    HandOver,
     Lane,
-    ParentArrow,
+    Link,
     Picture,
+    lane_heading,
     row_colour,
     start_text,
 )
-from callgrove.pictures.text import clip, clip_middle
+from callgrove.pictures.text import clip_middle, fit
 
 INK = "#222222"
-MUTED = "#777777"
-PARENT_INK = "#333333"
-HAND_OVER_INK = "#8A5A9B"
+MUTED = "#666666"
+LINK_INK = {
+    "parent": "#333333",
+    "hand-over": "#8A5A9B",
+    "hand-over-unknown": "#8A5A9B",
+    "hand-back": "#00838F",
+    "never-read": "#B5651D",
+}
+DASHES = {"hand-over": "6 4", "hand-over-unknown": "2 4", "hand-back": "1 3", "never-read": "4 3"}
 LANE_FILLS = ("#F7F7F7", "#FFFFFF")
 TINT = "0.16"
-SANS = "Helvetica, Arial, sans-serif"
-MONO = "Menlo, Consolas, monospace"
-MAX_BOX_CHARS = 14
-MAX_SQUARES = 8
+SANS = "Helvetica, Arial, 'Liberation Sans', sans-serif"
+SQUARE_STEP = MARKER_SIZE + 3
+MAX_SQUARES = (BOX_WIDTH - 24) // SQUARE_STEP
 
 
 def render_svg(picture: Picture, id_prefix: str = "") -> str:
@@ -51,7 +62,7 @@ def render_svg(picture: Picture, id_prefix: str = "") -> str:
     """
     writer = _Writer(id_prefix)
     episode = picture.episode
-    summary = _summary(picture)
+    summary = picture_summary(picture)
     writer.open(
         "svg",
         xmlns="http://www.w3.org/2000/svg",
@@ -59,20 +70,18 @@ def render_svg(picture: Picture, id_prefix: str = "") -> str:
         height=picture.height,
         viewBox=f"0 0 {picture.width} {picture.height}",
         role="img",
-        **{"font-family": SANS, "font-size": 11, "data-episode": episode.id},
+        aria_label=f"episode {episode.id}: {summary}",
+        **{"font-family": SANS, "font-size": FONT, "data-episode": episode.id},
     )
-    writer.leaf("title", text=f"{episode.id}: {summary}")
     _defs(writer)
     writer.leaf("rect", width=picture.width, height=picture.height, fill="#FFFFFF")
     _title(writer, picture, summary)
-    for lane in picture.lanes:
-        _lane(writer, lane, picture.width)
+    for band in picture.bands:
+        _band(writer, band, picture.width)
     for box in picture.boxes:
         _box(writer, box)
-    for arrow in picture.arrows:
-        _parent_arrow(writer, arrow)
-    for hand_over in picture.hand_overs:
-        _hand_over(writer, hand_over)
+    for link in picture.links:
+        _link(writer, link)
     _key(writer, picture)
     writer.close("svg")
     return writer.text()
@@ -119,12 +128,12 @@ def _attributes(attributes: dict[str, object]) -> str:
     return "".join(parts)
 
 
-def _summary(picture: Picture) -> str:
+def picture_summary(picture: Picture) -> str:
     result = picture.result
     episode = result.episode
-    calls = len(picture.boxes)
+    reward = f"reward {episode.reward:g}" if episode.scored else "no reward"
     return (
-        f"reward {episode.reward:g} · {len(picture.lanes)} agents · {calls} calls · "
+        f"{reward} · {len(episode.agents)} agents · {len(picture.boxes)} calls · "
         f"{len(result.forest.roots)} trees · {len(result.forest.leaves)} leaves · "
         f"{len(result.rows)} rows"
     )
@@ -132,10 +141,10 @@ def _summary(picture: Picture) -> str:
 
 def _defs(writer: _Writer) -> None:
     writer.open("defs")
-    for name, colour in (("arrow", PARENT_INK), ("hand-over-head", HAND_OVER_INK)):
+    for kind, colour in LINK_INK.items():
         writer.open(
             "marker",
-            id=f"{writer.prefix}{name}",
+            id=f"{writer.prefix}head-{kind}",
             viewBox="0 0 10 10",
             refX=9,
             refY=5,
@@ -161,9 +170,10 @@ def _defs(writer: _Writer) -> None:
 
 def _title(writer: _Writer, picture: Picture, summary: str) -> None:
     baseline = MARGIN + 16
+    room = picture.width - 2 * MARGIN
     writer.leaf(
         "text",
-        text=f"episode {picture.episode.id}",
+        text=fit([f"episode {picture.episode.id}"], 15, room, bold=True),
         x=MARGIN,
         y=baseline,
         font_size=15,
@@ -171,16 +181,34 @@ def _title(writer: _Writer, picture: Picture, summary: str) -> None:
         fill=INK,
         class_="episode-title",
     )
-    writer.leaf("text", text=summary, x=MARGIN, y=baseline + 18, fill=MUTED)
+    writer.leaf("text", text=summary, x=MARGIN, y=baseline + 18, fill=MUTED, font_size=11)
     for number, note in enumerate(picture.notes):
         writer.leaf(
             "text",
-            text=note,
+            text=fit([note], 11, room),
             x=MARGIN,
             y=MARGIN + TITLE_HEIGHT + number * NOTE_HEIGHT + 10,
             fill="#B00020",
+            font_size=11,
             class_="note",
         )
+
+
+def _band(writer: _Writer, band: Band, width: int) -> None:
+    writer.open("g", class_="band", data_band=band.index)
+    if band.index:
+        first = band.index * COLUMNS_PER_BAND
+        writer.leaf(
+            "text",
+            text=f"continued: steps {first + 1}–{first + COLUMNS_PER_BAND}",
+            x=MARGIN,
+            y=band.top - BAND_GAP // 2 + 4,
+            fill=MUTED,
+            class_="band-heading",
+        )
+    for lane in band.lanes:
+        _lane(writer, lane, width)
+    writer.close("g")
 
 
 def _lane(writer: _Writer, lane: Lane, width: int) -> None:
@@ -190,7 +218,7 @@ def _lane(writer: _Writer, lane: Lane, width: int) -> None:
         classes.append("gap")
     if not agent.trainable:
         classes.append("frozen")
-    writer.open("g", class_=" ".join(classes), data_agent=agent.id)
+    writer.open("g", class_=" ".join(classes), data_agent=agent.id, data_band=lane.band)
     band = writer.ref("background-stripes") if agent.start == "background" else None
     writer.leaf(
         "rect",
@@ -199,40 +227,23 @@ def _lane(writer: _Writer, lane: Lane, width: int) -> None:
         width=width - 2 * MARGIN,
         height=LANE_HEIGHT,
         fill=band or LANE_FILLS[lane.index % 2],
+        class_="lane-band",
     )
-    axis_start = MARGIN + LABEL_WIDTH
+    name, agent_id = lane_heading(agent)
+    left = MARGIN + 8
+    room = LABEL_WIDTH - 12
     writer.leaf(
-        "line",
-        x1=axis_start,
-        y1=lane.middle,
-        x2=width - MARGIN,
-        y2=lane.middle,
-        stroke="#D0D0D0",
-        stroke_width=1,
+        "text", text=name, x=left, y=lane.top + 20, font_size=13, font_weight="bold", fill=INK
     )
-    writer.leaf(
-        "text",
-        text=clip(f"{agent.id} · {agent.name}", 24),
-        x=MARGIN + 8,
-        y=lane.top + 22,
-        font_size=13,
-        font_weight="bold",
-        fill=INK,
-    )
-    for number, line in enumerate(start_text(lane)):
-        writer.leaf(
-            "text", text=clip(line, 34), x=MARGIN + 8, y=lane.top + 38 + 13 * number, fill=MUTED
-        )
-    if agent.start == "background":
+    lines = ([agent_id] if agent_id else []) + start_text(lane)
+    for number, line in enumerate(lines[:5]):
         writer.leaf(
             "text",
-            text="BACKGROUND",
-            x=MARGIN + 8,
-            y=lane.top + LANE_HEIGHT - 6,
-            font_size=9,
-            font_weight="bold",
-            fill="#A0700A",
-            class_="background-mark",
+            text=fit([line], FONT, room),
+            x=left,
+            y=lane.top + 35 + 13 * number,
+            fill=MUTED,
+            class_="lane-text",
         )
     writer.close("g")
 
@@ -256,10 +267,11 @@ def _box(writer: _Writer, box: Box) -> None:
         data_call=call.id,
         data_agent=box.lane.agent.id,
         data_seq=call.seq,
-        data_rows=" ".join(str(m.row + 1) for m in box.rows) or None,
-        data_owner=None if box.owner is None else box.owner + 1,
+        data_column=box.column,
+        data_rows=" ".join(str(m.row) for m in box.rows) or None,
+        data_owner=box.owner,
     )
-    writer.leaf("title", text=_hover_title(box))
+    writer.leaf("title", text=hover_title(box))
     if box.owner is None:
         stroke, fill, dash = "#999999", "#FFFFFF", "2 2"
     else:
@@ -277,6 +289,7 @@ def _box(writer: _Writer, box: Box) -> None:
         stroke=stroke,
         stroke_width=2,
         stroke_dasharray=dash,
+        class_="box",
     )
     if call.purpose == "compaction":
         writer.leaf(
@@ -291,38 +304,27 @@ def _box(writer: _Writer, box: Box) -> None:
             stroke_width=1,
             class_="compaction-mark",
         )
-        writer.leaf(
-            "text",
-            text="COMPACTION",
-            x=box.x + 2,
-            y=box.y - 2,
-            font_size=8,
-            font_weight="bold",
-            fill=INK,
-            class_="compaction-label",
-        )
-        _compaction_cut(writer, box)
     ink = INK if call.kept else MUTED
-    left = box.x + 8
+    left = box.x + BOX_PADDING
     writer.leaf(
         "text",
-        text=clip_middle(call.id, MAX_BOX_CHARS),
+        text=box.title,
         x=left,
         y=box.y + 16,
-        font_family=MONO,
+        font_size=FONT + 1,
         font_weight="bold",
         fill=ink,
+        class_="box-text",
     )
-    writer.leaf("text", text=_link_line(box), x=left, y=box.y + 30, font_size=10, fill=ink)
-    writer.leaf("text", text=_count_line(box), x=left, y=box.y + 42, font_size=10, fill=MUTED)
+    writer.leaf("text", text=box.action, x=left, y=box.y + 31, fill=ink, class_="box-text")
+    writer.leaf("text", text=box.counts, x=left, y=box.y + 45, fill=MUTED, class_="box-text")
     _row_squares(writer, box)
     if box.leaf_of is not None:
         writer.leaf(
             "text",
-            text=f"leaf → row {box.leaf_of + 1}",
+            text=f"leaf of row {box.leaf_of}",
             x=box.x,
             y=box.bottom + 4 + MARKER_SIZE + 13,
-            font_size=10,
             font_weight="bold",
             fill=row_colour(box.leaf_of),
             class_="leaf-mark",
@@ -330,48 +332,20 @@ def _box(writer: _Writer, box: Box) -> None:
     writer.close("g")
 
 
-def _compaction_cut(writer: _Writer, box: Box) -> None:
-    """A dotted cut on the lane just after the compaction: the agent's history restarts here."""
-    x = box.right + (COLUMN_WIDTH - BOX_WIDTH) // 2
-    writer.leaf(
-        "line",
-        x1=x,
-        y1=box.lane.top + 4,
-        x2=x,
-        y2=box.lane.top + LANE_HEIGHT - 4,
-        stroke=INK,
-        stroke_width=2,
-        stroke_dasharray="2 3",
-        class_="compaction-cut",
-    )
-
-
-def _link_line(box: Box) -> str:
-    call = box.call
-    if not call.kept:
-        return "not kept"
-    return "root" if box.parent is None else f"← {clip_middle(box.parent.id, MAX_BOX_CHARS)}"
-
-
-def _count_line(box: Box) -> str:
-    completion = len(box.call.completion_ids)
-    if not box.call.kept:
-        return f"{box.call.full_len} tok · {completion} out"
-    return f"+{box.new_tokens} new · {completion} out"
-
-
-def _hover_title(box: Box) -> str:
+def hover_title(box: Box) -> str:
     call = box.call
     agent = box.lane.agent
+    prompt_added = call.prompt_len - (box.parent.full_len if box.parent is not None else 0)
     lines = [
-        f"{call.id} (seq {call.seq}) · {agent.id} {agent.name} · {call.purpose}",
-        f"prompt {call.prompt_len} · completion {len(call.completion_ids)} · new {box.new_tokens}",
+        f"{call.id} (seq {call.seq}, turn {box.turn} of {agent.id}) · {agent.name} · "
+        f"{call.purpose}",
+        f"prompt {call.prompt_len:,} (+{prompt_added:,}) · completion {len(call.completion_ids):,}",
     ]
     if not call.kept:
         lines.append("not kept: outside the forest")
     else:
         lines.append("root" if box.parent is None else f"parent {box.parent.id}")
-        lines.append(f"trained in row {box.owner + 1}" + ("" if box.loss else " (no loss)"))
+        lines.append(f"trained in row {box.owner}" + ("" if box.loss else " (no loss)"))
     return "\n".join(lines)
 
 
@@ -382,7 +356,7 @@ def _row_squares(writer: _Writer, box: Box) -> None:
         colour = row_colour(mark.row)
         writer.leaf(
             "rect",
-            x=box.x + number * (MARKER_SIZE + 3),
+            x=box.x + number * SQUARE_STEP,
             y=top,
             width=MARKER_SIZE,
             height=MARKER_SIZE,
@@ -390,79 +364,66 @@ def _row_squares(writer: _Writer, box: Box) -> None:
             stroke=colour,
             stroke_width=1,
             class_="row-mark trains" if mark.trains else "row-mark context",
-            data_row=mark.row + 1,
+            data_row=mark.row,
         )
     hidden = len(box.rows) - len(shown)
     if hidden:
         writer.leaf(
             "text",
             text=f"+{hidden}",
-            x=box.x + len(shown) * (MARKER_SIZE + 3),
+            x=box.x + len(shown) * SQUARE_STEP,
             y=top + MARKER_SIZE,
             font_size=9,
             fill=MUTED,
         )
 
 
-def _parent_arrow(writer: _Writer, arrow: ParentArrow) -> None:
-    parent, child = arrow.parent, arrow.child
-    if arrow.arc:  # over the tops of the lane's boxes in between
-        lift = parent.y - 26
-        d = (
-            f"M {parent.centre_x} {parent.y} C {parent.centre_x} {lift}, "
-            f"{child.centre_x} {lift}, {child.centre_x} {child.y}"
+def _link(writer: _Writer, link: Link) -> None:
+    kind = link.kind
+    if len(link.points) >= 2:
+        d = "M " + " L ".join(f"{x} {y}" for x, y in link.points)
+        ends_in_box = link.stub != "out" and kind != "never-read"
+        writer.leaf(
+            "path",
+            d=d,
+            fill="none",
+            stroke=LINK_INK[kind],
+            stroke_width=2,
+            stroke_dasharray=DASHES.get(kind),
+            stroke_linejoin="round",
+            marker_end=writer.ref(f"head-{kind}") if ends_in_box else None,
+            class_=f"link {kind}" + (f" stub-{link.stub}" if link.stub else ""),
+            data_from=link.source.call.id if link.source is not None else None,
+            data_to=link.target.call.id if link.target is not None else None,
+            data_agent=_link_agent(link),
         )
-    else:
-        x1, y1, x2, y2 = parent.right, parent.centre_y, child.x, child.centre_y
-        bend = (x2 - x1) // 2
-        d = f"M {x1} {y1} C {x1 + bend} {y1}, {x2 - bend} {y2}, {x2} {y2}"
-    writer.leaf(
-        "path",
-        d=d,
-        fill="none",
-        stroke=PARENT_INK,
-        stroke_width=2,
-        marker_end=writer.ref("arrow"),
-        class_="parent-arrow",
-        data_from=parent.call.id,
-        data_to=child.call.id,
-    )
+        if kind == "hand-over-unknown":
+            x, y = link.points[0]
+            writer.leaf("circle", cx=x, cy=y, r=4, fill="#FFFFFF", stroke=LINK_INK[kind])
+    if link.label is not None:
+        writer.leaf(
+            "text",
+            text=link.label.text,
+            x=link.label.x,
+            y=link.label.y,
+            font_size=LINK_FONT,
+            fill=LINK_INK[kind],
+            class_=f"link-label {link.label.css_class}",
+        )
 
 
-def _hand_over(writer: _Writer, link: HandOver) -> None:
-    agent = link.lane.agent
-    x1, y1, x2, y2 = link.from_x, link.from_y, link.to_x, link.to_y
-    middle_y = (y1 + y2) // 2
-    d = f"M {x1} {y1} C {x1} {middle_y}, {x2} {middle_y}, {x2} {y2}"
-    known = link.source is not None
-    writer.leaf(
-        "path",
-        d=d,
-        fill="none",
-        stroke=HAND_OVER_INK,
-        stroke_width=2,
-        stroke_dasharray="6 4" if known else "2 4",
-        marker_end=writer.ref("hand-over-head"),
-        class_="hand-over" if known else "hand-over from-lane",
-        data_agent=agent.id,
-        data_from=link.source.call.id if known else None,
-        data_from_agent=agent.parent,
-    )
-    if not known:  # the parent's lane, not a call, is where the start is known to come from
-        writer.leaf("circle", cx=x1, cy=y1, r=4, fill="#FFFFFF", stroke=HAND_OVER_INK)
-    writer.leaf(
-        "text",
-        text=f"starts {agent.id} ({agent.start})",
-        x=(x1 + x2) // 2 + 6,
-        y=middle_y + 4,
-        font_size=10,
-        fill=HAND_OVER_INK,
-        class_="hand-over-label",
-    )
+def _link_agent(link: Link) -> str | None:
+    """The agent a hand-over starts, or whose answer a hand-back carries."""
+    if link.kind in ("hand-over", "hand-over-unknown") and link.target is not None:
+        return link.target.lane.agent.id
+    if link.kind in ("hand-back", "never-read") and link.source is not None:
+        return link.source.lane.agent.id
+    return None
 
 
 def _key(writer: _Writer, picture: Picture) -> None:
     top = picture.key_top
+    room = picture.width - 2 * MARGIN - 32
     writer.open("g", class_="key")
     writer.leaf(
         "text",
@@ -471,10 +432,10 @@ def _key(writer: _Writer, picture: Picture) -> None:
         y=top + 12,
         font_weight="bold",
         fill=INK,
+        font_size=11,
     )
     for number, key in enumerate(picture.keys, start=1):
         y = top + number * KEY_LINE
-        row = key.row
         writer.open("g", class_="row-key", data_row=key.number)
         writer.leaf(
             "rect",
@@ -486,75 +447,55 @@ def _key(writer: _Writer, picture: Picture) -> None:
             class_="row-swatch",
             data_row=key.number,
         )
-        writer.leaf("text", text=_row_text(key.number, row), x=MARGIN + 32, y=y + 12, fill=INK)
+        writer.leaf(
+            "text", text=fit([row_text(key.row)], 11, room), x=MARGIN + 32, y=y + 12,
+            fill=INK, font_size=11,
+        )  # fmt: skip
         writer.close("g")
     symbols_top = top + (len(picture.keys) + 1) * KEY_LINE
     for number, (symbol, text) in enumerate(KEY_SYMBOLS):
         y = symbols_top + number * KEY_LINE
         _key_symbol(writer, symbol, MARGIN, y + 8)
-        writer.leaf("text", text=text, x=MARGIN + 64, y=y + 12, fill=MUTED)
+        writer.leaf("text", text=text, x=MARGIN + 64, y=y + 12, fill=MUTED, font_size=11)
     writer.close("g")
 
 
-def _row_text(number: int, row) -> str:
+def row_text(row) -> str:
     trains = _id_list([c.id for c in row.trains])
     context = _id_list([c.id for c in row.context]) or "none"
-    text = f"row {number} · leaf {row.leaf.id} · trains {trains} · context {context}"
+    reward = f"reward {row.reward:g}" if row.episode.scored else "no reward"
+    text = f"row {row.index} · leaf {row.leaf.id} · trains {trains} · context {context} · {reward}"
     if row.duplicate_of is not None:
-        text += f" · duplicate of row {row.duplicate_of + 1}, no loss"
+        text += f" · duplicate of row {row.duplicate_of}, no loss"
     elif row.num_loss_tokens == 0:
         text += " · no loss (agent not trainable)"
     return text
 
 
-def _id_list(ids: list[str], limit: int = 10) -> str:
-    shown = " ".join(clip_middle(i, MAX_BOX_CHARS) for i in ids[:limit])
+def _id_list(ids: list[str], limit: int = 8) -> str:
+    shown = " ".join(clip_middle(i, 16) for i in ids[:limit])
     return shown + (f" … (+{len(ids) - limit})" if len(ids) > limit else "")
 
 
 def _key_symbol(writer: _Writer, symbol: str, x: int, y: int) -> None:
     """A small sample of each mark, drawn as in the picture."""
-    if symbol == "parent":
-        writer.leaf(
-            "line",
-            x1=x,
-            y1=y,
-            x2=x + 48,
-            y2=y,
-            stroke=PARENT_INK,
-            stroke_width=2,
-            marker_end=writer.ref("arrow"),
-        )
-    elif symbol.startswith("hand-over"):
-        known = symbol == "hand-over"
+    if symbol in LINK_INK:
         writer.leaf(
             "line",
             x1=x + 4,
             y1=y,
             x2=x + 48,
             y2=y,
-            stroke=HAND_OVER_INK,
+            stroke=LINK_INK[symbol],
             stroke_width=2,
-            stroke_dasharray="6 4" if known else "2 4",
-            marker_end=writer.ref("hand-over-head"),
+            stroke_dasharray=DASHES.get(symbol),
+            marker_end=None if symbol == "never-read" else writer.ref(f"head-{symbol}"),
         )
-        if not known:
-            writer.leaf("circle", cx=x + 4, cy=y, r=4, fill="#FFFFFF", stroke=HAND_OVER_INK)
+        if symbol == "hand-over-unknown":
+            writer.leaf("circle", cx=x + 4, cy=y, r=4, fill="#FFFFFF", stroke=LINK_INK[symbol])
     elif symbol == "compaction":
         writer.leaf("rect", x=x, y=y - 7, width=40, height=14, rx=2, fill="none", stroke=INK)
         writer.leaf("rect", x=x + 2, y=y - 5, width=36, height=10, fill="none", stroke=INK)
-        writer.leaf(
-            "line",
-            x1=x + 46,
-            y1=y - 8,
-            x2=x + 46,
-            y2=y + 8,
-            stroke=INK,
-            stroke_width=2,
-            stroke_dasharray="2 3",
-        )
-    elif symbol == "leaf":
-        writer.leaf("text", text="leaf → row", x=x, y=y + 4, font_size=10, font_weight="bold")
     elif symbol == "membership":
         writer.leaf("rect", x=x, y=y - 4, width=8, height=8, fill=INK, stroke=INK)
         writer.leaf("rect", x=x + 11, y=y - 4, width=8, height=8, fill="#FFFFFF", stroke=INK)
@@ -572,4 +513,4 @@ def _key_symbol(writer: _Writer, symbol: str, x: int, y: int) -> None:
         )
 
 
-__all__ = ["render_svg"]
+__all__ = ["render_svg", "row_text"]
