@@ -6,6 +6,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: setup demo test lint format bench clean
+# The real harness CLIs the gateway tests drive, pinned; installed into an ignored folder.
+HARNESS := .harness
+HARNESS_CLIS := @anthropic-ai/claude-code@2.1.332 @openai/codex@0.169.0
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -37,13 +40,20 @@ format: setup
 	$(BIN)/ruff check --fix src tests benchmarks examples
 	$(BIN)/ruff format src tests benchmarks examples
 
-# The browser test of the HTML pictures drives Debian's chromium, installed when missing.
-test: lint
+$(HARNESS)/.installed: Makefile
+	command -v npm >/dev/null || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y nodejs npm)
+	npm install --prefix $(HARNESS) --no-audit --no-fund --loglevel=error $(HARNESS_CLIS)
+	touch $@
+
+# The browser test of the HTML pictures drives Debian's chromium, installed when missing; the
+# gateway tests run the harness CLIs in loopback-only namespaces (unshare, ip from iproute2).
+test: lint $(HARNESS)/.installed
 	test -x /usr/bin/chromium || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium)
+	command -v ip >/dev/null || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y iproute2)
 	$(BIN)/pytest -n 2 tests
 
 bench: setup
 	for b in benchmarks/*_bench.py; do $(BIN)/python $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(HARNESS) .pytest_cache .ruff_cache .hypothesis

@@ -134,3 +134,58 @@ def gateway(
     if recovered:
         err.print(f"recovered {recovered} episode ledger(s) from {ledger}")
     serve(server.app(), host, port, _announce("gateway", host))
+
+
+@app.command("harness")
+def harness(
+    kind: Annotated[str, typer.Argument(help="claude-code or codex")],
+    prompt: Annotated[str, typer.Argument(help="The task, as the harness's prompt.")],
+    gateway_url: Annotated[str, typer.Option("--gateway", help="The gateway's base URL.")],
+    episode: Annotated[
+        str, typer.Option("--episode", help="Episode id the calls are recorded under.")
+    ],
+    folder: Annotated[
+        Path, typer.Option("--folder", help="Where the run's home and work folders go.")
+    ] = Path("harness-runs"),
+    check: Annotated[
+        str | None,
+        typer.Option("--check", help="Shell command run in the work folder; exit 0 scores 1."),
+    ] = None,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds the CLI may run.")] = 120.0,
+    cli: Annotated[
+        str | None, typer.Option("--cli", help="Path of the harness CLI (default: on PATH).")
+    ] = None,
+    model: Annotated[
+        str | None, typer.Option("--model", help="Model name the harness sends.")
+    ] = None,
+    arg: Annotated[
+        list[str] | None, typer.Option("--arg", help="Extra CLI argument (repeatable).")
+    ] = None,
+) -> None:
+    """Run a real harness CLI offline through the gateway, score it, close its episode."""
+    from callgrove.gateway.harness import run_harness
+
+    try:
+        run = run_harness(
+            kind,
+            prompt,
+            gateway_url,
+            episode,
+            folder,
+            check=check,
+            timeout=timeout,
+            cli=cli,
+            model=model,
+            extra_args=list(arg or []),
+        )
+    except (ValueError, FileNotFoundError) as error:
+        err.print(f"error: {error}")
+        raise typer.Exit(EXIT_USAGE) from None
+    agents = ", ".join(
+        f"{a['id']} ({a['start']}, {len(a['calls'])} calls)" for a in run.record["agents"]
+    )
+    out.print(
+        f"{kind} exited {run.returncode} after {run.seconds:.1f}s; reward {run.reward}; agents: {agents}"
+    )
+    if run.returncode != 0:
+        raise typer.Exit(1)

@@ -1,0 +1,184 @@
+"""Real harness CLIs as environments: run one on a task through the gateway, score it, close it.
+
+`run_harness` gives the CLI a fresh home and working folder, points it at the gateway under the
+episode's URL prefix, and runs it in a network namespace whose only interface is loopback (its
+loopback port relayed to the gateway through a Unix socket, see `relay`), bounded by `timeout`.
+The task's check command then runs in the working folder (exit 0: reward 1, else 0) and the
+episode is closed with that reward; the closed record comes back.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+import callgrove
+from callgrove.gateway.attribution import valid_episode
+from callgrove.gateway.relay import UnixToTcp
+
+HARNESSES = ("claude-code", "codex")
+INSIDE_PORT = 8123
+QUIET = {
+    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    "DISABLE_TELEMETRY": "1",
+    "DISABLE_ERROR_REPORTING": "1",
+    "DISABLE_AUTOUPDATER": "1",
+    "NO_COLOR": "1",
+}
+# Inside the namespace: bring loopback up, start the relay, wait for it, run the CLI bounded.
+_INSIDE = """
+set -e
+ip link set lo up
+"$CALLGROVE_PYTHON" -m callgrove.gateway.relay {port} "$CALLGROVE_SOCKET" &
+for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/{port}) 2>/dev/null && break; sleep 0.05; done
+set +e
+timeout -k 5 {timeout} "$@"
+status=$?
+kill %1 2>/dev/null
+exit $status
+"""
+
+
+@dataclass
+class HarnessRun:
+    """One harness run: how the CLI ended, the check's reward and the closed episode."""
+
+    harness: str
+    episode: str
+    returncode: int
+    stdout: str
+    stderr: str
+    reward: float
+    record: dict[str, Any]
+    seconds: float
+
+
+def default_cli(harness: str) -> str | None:
+    return shutil.which("claude" if harness == "claude-code" else "codex")
+
+
+def _command(harness: str, cli: str, prompt: str, model: str | None, extra: list[str]) -> list[str]:
+    if harness == "claude-code":
+        return [
+            cli,
+            "-p",
+            prompt,
+            "--output-format",
+            "json",
+            "--model",
+            model or "claude-sonnet-4-5",
+            *extra,
+        ]
+    return [cli, "exec", "--skip-git-repo-check", "--json", *extra, prompt]
+
+
+def _environment(harness: str, home: Path, base: str, key: str) -> dict[str, str]:
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(home),
+        "LANG": "C.UTF-8",
+        **QUIET,
+    }
+    if harness == "claude-code":
+        env.update(ANTHROPIC_BASE_URL=base, ANTHROPIC_API_KEY=key)
+        if os.geteuid() == 0:  # the CLI refuses some modes as root outside a declared sandbox
+            env["IS_SANDBOX"] = "1"
+        return env
+    codex_home = home / ".codex"
+    codex_home.mkdir(parents=True, exist_ok=True)
+    (codex_home / "config.toml").write_text(
+        'model = "policy"\nmodel_provider = "callgrove"\napproval_policy = "never"\n'
+        "[model_providers.callgrove]\n"
+        'name = "callgrove gateway"\n'
+        f'base_url = "{base}/v1"\n'
+        'wire_api = "responses"\n'
+        'env_key = "CALLGROVE_KEY"\n'
+    )
+    env.update(CODEX_HOME=str(codex_home), CALLGROVE_KEY=key)
+    return env
+
+
+def run_harness(
+    harness: str,
+    prompt: str,
+    gateway: str,
+    episode: str,
+    folder: str | os.PathLike[str],
+    *,
+    check: str | None = None,
+    timeout: float = 120.0,
+    cli: str | None = None,
+    model: str | None = None,
+    key: str = "callgrove",
+    extra_args: list[str] | None = None,
+    task: Any = None,
+) -> HarnessRun:
+    """Run HARNESS on PROMPT against GATEWAY as EPISODE, check the result, close the episode."""
+    if harness not in HARNESSES:
+        raise ValueError(f"unknown harness {harness!r}; known: {', '.join(HARNESSES)}")
+    valid_episode(episode)
+    cli = cli or default_cli(harness)
+    if cli is None:
+        raise FileNotFoundError(f"no {harness} CLI found on PATH; pass its path")
+    root = Path(folder) / episode
+    home, work = root / "home", root / "work"
+    home.mkdir(parents=True, exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
+    address = urlsplit(gateway)
+    base = f"http://127.0.0.1:{INSIDE_PORT}/e/{episode}"
+    env = _environment(harness, home, base, key)
+    socket_dir = tempfile.mkdtemp(prefix="cg-relay-")  # short: socket paths are limited
+    socket_path = os.path.join(socket_dir, "gateway.sock")
+    env.update(
+        CALLGROVE_PYTHON=sys.executable,
+        CALLGROVE_SOCKET=socket_path,
+        PYTHONPATH=str(Path(callgrove.__file__).resolve().parents[1]),
+    )
+    isolate = ["unshare", "-n"] if os.geteuid() == 0 else ["unshare", "-rn"]
+    script = _INSIDE.format(port=INSIDE_PORT, timeout=int(timeout))
+    argv = [
+        *isolate,
+        "bash",
+        "-c",
+        script,
+        "harness",
+        *_command(harness, cli, prompt, model, extra_args or []),
+    ]
+    started = time.monotonic()
+    try:
+        with UnixToTcp(socket_path, address.hostname or "127.0.0.1", address.port or 80):
+            done = subprocess.run(
+                argv, cwd=work, env=env, capture_output=True, text=True, timeout=timeout + 30
+            )
+    finally:
+        shutil.rmtree(socket_dir, ignore_errors=True)
+    seconds = time.monotonic() - started
+    reward = 0.0
+    if check:
+        checked = subprocess.run(["bash", "-c", check], cwd=work, capture_output=True, timeout=120)
+        reward = 1.0 if checked.returncode == 0 else 0.0
+    body = {
+        "rewards": {"check": reward},
+        "ok": done.returncode == 0,
+        "task": task if task is not None else {"harness": harness, "prompt": prompt},
+    }
+    closed = httpx.post(
+        f"{gateway.rstrip('/')}/e/{episode}/close",
+        json=body,
+        headers={"x-api-key": key},
+        timeout=60,
+    )
+    closed.raise_for_status()
+    return HarnessRun(
+        harness, episode, done.returncode, done.stdout, done.stderr, reward, closed.json(), seconds
+    )

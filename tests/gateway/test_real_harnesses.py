@@ -1,0 +1,144 @@
+"""Real Claude Code and Codex CLIs, offline in loopback-only namespaces, through the gateway.
+
+The CLIs are installed by the test command (`make test` puts pinned releases in `.harness/`);
+a missing CLI fails these tests rather than skipping them. Each run is scripted by
+`serve-policy --script`, so the episode the gateway closes must have exactly the agents, starts,
+parents and per-agent call counts the script made the harness produce, and pass `callgrove check`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import subprocess
+import sys
+from pathlib import Path
+
+from callgrove.gateway.harness import run_harness
+from callgrove.gateway.ledger import EPISODES_FILE
+
+from .helpers import SRC, server_process, write_script
+
+BIN = Path(__file__).resolve().parents[2] / ".harness" / "node_modules" / ".bin"
+
+
+def cli(name: str) -> str:
+    path = BIN / name
+    assert path.exists(), f"{path} is missing: `make test` installs the pinned harness CLIs there"
+    return str(path)
+
+
+def agent(spawn_prompt: str, background: bool | None = False) -> dict:
+    arguments = {
+        "description": "helper",
+        "prompt": spawn_prompt,
+        "subagent_type": "general-purpose",
+    }
+    if background is not None:
+        arguments["run_in_background"] = background
+    return {"name": "Agent", "arguments": arguments}
+
+
+CLAUDE_SCRIPT = [
+    {"when": "NESTED-B", "reply": "B says 7"},
+    {"when": "B says 7", "reply": "A relays 7"},
+    {
+        "when": "TASK-A",
+        "reply": {"text": "A delegates.", "tool_calls": [agent("NESTED-B: give a number")]},
+    },
+    {"when": "BG-C", "reply": "C background done"},
+    {
+        "when": "A relays 7",
+        "reply": {
+            "text": "Now in the background.",
+            "tool_calls": [agent("BG-C: work quietly", None)],
+        },
+    },
+    {"when": "C background done", "reply": "Leader finished after C.", "times": 1},
+    {
+        "when": "START-ALL",
+        "reply": {"text": "Leader delegates.", "tool_calls": [agent("TASK-A: ask a helper")]},
+    },
+]
+
+
+def check_cli(ledger: Path) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from callgrove.cli import main; main()",
+            "check",
+            str(ledger / EPISODES_FILE),
+        ],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": SRC, "PATH": "/usr/bin:/bin"},
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_claude_code_fresh_nested_and_background_subagents(tmp_path):
+    script = write_script(tmp_path / "script.json", CLAUDE_SCRIPT, default="Leader waiting.")
+    ledger = tmp_path / "ledger"
+    with (
+        server_process("serve-policy", "--script", str(script)) as (_, upstream),
+        server_process("gateway", "--upstream", upstream, "--ledger", str(ledger)) as (_, gateway),
+    ):
+        run = run_harness(
+            "claude-code",
+            "START-ALL now",
+            gateway,
+            "cc-shapes",
+            tmp_path / "runs",
+            cli=cli("claude"),
+            timeout=90,
+            check="test -d .",
+        )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.reward == 1.0
+    agents = {a["id"]: a for a in run.record["agents"]}
+    leader = next(a for a in agents.values() if a["start"] == "root")
+    by_prompt = {}
+    for a in agents.values():
+        first = " ".join(m.get("content") or "" for m in a["calls"][0]["content"]["prompt"])
+        for marker in ("TASK-A", "NESTED-B", "BG-C"):
+            if marker in first:
+                by_prompt[marker] = a
+    a, b, c = by_prompt["TASK-A"], by_prompt["NESTED-B"], by_prompt["BG-C"]
+    assert len(agents) == 4
+    assert (leader["parent"], len(leader["calls"])) == (None, 4)
+    assert (a["start"], a["parent"], len(a["calls"])) == ("fresh", leader["id"], 2)
+    assert (b["start"], b["parent"], len(b["calls"])) == ("fresh", a["id"], 1)
+    assert (c["start"], c["parent"], len(c["calls"])) == ("background", leader["id"], 1)
+    # Each later call of an agent continues its previous call token for token.
+    for each in (leader, a):
+        calls = each["calls"]
+        assert all(
+            later["prompt_from"] == earlier["id"] for earlier, later in itertools.pairwise(calls)
+        )
+    check_cli(ledger)
+
+
+def test_codex_leader_turns_through_the_responses_api(tmp_path):
+    rules = [{"when": "START-CODEX", "reply": "codex leader done"}]
+    script = write_script(tmp_path / "script.json", rules, default="ok")
+    ledger = tmp_path / "ledger"
+    with (
+        server_process("serve-policy", "--script", str(script)) as (_, upstream),
+        server_process("gateway", "--upstream", upstream, "--ledger", str(ledger)) as (_, gateway),
+    ):
+        run = run_harness(
+            "codex",
+            "START-CODEX please",
+            gateway,
+            "cx-leader",
+            tmp_path / "runs",
+            cli=cli("codex"),
+            timeout=90,
+        )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "codex leader done" in run.stdout
+    (leader,) = run.record["agents"]
+    assert (leader["start"], leader["parent"], len(leader["calls"])) == ("root", None, 1)
+    assert leader["calls"][0]["logprobs"] and leader["calls"][0]["policy_version"] == 0
+    check_cli(ledger)
