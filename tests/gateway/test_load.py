@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 
@@ -22,8 +23,12 @@ RULES = [
 ]
 
 
-async def agent_calls(client: httpx.AsyncClient, episode: str, agent: int) -> list[str]:
-    """Two calls of one agent, the second continuing the first; returns the recorded call ids."""
+async def agent_calls(
+    client: httpx.AsyncClient, episode: str, agent: int, answered=lambda call_id: None
+) -> list[str]:
+    """Two calls of one agent, the second continuing the first; returns the recorded call ids.
+
+    `answered` hears each call id as soon as its response has completed."""
     headers = {
         "x-callgrove-agent": f"a{agent}",
         "x-callgrove-start": "root" if agent == 0 else "fresh",
@@ -37,6 +42,7 @@ async def agent_calls(client: httpx.AsyncClient, episode: str, agent: int) -> li
     )
     first.raise_for_status()
     ids.append(first.headers["x-callgrove-call"])
+    answered(ids[-1])
     messages += [first.json()["choices"][0]["message"], {"role": "user", "content": "second step"}]
     second = await client.post(
         f"/e/{episode}/v1/chat/completions",
@@ -45,6 +51,7 @@ async def agent_calls(client: httpx.AsyncClient, episode: str, agent: int) -> li
     )
     second.raise_for_status()
     ids.append(second.headers["x-callgrove-call"])
+    answered(ids[-1])
     return ids
 
 
@@ -107,20 +114,19 @@ def test_calls_answered_before_a_kill_9_survive_the_restart(tmp_path):
             async def until_killed():
                 async with httpx.AsyncClient(base_url=gateway, timeout=30) as client:
 
-                    async def one(episode: str, agent: int) -> None:
-                        try:
-                            for call_id in await agent_calls(client, episode, agent):
-                                completed.setdefault(episode, set()).add(call_id)
-                        except (httpx.HTTPError, KeyError):
-                            pass  # cut off by the kill
+                    def answered(episode: str, call_id: str) -> None:
+                        completed.setdefault(episode, set()).add(call_id)
+                        if sum(map(len, completed.values())) == 60:  # kill at once, mid-run
+                            os.killpg(process.pid, signal.SIGKILL)
 
-                    async def killer():
-                        while sum(map(len, completed.values())) < 60:
-                            await asyncio.sleep(0.005)
-                        os.killpg(process.pid, signal.SIGKILL)
+                    async def one(episode: str, agent: int) -> None:
+                        with contextlib.suppress(httpx.HTTPError):  # cut off by the kill
+                            await agent_calls(
+                                client, episode, agent, lambda c: answered(episode, c)
+                            )
 
                     tasks = [one(f"kill-{e}", a) for e in range(EPISODES) for a in range(AGENTS)]
-                    await asyncio.wait_for(asyncio.gather(killer(), *tasks), 120)
+                    await asyncio.wait_for(asyncio.gather(*tasks), 120)
 
             asyncio.run(until_killed())
             process.wait(10)
