@@ -147,3 +147,29 @@ def test_subagent_thread_joined_to_its_parent_rollout(tmp_path, linked_by):
     assert len(leader.calls) == 2 and len(child.calls) == 1
     assert_every_line_accounted(report)
     assert_prefix_stable(episode)
+
+
+def _thread(path: Path, thread_id: str, parent: str, answer: str) -> None:
+    meta = {"id": thread_id, "source": {"subagent": {"thread_spawn": {"parent_thread_id": parent}}}}
+    user = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "go"}]}
+    reply = {
+        "type": "message",
+        "role": "assistant",
+        "content": [{"type": "output_text", "text": answer}],
+    }
+    _rollout(path, [{"type": "session_meta", "payload": meta}, _item(user), _item(reply)])
+
+
+def test_threads_whose_parents_form_a_cycle_are_reported_not_dropped(tmp_path):
+    for name, parent in [("a", "c"), ("b", "a"), ("c", "b"), ("d", "c")]:
+        _thread(tmp_path / f"rollout-{name}.jsonl", f"thread-{name}", f"thread-{parent}", name)
+    (episode,), report = imported(tmp_path)
+    assert [a.id for a in episode.agents] == ["thread-a", "thread-b", "thread-c", "thread-d"]
+    assert [a.parent for a in episode.agents] == [None, "thread-a", "thread-b", "thread-c"]
+    assert len(list(episode.calls())) == 4
+    (gap,) = episode.gaps
+    assert gap.kind == "subagent_parent_cycle" and gap.agent == "thread-a"
+    assert "thread-a -> thread-c -> thread-b -> thread-a" in gap.reason
+    (problem,) = report.diagnostics.problems
+    assert problem.severity == "warning" and "cycle" in problem.message
+    assert_every_line_accounted(report)

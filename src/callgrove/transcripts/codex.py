@@ -160,6 +160,7 @@ class Thread:
     tool_calls: dict[str, TranscriptCall] = field(default_factory=dict)  # tool call id -> call
     call_ids: set[str] = field(default_factory=set)
     first_prompt: str | None = None
+    latest_answer: TranscriptCall | None = None  # the last call, while no input followed it
 
     @property
     def parent_id(self) -> str | None:
@@ -183,10 +184,15 @@ class RolloutReader:
         self.closes_on_count = False
         self.rank = 0
         self.time: float = 0.0
+        # A forked thread's file first repeats the history it was forked from, under the
+        # source thread's own `session_meta`: that part is the fork's history, not its calls.
+        self.copying_from: str | None = None
+        self.copied = False  # the pending response is a repeated one (history, not a call)
 
     def read(self, path: Path, rank: int) -> None:
         lines = list(read_json_lines(path, self.report))
         self.rank, self.thread, self.time, self.last_call = rank, None, 0.0, None
+        self.copying_from = None
         if lines and not any(ln.data.get("type") == "session_meta" for ln in lines):
             self.report.problem(
                 "no session_meta record: not a Codex rollout; its lines are skipped",
@@ -219,8 +225,17 @@ class RolloutReader:
             return
         if kind == "session_meta":
             self._close()
-            self._session(line, payload)
+            if self._repeats_fork_source(payload, line):
+                self.copying_from = _thread_id(payload, line)
+                self.report.use(line, "session meta of the forked thread (its history follows)")
+            else:
+                self._session(line, payload)
             return
+        if self.copying_from is not None and payload.get("thread_id") == getattr(
+            self.thread, "id", None
+        ):
+            self._close()
+            self.copying_from = None  # the fork's own records begin
         if self.thread is None:
             self.report.problem(
                 f"{kind} record before any session_meta; ignored", line.file, line.number
@@ -239,10 +254,15 @@ class RolloutReader:
         else:
             self.report.skip(line, f"{kind or 'untyped'} record is not a model message")
 
+    def _repeats_fork_source(self, payload: dict[str, Any], line: Line) -> bool:
+        """A forked thread's file, before the fork's own records, repeats its source's."""
+        thread = self.thread
+        if thread is None or not thread.meta.get("forked_from_id") or thread.agent.calls:
+            return False
+        return self.copying_from is not None or _thread_id(payload, line) != thread.id
+
     def _session(self, line: Line, payload: dict[str, Any]) -> None:
-        thread_id = str(
-            payload.get("id") or payload.get("session_id") or f"{line.file}:{line.number}"
-        )
+        thread_id = _thread_id(payload, line)
         thread = self.threads.get(thread_id)
         if thread is None:
             name = payload.get("agent_role") or payload.get("agent_nickname")
@@ -260,7 +280,10 @@ class RolloutReader:
         kind = item.get("type")
         if kind in OUTPUT_ITEMS or (kind == "message" and item.get("role") == "assistant"):
             self.pending.append((line, item))
-            self.report.use(line, "call")
+            if self.copying_from is not None:
+                self.report.use(line, "message (the forked thread's response, repeated)")
+            else:
+                self.report.use(line, "call")
             return
         messages = input_messages(item)
         if messages is None:
@@ -274,6 +297,7 @@ class RolloutReader:
             self.queued.extend(messages)
         else:
             thread.history = extend(thread.history, messages)
+            thread.latest_answer = None
         for message in messages:
             if message.tool_call_id:
                 thread.outputs[message.tool_call_id] = message.text
@@ -315,6 +339,11 @@ class RolloutReader:
             return
         thread = self.thread
         first_line, first_item = self.pending[0]
+        if self.copying_from is not None:
+            response = response_message([item for _, item in self.pending])
+            thread.history = extend(Turn(response, thread.history), self.queued)
+            self.pending, self.queued = [], []
+            return
         call = TranscriptCall(
             id=self._call_id(thread, first_item.get("id") or f"line{first_line.number}"),
             agent=thread.agent,
@@ -328,6 +357,7 @@ class RolloutReader:
         thread.agent.calls.append(call)
         thread.tool_calls.update((tool.id, call) for tool in call.response.tool_calls if tool.id)
         thread.history = extend(call.answer, self.queued)
+        thread.latest_answer = None if self.queued else call
         self.last_call = call
         self.pending, self.queued = [], []
 
@@ -336,16 +366,26 @@ class RolloutReader:
         assert thread is not None
         replacement = [i for i in payload.get("replacement_history") or [] if isinstance(i, dict)]
         summary = _text(payload.get("message")) or _summary_from(replacement)
-        call = TranscriptCall(
-            id=self._call_id(thread, f"compact-{line.number}"),
-            agent=thread.agent,
-            context=thread.history,
-            response=Message("assistant", summary),
-            order=self._order(line),
-            purpose="compaction",
-            content={"source": {"file": line.file, "lines": [line.number]}},
-        )
-        thread.agent.calls.append(call)
+        answered = thread.latest_answer
+        if answered is not None and _wrote_summary(answered, summary):
+            # The compaction request's answer is recorded as an ordinary response just before:
+            # that call is the compaction call (the model was asked once).
+            answered.purpose = "compaction"
+            answered.content["source"]["lines"].append(line.number)
+            self.report.use(line, "compaction (its summary is the response before it)")
+        else:
+            call = TranscriptCall(
+                id=self._call_id(thread, f"compact-{line.number}"),
+                agent=thread.agent,
+                context=thread.history,
+                response=Message("assistant", summary),
+                order=self._order(line),
+                purpose="compaction",
+                content={"source": {"file": line.file, "lines": [line.number]}},
+            )
+            thread.agent.calls.append(call)
+            self.report.use(line, "compaction")
+        thread.latest_answer = None
         history = Turn(thread.system, None) if thread.system else None
         for item in replacement:
             kind = item.get("type")
@@ -356,7 +396,6 @@ class RolloutReader:
             else:
                 history = extend(history, input_messages(item) or [])
         thread.history = history
-        self.report.use(line, "compaction")
 
     def _call_id(self, thread: Thread, key: str) -> str:
         base = f"{thread.id}/{key}"
@@ -366,6 +405,16 @@ class RolloutReader:
             name = f"{base}#{n}"
         thread.call_ids.add(name)
         return name
+
+
+def _thread_id(payload: dict[str, Any], line: Line) -> str:
+    return str(payload.get("id") or payload.get("session_id") or f"{line.file}:{line.number}")
+
+
+def _wrote_summary(call: TranscriptCall, summary: str) -> bool:
+    """Whether `call` answered with (the end of) the compaction's summary text."""
+    text = call.response.text.strip()
+    return bool(text) and not call.response.tool_calls and summary.rstrip().endswith(text)
 
 
 def _summary_from(replacement: list[dict[str, Any]]) -> str:
@@ -393,10 +442,10 @@ def import_codex(
     with collector_paused():
         for rank, file in enumerate(files):
             reader.read(file, rank)
-        return _episodes(list(reader.threads.values()))
+        return _episodes(list(reader.threads.values()), report)
 
 
-def _episodes(threads: list[Thread]) -> list[Transcript]:
+def _episodes(threads: list[Thread], report: ImportReport) -> list[Transcript]:
     by_id = {t.id: t for t in threads}
     children: dict[str, list[Thread]] = {}
     roots: list[Thread] = []
@@ -419,12 +468,20 @@ def _episodes(threads: list[Thread]) -> list[Transcript]:
                 )
             ]
     transcripts = []
-    for root in roots:
+    reached: set[str] = set()
+    for root in [*roots, *threads]:  # then threads no root reaches: their parents form a cycle
+        if root.id in reached:
+            continue
+        if root not in roots:
+            _break_cycle(root, by_id, gaps_of, report)
         members = [root]
+        reached.add(root.id)
         for member in members:  # grows while walking: breadth-first over descendants
             for child in children.get(member.id, []):
-                _link(member, child)
-                members.append(child)
+                if child.id not in reached:
+                    _link(member, child)
+                    members.append(child)
+                    reached.add(child.id)
         transcripts.append(
             Transcript(
                 id=root.id,
@@ -439,6 +496,24 @@ def _episodes(threads: list[Thread]) -> list[Transcript]:
             )
         )
     return transcripts
+
+
+def _break_cycle(
+    thread: Thread, by_id: dict[str, Thread], gaps_of: dict[str, list[Gap]], report: ImportReport
+) -> None:
+    """A thread whose parents lead back to it becomes a root, and the cycle is reported."""
+    cycle, current = [thread.id], by_id[thread.parent_id]  # type: ignore[index]
+    while current.id != thread.id and current.id not in cycle and current.parent_id in by_id:
+        cycle.append(current.id)
+        current = by_id[current.parent_id]  # type: ignore[index]
+    path = " -> ".join([*cycle, current.id])
+    reason = f"parent threads form a cycle ({path}); this thread is imported as a root"
+    thread.agent.start = "fresh"
+    file = thread.agent.meta.get("file")
+    gaps_of[thread.id] = [
+        Gap(kind="subagent_parent_cycle", agent=thread.id, file=file, reason=reason)
+    ]
+    report.problem(reason, file, severity="warning")
 
 
 def _link(parent: Thread, child: Thread) -> None:
