@@ -1,0 +1,175 @@
+"""Gateway overhead per call against calling the upstream directly, and gateway throughput.
+
+    python benchmarks/gateway_bench.py [--calls 200] [--throughput-calls 3000] [--concurrency 64]
+
+Overhead: `serve-policy --script` answering every prompt with a 256-token completion, and a
+gateway in front of it, both as processes on loopback. The same chat request goes alternately to
+serve-policy directly and through the gateway (which renders, relays the token prompt to
+`/v1/completions`, parses, records and fsyncs); the figures are median latencies and the median
+overhead (target: under 2 ms, and under 10% of end-to-end latency). With a scripted upstream the
+end-to-end latency is almost all HTTP, so the percentage is a worst case: a real model's
+sampling time for 256 tokens only lowers it.
+
+Throughput: a gateway process whose policy is a no-op in-process client (a fixed 16-token
+sample), driven by `--concurrency` concurrent clients over 50 episodes of 4 agents; the figure
+is calls recorded (fsynced in the ledger) per second (target: at least 1,000).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import orjson
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+
+
+def start(args: list[str]) -> tuple[subprocess.Popen, str]:
+    process = subprocess.Popen(
+        [sys.executable, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": SRC},
+        start_new_session=True,
+    )
+    while True:
+        line = process.stdout.readline().decode()
+        match = re.search(r"listening on (http://\S+)", line)
+        if match:
+            return process, match.group(1)
+        if not line and process.poll() is not None:
+            raise RuntimeError(process.stderr.read().decode()[-2000:])
+
+
+def stop(process: subprocess.Popen) -> None:
+    os.killpg(process.pid, signal.SIGTERM)
+    process.wait(10)
+
+
+def cli(*args: str) -> list[str]:
+    return ["-c", "from callgrove.cli import main; main()", *args, "--port", "0"]
+
+
+async def overhead(direct: str, gateway: str, calls: int) -> dict[str, float]:
+    body = {"messages": [{"role": "user", "content": "write 255 bytes"}], "max_tokens": 256}
+    times: dict[str, list[float]] = {"direct": [], "gateway": []}
+    async with httpx.AsyncClient(timeout=60) as client:
+        for index in range(calls + 10):
+            for name, url in (("direct", direct), ("gateway", f"{gateway}/e/bench-{index % 20}")):
+                started = time.perf_counter()
+                response = await client.post(f"{url}/v1/chat/completions", json=body)
+                elapsed = time.perf_counter() - started
+                response.raise_for_status()
+                assert response.json()["usage"]["completion_tokens"] == 256
+                if index >= 10:  # warm-up
+                    times[name].append(elapsed)
+    direct_ms = statistics.median(times["direct"]) * 1000
+    gateway_ms = statistics.median(times["gateway"]) * 1000
+    return {"direct_ms": direct_ms, "gateway_ms": gateway_ms, "overhead_ms": gateway_ms - direct_ms}
+
+
+async def throughput(gateway: str, calls: int, concurrency: int) -> float:
+    counter = iter(range(calls))
+
+    async def worker(client: httpx.AsyncClient) -> None:
+        for index in counter:
+            headers = {"x-callgrove-agent": f"a{index % 4}"}
+            body = {"messages": [{"role": "user", "content": f"call {index}"}]}
+            response = await client.post(
+                f"/e/tp-{index % 50}/v1/chat/completions", json=body, headers=headers
+            )
+            response.raise_for_status()
+
+    limits = httpx.Limits(max_connections=concurrency)
+    async with httpx.AsyncClient(base_url=gateway, timeout=60, limits=limits) as client:
+        started = time.perf_counter()
+        await asyncio.gather(*(worker(client) for _ in range(concurrency)))
+        return calls / (time.perf_counter() - started)
+
+
+def serve_noop(ledger: str) -> None:
+    """A gateway whose policy answers every prompt with the same 16 tokens, instantly."""
+    sys.path.insert(0, SRC)
+    from callgrove.gateway.app import Gateway
+    from callgrove.gateway.chat import Chat
+    from callgrove.gateway.web import serve
+    from callgrove.policy import Sample
+
+    chat = Chat.builtin()
+    completion = np.concatenate(
+        [chat.encode("fifteen bytes.."), np.asarray(chat.stop_token_ids, dtype=np.int32)]
+    )
+
+    class NoOp:
+        version = 0
+
+        async def sample(self, prompt_ids, params):
+            return Sample(completion, np.full(len(completion), -0.1), 0, "stop")
+
+    def ready(port: int) -> None:
+        print(f"gateway listening on http://127.0.0.1:{port}", flush=True)
+
+    serve(Gateway(NoOp(), chat, ledger).app(), "127.0.0.1", 0, ready)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--throughput-calls", type=int, default=3000)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--serve-noop", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve_noop:
+        serve_noop(args.serve_noop)
+        return
+    with tempfile.TemporaryDirectory() as folder:
+        script = Path(folder) / "script.json"
+        script.write_text(orjson.dumps({"rules": [], "default": "x" * 255}).decode())
+        upstream, upstream_url = start(cli("serve-policy", "--script", str(script)))
+        gateway, gateway_url = start(
+            cli("gateway", "--upstream", upstream_url, "--ledger", f"{folder}/ledger")
+        )
+        try:
+            figures = asyncio.run(overhead(upstream_url, gateway_url, args.calls))
+        finally:
+            stop(gateway)
+            stop(upstream)
+        share = figures["overhead_ms"] / figures["gateway_ms"]
+        print(f"256-token completions, {args.calls} calls each way (median latency)")
+        print(f"  direct to serve-policy : {figures['direct_ms']:.2f} ms")
+        print(f"  through the gateway    : {figures['gateway_ms']:.2f} ms")
+        print(
+            f"  gateway overhead       : {figures['overhead_ms']:.2f} ms (target < 2 ms), "
+            f"{share:.0%} of end-to-end (target < 10%)"
+        )
+        noop, noop_url = start([__file__, "--serve-noop", f"{folder}/noop-ledger"])
+        try:
+            rate = asyncio.run(throughput(noop_url, args.throughput_calls, args.concurrency))
+        finally:
+            stop(noop)
+        lines = sum(
+            1 for p in Path(folder, "noop-ledger").glob("*.calls.jsonl") for _ in p.open("rb")
+        )
+        assert lines == args.throughput_calls, (
+            f"{lines} ledger lines for {args.throughput_calls} calls"
+        )
+        print(
+            f"no-op upstream, {args.throughput_calls} calls, {args.concurrency} concurrent clients"
+        )
+        print(f"  calls recorded per second: {rate:,.0f} (target >= 1,000)")
+
+
+if __name__ == "__main__":
+    main()
