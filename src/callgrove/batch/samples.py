@@ -2,7 +2,9 @@
 
 A sample is built from a row and the advantages credit wrote onto its calls. A call that has
 loss tokens in the row but no advantage (`None`) is an error naming the episode, row and call:
-an unassigned advantage never turns into zeros on the way to the trainer.
+an unassigned advantage never turns into zeros on the way to the trainer. Rows of supervised
+episodes (`objective: supervised`, imported transcripts) are the exception: their samples carry
+the loss mask and no advantages (`None`), for a cross-entropy loss.
 
 Samples go to Parquet (one row per sample, per-token arrays as list columns) and to torch
 tensors (torch is the optional `train` extra and is imported only when asked for).
@@ -58,7 +60,8 @@ class Sample:
     Per token: `token_ids`, `loss_mask` (1 on the completion tokens the row trains),
     `logprobs` (sampling logprobs on the mask, 0 off it; None when a call the row trains
     recorded none, so no importance ratio can be formed), `advantages` (each trained call's
-    advantage on its loss tokens, 0 off the mask), `position_ids` (0, 1, ...) and
+    advantage on its loss tokens, 0 off the mask; None for a supervised episode's row, which
+    trains by cross-entropy), `position_ids` (0, 1, ...) and
     `policy_versions` (the version that sampled each completion token, `NO_VERSION` on prompt
     tokens and where none was recorded). Metadata: the episode and group, the leaf agent's id
     and seat (its name), the row index within the episode, the leaf call's id, the root call's
@@ -72,7 +75,7 @@ class Sample:
     token_ids: np.ndarray
     loss_mask: np.ndarray
     logprobs: np.ndarray | None
-    advantages: np.ndarray
+    advantages: np.ndarray | None
     position_ids: np.ndarray
     policy_versions: np.ndarray
     episode: str
@@ -143,7 +146,9 @@ def _build(rows: Sequence[Row], table: _CallTable) -> list[Sample]:
     start[_exclusive_cumsum(depths)] = 0  # each walk starts its row at token 0
     # Spec 3.3: a call's loss covers its whole completion, so its first token decides.
     carries_loss = loss_mask[np.repeat(row_starts, depths) + prompt_end].astype(bool)
-    unassigned = np.flatnonzero(carries_loss & table.missing_advantage[pairs])
+    supervised = np.fromiter((row.episode.supervised for row in rows), bool, len(rows))
+    needs_advantage = carries_loss & ~np.repeat(supervised, depths)
+    unassigned = np.flatnonzero(needs_advantage & table.missing_advantage[pairs])
     if unassigned.size:
         row_number = int(np.searchsorted(np.cumsum(depths), unassigned[0], side="right"))
         call = rows[row_number].path[unassigned[0] - int(depths[:row_number].sum())]
@@ -164,8 +169,8 @@ def _build(rows: Sequence[Row], table: _CallTable) -> list[Sample]:
     logprobs[on_mask] = table.logprobs[flat]
     positions = _positions(int(row_lengths.max()))
     samples = []
-    for row, mask, first, length in zip(
-        rows, masks, row_starts.tolist(), row_lengths.tolist(), strict=True
+    for row, mask, first, length, is_supervised in zip(
+        rows, masks, row_starts.tolist(), row_lengths.tolist(), supervised.tolist(), strict=True
     ):
         where = slice(first, first + length)
         episode = row.episode
@@ -177,7 +182,7 @@ def _build(rows: Sequence[Row], table: _CallTable) -> list[Sample]:
                 logprobs=logprobs[where]
                 if all(c.logprobs is not None for c in row.trains)
                 else None,
-                advantages=advantages[where],
+                advantages=None if is_supervised else advantages[where],
                 position_ids=positions[:length],
                 policy_versions=policy_versions[where],
                 episode=episode.id,
@@ -274,6 +279,7 @@ def _missing_advantage(row: Row, call_id: str) -> InputError:
 
 # Parquet ------------------------------------------------------------------------------------
 
+_NULLABLE = ("logprobs", "advantages")  # samples without them: transcripts, supervised rows
 _ARROW_TYPES = {name: pa.from_numpy_dtype(dtype) for name, dtype in FIELD_DTYPES.items()}
 _METADATA_SCHEMA = [
     pa.field("episode", pa.string(), nullable=False),
@@ -290,7 +296,7 @@ SAMPLE_SCHEMA = pa.schema(
     [
         *_METADATA_SCHEMA,
         *(
-            pa.field(name, pa.list_(_ARROW_TYPES[name]), nullable=name == "logprobs")
+            pa.field(name, pa.list_(_ARROW_TYPES[name]), nullable=name in _NULLABLE)
             for name in TOKEN_FIELDS
         ),
     ]

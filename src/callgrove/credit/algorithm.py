@@ -128,6 +128,7 @@ def finalize_group(algorithm: Algorithm, episodes: Sequence[Episode]) -> GroupCr
     Every call's previous value is cleared first, so a call ends with exactly what this run
     gave it: a float or an array per completion token where credited, `None` elsewhere
     (errored episodes, untrainable agents, calls not kept, traces the algorithm left out).
+    Supervised episodes (imported transcripts) are refused rather than given zeros.
     """
     _check_group(episodes)
     for episode in episodes:
@@ -159,6 +160,11 @@ def _check_group(episodes: Sequence[Episode]) -> None:
         raise ValueError(f"finalize_group got episodes of several groups: {names}")
     seen: set[str] = set()
     for episode in episodes:
+        if episode.supervised:
+            raise ValueError(
+                f"episode {episode.id!r} is for supervised training (objective: supervised, no "
+                "sampling logprobs): it takes no advantages; train it with objective sft"
+            )
         if episode.id in seen:
             # Baselines are keyed by episode id, so two episodes sharing one would be merged.
             raise ValueError(f"episode id {episode.id!r} appears twice in group {episode.group!r}")

@@ -159,6 +159,12 @@ class Episode:
     meta: dict[str, Any] | None = None
 
     @property
+    def supervised(self) -> bool:
+        """`objective: supervised` (imported transcripts, no sampling logprobs): its rows train
+        by cross-entropy, never by advantages."""
+        return self.objective == "supervised"
+
+    @property
     def reward(self) -> float:
         """The episode reward: the sum of its named rewards."""
         return float(sum(self.rewards.values()))

@@ -16,6 +16,7 @@ from callgrove.train.loss import (
     logprobs_from_logits,
     policy_loss,
     row_logprobs,
+    supervised_loss,
     token_logprobs,
 )
 from callgrove.train.model import TinyConfig, TinyDecoder, TreeLayout, VarlenLayout
@@ -37,6 +38,7 @@ __all__ = [
     "packed_model_batch",
     "policy_loss",
     "row_logprobs",
+    "supervised_loss",
     "token_logprobs",
     "tree_model_batch",
 ]

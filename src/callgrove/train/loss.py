@@ -82,3 +82,16 @@ def policy_loss(
     training = row_counts > 0
     row_means = row_sums[training] / row_counts[training]
     return row_means.sum() / (denominator or len(row_means))
+
+
+def supervised_loss(
+    model: TinyDecoder, batch: ModelBatch, denominator: float | None = None
+) -> torch.Tensor:
+    """Cross-entropy on the trained tokens (imported transcripts: no sampling logprobs, no
+    advantages), summed and divided by `denominator` (default: the batch's trained tokens; the
+    step's count makes micro-batch losses add up to the step's)."""
+    logits = model(batch.token_ids, batch.position_ids, batch.layout)
+    if not len(batch.target_index):
+        return logits.sum() * 0.0
+    logprobs = logprobs_from_logits(logits, batch, batch.target_index)
+    return -logprobs.sum() / (denominator or len(logprobs))
