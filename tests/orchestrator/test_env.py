@@ -131,6 +131,6 @@ def test_timeout_and_cancellation_are_recorded_errors():
 def test_rewards_per_agent_and_unknown_env():
     episode = run(make_env("relay"), "372", ScriptedPolicy("3"))
     assert episode.agent("helper-2").rewards == {"score": 1.0}  # "first 372" -> "3"
-    assert episode.agent("fork-4").rewards == {"score": 0.25}  # right length, wrong digit
+    assert episode.agent("fork-4").rewards == {"score": 0.4}  # a digit of the right length, wrong
     with pytest.raises(ValueError, match="unknown environment 'nope'"):
         make_env("nope")

@@ -165,7 +165,7 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
         except OSError as error:
             raise ConfigError(f"{path}: {error.strerror}") from None
     for key, value in (overrides or {}).items():
-        _set(raw, key, value)
+        set_dotted(raw, key, value)
     return config_from_dict(raw, source=str(path or "defaults"))
 
 
@@ -189,7 +189,8 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key.strip(), parsed
 
 
-def _set(raw: dict[str, Any], dotted: str, value: Any) -> None:
+def set_dotted(raw: dict[str, Any], dotted: str, value: Any) -> None:
+    """Set `section.key` in a raw (not yet validated) config."""
     *sections, key = dotted.split(".")
     node = raw
     for section in sections:

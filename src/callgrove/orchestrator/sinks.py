@@ -29,13 +29,22 @@ from typing import Any, Protocol
 from callgrove.episode import Episode, EpisodeWriter
 
 CHECKPOINT = "checkpoint.pt"
+PARTIAL = ".partial-"
 METRICS = "metrics.jsonl"
 
 
+def _partial(path: Path) -> Path:
+    """Where `path` is written before it is renamed into place (same form, hidden)."""
+    return path.with_name(PARTIAL + path.name)
+
+
 def write_episodes_atomically(path: Path, episodes: Iterable[Episode]) -> int:
-    """Write episodes one per line to `path` through a temporary file renamed into place."""
+    """Write episodes one per line to `path` through a temporary file renamed into place.
+
+    The records come from the recorder, which builds them by the format's rules, so they are
+    written as they are (checking each again costs more than running a no-op episode)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(path.name + ".tmp")
+    temporary = _partial(path)
     with EpisodeWriter(temporary) as writer:
         for episode in episodes:
             writer.write(episode)
@@ -46,7 +55,7 @@ def write_episodes_atomically(path: Path, episodes: Iterable[Episode]) -> int:
 
 def write_json_lines_atomically(path: Path, records: Iterable[dict[str, Any]]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(path.name + ".tmp")
+    temporary = _partial(path)
     with temporary.open("w") as stream:
         for record in records:
             stream.write(json.dumps(record) + "\n")
@@ -76,7 +85,7 @@ def rewind(out: Path, step: int) -> None:
     metrics = out / METRICS
     if metrics.exists():
         kept = [line for line in _lines(metrics) if json.loads(line).get("step", 0) <= step]
-        temporary = metrics.with_name(METRICS + ".tmp")
+        temporary = _partial(metrics)
         temporary.write_text("".join(kept))
         os.replace(temporary, metrics)
 
@@ -96,7 +105,7 @@ def save_checkpoint(out: Path, state: dict[str, Any]) -> None:
 
     buffer = io.BytesIO()
     torch.save(state, buffer)
-    temporary = out / (CHECKPOINT + ".tmp")
+    temporary = _partial(out / CHECKPOINT)
     with temporary.open("wb") as stream:
         stream.write(buffer.getvalue())
         stream.flush()

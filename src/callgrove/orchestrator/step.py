@@ -72,10 +72,10 @@ def prepare_step(
         for given in credit.credits:
             advantages.setdefault(given.trace.seat or "episode", []).append(given.advantage)
         for episode in group:
-            if not any(True for _ in episode.calls()):
-                continue
-            compact_prompts(episode)  # prompts held by reference: compact in memory and files
-            if episode.ok:
+            calls = sum(len(agent.calls) for agent in episode.agents)
+            if calls > 1:  # prompts held by reference: memory and files grow with new tokens
+                compact_prompts(episode)
+            if episode.ok and calls:
                 all_rows.append(build_rows(episode))
     kept = degeneracy.apply(all_rows, degeneracy_settings, report)
     samples = build_samples(kept) if kept else []

@@ -12,8 +12,8 @@ learn from scratch on a laptop.
 5. compacts its history (a `compaction` call continuing it, answered with the task), starts over
    from that summary, and gives the final answer: the digits the subagents returned, joined.
 
-Every seat is scored on its own answers (`score`: a quarter for the right length, the rest for
-the right characters in place), the leader on the mean of its three; the episode reward is
+Every seat is scored on its own answers (`score`: partial credit for the length, for answering
+in digits and for each right character in place), the leader on the mean of its three; the episode reward is
 the mean over every seat's answer, so both per-seat and per-episode scoring have signal.
 
 `copy` is the single-agent comparison: the leader alone, asked to copy the task, twice.
@@ -32,9 +32,13 @@ DIGITS = "0123456789"
 
 
 def score(answer: str, target: str) -> float:
-    """A quarter for the right length, three quarters for the right characters in place."""
+    """Partial credit, so a policy that starts from noise has a slope to climb: 0.2 for the
+    length (1 / (1 + the length's distance from the target's)), 0.2 for the share of the
+    answer that is digits, 0.6 for the target's characters matched in place."""
     matches = sum(a == t for a, t in zip(answer, target, strict=False))
-    return 0.25 * (len(answer) == len(target)) + 0.75 * matches / len(target)
+    digits = sum(ch in DIGITS for ch in answer) / len(answer) if answer else 0.0
+    length = 1.0 / (1.0 + abs(len(answer) - len(target)))
+    return 0.2 * length + 0.2 * digits + 0.6 * matches / len(target)
 
 
 class _DigitTasks:

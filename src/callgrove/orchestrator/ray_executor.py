@@ -1,0 +1,176 @@
+"""Episodes on Ray: environment workers and the sampler as actors (the `ray` extra).
+
+`--executor ray` keeps the loop, the learner and every sink in the driver and moves what scales
+out: `env_workers` async `EnvWorker` actors run episodes (each through the same `run_episode`
+as locally, so an episode records itself the same way), and one `SamplerActor` holds the
+sampler, batching the calls of every worker's episodes. A worker's policy client forwards each
+call to the sampler actor. After each optimizer step the driver puts the new weights in the
+object store once and the sampler actor loads them between decoding rounds.
+
+Episodes come back as their `callgrove.episode/1` JSON line (prompts compacted), so what
+crosses the wire is the record itself. Cancelling an episode in the driver cancels it on its
+worker, which still returns it (with its kept calls and a `Cancelled` error). `ray.address`
+empty starts a local Ray; otherwise it names a cluster (`auto`, `ray://host:10001`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+from typing import Any
+
+import ray
+
+from callgrove.episode import Episode, episode_from_wire
+from callgrove.episode.io import encode_episode
+from callgrove.forest import compact_prompts
+from callgrove.formats.wire import episode_decoder
+from callgrove.orchestrator.config import Resolved, TrainConfig
+from callgrove.orchestrator.env import run_episode
+from callgrove.orchestrator.envs import make_env
+from callgrove.policy import Sample, SamplingParams
+from callgrove.policy.backends import PolicyBackend, build_policy
+
+
+@ray.remote
+class SamplerActor:
+    """The run's sampler (built by the same backend as locally) behind an async actor."""
+
+    def __init__(self, config: dict[str, Any]):
+        import torch
+
+        torch.set_num_threads(1)
+        settings = _config(config)
+        self.sampler = build_policy(settings.model, settings.train, settings.run.seed).sampler
+
+    async def sample(self, prompt_ids: Any, params: SamplingParams) -> Sample:
+        return await self.sampler.sample(prompt_ids, params)
+
+    async def load_weights(self, weights: Any, version: int) -> int:
+        await self.sampler.load_weights(weights, version)
+        return version
+
+    def version(self) -> int:
+        return self.sampler.version
+
+
+class RemotePolicy:
+    """A `PolicyClient` inside a worker that forwards each call to the sampler actor."""
+
+    def __init__(self, actor: Any):
+        self.actor = actor
+        self._version = 0
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    async def sample(self, prompt_ids: Any, params: SamplingParams) -> Sample:
+        sample = await self.actor.sample.remote(prompt_ids, params)
+        self._version = sample.policy_version
+        return sample
+
+
+@ray.remote
+class EnvWorker:
+    """Runs episodes of the configured environment; returns each as its JSON line."""
+
+    def __init__(self, config: dict[str, Any], sampler: Any, renderer: Any, params: Any):
+        settings = _config(config)
+        self.env = make_env(settings.env.name, settings.env.options)
+        self.policy = RemotePolicy(sampler)
+        self.renderer = renderer
+        self.params = params
+        self.timeout = settings.dispatch.episode_timeout
+        self.running: dict[str, asyncio.Task[Episode]] = {}
+
+    async def run(self, episode_id: str, group: str | None, task: Any) -> bytes:
+        episode = Episode(id=episode_id, group=group)
+        job = asyncio.ensure_future(
+            run_episode(
+                self.env, task, self.policy, self.renderer, self.params, episode, self.timeout
+            )
+        )
+        self.running[episode_id] = job
+        try:
+            await asyncio.shield(job)
+        except asyncio.CancelledError:
+            job.cancel()
+            await job
+        finally:
+            self.running.pop(episode_id, None)
+        if any(True for _ in episode.calls()):
+            compact_prompts(episode)
+        return encode_episode(episode)
+
+    def cancel(self, episode_id: str) -> bool:
+        job = self.running.get(episode_id)
+        if job is None:
+            return False
+        job.cancel()
+        return True
+
+
+def _config(raw: dict[str, Any]) -> TrainConfig:
+    from callgrove.orchestrator.config import config_from_dict
+
+    return config_from_dict(raw, source="driver config")
+
+
+class RayExecutor:
+    """The driver's handle on the actors: an `EpisodeRunner` and weight updates."""
+
+    def __init__(self, sampler: Any, workers: list[Any], policy: Any):
+        self.sampler = sampler
+        self.workers = workers
+        self.policy = policy  # the driver's sampler: its version is the one last pushed
+        self._next = itertools.cycle(workers)
+        self._started_ray = False
+
+    @classmethod
+    async def start(
+        cls, config: TrainConfig, backend: PolicyBackend, resolved: Resolved
+    ) -> RayExecutor:
+        import msgspec
+
+        started = False
+        if not ray.is_initialized():
+            env_vars = {k: os.environ[k] for k in ("PYTHONPATH",) if k in os.environ}
+            ray.init(
+                address=config.ray.address or None,
+                include_dashboard=False,
+                log_to_driver=False,
+                configure_logging=False,
+                runtime_env={"env_vars": env_vars} if env_vars else None,
+            )
+            started = True
+        raw = msgspec.to_builtins(config)
+        sampler = SamplerActor.remote(raw)
+        workers = [
+            EnvWorker.remote(raw, sampler, backend.renderer, resolved.sampling)
+            for _ in range(config.ray.env_workers)
+        ]
+        executor = cls(sampler, workers, backend.sampler)
+        executor._started_ray = started
+        await executor.load_weights(backend.learner.weights(), backend.learner.version)
+        return executor
+
+    async def run_episode(self, episode: Episode, task: Any) -> Episode:
+        worker = next(self._next)
+        reference = worker.run.remote(episode.id, episode.group, task)
+        try:
+            line = await reference
+        except asyncio.CancelledError:
+            await worker.cancel.remote(episode.id)
+            line = await reference
+        return episode_from_wire(episode_decoder.decode(line))
+
+    async def load_weights(self, weights: Any, version: int) -> None:
+        await self.sampler.load_weights.remote(ray.put(weights), version)
+
+    def close(self) -> None:
+        for actor in [*self.workers, self.sampler]:
+            ray.kill(actor)
+        if self._started_ray:
+            ray.shutdown()
