@@ -13,6 +13,10 @@ sampling time for 256 tokens only lowers it.
 Throughput: a gateway process whose policy is a no-op in-process client (a fixed 16-token
 sample), driven by `--concurrency` concurrent clients over 50 episodes of 4 agents; the figure
 is calls recorded (fsynced in the ledger) per second (target: at least 1,000).
+
+Both also print the gateway process's CPU time per call: on a shared machine (the load
+average is printed first) wall-clock figures mostly measure the wait for a core and for the
+disk, while CPU time per call is what the gateway itself costs.
 """
 
 from __future__ import annotations
@@ -51,6 +55,12 @@ def start(args: list[str]) -> tuple[subprocess.Popen, str]:
             return process, match.group(1)
         if not line and process.poll() is not None:
             raise RuntimeError(process.stderr.read().decode()[-2000:])
+
+
+def cpu_seconds(process: subprocess.Popen) -> float:
+    """User + system CPU time of a process so far (Linux)."""
+    fields = Path(f"/proc/{process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def stop(process: subprocess.Popen) -> None:
@@ -142,11 +152,14 @@ def main() -> None:
             cli("gateway", "--upstream", upstream_url, "--ledger", f"{folder}/ledger")
         )
         try:
+            before = cpu_seconds(gateway)
             figures = asyncio.run(overhead(upstream_url, gateway_url, args.calls))
+            gateway_cpu = (cpu_seconds(gateway) - before) / (args.calls + 10) * 1000
         finally:
             stop(gateway)
             stop(upstream)
         share = figures["overhead_ms"] / figures["gateway_ms"]
+        print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
         print(f"256-token completions, {args.calls} calls each way (median latency)")
         print(f"  direct to serve-policy : {figures['direct_ms']:.2f} ms")
         print(f"  through the gateway    : {figures['gateway_ms']:.2f} ms")
@@ -154,9 +167,12 @@ def main() -> None:
             f"  gateway overhead       : {figures['overhead_ms']:.2f} ms (target < 2 ms), "
             f"{share:.0%} of end-to-end (target < 10%)"
         )
+        print(f"  gateway CPU per call   : {gateway_cpu:.2f} ms (user + system, load-independent)")
         noop, noop_url = start([__file__, "--serve-noop", f"{folder}/noop-ledger"])
         try:
+            before = cpu_seconds(noop)
             rate = asyncio.run(throughput(noop_url, args.throughput_calls, args.concurrency))
+            noop_cpu = cpu_seconds(noop) - before
         finally:
             stop(noop)
         lines = sum(
@@ -169,6 +185,10 @@ def main() -> None:
             f"no-op upstream, {args.throughput_calls} calls, {args.concurrency} concurrent clients"
         )
         print(f"  calls recorded per second: {rate:,.0f} (target >= 1,000)")
+        print(
+            f"  calls per CPU-second of the gateway: {args.throughput_calls / noop_cpu:,.0f} "
+            "(what one uncontended core would record)"
+        )
 
 
 if __name__ == "__main__":

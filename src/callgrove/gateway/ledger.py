@@ -18,6 +18,7 @@ import asyncio
 import os
 import warnings
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,9 @@ from callgrove.formats.wire import WirePolicy, WireRun
 
 EPISODES_FILE = "episodes.jsonl"
 CALLS_SUFFIX = ".calls.jsonl"
+# fsyncs of different episode files run side by side (the file system can commit them together);
+# the default executor's few threads would queue them one behind another.
+_SYNCERS = ThreadPoolExecutor(max_workers=64, thread_name_prefix="ledger-fsync")
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -67,7 +71,7 @@ class AppendFile:
     async def _sync(self) -> None:
         covered = self._written
         try:
-            await asyncio.to_thread(os.fsync, self.fd)
+            await asyncio.get_running_loop().run_in_executor(_SYNCERS, os.fsync, self.fd)
             self._synced = covered
         finally:
             self._syncing = None

@@ -87,7 +87,6 @@ def sse_response(events: Iterable[bytes] | AsyncIterator[bytes]) -> StreamingRes
 
 def serve(app: Any, host: str, port: int, on_ready: Callable[[int], None] | None = None) -> None:
     """Run `app` on uvicorn until interrupted; `on_ready` gets the bound port (0 picks one)."""
-    import asyncio
     import socket
 
     import uvicorn
@@ -99,7 +98,8 @@ def serve(app: Any, host: str, port: int, on_ready: Callable[[int], None] | None
     sock.listen(2048)
     if on_ready is not None:
         on_ready(sock.getsockname()[1])
+    # uvloop and httptools when installed (the `serve` extra): most of a call's cost is HTTP.
     config = uvicorn.Config(
         app, log_level="warning", access_log=False, timeout_keep_alive=30, backlog=2048
     )
-    asyncio.run(uvicorn.Server(config).serve(sockets=[sock]))
+    uvicorn.Server(config).run(sockets=[sock])
