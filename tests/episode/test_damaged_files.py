@@ -49,7 +49,7 @@ def test_final_line_complete_but_for_its_newline_is_kept(tmp_path: Path) -> None
 def test_malformed_middle_line_is_an_error_naming_its_line(tmp_path: Path) -> None:
     path = tmp_path / "traces.jsonl"
     lines = _write(path)
-    lines[1] = lines[1][:40] + b"\n"  # a line cut short, then the next episode as usual
+    lines[1] = b'{"format": "callgrove.episode/1", "id": "ok-1",,}\n'  # wrong, not cut short
     path.write_bytes(b"".join(lines))
 
     diagnostics = Diagnostics()
@@ -64,6 +64,28 @@ def test_malformed_middle_line_is_an_error_naming_its_line(tmp_path: Path) -> No
             read.append(episode.id)
     assert read == ["ok-0"]
     assert raised.value.problem.line == 2
+
+
+def test_middle_line_cut_short_then_ended_is_a_truncated_warning(tmp_path: Path) -> None:
+    path = tmp_path / "traces.jsonl"
+    lines = _write(path)
+    lines[1] = lines[1][:60] + b"\n"  # a crash cut the line; a later write ended it
+    path.write_bytes(b"".join(lines))
+    diagnostics = Diagnostics()
+    assert [e.id for e in load(path, diagnostics)] == ["ok-0", "ok-2", "ok-3"]
+    (problem,) = diagnostics.problems
+    assert (problem.severity, problem.kind, problem.line) == ("warning", "truncated", 2)
+    assert problem.episode == "ok-1"
+
+
+def test_episode_written_straight_after_a_cut_line_is_read(tmp_path: Path) -> None:
+    path = tmp_path / "traces.jsonl"
+    lines = _write(path)
+    path.write_bytes(lines[0] + lines[1][:60] + lines[2] + lines[3])  # no newline after the cut
+    diagnostics = Diagnostics()
+    assert [e.id for e in load(path, diagnostics)] == ["ok-0", "ok-2", "ok-3"]
+    (problem,) = diagnostics.problems
+    assert (problem.severity, problem.kind, problem.line) == ("warning", "truncated", 2)
 
 
 def test_several_bad_lines_are_each_reported_once(tmp_path: Path) -> None:
@@ -87,22 +109,27 @@ def test_blank_lines_are_not_episodes_and_not_problems(tmp_path: Path) -> None:
     assert diagnostics.problems == []
 
 
-def test_writer_lines_are_whole_and_readable_before_close(tmp_path: Path) -> None:
+def test_new_file_appears_whole_at_close_and_appends_are_whole_lines(tmp_path: Path) -> None:
     path = tmp_path / "traces.jsonl"
+    path.write_bytes(b"earlier contents\n")
     writer = EpisodeWriter(path)
     writer.write(healthy("ok-0"))
     writer.write(cancelled("cancelled-1"))
     writer.sync()
-    # what a crash right now would leave behind: whole lines, all readable
-    assert path.read_bytes().endswith(b"\n")
-    assert [e.id for e in load(path)] == ["ok-0", "cancelled-1"]
+    # until close the target is untouched; the lines written so far are whole
+    assert path.read_bytes() == b"earlier contents\n"
+    assert [e.id for e in load(writer.written_path)] == ["ok-0", "cancelled-1"]
     writer.write(healthy("ok-2"))
     writer.close()
+    assert not writer.written_path.exists() or writer.written_path == path
     appended = EpisodeWriter(path, append=True)
     appended.write(healthy("ok-3"))
-    appended.close()
+    appended.sync()
+    # appended lines are on the file at once, whole
     assert [e.id for e in load(path)] == ["ok-0", "cancelled-1", "ok-2", "ok-3"]
+    appended.close()
     assert writer.lines == 3
+    assert [p.name for p in tmp_path.iterdir()] == ["traces.jsonl"]
 
 
 @pytest.mark.parametrize("suffix", [".parquet", ".arrow"])

@@ -12,7 +12,9 @@ import gzip
 import io
 import os
 import re
+import sys
 import warnings
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -20,6 +22,12 @@ from typing import IO, Any, TypeVar
 
 import msgspec
 
+if sys.version_info >= (3, 14):
+    from compression import zstd
+else:
+    from backports import zstd
+
+from callgrove.formats.output import NewFile, open_locked_append
 from callgrove.formats.problems import Diagnostics, InputError, Problem
 from callgrove.formats.wire import FORMAT, WireEpisode, episode_decoder, episode_encoder
 
@@ -30,88 +38,87 @@ Row = TypeVar("Row")
 def open_binary(path: str | os.PathLike[str], mode: str = "rb") -> IO[bytes]:
     """Open a file for binary reading or writing, compressed by its extension.
 
-    Reading a compressed file that ends early (a crash mid-write) raises `EOFError` at its end,
-    for gzip and zstd alike, once every complete byte has been read.
+    Reading streams with bounded buffers whatever the compression ratio, across every gzip
+    member and zstd frame (appends add them). A compressed file that ends early (a crash
+    mid-write) raises `EOFError` at its end, for gzip and zstd alike, once every complete byte
+    has been read; data that is not gzip or zstd raises `CompressedDataError`.
     """
     name = str(path)
     if name.endswith(".gz"):
         return gzip.open(name, mode)  # type: ignore[return-value]
     if name.endswith(".zst"):
-        import zstandard
-
-        raw = open(name, mode)  # noqa: SIM115 - wrapped and closed by the stream
-        if "r" in mode:
-            return io.BufferedReader(_ZstdFramesReader(raw))
-        return zstandard.ZstdCompressor().stream_writer(raw, closefd=True)
+        return zstd.ZstdFile(name, mode)  # type: ignore[return-value]
     return open(name, mode)
 
 
-class _ZstdFramesReader(io.RawIOBase):
-    """Decompresses every zstd frame of a file (appends add frames); a cut frame is an EOFError."""
-
-    def __init__(self, raw: IO[bytes]):
-        import zstandard
-
-        self._raw = raw
-        self._new = zstandard.ZstdDecompressor().decompressobj
-        self._frame = self._new()
-        self._pending = b""
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        while not self._pending:
-            chunk = self._frame.unused_data if self._frame.eof else self._raw.read(1 << 20)
-            if self._frame.eof:
-                self._frame = self._new()
-                chunk = chunk or self._raw.read(1 << 20)
-                if not chunk:
-                    return 0
-            elif not chunk:
-                raise EOFError("compressed stream ends inside a zstd frame")
-            self._pending = self._frame.decompress(chunk)
-        size = min(len(buffer), len(self._pending))
-        buffer[:size] = self._pending[:size]
-        self._pending = self._pending[size:]
-        return size
-
-    def close(self) -> None:
-        self._raw.close()
-        super().close()
+# What the decompressors raise for bytes that are not what the extension promises.
+CompressedDataError = (gzip.BadGzipFile, zlib.error, zstd.ZstdError)
 
 
 def iter_lines(path: str | os.PathLike[str]) -> Iterator[tuple[int, bytes, bool]]:
     """Yield (line number from 1, line as read, ended-with-newline) for non-blank lines.
 
     A compressed file cut short raises `InputError` (a `truncated` warning) after its last
-    complete line.
+    complete line; compressed data that is damaged, or is not of its extension's kind, raises
+    an `InputError` naming the line it stopped at.
     """
     number = 0
-    with open_binary(path) as raw:
-        stream = raw if isinstance(raw, io.BufferedIOBase) else io.BufferedReader(raw)  # type: ignore[arg-type]
-        try:
+    try:
+        with open_binary(path) as raw:
+            stream = raw if isinstance(raw, io.BufferedIOBase) else io.BufferedReader(raw)  # type: ignore[arg-type]
             for number, line in enumerate(stream, start=1):
                 if not line.isspace():  # JSON decoders skip the trailing newline: no copy
                     yield number, line, line.endswith(b"\n")
-        except EOFError:
-            raise InputError(
-                Problem(
-                    "compressed file ends early (cut off mid-write); what follows is lost",
-                    file=str(path),
-                    line=number + 1,
-                    severity="warning",
-                    kind="truncated",
-                )
-            ) from None
+    except EOFError:
+        if os.path.getsize(path) == 0:
+            return  # an empty file holds no lines, compressed or not
+        raise InputError(
+            Problem(
+                "compressed file ends early (cut off mid-write); what follows is lost",
+                file=str(path),
+                line=number + 1,
+                severity="warning",
+                kind="truncated",
+            )
+        ) from None
+    except CompressedDataError as error:
+        kind = "gzip" if str(path).endswith(".gz") else "zstd"
+        what = f"not {kind} data" if number == 0 else f"damaged {kind} data or trailing bytes"
+        raise InputError(
+            Problem(
+                f"{what} ({error}); nothing from here on is read",
+                file=str(path),
+                line=number + 1,
+                kind="malformed",
+            )
+        ) from None
+
+
+class _Named(msgspec.Struct):
+    """Just the id of a line's object: decodes lines whose other fields do not."""
+
+    id: Any = None
+
+
+_ID_FIELD = re.compile(rb'"id"\s*:\s*"((?:[^"\\]|\\.){1,200})"')
+
+
+def _episode_id(line: bytes) -> str | None:
+    """The id a line names, best effort, even when the line is not valid JSON."""
+    try:
+        named = msgspec.json.decode(line, type=_Named).id
+    except (msgspec.DecodeError, RecursionError):
+        found = _ID_FIELD.search(line)
+        named = found.group(1).decode("utf-8", "replace") if found else None
+    return named if isinstance(named, str) else None
 
 
 def _locate_in_json(line: bytes, path: str) -> tuple[str | None, str | None]:
     """Best-effort episode id and call id for a msgspec error path like `$.agents[0].calls[2].seq`."""
     try:
         node: Any = msgspec.json.decode(line)
-    except msgspec.DecodeError:
-        return None, None
+    except (msgspec.DecodeError, RecursionError):
+        return _episode_id(line), None
     episode = node.get("id") if isinstance(node, dict) else None
     call = None
     previous_key = None
@@ -137,10 +144,19 @@ def decode_episode_line(line: bytes) -> WireEpisode:
         path = text.rsplit(" - at `", 1)[1].rstrip("`") if " - at `" in text else ""
         episode, call = _locate_in_json(line, path)
         raise InputError(Problem(text, episode=episode, call=call, kind="invalid")) from None
+    except (msgspec.DecodeError, RecursionError) as error:
+        raise InputError(replace(_as_problem(error, line), episode=_episode_id(line))) from None
     if wire.format != FORMAT:
         message = f"format is {wire.format!r}, expected {FORMAT!r}"
         raise InputError(Problem(message, episode=wire.id, kind="invalid"))
     return wire
+
+
+# A writer's line starts so: where one follows a cut line on the same line, it is recovered.
+_LINE_START = b'{"format":'
+_BOM = b"\xef\xbb\xbf"
+_ERROR_BYTE = re.compile(r"\(byte (\d+)\)")
+_NOT_JSON_NUMBERS = (b"-Infinity", b"Infinity", b"-NaN", b"NaN")
 
 
 def read_rows(
@@ -152,46 +168,91 @@ def read_rows(
 
     `decode` may raise msgspec's errors or `InputError`; either becomes a problem located at
     the file and line. Without `diagnostics` the first bad line raises `InputError`; with it,
-    bad lines are recorded there and skipped, and reading goes on. A final line that lacks its
-    newline and does not parse is a truncated write: always a warning, never an error.
+    bad lines are recorded there and skipped, and reading goes on. A line whose JSON stops
+    short is the trace of a write cut off by a crash: a `truncated` warning, never an error,
+    wherever it is and however it was later ended (by a newline, or by the next episode
+    written straight after it, which is then read).
     """
     file = str(path)
-    pending: Problem | None = None
     lines = iter_lines(path)
     while True:
         try:
             number, line, complete = next(lines)
         except StopIteration:
-            break
-        except InputError as cut:  # a compressed file that ends early
-            if pending is not None:
-                report(InputError(pending), diagnostics)
-            pending = cut.problem
-            break
-        if pending is not None:
-            report(InputError(pending), diagnostics)
-            pending = None
+            return
+        except InputError as damaged:  # compressed data that ends early or is damaged
+            report(damaged, diagnostics)
+            return
         try:
-            yield number, decode(line)
-        except (msgspec.DecodeError, InputError) as error:
-            problem = _as_problem(error)
-            if problem.kind == "malformed" and not complete:
-                problem = Problem(
-                    "truncated final line (no newline, incomplete JSON); ignored",
+            row = decode(line)
+        except (msgspec.DecodeError, InputError, RecursionError) as error:
+            problem = _as_problem(error, line)
+            recovered = _after_cut(line, decode) if problem.kind == "malformed" else ()
+            if recovered or (problem.kind == "malformed" and _cut_off(line, problem)):
+                problem = replace(
+                    problem,
+                    message=(
+                        "truncated final line (no newline, incomplete JSON); ignored"
+                        if not complete
+                        else "truncated line (incomplete JSON, cut off mid-write and ended by "
+                        "a later write); ignored"
+                    ),
                     severity="warning",
                     kind="truncated",
                 )
-            pending = replace(problem, file=problem.file or file, line=problem.line or number)
-    if pending is not None:
-        report(InputError(pending), diagnostics)
+            report(
+                InputError(replace(problem, file=problem.file or file, line=number)), diagnostics
+            )
+            for row in recovered:
+                yield number, row
+            continue
+        yield number, row
 
 
-def _as_problem(error: msgspec.DecodeError | InputError) -> Problem:
+def _cut_off(line: bytes, problem: Problem) -> bool:
+    """Does the line's JSON stop short (rather than hold something wrong)?"""
+    if "truncated" in problem.message:
+        return True
+    at = _ERROR_BYTE.search(problem.message)
+    return at is not None and int(at.group(1)) >= len(line.rstrip())
+
+
+def _after_cut(line: bytes, decode: Callable[[bytes], Row]) -> tuple[Row] | tuple[()]:
+    """A whole row written straight after a cut one, on the same line; () when there is none."""
+    start = line.find(_LINE_START, 1) if line.startswith(b"{") else -1
+    while start > 0:
+        try:
+            return (decode(line[start:]),)
+        except (msgspec.DecodeError, InputError, RecursionError):
+            start = line.find(_LINE_START, start + 1)
+    return ()
+
+
+def _as_problem(error: msgspec.DecodeError | InputError | RecursionError, line: bytes) -> Problem:
     if isinstance(error, InputError):
         return error.problem
+    if isinstance(error, RecursionError):
+        return Problem("not valid JSON: nested too deeply to decode", kind="malformed")
     if isinstance(error, msgspec.ValidationError):
         return Problem(f"unexpected shape: {error}", kind="invalid")
-    return Problem(f"not valid JSON: {error}", kind="malformed")
+    return Problem(f"not valid JSON: {_cause(error, line)}", kind="malformed")
+
+
+def _cause(error: msgspec.DecodeError, line: bytes) -> str:
+    """msgspec's message, with the cause named where a common one explains it."""
+    if line.startswith(_BOM):
+        return "the line starts with a UTF-8 byte order mark (BOM); write the file without one"
+    at = _ERROR_BYTE.search(str(error))
+    if at is not None:
+        byte = int(at.group(1))
+        rest = line[byte - 1 if line[byte - 1 : byte] == b"-" else byte :]
+        literal = next((word for word in _NOT_JSON_NUMBERS if rest.startswith(word)), None)
+        if literal is not None:
+            return (
+                f"{literal.decode()} at byte {byte} is not a JSON number (Python's "
+                "json.dumps writes it unless allow_nan=False); write null or a finite number"
+            )
+    return str(error)
 
 
 def read_wire_episodes(
@@ -220,28 +281,101 @@ def encode_wire_episode(wire: WireEpisode) -> bytes:
     return episode_encoder.encode(wire) + b"\n"
 
 
-def _ends_mid_line(path: Path) -> bool:
-    """Does a plain file end without a newline (a write cut off by a crash)?"""
-    if path.suffix in (".gz", ".zst") or not path.is_file() or path.stat().st_size == 0:
-        return False
-    with path.open("rb") as existing:
-        existing.seek(-1, os.SEEK_END)
-        return existing.read(1) != b"\n"
+def _compressing(path: Path, raw: IO[bytes], mode: str) -> IO[bytes]:
+    """A writing stream over `raw`, compressed as `path`'s extension says."""
+    name = str(path)
+    if name.endswith(".gz"):
+        return gzip.GzipFile(filename=path.name, mode=mode, fileobj=raw)  # type: ignore[return-value]
+    if name.endswith(".zst"):
+        return zstd.ZstdFile(raw, mode=mode[0])  # type: ignore[return-value]
+    return raw
+
+
+def _end_cut_write(path: Path, raw: IO[bytes]) -> IO[bytes]:
+    """Make an existing file end whole before lines are appended to it; returns the locked
+    file to append to (a new one when the file had to be rewritten).
+
+    A plain file cut mid-line gets a newline, so the cut line stays a reported, truncated
+    line and the next line starts clean. A compressed file cut inside its last gzip member or
+    zstd frame cannot be continued: it is rewritten (beside it, then renamed into place) with
+    every byte that can still be decompressed, its cut line ended by a newline the same way.
+    """
+    if raw.tell() == 0:
+        return raw
+    if not str(path).endswith((".gz", ".zst")):
+        with path.open("rb") as existing:
+            existing.seek(-1, os.SEEK_END)
+            if existing.read(1) != b"\n":
+                raw.write(b"\n")
+        return raw
+    cut = False
+    try:
+        with open_binary(path) as stream:
+            while stream.read(1 << 20):
+                pass
+    except EOFError:
+        cut = True
+    except CompressedDataError as error:
+        raw.close()
+        raise InputError(
+            Problem(
+                f"cannot append: the file is damaged ({error}); what is appended after the "
+                "damage could never be read",
+                file=str(path),
+                kind="output",
+            )
+        ) from None
+    if not cut:
+        return raw
+    rewritten = NewFile(path)
+    try:
+        last = b"\n"
+        with open(rewritten.temp, "wb") as target, _compressing(path, target, "wb") as stream:
+            with contextlib.suppress(EOFError), open_binary(path) as source:
+                while chunk := source.read1(1 << 20):  # read1: no whole chunk lost at the cut
+                    stream.write(chunk)
+                    last = chunk[-1:]
+            if last != b"\n":
+                stream.write(b"\n")
+        rewritten.commit()
+    except BaseException:
+        rewritten.discard()
+        raise
+    raw.close()
+    return open_locked_append(path)
 
 
 class JsonlWriter:
-    """Appends whole lines; flushes after each and fsyncs on `sync()` (call it at batch ends).
+    """Writes whole JSON lines, flushed one by one; `sync()` makes them durable (call it at
+    batch ends), `close()` finishes the file.
 
-    A crash can lose at most the line being written, which a reader then reports as truncated.
+    A new file (the default) is written beside its target and moved into place by `close()`:
+    until then, and if the write fails or is killed, whatever was at the path stays as it was
+    (see `callgrove.formats.output`). With `append=True` lines go straight onto the end of the
+    file, held under an advisory lock so a second appender is refused: a crash there loses at
+    most the line being written, which readers then report as truncated, and the next append
+    first makes the file end whole.
     """
 
     def __init__(self, path: str | os.PathLike[str], append: bool = False):
         self.path = Path(path)
-        cut_line = append and _ends_mid_line(self.path)
-        self._stream = open_binary(self.path, "ab" if append else "wb")
         self.lines = 0
-        if cut_line:  # end the crashed write's partial line, so the next episode is whole
-            self._stream.write(b"\n")
+        self._new: NewFile | None = None
+        if append:
+            self._raw = _end_cut_write(self.path, open_locked_append(self.path))
+        else:
+            self._new = NewFile(self.path)
+            self._raw = open(self._new.temp, "wb")  # noqa: SIM115 - closed by close()
+        try:
+            self._stream = _compressing(self.path, self._raw, "ab" if append else "wb")
+        except BaseException:
+            self._abandon()
+            raise
+
+    @property
+    def written_path(self) -> Path:
+        """Where the lines are until `close()`: the temporary file of a new file."""
+        return self.path if self._new is None else self._new.temp
 
     def write_line(self, data: bytes) -> None:
         self._stream.write(data)
@@ -249,19 +383,38 @@ class JsonlWriter:
         self.lines += 1
 
     def sync(self) -> None:
-        self._stream.flush()
-        fileno = getattr(self._stream, "fileno", None)
-        if fileno is not None:
-            # Compressed streams may have no single descriptor to sync.
-            with contextlib.suppress(OSError, io.UnsupportedOperation):
-                os.fsync(fileno())
+        if not self._stream.closed:
+            self._stream.flush()
+        self._raw.flush()
+        os.fsync(self._raw.fileno())
 
     def close(self) -> None:
-        self.sync()
-        self._stream.close()
+        """Finish the file; a new file is moved into place now."""
+        if self._raw.closed:
+            return
+        try:
+            if self._stream is not self._raw:
+                self._stream.close()  # writes the compressed stream's end
+            self.sync()
+        except BaseException:
+            self._abandon()
+            raise
+        self._raw.close()
+        if self._new is not None:
+            self._new.commit()
+
+    def _abandon(self) -> None:
+        """Stop writing: a new file is removed, an appended one keeps its whole lines."""
+        with contextlib.suppress(OSError):
+            self._raw.close()
+        if self._new is not None:
+            self._new.discard()
 
     def __enter__(self) -> JsonlWriter:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, *rest: object) -> None:
+        if exc_type is None or self._new is None:
+            self.close()  # appended lines written so far are whole and stay
+        else:
+            self._abandon()

@@ -3,6 +3,7 @@ numpy in one concatenation, the file moved into place only when complete."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -28,6 +29,8 @@ from callgrove.episode.binary.schema import (
 )
 from callgrove.episode.provenance import gaps_to_json, join_spawn
 from callgrove.episode.record import TOKEN_DTYPE, Agent, Call, Episode
+from callgrove.formats.output import NewFile
+from callgrove.formats.problems import InputError, Problem
 from callgrove.formats.wire import WireError, WireRun
 
 _json_encoder = msgspec.json.Encoder()
@@ -165,7 +168,8 @@ class BinaryEpisodeWriter:
 
     Episodes are buffered and written a record batch (a Parquet row group) at a time; `sync()`
     closes the current batch. The file is written beside its final name and moved into place
-    by `close()`, so a crash leaves either the previous file or none, never a broken one.
+    by `close()`, so a failure or a crash leaves the previous file (or none), never a broken
+    one (see `callgrove.formats.output`).
     """
 
     def __init__(
@@ -185,20 +189,24 @@ class BinaryEpisodeWriter:
         self._batch_episodes = batch_episodes
         self._pending: list[Episode] = []
         self._pending_tokens = 0
-        self._partial = self.path.with_name(self.path.name + ".partial")
-        if self.path.suffix == PARQUET_SUFFIX:
-            # Token ids are near-random: dictionaries and min/max statistics cost time and
-            # save nothing; large pages keep the per-page work of decoding small.
-            self._writer: Any = pq.ParquetWriter(
-                self._partial,
-                SCHEMA,
-                compression=compression,
-                use_dictionary=False,
-                write_statistics=False,
-                data_page_size=PARQUET_PAGE_BYTES,
-            )
-        else:
-            self._writer = ipc.new_file(self._partial, SCHEMA)
+        self._new = NewFile(self.path)
+        try:
+            if self.path.suffix == PARQUET_SUFFIX:
+                # Token ids are near-random: dictionaries and min/max statistics cost time and
+                # save nothing; large pages keep the per-page work of decoding small.
+                self._writer: Any = pq.ParquetWriter(
+                    self._new.temp,
+                    SCHEMA,
+                    compression=compression,
+                    use_dictionary=False,
+                    write_statistics=False,
+                    data_page_size=PARQUET_PAGE_BYTES,
+                )
+            else:
+                self._writer = ipc.new_file(str(self._new.temp), SCHEMA)
+        except BaseException:
+            self._new.discard()
+            raise
 
     def write(self, episode: Episode) -> None:
         self._pending.append(episode)
@@ -211,7 +219,7 @@ class BinaryEpisodeWriter:
         """Write the buffered episodes as one batch."""
         if not self._pending:
             return
-        batch = episodes_to_batch(self._pending)
+        batch = _checked_batch(self._pending)
         if isinstance(self._writer, pq.ParquetWriter):
             self._writer.write_batch(batch, row_group_size=batch.num_rows)
         else:
@@ -220,9 +228,20 @@ class BinaryEpisodeWriter:
         self._pending_tokens = 0
 
     def close(self) -> None:
-        self.sync()
-        self._writer.close()
-        os.replace(self._partial, self.path)
+        """Write what is buffered and move the finished file into place."""
+        try:
+            self.sync()
+            self._writer.close()
+        except BaseException:
+            self.discard()
+            raise
+        self._new.commit()
+
+    def discard(self) -> None:
+        """Stop without touching the target: the partly written file is removed."""
+        with contextlib.suppress(Exception):
+            self._writer.close()
+        self._new.discard()
 
     def __enter__(self) -> BinaryEpisodeWriter:
         return self
@@ -230,9 +249,28 @@ class BinaryEpisodeWriter:
     def __exit__(self, exc_type: object, *rest: object) -> None:
         if exc_type is None:
             self.close()
-        else:  # leave no half-written file behind
-            self._writer.close()
-            self._partial.unlink(missing_ok=True)
+        else:  # leave no half-written file behind, and the target as it was
+            self.discard()
+
+
+def _checked_batch(episodes: list[Episode]) -> pa.RecordBatch:
+    """`episodes_to_batch`, with a value the columns cannot hold (an integer past 64 bits, say)
+    reported as an `InputError` naming its episode."""
+    try:
+        return episodes_to_batch(episodes)
+    except (pa.ArrowException, OverflowError, TypeError, ValueError):
+        culprit = episodes[0].id
+        for episode in episodes:
+            try:
+                episodes_to_batch([episode])
+            except (pa.ArrowException, OverflowError, TypeError, ValueError) as found:
+                culprit, error = episode.id, found
+                break
+        raise InputError(
+            Problem(
+                f"cannot be written in the binary form: {error}", episode=culprit, kind="invalid"
+            )
+        ) from None
 
 
 def write_binary_episodes(

@@ -1,0 +1,123 @@
+"""Files callgrove writes: a new file appears whole or not at all; an appended file has one
+writer at a time.
+
+A new file is written under a unique temporary name beside its target and renamed onto it only
+once complete, so a failed or killed write leaves whatever was there before untouched, two
+writers of one target never mix their bytes, and a file can be rewritten from itself
+(`save(p, load(p))`). Appending is for logs that must survive a crash line by line: the file is
+held under an advisory lock (`flock`) for as long as it is open, so a second appender is
+refused instead of interleaving lines.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import tempfile
+from pathlib import Path
+from typing import IO
+
+from callgrove.formats.problems import InputError, Problem
+
+# Files are created with the permissions a plain `open` would give them.
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
+
+def output_error(path: str | os.PathLike[str], error: OSError | str) -> InputError:
+    """An `InputError` for a path that cannot be written, saying why in words."""
+    reason = error if isinstance(error, str) else (error.strerror or str(error))
+    if isinstance(error, OSError) and error.errno == errno.ENOENT:
+        reason = "its folder does not exist"
+    elif isinstance(error, OSError) and error.errno in (errno.EISDIR, errno.ENOTDIR):
+        reason = "it is a folder" if error.errno == errno.EISDIR else "a part of it is not a folder"
+    return InputError(Problem(f"cannot write: {reason}", file=str(path), kind="output"))
+
+
+class NewFile:
+    """A file being written under a temporary name beside `path`; `commit()` moves it into
+    place, `discard()` removes it. Nothing at `path` changes before `commit()`."""
+
+    def __init__(self, path: str | os.PathLike[str]):
+        self.path = Path(path)
+        if self.path.is_dir():
+            raise output_error(self.path, "it is a folder")
+        try:
+            handle, name = tempfile.mkstemp(
+                prefix=f".{self.path.name}.", suffix=".partial", dir=self.path.parent
+            )
+        except OSError as error:
+            raise output_error(self.path, error) from None
+        os.close(handle)
+        os.chmod(name, 0o666 & ~_UMASK)
+        self.temp = Path(name)
+
+    def commit(self) -> None:
+        """Make the written file durable and move it onto its target in one step."""
+        with open(self.temp, "rb+") as written:
+            os.fsync(written.fileno())
+        try:
+            os.replace(self.temp, self.path)
+        except OSError as error:
+            self.discard()
+            raise output_error(self.path, error) from None
+        with contextlib.suppress(OSError):  # make the rename itself durable where possible
+            folder = os.open(self.path.parent, os.O_RDONLY)
+            try:
+                os.fsync(folder)
+            finally:
+                os.close(folder)
+
+    def discard(self) -> None:
+        self.temp.unlink(missing_ok=True)
+
+
+def open_locked_append(path: str | os.PathLike[str]) -> IO[bytes]:
+    """Open `path` for appending (created if missing) under an exclusive advisory lock.
+
+    Raises `InputError` when another process holds the lock (it is appending right now) or the
+    path cannot be written. The lock lasts until the returned file is closed.
+    """
+    while True:
+        try:
+            raw = open(path, "ab")  # noqa: SIM115 - the caller owns and closes it
+        except OSError as error:
+            raise output_error(path, error) from None
+        try:
+            fcntl.flock(raw.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raw.close()
+            raise InputError(
+                Problem(
+                    "cannot append: another process is writing to it (it holds its lock)",
+                    file=str(path),
+                    kind="output",
+                )
+            ) from None
+        # The file may have been replaced (rewritten whole) while we waited: lock the one
+        # that is at `path` now.
+        try:
+            if os.stat(path).st_ino == os.fstat(raw.fileno()).st_ino:
+                return raw
+        except FileNotFoundError:
+            pass
+        raw.close()
+
+
+def refuse_overwriting(output: Path, inputs: list[Path]) -> None:
+    """Raise `InputError` when `output` is one of `inputs` (writing it would read and replace
+    the same file at once)."""
+    if not output.exists():
+        return
+    for source in inputs:
+        with contextlib.suppress(OSError):
+            if source.exists() and os.path.samefile(source, output):
+                raise InputError(
+                    Problem(
+                        "is an input of this command too; write the output to another file",
+                        file=str(output),
+                        kind="output",
+                    )
+                )

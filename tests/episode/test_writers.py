@@ -1,0 +1,198 @@
+"""Every writer: a new file appears whole or not at all, appends have one writer at a time,
+and appending after a crash keeps every episode written before it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from callgrove.episode import EpisodeWriter, load, open_writer, save
+from callgrove.formats import Diagnostics, InputError
+
+from .helpers import healthy
+
+SUFFIXES = [".jsonl", ".jsonl.gz", ".jsonl.zst", ".parquet", ".arrow"]
+LINE_SUFFIXES = [".jsonl", ".jsonl.gz", ".jsonl.zst"]
+
+
+def _ids(path: Path) -> list[str]:
+    diagnostics = Diagnostics()
+    ids = [e.id for e in load(path, diagnostics)]
+    assert not diagnostics.errors, diagnostics.errors
+    return ids
+
+
+@pytest.mark.parametrize("suffix", SUFFIXES)
+def test_saving_a_file_onto_itself_keeps_its_episodes(tmp_path, suffix):
+    path = tmp_path / f"traces{suffix}"
+    save(path, [healthy(f"e{i}") for i in range(3)])
+    assert save(path, load(path)) == 3
+    assert _ids(path) == ["e0", "e1", "e2"]
+
+
+@pytest.mark.parametrize("suffix", SUFFIXES)
+def test_failed_write_leaves_the_earlier_file_and_no_temporary(tmp_path, suffix):
+    path = tmp_path / f"traces{suffix}"
+    save(path, [healthy("before")])
+    before = path.read_bytes()
+
+    def failing():
+        yield healthy("new")
+        raise RuntimeError("the source broke")
+
+    with pytest.raises(RuntimeError):
+        save(path, failing())
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]
+
+
+@pytest.mark.parametrize("suffix", SUFFIXES)
+def test_two_writers_of_one_target_never_mix(tmp_path, suffix):
+    path = tmp_path / f"traces{suffix}"
+    first, second = open_writer(path), open_writer(path)
+    for index in range(3):
+        first.write(healthy(f"a{index}"))
+        second.write(healthy(f"b{index}"))
+    first.close()
+    assert _ids(path) == ["a0", "a1", "a2"]
+    second.close()
+    assert _ids(path) == ["b0", "b1", "b2"]  # the last finished wins, whole
+
+
+@pytest.mark.parametrize("suffix", LINE_SUFFIXES)
+def test_a_second_appender_is_refused_while_the_first_holds_the_file(tmp_path, suffix):
+    path = tmp_path / f"traces{suffix}"
+    with EpisodeWriter(path, append=True) as writer:
+        writer.write(healthy("a0"))
+        with pytest.raises(InputError, match="another process is writing"):
+            EpisodeWriter(path, append=True)
+        writer.write(healthy("a1"))
+    with EpisodeWriter(path, append=True) as writer:  # free again once closed
+        writer.write(healthy("a2"))
+    assert _ids(path) == ["a0", "a1", "a2"]
+
+
+@pytest.mark.parametrize("bad", ["missing/traces", "folder"])
+@pytest.mark.parametrize("suffix", SUFFIXES)
+def test_unwritable_output_is_an_input_error(tmp_path, bad, suffix):
+    (tmp_path / "folder").mkdir()
+    target = tmp_path / bad if bad == "folder" else tmp_path / f"{bad}{suffix}"
+    with pytest.raises(InputError, match="cannot write"):
+        save(target, [healthy()])
+
+
+def test_integer_the_binary_form_cannot_hold_names_its_episode(tmp_path):
+    path = tmp_path / "traces.parquet"
+    save(path, [healthy("earlier")])
+    big = healthy("big")
+    big.agents[0].calls[0].seq = 2**64
+    with pytest.raises(InputError) as raised:
+        save(path, [healthy("fine"), big])
+    assert raised.value.problem.episode == "big"
+    assert _ids(path) == ["earlier"]
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]
+
+
+@pytest.mark.parametrize("suffix", [".jsonl.gz", ".jsonl.zst"])
+def test_appending_to_a_compressed_file_cut_by_a_crash_keeps_every_whole_line(tmp_path, suffix):
+    path = tmp_path / f"traces{suffix}"
+    with EpisodeWriter(path, append=True) as writer:
+        for index in range(5):
+            writer.write(healthy(f"a{index}"))
+    data = path.read_bytes()
+    path.write_bytes(data[:-6])  # the crash: the stream's end never written
+    diagnostics = Diagnostics()
+    survivors = [e.id for e in load(path, diagnostics)]
+    assert survivors == [f"a{i}" for i in range(len(survivors))]
+    with EpisodeWriter(path, append=True) as writer:
+        writer.write(healthy("after"))
+    diagnostics = Diagnostics()
+    assert [e.id for e in load(path, diagnostics)] == [*survivors, "after"]
+    assert not diagnostics.errors
+
+
+# A writer run in its own process, killed with SIGKILL while it writes.
+_WRITER = """
+import sys
+import numpy as np
+sys.path.insert(0, sys.argv[3])
+from helpers import healthy
+from callgrove.episode import EpisodeWriter, open_writer
+path, append = sys.argv[1], sys.argv[2] == "append"
+writer = EpisodeWriter(path, append=True) if append else open_writer(path)
+index = 0
+while True:
+    episode = healthy(f"w{index}")
+    call = episode.agents[0].calls[0]
+    call.completion_ids = np.arange(1, 4000, dtype=np.int32)  # lines worth cutting mid-write
+    call.logprobs = None
+    writer.write(episode)
+    if append:
+        writer.sync()  # durable: from here on this episode must survive
+        print(episode.id, flush=True)
+    index += 1
+"""
+
+
+def _run_and_kill(path: Path, append: bool, after: int) -> list[str]:
+    """Start a writer, let it write `after` durable episodes (or run a moment), SIGKILL it."""
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            _WRITER,
+            str(path),
+            "append" if append else "new",
+            str(Path(__file__).parent),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    durable: list[str] = []
+    assert process.stdout is not None
+    if append:
+        while len(durable) < after:
+            durable.append(process.stdout.readline().strip())
+    else:
+        time.sleep(1.5)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    return durable
+
+
+@pytest.mark.parametrize("suffix", LINE_SUFFIXES)
+def test_sigkilled_appender_then_appended_to_keeps_every_durable_episode_once(tmp_path, suffix):
+    path = tmp_path / f"traces{suffix}"
+    save(path, [healthy("before")])
+    durable = _run_and_kill(path, append=True, after=25)
+    with EpisodeWriter(path, append=True) as writer:
+        writer.write(healthy("after"))
+    diagnostics = Diagnostics()
+    ids = [e.id for e in load(path, diagnostics)]
+    assert not diagnostics.errors, diagnostics.errors
+    assert len(ids) == len(set(ids))  # each once
+    assert ids[0] == "before" and ids[-1] == "after"
+    assert ids[1 : 1 + len(durable)] == durable  # every synced episode, in order
+    assert all(p.kind == "truncated" for p in diagnostics.problems)
+
+
+@pytest.mark.parametrize("suffix", SUFFIXES)
+def test_sigkilled_new_file_write_leaves_the_earlier_file_whole(tmp_path, suffix):
+    path = tmp_path / f"traces{suffix}"
+    save(path, [healthy("before-0"), healthy("before-1")])
+    _run_and_kill(path, append=False, after=0)
+    assert _ids(path) == ["before-0", "before-1"]
+    if suffix in LINE_SUFFIXES:  # then appended to: the earlier episodes, once, then the new
+        with EpisodeWriter(path, append=True) as writer:
+            writer.write(healthy("after"))
+        assert _ids(path) == ["before-0", "before-1", "after"]
+    else:  # a binary file is written anew: the leftover temporary is no obstacle
+        save(path, [*load(path), healthy("after")])
+        assert _ids(path) == ["before-0", "before-1", "after"]
