@@ -24,6 +24,7 @@ from callgrove.episode.codec import share_histories
 from callgrove.episode.io import EpisodeWriter, read_located_episodes
 from callgrove.episode.record import Episode
 from callgrove.formats.jsonl import iter_lines
+from callgrove.formats.output import output_error
 from callgrove.formats.problems import Diagnostics
 
 JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".json", ".gz", ".zst")
@@ -176,6 +177,8 @@ def open_writer(
     """A streaming writer for the form `format` names or the path tells: `write(episode)`,
     `sync()` at batch boundaries, `close()` (or a `with` block). A file is only sniffed when
     appended to: a new one takes callgrove's form for its name."""
+    if format is None and Path(path).is_dir():
+        raise output_error(path, "it is a folder")
     form = format_for(path, format, sniff=append)
     if form.open_writer is None:
         raise ValueError(f"{path}: episodes cannot be written as {form.name}")
