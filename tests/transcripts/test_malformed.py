@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from callgrove.cli import app
@@ -12,6 +14,7 @@ from callgrove.transcripts import ImportReport, Renderer, import_claude_code, im
 
 from .helpers import (
     CODEX_SMALL,
+    FLAT,
     FLAT_DIR,
     KIMUSON,
     assert_every_line_accounted,
@@ -101,15 +104,87 @@ def test_subagent_file_without_its_session_and_a_missing_path(tmp_path):
     ]
 
 
-def test_a_file_of_the_other_harness_is_named_and_skipped():
+def test_a_file_of_the_other_harness_is_an_error_with_a_hint():
     report = ImportReport()
     assert import_codex(KIMUSON, report) == []
-    (warning,) = report.diagnostics.problems
-    assert (warning.file, warning.severity) == (str(KIMUSON), "warning")
-    assert "not a Codex rollout" in warning.message
+    (error,) = report.diagnostics.problems
+    assert (error.file, error.severity) == (str(KIMUSON), "error")
+    assert error.message == (
+        "not a Codex rollout: this is a Claude Code session; "
+        "import it with `callgrove import claude-code`"
+    )
     assert_every_line_accounted(report)
     report = ImportReport()
-    (transcript,) = import_claude_code(CODEX_SMALL, report)
-    assert list(transcript.calls()) == []
-    assert "not a Claude Code session" in report.diagnostics.warnings[0].message
+    assert import_claude_code(CODEX_SMALL, report) == []
+    (error,) = report.diagnostics.problems
+    assert error.severity == "error" and error.message == (
+        "not a Claude Code session: this is a Codex rollout; import it with `callgrove import codex`"
+    )
     assert_every_line_accounted(report)
+
+
+NOT_TRANSCRIPTS = {
+    "LICENSE.jsonl": (
+        b"MIT License\n\nPermission is hereby granted, free of charge\n",
+        "not JSON Lines",
+    ),
+    "picture.jsonl": (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00", "a binary file"),
+    "numbers.jsonl": (b'{"a": 1}\n{"b": 2}\n', "JSON Lines of another kind"),
+    "empty.jsonl": (b"\n\n", "empty"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(NOT_TRANSCRIPTS))
+@pytest.mark.parametrize("importer", [import_claude_code, import_codex])
+def test_a_file_that_is_no_transcript_is_an_error_and_no_episode(tmp_path, name, importer):
+    data, says = NOT_TRANSCRIPTS[name]
+    path = tmp_path / name
+    path.write_bytes(data)
+    report = ImportReport()
+    assert importer(path, report) == []  # no episode, so no stand-in agent
+    (error,) = report.diagnostics.errors
+    assert error.file == str(path) and says in error.message
+    assert_every_line_accounted(report)
+
+
+def test_an_episode_file_given_to_an_importer_says_what_it_is(tmp_path):
+    path = tmp_path / "episodes.jsonl"
+    shutil.copy(Path(__file__).parents[2] / "examples" / "login_group.jsonl", path)
+    for importer in (import_claude_code, import_codex):
+        report = ImportReport()
+        assert importer(path, report) == []
+        (error,) = report.diagnostics.errors
+        assert "this is a callgrove episode file" in error.message
+        assert "`callgrove rows`" in error.message
+
+
+def test_a_session_without_model_responses_is_no_episode(tmp_path):
+    path = tmp_path / "s.jsonl"
+    line = {
+        "type": "user",
+        "uuid": "u1",
+        "parentUuid": None,
+        "sessionId": "s",
+        "message": {"role": "user", "content": "hello"},
+    }
+    path.write_text(json.dumps(line) + "\n")
+    report = ImportReport()
+    assert import_claude_code(path, report) == []
+    (warning,) = report.diagnostics.warnings
+    assert "no model response" in warning.message
+
+
+def test_a_missing_subagent_file_is_a_gap_with_a_warning(tmp_path):
+    shutil.copy(FLAT, tmp_path)
+    report = ImportReport()
+    (transcript,) = import_claude_code(tmp_path / FLAT.name, report)
+    (gap,) = transcript.gaps
+    assert (gap.kind, gap.agent) == ("subagent_file_missing", "agent-ea02459f")
+    spawner = next(c for c in transcript.calls() if c.id == gap.call)
+    assert any(t.name in ("Task", "Agent") for t in spawner.response.tool_calls)
+    (warning,) = report.diagnostics.warnings
+    assert "agent-ea02459f.jsonl was not found" in warning.message
+    # with the file beside it, the same session has the subagent and no gap
+    shutil.copy(FLAT_DIR / "agent-ea02459f.jsonl", tmp_path)
+    (transcript,) = import_claude_code(tmp_path / FLAT.name, ImportReport())
+    assert transcript.gaps == [] and len(transcript.agents) == 2

@@ -31,7 +31,15 @@ from typing import Any
 import orjson
 
 from callgrove.episode import Gap, Spawn
-from callgrove.transcripts.ledger import ImportReport, Line, collector_paused, read_json_lines
+from callgrove.transcripts.ledger import (
+    CLAUDE_CODE,
+    ImportReport,
+    Line,
+    collector_paused,
+    read_json_lines,
+    refuse_file,
+    sniff,
+)
 from callgrove.transcripts.model import (
     Message,
     ToolCall,
@@ -248,6 +256,7 @@ class Unit:
     first_prompt: str | None = None
     spawns: list[tuple[TranscriptCall, ToolCall]] = field(default_factory=list)
     results: dict[str, tuple[str, str | None]] = field(default_factory=dict)  # agentId -> use
+    failed_uses: set[str] = field(default_factory=set)  # tool calls whose result is an error
     copied_responses: int = 0  # responses of earlier agents its history repeats (a fork)
 
 
@@ -408,6 +417,7 @@ class UnitBuilder:
                 return
             self.turns[i] = extend(before, messages)
             self._note_result(data)
+            self.unit.failed_uses.update(m.tool_call_id or "" for m in messages if m.is_error)
             if self.unit.first_prompt is None and messages[-1].role == "user":
                 self.unit.first_prompt = messages[-1].text
             self.report.use(line, "message")
@@ -583,10 +593,21 @@ def import_claude_code(
     """Every session under `path` (a session file or a project folder), with its subagents."""
     report = report if report is not None else ImportReport()
     with collector_paused():
-        return [_session(files, report) for files in find_sessions(path, report)]
+        sessions = [_session(files, report) for files in find_sessions(path, report)]
+    return [s for s in sessions if s is not None]
 
 
-def _session(files: SessionFiles, report: ImportReport) -> Transcript:
+def _is_session_file(path: Path, report: ImportReport) -> bool:
+    found = sniff(path)
+    if found != CLAUDE_CODE:
+        refuse_file(path, CLAUDE_CODE, found, report)
+    return found == CLAUDE_CODE
+
+
+def _session(files: SessionFiles, report: ImportReport) -> Transcript | None:
+    if not _is_session_file(files.main, report):
+        return None
+    files.subagents = [(p, how) for p, how in files.subagents if _is_session_file(p, report)]
     main_lines = list(read_json_lines(files.main, report))
     session_id = next(
         (ln.data["sessionId"] for ln in main_lines if isinstance(ln.data.get("sessionId"), str)),
@@ -596,14 +617,19 @@ def _session(files: SessionFiles, report: ImportReport) -> Transcript:
     for rank, (path, layout) in enumerate(files.subagents, start=1):
         units.append(_file_unit(path, layout, rank, report))
     responses: set[str] = set()
-    for path in [files.main, *(p for p, _ in files.subagents)]:
-        _check_looks_like_claude(path, units, report)
     for unit in units:
         UnitBuilder(unit, report, responses).build()
         responses.update(
             c.content["message_id"] for c in unit.agent.calls if c.content.get("message_id")
         )
-    gaps = _link(units)
+    if not any(unit.agent.calls for unit in units):
+        report.problem(
+            "no model response in this session: nothing to train on, no episode written",
+            str(files.main),
+            severity="warning",
+        )
+        return None
+    gaps = _link(units, report)
     leader = units[0].agent
     others = sorted(
         (u.agent for u in units[1:]), key=lambda a: a.calls[0].order if a.calls else (1e300,)
@@ -626,17 +652,6 @@ def _session(files: SessionFiles, report: ImportReport) -> Transcript:
             ),
         },
     )
-
-
-def _check_looks_like_claude(path: Path, units: list[Unit], report: ImportReport) -> None:
-    """A file none of whose lines has a `uuid` is not a Claude Code transcript: say so once."""
-    lines = [ln for unit in units for ln in unit.lines if ln.file == str(path)]
-    if lines and not any(isinstance(ln.data.get("uuid"), str) for ln in lines):
-        report.problem(
-            "no line has a uuid: not a Claude Code session; nothing in it is a message",
-            str(path),
-            severity="warning",
-        )
 
 
 def _split_main(lines: list[Line]) -> list[Unit]:
@@ -704,7 +719,7 @@ def _file_unit(path: Path, layout: str, rank: int, report: ImportReport) -> Unit
     return Unit(agent, lines, rank, layout, claude_agent_id=claude_id)
 
 
-def _link(units: list[Unit]) -> list[dict[str, Any]]:
+def _link(units: list[Unit], report: ImportReport) -> list[Gap]:
     """Each subagent's parent agent and spawning call; unlinkable ones become gaps."""
     spawns = [(call, tool) for unit in units for call, tool in unit.spawns]
     by_use_id = {tool.id: (call, tool) for call, tool in spawns if tool.id}
@@ -755,6 +770,7 @@ def _link(units: list[Unit]) -> list[dict[str, Any]]:
             link=how,
             description=description if isinstance(description, str) else None,
         )
+    gaps += _missing_subagents(units, spawns, claimed, report)
     return gaps
 
 
@@ -769,3 +785,45 @@ def _start_of(
     if copied or arguments.get("subagent_type") == "fork" or extra.get("fork") is True:
         return "fork"
     return "fresh"
+
+
+def _missing_subagents(
+    units: list[Unit],
+    spawns: list[tuple[TranscriptCall, ToolCall]],
+    claimed: set[int],
+    report: ImportReport,
+) -> list[Gap]:
+    """Spawn calls whose subagent has no transcript among the files read: gaps and warnings."""
+    present = {u.claude_agent_id for u in units if u.claude_agent_id}
+    named = {use_id: agent for u in units for agent, (use_id, _) in u.results.items()}
+    failed = {use_id for u in units for use_id in u.failed_uses}
+    # an unlinked subagent may be the one an unnamed spawn started: its own gap says so
+    unlinked = any(u.agent.spawn is None for u in units[1:])
+    gaps: list[Gap] = []
+    for call, tool in spawns:
+        if id(tool) in claimed or tool.id in failed:  # a failed spawn started no subagent
+            continue
+        agent = named.get(tool.id)
+        if (agent is not None and agent in present) or (agent is None and unlinked):
+            continue
+        if agent is not None:
+            kind = "subagent_file_missing"
+            reason = (
+                f"the call started subagent {agent!r}, whose file agent-{agent}.jsonl was not "
+                "found beside the session or under its subagents folder: its calls are lost"
+            )
+        else:
+            kind = "subagent_transcript_missing"
+            reason = "the call started a subagent whose transcript is not among the files read"
+        file = call.content.get("source", {}).get("file")
+        gaps.append(
+            Gap(
+                kind=kind,
+                agent=None if agent is None else f"agent-{agent}",
+                call=call.id,
+                file=file,
+                reason=reason,
+            )
+        )
+        report.problem(f"{call.id}: {reason}", file, severity="warning")
+    return gaps

@@ -22,7 +22,15 @@ from typing import Any
 import orjson
 
 from callgrove.episode import Gap, Spawn
-from callgrove.transcripts.ledger import ImportReport, Line, collector_paused, read_json_lines
+from callgrove.transcripts.ledger import (
+    CODEX,
+    ImportReport,
+    Line,
+    collector_paused,
+    read_json_lines,
+    refuse_file,
+    sniff,
+)
 from callgrove.transcripts.model import (
     Message,
     ToolCall,
@@ -190,6 +198,10 @@ class RolloutReader:
         self.copied = False  # the pending response is a repeated one (history, not a call)
 
     def read(self, path: Path, rank: int) -> None:
+        found = sniff(path)
+        if found != CODEX:
+            refuse_file(path, CODEX, found, self.report)
+            return
         lines = list(read_json_lines(path, self.report))
         self.rank, self.thread, self.time, self.last_call = rank, None, 0.0, None
         self.copying_from = None

@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 
 from callgrove.formats.jsonl import iter_lines
-from callgrove.formats.problems import Diagnostics, Problem
+from callgrove.formats.problems import Diagnostics, InputError, Problem
 
 
 @dataclass(slots=True)
@@ -102,6 +102,72 @@ def read_json_lines(path: str | os.PathLike[str], report: ImportReport) -> Itera
             report.problem(f"expected a JSON object, found {type(data).__name__}", file, number)
             continue
         yield Line(file, number, data)
+
+
+CLAUDE_CODE = "Claude Code session"
+CODEX = "Codex rollout"
+EPISODES = "callgrove episode file"
+_CLAUDE_KEYS = frozenset({"uuid", "parentUuid", "sessionId", "leafUuid"})
+_CODEX_TYPES = frozenset(
+    {"session_meta", "response_item", "turn_context", "event_msg", "compacted"}
+)
+_HINTS = {
+    CLAUDE_CODE: "import it with `callgrove import claude-code`",
+    CODEX: "import it with `callgrove import codex`",
+    EPISODES: "it is already episodes: give it to `callgrove rows`, `show` or `convert`",
+}
+_SNIFF_BYTES = 1 << 16
+
+
+def sniff(path: str | os.PathLike[str]) -> str:
+    """What a file holds, judged from its first lines: one of the kinds above, else a phrase
+    saying what it is not (binary, not JSON Lines, JSON of another kind, empty)."""
+    try:
+        with open(path, "rb") as stream:
+            head = stream.read(_SNIFF_BYTES)
+    except OSError as error:
+        return f"unreadable ({error.strerror or error})"
+    if not head.strip():
+        return "empty"
+    if b"\0" in head:
+        return "a binary file (not text)"
+    objects = []
+    for raw in head.splitlines()[:50]:
+        try:
+            value = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(value, dict):
+            objects.append(value)
+    if not objects:
+        return "not JSON Lines (no line is a JSON object)"
+    for value in objects:
+        if str(value.get("format", "")).startswith("callgrove.episode"):
+            return EPISODES
+        if value.get("type") in _CODEX_TYPES and isinstance(value.get("payload"), dict):
+            return CODEX
+        if _CLAUDE_KEYS & value.keys():
+            return CLAUDE_CODE
+    return "JSON Lines of another kind (neither a Claude Code session nor a Codex rollout)"
+
+
+def refuse_file(
+    path: str | os.PathLike[str], expected: str, found: str, report: ImportReport
+) -> None:
+    """Report a file that is not an `expected` transcript as an error with a hint; every line
+    it has is skipped with that reason, so none goes unaccounted."""
+    hint = _HINTS.get(found)
+    what = f"a {found}" if found in _HINTS else found
+    message = f"not a {expected}: this is {what}" + (f"; {hint}" if hint else "")
+    report.problem(message, str(path))
+    report.lines_read[str(path)] += 0  # read, even when it has no line
+    try:
+        lines = list(iter_lines(path))
+    except (OSError, InputError):
+        return
+    for number, _, _ in lines:
+        report.lines_read[str(path)] += 1
+        report.skip(Line(str(path), number, {}), f"not a {expected} ({found})")
 
 
 @contextmanager
