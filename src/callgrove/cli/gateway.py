@@ -66,21 +66,32 @@ def serve_policy(
     host: Host = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="Port (0 picks a free one).")] = 8000,
     token: Annotated[list[str] | None, typer.Option("--token", help=TOKEN_HELP)] = None,
+    weights: Annotated[
+        Path | None, typer.Option("--weights", help="State dict of the reference decoder.")
+    ] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the reference decoder.")] = 0,
 ) -> None:
     """Serve a policy on an OpenAI-compatible API with vLLM's token extras."""
     from callgrove.gateway.script import Script, ScriptedPolicy
-    from callgrove.gateway.serve import PolicyServer
+    from callgrove.gateway.serve import PolicyServer, reference_policy
     from callgrove.gateway.web import serve
 
     chat = _chat(tokenizer, template, parser)
-    if script is None:
+    if (script is None) == (model is None):
+        err.print("error: give either --script FILE or --model tiny")
+        raise typer.Exit(EXIT_USAGE)
+    if model is not None and model != "tiny":
         err.print(
-            "error: give --script FILE (the model backends plug in with --model when present)"
+            f"error: unknown model {model!r}; serve-policy knows `tiny` (the reference decoder)"
         )
         raise typer.Exit(EXIT_USAGE)
     try:
-        policy = ScriptedPolicy(Script.load(script), chat)
-    except InputError as error:
+        policy = (
+            ScriptedPolicy(Script.load(script), chat)
+            if script is not None
+            else reference_policy(chat, seed, str(weights) if weights else None)
+        )
+    except (InputError, OSError, RuntimeError) as error:
         err.print(f"error: {error}")
         raise typer.Exit(EXIT_USAGE) from None
     server = PolicyServer(policy, chat, model or "policy", _tokens(token, "CALLGROVE_TOKEN"))

@@ -294,3 +294,24 @@ class PolicyServer:
         if chat_request.stream:
             return sse_response(reply_events(chat_request, reply))
         return json_response(reply_json(chat_request, reply))
+
+
+def reference_policy(chat: Chat, seed: int = 0, weights: str | None = None) -> PolicyClient:
+    """The reference decoder (`TinyDecoder`) over the chat format's vocabulary, KV-cache sampled.
+
+    Without `weights` (a torch state dict file) it samples from its seeded initial weights:
+    random text, but real sampling with real log-probabilities.
+    """
+    import torch
+
+    from callgrove.policy.local import LocalSampler
+    from callgrove.train import TinyConfig, TinyDecoder
+
+    vocab = chat.format.tokenizer.vocab_size  # type: ignore[attr-defined]
+    if callable(vocab):  # Hugging Face tokenizers: a method
+        vocab = vocab()
+    torch.manual_seed(seed)
+    model = TinyDecoder(TinyConfig(vocab_size=int(vocab), d_model=64, n_heads=4, d_ff=128))
+    if weights is not None:
+        model.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
+    return LocalSampler(model, seed)

@@ -1,0 +1,61 @@
+"""serve-policy and the gateway over the reference decoder: real sampling, real log-probabilities."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+
+from callgrove.episode import read_episodes
+from callgrove.gateway.chat import Chat
+from callgrove.gateway.serve import reference_policy
+from callgrove.rows import build_rows, check_rows
+
+from .helpers import gateway_client, policy_client
+
+
+def test_reference_decoder_serves_completions_with_token_extras():
+    async def go():
+        async with policy_client(reference_policy(Chat.builtin(), seed=3)) as client:
+            prompt = Chat.builtin().render([]).tolist()
+            body = {"prompt": prompt, "max_tokens": 12, "logprobs": 0, "temperature": 1.0}
+            return (await client.post("/v1/completions", json=body)).json()
+
+    payload = asyncio.run(go())
+    choice = payload["choices"][0]
+    logprobs = choice["logprobs"]["token_logprobs"]
+    assert 1 <= len(choice["token_ids"]) <= 12 and len(logprobs) == len(choice["token_ids"])
+    assert all(np.isfinite(v) and v <= 0 for v in logprobs)
+    assert all(0 <= t < 258 for t in choice["token_ids"])
+    assert choice["finish_reason"] in ("stop", "length") and payload["policy_version"] == 0
+
+
+def test_gateway_records_what_the_reference_decoder_sampled(tmp_path):
+    async def go():
+        policy = reference_policy(Chat.builtin(), seed=5)
+        _, client = gateway_client(policy, tmp_path / "ledger", max_tokens=16)
+        async with client:
+            body = {"model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
+            answers = await asyncio.gather(
+                *(
+                    client.post(
+                        "/e/ref/v1/messages", json=body, headers={"x-callgrove-agent": f"a{i}"}
+                    )
+                    for i in range(4)
+                )
+            )
+            closed = await client.post("/e/ref/close", json={"rewards": {"r": 0.0}})
+            return answers, closed.json()
+
+    answers, record = asyncio.run(go())
+    assert all(a.status_code == 200 for a in answers)
+    calls = [c for agent in record["agents"] for c in agent["calls"]]
+    assert len(calls) == 4
+    for call in calls:
+        assert len(call["logprobs"]) == len(call["completion_ids"]) <= 16
+        assert all(v <= 0 for v in call["logprobs"])
+    episode = next(read_episodes(tmp_path / "ledger" / "episodes.jsonl"))
+    assert check_rows(build_rows(episode)).ok
+    assert sum(a.json()["usage"]["output_tokens"] for a in answers) == sum(
+        len(c["completion_ids"]) for c in calls
+    )
