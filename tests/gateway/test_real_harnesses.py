@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from callgrove.gateway.harness import run_harness
 from callgrove.gateway.ledger import EPISODES_FILE
 
@@ -141,4 +143,154 @@ def test_codex_leader_turns_through_the_responses_api(tmp_path):
     (leader,) = run.record["agents"]
     assert (leader["start"], leader["parent"], len(leader["calls"])) == ("root", None, 1)
     assert leader["calls"][0]["logprobs"] and leader["calls"][0]["policy_version"] == 0
+    check_cli(ledger)
+
+
+def gateway_for(tmp_path: Path, rules: list[dict], default: str):
+    """serve-policy --script and a gateway in front of it, as a context of (gateway URL, ledger)."""
+    from contextlib import ExitStack, contextmanager
+
+    @contextmanager
+    def both():
+        script = write_script(tmp_path / "script.json", rules, default=default)
+        ledger = tmp_path / "ledger"
+        with ExitStack() as stack:
+            _, upstream = stack.enter_context(
+                server_process("serve-policy", "--script", str(script))
+            )
+            _, gateway = stack.enter_context(
+                server_process("gateway", "--upstream", upstream, "--ledger", str(ledger))
+            )
+            yield gateway, ledger
+
+    return both()
+
+
+def test_claude_code_compaction_continues_then_restarts_the_tree(tmp_path):
+    rules = [
+        {"when": "This session is being continued", "reply": "after compaction", "in": "prompt"},
+        {"when": "START-ONE", "reply": "first answer"},
+    ]
+    with gateway_for(tmp_path, rules, "<summary>SUMMARY: the user said START-ONE</summary>") as (
+        gateway,
+        ledger,
+    ):
+        runs = tmp_path / "runs"
+        common = {"cli": cli("claude"), "timeout": 90}
+        first = run_harness(
+            "claude-code", "START-ONE go", gateway, "cc-compact", runs, close=False, **common
+        )
+        compact = run_harness(
+            "claude-code",
+            "/compact",
+            gateway,
+            "cc-compact",
+            runs,
+            close=False,
+            extra_args=["--continue"],
+            **common,
+        )
+        last = run_harness(
+            "claude-code",
+            "NEXT-STEP",
+            gateway,
+            "cc-compact",
+            runs,
+            extra_args=["--continue"],
+            **common,
+        )
+    assert [first.returncode, compact.returncode, last.returncode] == [0, 0, 0], last.stderr[-2000:]
+    (leader,) = last.record["agents"]
+    calls = leader["calls"]
+    assert [c["purpose"] for c in calls] == ["turn", "compaction", "turn"]
+    assert calls[1]["prompt_from"] == calls[0]["id"]  # the compaction call extends the history
+    assert "prompt_from" not in calls[2]  # the call after it starts from the summary: a new tree
+    check_cli(ledger)
+
+
+SPAWN_WAIT = {
+    "when": "agent_id",
+    "capture": '"agent_id":"(?P<agent>[^"]+)"',
+    "reply": {
+        "tool_calls": [
+            {"name": "wait_agent", "arguments": {"targets": ["{agent}"], "timeout_ms": 30000}}
+        ]
+    },
+    "times": 1,
+}
+
+
+def spawn(message: str, fork: bool) -> dict:
+    return {
+        "tool_calls": [
+            {"name": "spawn_agent", "arguments": {"message": message, "fork_context": fork}}
+        ]
+    }
+
+
+@pytest.mark.parametrize("fork", [False, True], ids=["fresh", "fork"])
+def test_codex_subagent_fresh_and_forked(tmp_path, fork):
+    rules = [
+        {"when": "CHILD-TASK", "reply": "child says 9"},
+        {"when": "START-CODEX", "reply": spawn("CHILD-TASK: answer", fork)},
+        SPAWN_WAIT,
+        {"when": "child says 9", "reply": "leader done after child", "times": 1},
+    ]
+    with gateway_for(tmp_path, rules, "leader waiting") as (gateway, ledger):
+        run = run_harness(
+            "codex",
+            "START-CODEX please",
+            gateway,
+            "cx-sub",
+            tmp_path / "runs",
+            cli=cli("codex"),
+            timeout=90,
+        )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "leader done after child" in run.stdout
+    leader, child = run.record["agents"]
+    assert (leader["start"], len(leader["calls"])) == ("root", 3)
+    assert (child["start"], child["parent"], len(child["calls"])) == (
+        "fork" if fork else "fresh",
+        leader["id"],
+        1,
+    )
+    assert [c.get("prompt_from") for c in leader["calls"]] == [
+        None,
+        leader["calls"][0]["id"],
+        leader["calls"][1]["id"],
+    ]
+    check_cli(ledger)
+
+
+def test_codex_compaction(tmp_path):
+    rules = [
+        {
+            "when": "START-CODEX",
+            "reply": {
+                "tool_calls": [
+                    {"name": "exec_command", "arguments": {"cmd": "echo step-one-output"}}
+                ]
+            },
+            "times": 1,
+        },
+        {"when": "step-one-output", "reply": "summary of step one", "times": 1},
+    ]
+    with gateway_for(tmp_path, rules, "leader done") as (gateway, ledger):
+        run = run_harness(
+            "codex",
+            "START-CODEX please",
+            gateway,
+            "cx-compact",
+            tmp_path / "runs",
+            cli=cli("codex"),
+            timeout=90,
+            extra_args=["-c", "model_auto_compact_token_limit=30000"],
+        )
+    assert run.returncode == 0, run.stderr[-2000:]
+    (leader,) = run.record["agents"]
+    calls = leader["calls"]
+    assert [c["purpose"] for c in calls] == ["turn", "compaction", "turn"]
+    assert calls[1]["prompt_from"] == calls[0]["id"]
+    assert "prompt_from" not in calls[2]
     check_cli(ledger)

@@ -497,8 +497,20 @@ def _anthropic_events(request: ChatRequest, reply: Reply) -> list[bytes]:
 # OpenAI Responses
 
 
-def _responses_items(message: Message) -> list[dict[str, Any]]:
+def _namespaces(tools: list[dict[str, Any]]) -> dict[str, str]:
+    """Tool name -> its namespace, for the tools a Responses request offers inside namespaces."""
+    found = {}
+    for tool in tools:
+        if tool.get("type") == "namespace":
+            for inner in tool.get("tools") or []:
+                if isinstance(inner, dict) and isinstance(inner.get("name"), str):
+                    found[inner["name"]] = str(tool.get("name"))
+    return found
+
+
+def _responses_items(request: ChatRequest, message: Message) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = []
+    namespaces = _namespaces(request.tools)
     if message.thinking:
         items.append(
             {
@@ -528,6 +540,8 @@ def _responses_items(message: Message) -> list[dict[str, Any]]:
                 "status": "completed",
             }
         )
+        if call.name in namespaces:  # the client dispatches namespaced tools by both names
+            items[-1]["namespace"] = namespaces[call.name]
     return items
 
 
@@ -540,7 +554,7 @@ def _responses_json(
         "created_at": int(time.time()),
         "status": "completed" if reply.finish_reason == "stop" else "incomplete",
         "model": request.model,
-        "output": _responses_items(reply.message) if items is None else items,
+        "output": _responses_items(request, reply.message) if items is None else items,
         "usage": {
             "input_tokens": reply.prompt_tokens,
             "input_tokens_details": {"cached_tokens": 0},
@@ -553,7 +567,7 @@ def _responses_json(
 
 
 def _responses_events(request: ChatRequest, reply: Reply) -> list[bytes]:
-    items = _responses_items(reply.message)
+    items = _responses_items(request, reply.message)
     final = _responses_json(request, reply, items)
     sequence = itertools.count()
 

@@ -122,8 +122,13 @@ def run_harness(
     key: str = "callgrove",
     extra_args: list[str] | None = None,
     task: Any = None,
+    close: bool = True,
 ) -> HarnessRun:
-    """Run HARNESS on PROMPT against GATEWAY as EPISODE, check the result, close the episode."""
+    """Run HARNESS on PROMPT against GATEWAY as EPISODE, check the result, close the episode.
+
+    With `close=False` the episode stays open (the record is empty): a later run in the same
+    folder and episode continues the session (`--continue`, `resume`) and closes it.
+    """
     if harness not in HARNESSES:
         raise ValueError(f"unknown harness {harness!r}; known: {', '.join(HARNESSES)}")
     valid_episode(episode)
@@ -167,6 +172,10 @@ def run_harness(
     if check:
         checked = subprocess.run(["bash", "-c", check], cwd=work, capture_output=True, timeout=120)
         reward = 1.0 if checked.returncode == 0 else 0.0
+    if not close:
+        return HarnessRun(
+            harness, episode, done.returncode, done.stdout, done.stderr, reward, {}, seconds
+        )
     body = {
         "rewards": {"check": reward},
         "ok": done.returncode == 0,

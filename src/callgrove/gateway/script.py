@@ -9,6 +9,9 @@ A script is a JSON file:
 For each prompt the first rule whose `when` strings all occur in the prompt's newest messages
 (everything after the last assistant turn; `"in": "prompt"` searches the whole prompt) and that
 has fired fewer than `times` times (unlimited without it) gives the reply; `default` otherwise.
+A rule's `capture` is a regular expression searched in the same text; its named groups fill
+`{name}` in the reply's strings (an id the harness returned, to pass back to it), and the rule
+matches only when the expression does.
 A reply is an assistant message (`text`, `thinking`, `tool_calls` of `{"name", "arguments"}`
 with an optional `id`), rendered to the completion tokens of the chat format, each token given
 a fixed sampling log-probability so the ledger has real numbers to carry.
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,13 +45,40 @@ class Rule:
     reply: Message
     times: int | None = None
     whole_prompt: bool = False
+    capture: re.Pattern[str] | None = None
     fired: int = 0
 
-    def matches(self, newest: str, prompt: str) -> bool:
+    def answer(self, newest: str, prompt: str) -> Message | None:
+        """The reply when the rule matches (captures filled in), else None."""
         if self.times is not None and self.fired >= self.times:
-            return False
+            return None
         haystack = prompt if self.whole_prompt else newest
-        return all(needle in haystack for needle in self.when)
+        if not all(needle in haystack for needle in self.when):
+            return None
+        if self.capture is None:
+            return self.reply
+        found = self.capture.search(haystack)
+        if found is None:
+            return None
+        values = {k: v for k, v in found.groupdict().items() if v is not None}
+        return _filled(self.reply, values)
+
+
+def _fill(value: Any, values: dict[str, str]) -> Any:
+    if isinstance(value, str):
+        for name, text in values.items():
+            value = value.replace("{" + name + "}", text)
+        return value
+    if isinstance(value, list):
+        return [_fill(v, values) for v in value]
+    if isinstance(value, dict):
+        return {k: _fill(v, values) for k, v in value.items()}
+    return value
+
+
+def _filled(message: Message, values: dict[str, str]) -> Message:
+    calls = tuple(ToolCall(c.id, c.name, _fill(c.arguments, values)) for c in message.tool_calls)
+    return Message("assistant", _fill(message.text, values), _fill(message.thinking, values), calls)
 
 
 def _reply(data: Any, where: str, ids: itertools.count) -> Message:
@@ -91,12 +122,17 @@ class Script:
                 times = raw.get("times")
                 if times is not None and (not isinstance(times, int) or times < 1):
                     raise ValueError(f"{where}: times must be a positive integer")
+                try:
+                    capture = re.compile(raw["capture"]) if raw.get("capture") else None
+                except re.error as error:
+                    raise ValueError(f"{where}: bad capture expression: {error}") from None
                 rules.append(
                     Rule(
                         when,
                         _reply(raw.get("reply"), where, ids),
                         times,
                         raw.get("in", "newest") == "prompt",
+                        capture,
                     )
                 )
             default = _reply(data.get("default", "done"), "default", ids)
@@ -106,9 +142,10 @@ class Script:
 
     def answer(self, newest: str, prompt: str) -> Message:
         for rule in self.rules:
-            if rule.matches(newest, prompt):
+            reply = rule.answer(newest, prompt)
+            if reply is not None:
                 rule.fired += 1
-                return rule.reply
+                return reply
         return self.default
 
 
