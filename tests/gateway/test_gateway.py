@@ -470,3 +470,52 @@ def test_count_tokens_matches_the_rendered_prompt(tmp_path):
     assert counted["input_tokens"] == answered["usage"]["input_tokens"]
     assert answered["stop_reason"] == "max_tokens" and answered["usage"]["output_tokens"] == 3
     assert np.isfinite(counted["input_tokens"])
+
+
+def test_passthrough_records_the_token_ids_the_upstream_reports(tmp_path):
+    import httpx
+
+    from callgrove.gateway.chat import Chat
+    from callgrove.gateway.serve import PolicyServer
+    from callgrove.policy.http import HttpPolicyClient
+
+    server = PolicyServer(scripted(write_script(tmp_path / "s.json", RULES)), Chat.builtin())
+    upstream = HttpPolicyClient("http://upstream", transport=httpx.ASGITransport(app=server.app()))
+
+    async def go():
+        _, client = gateway_client(upstream, tmp_path / "ledger", passthrough=True)
+        async with client:
+            body = {
+                "model": "m",
+                "max_tokens": 500,
+                "messages": [{"role": "user", "content": "start now"}],
+            }
+            first = (await client.post("/e/pt/v1/messages", json=body)).json()
+            history = [
+                *body["messages"],
+                {"role": "assistant", "content": first["content"]},
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "tool_result",
+                            "tool_use_id": first["content"][1]["id"],
+                            "content": "found it in login.py",
+                        }
+                    ],
+                },
+            ]
+            second = (
+                await client.post("/e/pt/v1/messages", json={**body, "messages": history})
+            ).json()
+            return first, second, (await client.post("/e/pt/close", json={})).json()
+
+    first, second, record = run(go())
+    assert first["stop_reason"] == "tool_use" and first["content"][1]["name"] == "Agent"
+    assert second["content"][0]["text"] == "Fixed."
+    one, two = record["agents"][0]["calls"]
+    assert two["prompt_from"] == one["id"]  # the upstream's prompt really extends the first call
+    assert one["logprobs"] == [-0.25] * len(one["completion_ids"])
+    assert (
+        Chat.builtin().decode(np.asarray(one["prompt_ids"])).startswith("<|start|>user\nstart now")
+    )

@@ -294,3 +294,46 @@ def test_codex_compaction(tmp_path):
     assert calls[1]["prompt_from"] == calls[0]["id"]
     assert "prompt_from" not in calls[2]
     check_cli(ledger)
+
+
+def test_claude_code_fork(tmp_path):
+    rules = [
+        {"when": "FORK-DIRECTIVE", "reply": "fork result 3"},
+        {"when": "fork result 3", "reply": "Leader done after fork.", "times": 1},
+        {
+            "when": "START-FORK",
+            "reply": {
+                "text": "Forking.",
+                "tool_calls": [
+                    {
+                        "name": "Agent",
+                        "arguments": {
+                            "description": "f",
+                            "prompt": "FORK-DIRECTIVE: compute",
+                            "subagent_type": "fork",
+                            "run_in_background": False,
+                        },
+                    }
+                ],
+            },
+        },
+    ]
+    with gateway_for(tmp_path, rules, "Leader waiting.") as (gateway, ledger):
+        run = run_harness(
+            "claude-code",
+            "START-FORK please",
+            gateway,
+            "cc-fork",
+            tmp_path / "runs",
+            cli=cli("claude"),
+            timeout=90,
+        )
+    assert run.returncode == 0, run.stderr[-2000:]
+    leader, fork = run.record["agents"]
+    assert (leader["start"], len(leader["calls"])) == ("root", 2)
+    assert (fork["start"], fork["parent"], len(fork["calls"])) == ("fork", leader["id"], 1)
+    # The fork resends the leader's history without the leader's text, so it is not an exact
+    # extension: it starts a tree of its own, and the leader's history is context in its row.
+    assert "prompt_from" not in fork["calls"][0]
+    assert leader["calls"][1]["prompt_from"] == leader["calls"][0]["id"]
+    check_cli(ledger)

@@ -127,6 +127,14 @@ def gateway(
     timeout: Annotated[
         float, typer.Option("--timeout", help="Upstream timeout in seconds.")
     ] = 600.0,
+    passthrough: Annotated[
+        bool,
+        typer.Option(
+            "--passthrough",
+            help="The upstream applies its own chat template (chat completions); record the "
+            "prompt_token_ids / token_ids it reports.",
+        ),
+    ] = False,
     max_tokens: Annotated[
         int, typer.Option("--max-tokens", help="Cap on tokens per completion.")
     ] = 4096,
@@ -139,7 +147,12 @@ def gateway(
     chat = _chat(tokenizer, template, parser)
     policy = HttpPolicyClient(upstream, token=upstream_token, timeout=timeout)
     server = Gateway(
-        policy, chat, ledger, tokens=_tokens(token, "CALLGROVE_TOKEN"), max_tokens=max_tokens
+        policy,
+        chat,
+        ledger,
+        tokens=_tokens(token, "CALLGROVE_TOKEN"),
+        max_tokens=max_tokens,
+        passthrough=passthrough,
     )
     recovered = server.recover()
     if recovered:

@@ -138,44 +138,72 @@ def _need_list(value: Any, name: str) -> list[Any]:
 # Requests
 
 
+def openai_message(raw: Any, where: str) -> Message:
+    """One OpenAI chat message (request history or a response's `message`) as a renderer message."""
+    if not isinstance(raw, dict) or raw.get("role") not in (
+        "system",
+        "developer",
+        "user",
+        "assistant",
+        "tool",
+    ):
+        raise HttpError(400, f"{where} needs a role of system, developer, user, assistant or tool")
+    role = raw["role"]
+    if role == "assistant":
+        calls = tuple(
+            ToolCall(
+                str(c.get("id") or ""),
+                str((c.get("function") or {}).get("name") or ""),
+                _arguments((c.get("function") or {}).get("arguments")),
+            )
+            for c in raw.get("tool_calls") or []
+            if isinstance(c, dict)
+        )
+        thinking = str(raw.get("reasoning_content") or raw.get("reasoning") or "")
+        return Message("assistant", _text(raw.get("content")), thinking, calls)
+    if role == "tool":
+        return Message(
+            "tool", _text(raw.get("content")), tool_call_id=str(raw.get("tool_call_id") or "")
+        )
+    return Message(role, _text(raw.get("content")))
+
+
 def openai_chat_request(data: dict[str, Any]) -> ChatRequest:
-    messages: list[Message] = []
-    for index, raw in enumerate(_need_list(data.get("messages"), "messages")):
-        if not isinstance(raw, dict) or raw.get("role") not in (
-            "system",
-            "developer",
-            "user",
-            "assistant",
-            "tool",
-        ):
-            raise HttpError(
-                400, f"messages[{index}] needs a role of system, developer, user, assistant or tool"
-            )
-        role = raw["role"]
-        if role == "assistant":
-            calls = tuple(
-                ToolCall(
-                    str(c.get("id") or ""),
-                    str((c.get("function") or {}).get("name") or ""),
-                    _arguments((c.get("function") or {}).get("arguments")),
-                )
-                for c in raw.get("tool_calls") or []
-                if isinstance(c, dict)
-            )
-            thinking = str(raw.get("reasoning_content") or raw.get("reasoning") or "")
-            messages.append(Message("assistant", _text(raw.get("content")), thinking, calls))
-        elif role == "tool":
-            messages.append(
-                Message(
-                    "tool",
-                    _text(raw.get("content")),
-                    tool_call_id=str(raw.get("tool_call_id") or ""),
-                )
-            )
-        else:
-            messages.append(Message(role, _text(raw.get("content"))))
+    messages = [
+        openai_message(raw, f"messages[{index}]")
+        for index, raw in enumerate(_need_list(data.get("messages"), "messages"))
+    ]
     tools = data.get("tools")
     return _common("chat", data, messages, tools, "max_completion_tokens", "max_tokens")
+
+
+def openai_history(messages: list[Message]) -> list[dict[str, Any]]:
+    """Renderer messages as an OpenAI chat history (what a pass-through upstream renders)."""
+    out = []
+    for message in messages:
+        entry = message.as_dict()
+        entry.pop("is_error", None)
+        for call in entry.get("tool_calls", []):
+            call["function"]["arguments"] = _arguments_text(call["function"]["arguments"])
+        out.append(entry)
+    return out
+
+
+def openai_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Tools of any of the three APIs as OpenAI chat function tools (others are left out)."""
+    out = []
+    for tool in tools:
+        if tool.get("type") == "function" and isinstance(tool.get("function"), dict):
+            out.append(tool)
+        elif isinstance(tool.get("name"), str) and tool.get("type") in (None, "function", "custom"):
+            parameters = tool.get("parameters") or tool.get("input_schema") or {"type": "object"}
+            function = {
+                "name": tool["name"],
+                "description": tool.get("description", ""),
+                "parameters": parameters,
+            }
+            out.append({"type": "function", "function": function})
+    return out
 
 
 def anthropic_messages(data: dict[str, Any]) -> list[Message]:

@@ -39,6 +39,9 @@ from callgrove.gateway.apis import (
     anthropic_request,
     error_json,
     openai_chat_request,
+    openai_history,
+    openai_message,
+    openai_tools,
     reply_events,
     reply_json,
     responses_request,
@@ -72,7 +75,7 @@ from callgrove.gateway.web import (
     request_key,
     sse_response,
 )
-from callgrove.policy import PolicyClient, SamplingParams
+from callgrove.policy import PolicyClient, Sample, SamplingParams
 from callgrove.policy.http import UpstreamError
 from callgrove.transcripts import Message, ToolCall
 
@@ -206,6 +209,7 @@ class Gateway:
         tokens: list[str] | None = None,
         body_limit: int = DEFAULT_BODY_LIMIT,
         max_tokens: int = 4096,
+        passthrough: bool = False,
     ):
         self.policy = policy
         self.chat = chat
@@ -214,6 +218,8 @@ class Gateway:
         self.tokens = tokens or []
         self.body_limit = body_limit
         self.max_tokens = max_tokens
+        # The upstream applies its own chat template: its reported token ids are recorded.
+        self.passthrough = passthrough
         self.episodes: dict[str, EpisodeState] = {}
 
     # -- episodes ------------------------------------------------------------------------------
@@ -301,20 +307,6 @@ class Gateway:
         tools_hash = hashlib.blake2b(message_key(tools) if tools else b"", digest_size=16).digest()
         hashes = chain_hashes(messages)
         base, cut = state.base_for(agent, hashes, messages, tools_hash, who.purpose == "compaction")
-        if base is not None:
-            new = messages[cut:]
-            suffix = np.concatenate(
-                [
-                    self.chat.trailing(base.response, base.previous),
-                    self.chat.render(new, base.response),
-                ]
-            ).astype(TOKEN_DTYPE)
-            prompt = np.concatenate([*base.call.segments(), suffix])
-            previous = new[-1] if new else base.response
-        else:
-            new = ([tools] if tools else []) + messages
-            suffix = prompt = self.chat.render(new)
-            previous = new[-1]
         params = SamplingParams(
             max_tokens=min(chat_request.max_tokens, self.max_tokens),
             temperature=chat_request.temperature,
@@ -323,14 +315,23 @@ class Gateway:
             stop=chat_request.stop,
         )
         try:
-            sample = await self.policy.sample(prompt, params)
+            if self.passthrough:
+                prompt, sample, response, base = await self._passthrough(chat_request, params, base)
+                suffix = prompt[base.call.full_len :] if base else prompt
+                new = messages[cut:] if base else messages
+            else:
+                prompt, suffix, new = self._render(messages, tools, base, cut)
+                sample = await self.policy.sample(prompt, params)
+                response = self.chat.parse(sample.completion_ids)
         except UpstreamError as error:
             await self._record_failure(state, agent, api, str(error))
             raise HttpError(error.status, str(error), "upstream_error") from None
+        except HttpError:
+            raise
         except Exception as error:  # the policy failed: the client hears why; the ledger too
             await self._record_failure(state, agent, api, f"{type(error).__name__}: {error}")
             raise HttpError(502, f"policy failed: {error}", "upstream_error") from None
-        response = self.chat.parse(sample.completion_ids)
+        previous = new[-1] if new else (base.response if base else None)
         state.seq += 1
         call = Call(
             id=f"c{state.seq}",
@@ -369,6 +370,38 @@ class Gateway:
             sample.policy_version,
             call_id=call.id,
         )
+
+    def _render(
+        self, messages: list[Message], tools: Message | None, base: Recorded | None, cut: int
+    ) -> tuple[np.ndarray, np.ndarray, list[Message]]:
+        """(prompt, its suffix after the base call, the messages the suffix renders)."""
+        if base is None:
+            new = ([tools] if tools else []) + messages
+            prompt = self.chat.render(new)
+            return prompt, prompt, new
+        new = messages[cut:]
+        suffix = np.concatenate(
+            [self.chat.trailing(base.response, base.previous), self.chat.render(new, base.response)]
+        ).astype(TOKEN_DTYPE)
+        return np.concatenate([*base.call.segments(), suffix]), suffix, new
+
+    async def _passthrough(
+        self, chat_request: ChatRequest, params: SamplingParams, base: Recorded | None
+    ) -> tuple[np.ndarray, Sample, Message, Recorded | None]:
+        """The upstream renders; its reported prompt ids are kept, referencing the base call
+        only when they really start with its full sequence."""
+        chat = getattr(self.policy, "chat", None)
+        if chat is None:
+            raise HttpError(500, "pass-through needs an HTTP upstream policy", "server_error")
+        prompt, sample, raw = await chat(
+            openai_history(chat_request.messages), openai_tools(chat_request.tools), params
+        )
+        response = openai_message(raw, "upstream choices[0].message")
+        if base is not None:
+            length = base.call.full_len
+            if len(prompt) <= length or not np.array_equal(prompt[:length], base.call.full_ids()):
+                base = None
+        return prompt, sample, response, base
 
     async def _record_failure(
         self, state: EpisodeState, agent: Agent, api: str, message: str

@@ -9,6 +9,8 @@ version in every response.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from callgrove.episode import LOGPROB_DTYPE, TOKEN_DTYPE
@@ -76,6 +78,37 @@ def sample_from_completion(payload: dict, fallback_version: int) -> Sample:
     )
 
 
+def sample_from_chat(payload: dict, fallback_version: int) -> tuple[np.ndarray, Sample, dict]:
+    """(prompt ids, sample, the choice's message) of a chat response with vLLM's token fields."""
+    try:
+        choice = payload["choices"][0]
+        message = choice["message"]
+    except (KeyError, IndexError, TypeError):
+        raise UpstreamError("upstream chat response has no choices[0].message") from None
+    prompt = payload.get("prompt_token_ids") or choice.get("prompt_token_ids")
+    if not prompt:
+        raise UpstreamError(
+            "upstream chat response has no prompt_token_ids: the server must support "
+            "return_token_ids"
+        )
+    content = (choice.get("logprobs") or {}).get("content") or []
+    logprobs = [entry.get("logprob") for entry in content if isinstance(entry, dict)]
+    sample = sample_from_completion(
+        {
+            "choices": [
+                {
+                    "token_ids": choice.get("token_ids"),
+                    "logprobs": {"token_logprobs": logprobs},
+                    "finish_reason": choice.get("finish_reason"),
+                }
+            ],
+            "policy_version": payload.get("policy_version"),
+        },
+        fallback_version,
+    )
+    return np.asarray(prompt, dtype=TOKEN_DTYPE), sample, message
+
+
 class HttpPolicyClient:
     """`PolicyClient` over HTTP; one pooled connection set for all concurrent calls."""
 
@@ -87,6 +120,7 @@ class HttpPolicyClient:
         token: str | None = None,
         timeout: float = 600.0,
         max_connections: int = 256,
+        transport: Any = None,
     ):
         import httpx
 
@@ -101,6 +135,7 @@ class HttpPolicyClient:
             limits=httpx.Limits(
                 max_connections=max_connections, max_keepalive_connections=max_connections
             ),
+            transport=transport,
         )
 
     @property
@@ -109,11 +144,41 @@ class HttpPolicyClient:
         return self._version
 
     async def sample(self, prompt_ids: np.ndarray, params: SamplingParams) -> Sample:
+        body = completion_request(prompt_ids, params, self.model)
+        sample = sample_from_completion(await self._post("/v1/completions", body), self._version)
+        self._version = max(self._version, sample.policy_version)
+        return sample
+
+    async def chat(
+        self, messages: list[dict], tools: list[dict], params: SamplingParams
+    ) -> tuple[np.ndarray, Sample, dict]:
+        """Pass-through: the upstream renders the chat itself and reports the token ids it used."""
+        body: dict[str, object] = {
+            "model": self.model,
+            "messages": messages,
+            "max_tokens": params.max_tokens,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "logprobs": True,
+            "top_logprobs": 0,
+            "return_token_ids": True,
+            "skip_special_tokens": False,
+        }
+        if tools:
+            body["tools"] = tools
+        if params.stop:
+            body["stop"] = list(params.stop)
+        prompt, sample, message = sample_from_chat(
+            await self._post("/v1/chat/completions", body), self._version
+        )
+        self._version = max(self._version, sample.policy_version)
+        return prompt, sample, message
+
+    async def _post(self, path: str, body: dict) -> dict:
         import httpx
 
-        body = completion_request(prompt_ids, params, self.model)
         try:
-            response = await self._client.post("/v1/completions", json=body)
+            response = await self._client.post(path, json=body)
         except httpx.TimeoutException:
             raise UpstreamError(f"upstream {self.base_url} timed out", 504) from None
         except httpx.HTTPError as error:
@@ -127,9 +192,9 @@ class HttpPolicyClient:
             payload = response.json()
         except ValueError:
             raise UpstreamError("upstream answered something that is not JSON") from None
-        sample = sample_from_completion(payload, self._version)
-        self._version = max(self._version, sample.policy_version)
-        return sample
+        if not isinstance(payload, dict):
+            raise UpstreamError("upstream answered JSON that is not an object")
+        return payload
 
     async def aclose(self) -> None:
         await self._client.aclose()
