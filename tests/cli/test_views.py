@@ -194,3 +194,15 @@ def test_never_scored_episodes_say_no_reward(tmp_path):
     assert "no reward" in run("show", path).stdout
     assert "no reward" in run("rows", path).stdout
     assert json.loads(run("stats", "--json", path).stdout)["rewards"]["all"]["mean"] is None
+
+
+def test_the_readme_shows_what_the_commands_print_and_draw():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    [table] = re.findall(r"```text\n(.*?)```", readme, re.DOTALL)
+    printed = run("rows", EXAMPLES / "login_bug.jsonl").stdout
+    assert [line.rstrip() for line in printed.splitlines()] == table.rstrip("\n").splitlines()
+    from callgrove.pictures import layout, render_svg
+
+    picture = (ROOT / "docs" / "login_bug.svg").read_text(encoding="utf-8")
+    assert picture == render_svg(layout(_example()))  # docs/login_bug.svg is current
+    assert "](docs/login_bug.svg)" in readme

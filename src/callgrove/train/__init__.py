@@ -3,6 +3,16 @@ varlen batches and tree-packed batches, per-token log-probabilities, and a clipp
 policy-gradient loss, and a dataset over sample files that collates either kind of batch. The
 only stage that imports torch."""
 
+try:
+    import torch  # noqa: F401  the one stage that needs it: say how to get it
+except ModuleNotFoundError as missing:
+    raise ModuleNotFoundError(
+        "callgrove.train needs torch, the `train` extra: pip install 'callgrove[train]' "
+        "(from a checkout: pip install -e '.[train]')",
+        name=missing.name,
+    ) from None
+
+
 from callgrove.train.batches import (
     ModelBatch,
     micro_batch_model_batch,
