@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from typer.testing import CliRunner
 
+from callgrove.cli import app
+from callgrove.episode import load
+from callgrove.formats.problems import InputError
 from callgrove.transcripts import (
     BuiltinFormat,
     ByteTokenizer,
@@ -219,3 +225,102 @@ def test_cli_names_a_template_that_fails(tmp_path, chatml):
     result = CliRunner().invoke(app, arguments)
     assert result.exit_code == 2
     assert f"{tmp_path / 'bad.jinja'}: chat template failed: roles must alternate" in result.output
+
+
+WITHOUT_TOOL_CALLS = CHATML.replace(
+    "{% for call in message.get('tool_calls') or [] %}"
+    "<tool_call>{{ call['function'] | tojson }}</tool_call>{% endfor %}",
+    "",
+)
+
+
+def _template(tmp_path, chatml, text: str, name: str = "t.jinja"):
+    chatml.tokenizer.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / name).write_text(text)
+    return tmp_path / "tokenizer.json", tmp_path / name
+
+
+def test_a_template_that_drops_tool_calls_is_an_error_naming_it(tmp_path, chatml):
+    tokenizer, template = _template(tmp_path, chatml, WITHOUT_TOOL_CALLS)
+    (transcript,) = import_claude_code(KIMUSON)
+    with pytest.raises(InputError) as raised:
+        Renderer(JinjaFormat(tokenizer, template)).episode(transcript)
+    problem = raised.value.problem
+    assert problem.file == str(template)
+    assert "drops the tool call" in problem.message and "an assistant message" in problem.message
+
+
+def test_dropped_content_allowed_is_counted(tmp_path, chatml):
+    tokenizer, template = _template(tmp_path, chatml, WITHOUT_TOOL_CALLS)
+    (transcript,) = import_claude_code(KIMUSON)
+    fmt = JinjaFormat(tokenizer, template, allow_dropped=True)
+    Renderer(fmt).episode(transcript)
+    with_tools = {id(c.response) for c in transcript.calls() if c.response.tool_calls and c.kept}
+    dropped = {w: n for w, n in fmt.dropped.items() if w.startswith("assistant message: tool call")}
+    assert dropped and max(dropped.values()) >= 1
+    assert sum(n for w, n in dropped.items() if "arguments" not in w) >= len(with_tools) > 0
+
+
+def test_cli_reports_dropped_content_as_error_or_counted_warning(tmp_path, chatml):
+    tokenizer, template = _template(tmp_path, chatml, WITHOUT_TOOL_CALLS)
+    base = ["import", "claude-code", str(KIMUSON), "--out", str(tmp_path / "o.jsonl")]
+    base += ["--tokenizer", str(tokenizer), "--chat-template", str(template)]
+    result = CliRunner().invoke(app, base)
+    assert result.exit_code == 1
+    text = " ".join(result.output.split())
+    assert f"error: {template}:" in text
+    assert "chat template drops the tool call 'TodoWrite' of an assistant message" in text
+    result = CliRunner().invoke(app, [*base, "--allow-dropped-content"])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "warning" in text and "chat template drops content (assistant message: tool call" in text
+    assert len(list(load(tmp_path / "o.jsonl"))) == 1
+
+
+def test_a_template_that_renders_nothing_for_a_turn_is_a_clear_error(tmp_path, chatml):
+    silent = CHATML.replace(
+        "{% for message in messages %}",
+        "{% for message in messages if message['role'] != 'assistant' %}",
+    )
+    tokenizer, template = _template(tmp_path, chatml, silent)
+    (transcript,) = import_claude_code(KIMUSON)
+    with pytest.raises(InputError) as raised:
+        Renderer(JinjaFormat(tokenizer, template)).episode(transcript)
+    assert raised.value.problem.file == str(template)
+    assert "renders nothing for an assistant turn" in raised.value.problem.message
+
+
+@pytest.mark.parametrize("layout", ["tokenizer_config", "chat_template.jinja"])
+def test_tokenizer_accepts_a_model_folder(tmp_path, chatml, layout):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    chatml.tokenizer.save(str(folder / "tokenizer.json"))
+    config = {"eos_token": {"content": "<|im_end|>"}, "bos_token": None}
+    if layout == "tokenizer_config":
+        config["chat_template"] = CHATML
+    else:
+        (folder / "chat_template.jinja").write_text(CHATML)
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    fmt = JinjaFormat.from_folder(folder)
+    assert fmt.variables == {"eos_token": "<|im_end|>"}
+    out = tmp_path / "o.jsonl"
+    result = CliRunner().invoke(
+        app, ["import", "claude-code", str(KIMUSON), "--out", str(out), "--tokenizer", str(folder)]
+    )
+    assert result.exit_code == 0, result.output
+    (episode,) = load(out)
+    (transcript,) = import_claude_code(KIMUSON)
+    reference = Renderer(chatml).episode(transcript)
+    assert [c.full_ids().tolist() for c in sorted(episode.calls(), key=lambda c: c.seq)] == [
+        c.full_ids().tolist() for c in sorted(reference.calls(), key=lambda c: c.seq)
+    ]
+
+
+def test_a_model_folder_without_a_template_is_an_error(tmp_path, chatml):
+    chatml.tokenizer.save(str(tmp_path / "tokenizer.json"))
+    with pytest.raises(InputError, match="no chat template"):
+        JinjaFormat.from_folder(tmp_path)
+    result = CliRunner().invoke(
+        app, ["import", "codex", str(KIMUSON), "--tokenizer", str(tmp_path)]
+    )
+    assert result.exit_code == 2 and "no chat template" in result.output

@@ -37,11 +37,27 @@ OutOption = Annotated[
 ]
 TokenizerOption = Annotated[
     Path | None,
-    typer.Option("--tokenizer", help="A Hugging Face tokenizer.json (default: built-in bytes)."),
+    typer.Option(
+        "--tokenizer",
+        help="A model folder (tokenizer.json with the chat template of tokenizer_config.json "
+        "or chat_template.jinja), or a tokenizer.json (then give --chat-template). "
+        "Default: built-in bytes.",
+    ),
 ]
 TemplateOption = Annotated[
     Path | None,
-    typer.Option("--chat-template", help="A Jinja chat template (required with --tokenizer)."),
+    typer.Option(
+        "--chat-template",
+        help="A Jinja chat template, or a tokenizer_config.json holding one.",
+    ),
+]
+AllowDroppedOption = Annotated[
+    bool,
+    typer.Option(
+        "--allow-dropped-content",
+        help="Import even where the chat template leaves message content out of the tokens "
+        "(counted as warnings); by default that is an error.",
+    ),
 ]
 VarOption = Annotated[
     list[str] | None,
@@ -53,16 +69,27 @@ VerboseOption = Annotated[
 
 
 def _chat_format(
-    tokenizer: Path | None, template: Path | None, variables: list[str] | None
+    tokenizer: Path | None,
+    template: Path | None,
+    variables: list[str] | None,
+    allow_dropped: bool = False,
 ) -> ChatFormat:
     if tokenizer is None and template is None:
         return BuiltinFormat()
-    if tokenizer is None or template is None:
-        err.print("[red]--tokenizer and --chat-template go together[/red]")
-        raise typer.Exit(EXIT_USAGE)
     pairs = dict(v.split("=", 1) for v in variables or [] if "=" in v)
+    folder = tokenizer is not None and tokenizer.is_dir()
+    if tokenizer is None or (template is None and not folder):
+        err.print(
+            "[red]error[/red]: --chat-template needs --tokenizer, and a tokenizer.json needs "
+            "--chat-template (a model folder holds both)"
+        )
+        raise typer.Exit(EXIT_USAGE)
     try:
-        return JinjaFormat(tokenizer, template, pairs)
+        if folder and template is None:
+            return JinjaFormat.from_folder(tokenizer, pairs, allow_dropped=allow_dropped)
+        if folder:
+            tokenizer = tokenizer / "tokenizer.json"
+        return JinjaFormat(tokenizer, template, pairs, allow_dropped=allow_dropped)  # type: ignore[arg-type]
     except InputError as error:
         err.print(f"[red]error[/red]: {escape(str(error))}")
     except Exception as error:  # tokenizers raises plain exceptions for unreadable files
@@ -86,6 +113,13 @@ def _run_import(
             episodes.append(renderer.episode(transcript))
         except InputError as error:
             report.diagnostics.add(error.located(episode=transcript.id).problem)
+    for what, count in sorted(getattr(chat_format, "dropped", {}).items()):
+        report.problem(
+            f"chat template drops content ({what}) in {count} message(s); kept as allowed by "
+            "--allow-dropped-content",
+            getattr(chat_format, "template_path", None),
+            severity="warning",
+        )
     _write(episodes, out)
     _summary(episodes, report, verbose)
     raise typer.Exit(EXIT_FAILED if report.diagnostics.errors else EXIT_OK)
@@ -153,10 +187,11 @@ def claude_code(
     tokenizer: TokenizerOption = None,
     chat_template: TemplateOption = None,
     template_var: VarOption = None,
+    allow_dropped_content: AllowDroppedOption = False,
     verbose: VerboseOption = False,
 ) -> None:
     """Claude Code sessions with their subagents, one episode per session."""
-    chat_format = _chat_format(tokenizer, chat_template, template_var)
+    chat_format = _chat_format(tokenizer, chat_template, template_var, allow_dropped_content)
     _run_import(import_claude_code, path, out, chat_format, verbose)
 
 
@@ -167,10 +202,11 @@ def codex(
     tokenizer: TokenizerOption = None,
     chat_template: TemplateOption = None,
     template_var: VarOption = None,
+    allow_dropped_content: AllowDroppedOption = False,
     verbose: VerboseOption = False,
 ) -> None:
     """Codex rollouts, subagent threads joined to their parents, one episode per root thread."""
-    chat_format = _chat_format(tokenizer, chat_template, template_var)
+    chat_format = _chat_format(tokenizer, chat_template, template_var, allow_dropped_content)
     _run_import(import_codex, path, out, chat_format, verbose)
 
 
@@ -187,7 +223,9 @@ def join(
     else:
         from tokenizers import Tokenizer
 
-        loaded = Tokenizer.from_file(str(tokenizer))
+        loaded = Tokenizer.from_file(
+            str(tokenizer / "tokenizer.json" if tokenizer.is_dir() else tokenizer)
+        )
         decode = lambda ids: loaded.decode(ids.tolist(), skip_special_tokens=False)  # noqa: E731
     diagnostics = Diagnostics()
     transcripts = list(load(transcript, diagnostics))

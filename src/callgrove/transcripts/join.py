@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import orjson
 
 from callgrove.episode import Agent, Call, Episode, Gap
+from callgrove.transcripts.model import normal_text, strings_in, text_forms
 
 UNMATCHED_AGENT = "capture-unmatched"
 
@@ -36,20 +36,6 @@ class JoinResult:
     unmatched_capture: list[str] = field(default_factory=list)
 
 
-def _normal(text: str) -> str:
-    return " ".join(text.split())
-
-
-def _strings(value: Any) -> list[str]:
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, dict):
-        return [s for v in value.values() for s in _strings(v)]
-    if isinstance(value, list):
-        return [s for v in value for s in _strings(v)]
-    return []
-
-
 def answer_pieces(response: dict[str, Any]) -> list[tuple[str, ...]]:
     """What a capture's answer must contain to be this transcript answer: each piece in any
     of its forms (as written, or JSON-escaped as tool arguments usually are rendered)."""
@@ -58,10 +44,10 @@ def answer_pieces(response: dict[str, Any]) -> list[tuple[str, ...]]:
     if not raw:
         for tool in response.get("tool_calls") or []:
             function = tool.get("function") or {}
-            raw += [str(function.get("name") or ""), *_strings(function.get("arguments"))]
+            raw += [str(function.get("name") or ""), *strings_in(function.get("arguments"))]
     if not any(r.strip() for r in raw):
         raw = [str(response.get("reasoning_content") or "")]
-    return [(_normal(r), _normal(orjson.dumps(r).decode()[1:-1])) for r in raw if r.strip()]
+    return [text_forms(r) for r in raw if r.strip()]
 
 
 def join_capture(
@@ -148,8 +134,8 @@ def _capture_answer(call: Call, decode: Callable[[np.ndarray], str]) -> str:
     content = call.content if isinstance(call.content, dict) else {}
     response = content.get("response")
     if isinstance(response, dict):
-        return _normal(" ".join([str(response.get("content") or ""), *_strings(response)]))
-    return _normal(decode(call.completion_ids))
+        return normal_text(" ".join([str(response.get("content") or ""), *strings_in(response)]))
+    return normal_text(decode(call.completion_ids))
 
 
 def _prefer_prompt(
@@ -161,10 +147,10 @@ def _prefer_prompt(
     if len(candidates) == 1:
         return candidates[0]
     prompt = content.get("prompt") or []
-    last = _normal(str(prompt[-1].get("content") or "")) if prompt else ""
+    last = normal_text(str(prompt[-1].get("content") or "")) if prompt else ""
     if last:
         for i in candidates:
             tail = captured[i].prompt_ids()[-4 * len(last) - 64 :]
-            if last in _normal(decode(tail)):
+            if last in normal_text(decode(tail)):
                 return i
     return candidates[0]

@@ -12,6 +12,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from callgrove.episode import Gap, Spawn
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -75,6 +77,41 @@ class Turn:
             turn = turn.previous
         out.reverse()
         return out
+
+
+def normal_text(text: str) -> str:
+    """Text with its whitespace collapsed: how pieces of content are compared."""
+    return " ".join(text.split())
+
+
+def strings_in(value: Any) -> list[str]:
+    """Every string inside a JSON value (tool arguments), depth first."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in strings_in(v)]
+    if isinstance(value, list):
+        return [s for v in value for s in strings_in(v)]
+    return []
+
+
+def text_forms(text: str) -> tuple[str, str]:
+    """A piece of text as written and JSON-escaped (as tool arguments are usually rendered),
+    whitespace collapsed."""
+    return normal_text(text), normal_text(orjson.dumps(text).decode()[1:-1])
+
+
+def content_pieces(message: Message) -> list[tuple[str, tuple[str, str]]]:
+    """What a rendering of `message` must contain, each as (what it is, its forms)."""
+    pieces: list[tuple[str, str]] = []
+    if message.text.strip():
+        pieces.append(("tool result" if message.role == "tool" else "text", message.text))
+    if message.thinking.strip():
+        pieces.append(("reasoning", message.thinking))
+    for call in message.tool_calls:
+        pieces.append((f"tool call {call.name!r}", call.name))
+        pieces += [(f"arguments of tool call {call.name!r}", s) for s in strings_in(call.arguments)]
+    return [(what, text_forms(text)) for what, text in pieces if text.strip()]
 
 
 def extend(turn: Turn | None, messages: list[Message]) -> Turn | None:

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from collections.abc import Callable
 from datetime import datetime
+from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 import numpy as np
@@ -26,7 +28,13 @@ import orjson
 from callgrove.episode import TOKEN_DTYPE, Agent, Call, Episode
 from callgrove.formats.problems import InputError, Problem
 from callgrove.transcripts.ledger import collector_paused
-from callgrove.transcripts.model import Message, Transcript, TranscriptCall
+from callgrove.transcripts.model import (
+    Message,
+    Transcript,
+    TranscriptCall,
+    content_pieces,
+    normal_text,
+)
 
 EMPTY = np.zeros(0, dtype=TOKEN_DTYPE)
 
@@ -156,7 +164,14 @@ class JinjaFormat:
         tokenizer_path: str | os.PathLike[str],
         template_path: str | os.PathLike[str],
         variables: dict[str, Any] | None = None,
+        *,
+        allow_dropped: bool = False,
     ):
+        """`template_path`: a Jinja file, or a `tokenizer_config.json` holding `chat_template`.
+
+        Content a template leaves out of a message's tokens is an `InputError`; with
+        `allow_dropped` it is counted in `dropped` instead.
+        """
         from jinja2.sandbox import ImmutableSandboxedEnvironment
         from tokenizers import Tokenizer
 
@@ -172,10 +187,11 @@ class JinjaFormat:
         environment.filters["tojson"] = _tojson
         environment.globals["raise_exception"] = _raise_template_error
         environment.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-        with open(template_path, encoding="utf-8") as stream:
-            self.template = environment.from_string(stream.read())
         self.template_path = str(template_path)
+        self.template = environment.from_string(_template_text(template_path))
         self.variables = dict(variables or {})
+        self.allow_dropped = allow_dropped
+        self.dropped: Counter[str] = Counter()  # "ROLE message: WHAT" -> messages
         self.rewrites: set[tuple[str | None, str]] = (
             set()
         )  # (previous role, role) not prefix-stable
@@ -216,11 +232,70 @@ class JinjaFormat:
         role = None if previous is None else _TEMPLATE_ROLES.get(previous.role, previous.role)
         return _CONTEXTS.get(role, _CONTEXTS["user"])
 
+    @classmethod
+    def from_folder(
+        cls,
+        folder: str | os.PathLike[str],
+        variables: dict[str, Any] | None = None,
+        *,
+        allow_dropped: bool = False,
+    ) -> JinjaFormat:
+        """A model folder: `tokenizer.json`, and the chat template from `chat_template.jinja`
+        or else `tokenizer_config.json` (whose special tokens become template variables)."""
+        root = Path(folder)
+        config_path = root / "tokenizer_config.json"
+        config = _json_object(config_path) if config_path.is_file() else {}
+        template = root / "chat_template.jinja"
+        if not template.is_file():
+            if "chat_template" not in config:
+                raise InputError(
+                    Problem(
+                        "no chat template: neither chat_template.jinja nor a chat_template in "
+                        "tokenizer_config.json",
+                        file=str(root),
+                        kind="template",
+                    )
+                )
+            template = config_path
+        if not (root / "tokenizer.json").is_file():
+            raise InputError(Problem("no tokenizer.json in the folder", file=str(root)))
+        found = {k: _token_text(v) for k, v in config.items() if k.endswith("_token")}
+        found = {k: v for k, v in found.items() if v is not None}
+        return cls(
+            root / "tokenizer.json",
+            template,
+            {**found, **(variables or {})},
+            allow_dropped=allow_dropped,
+        )
+
     def segment(self, message: Message, previous: Message | None) -> np.ndarray:
         if message.role == "assistant":
             completion, trailing = self._assistant_parts(message, previous)
             return np.concatenate([self._generation, completion, trailing])
-        return self._encode(self._delta(self._context(previous), message))
+        tokens = self._encode(self._delta(self._context(previous), message))
+        self._check_content(message, tokens)
+        return tokens
+
+    def _check_content(self, message: Message, tokens: np.ndarray) -> None:
+        """Every piece of the message's content is in its tokens, else an error (or counted)."""
+        rendered = normal_text(self.decode(tokens))
+        for what, forms in content_pieces(message):
+            if any(form in rendered for form in forms):
+                continue
+            if self.allow_dropped:
+                self.dropped[f"{message.role} message: {what}"] += 1
+                continue
+            excerpt = forms[0] if len(forms[0]) <= 60 else forms[0][:57] + "..."
+            raise InputError(
+                Problem(
+                    f"chat template drops the {what} of {_article(message.role)} {message.role} "
+                    "message "
+                    f"({excerpt!r} is not in its tokens); use a template that renders it, or "
+                    "allow dropped content (--allow-dropped-content) to import with a warning",
+                    file=self.template_path,
+                    kind="template",
+                )
+            )
 
     def generation_prompt(self) -> np.ndarray:
         return self._generation
@@ -244,6 +319,16 @@ class JinjaFormat:
             else:
                 self.rewrites.add(("generation prompt", "assistant"))
             body = self._encode(text)
+            if not body.size:
+                raise InputError(
+                    Problem(
+                        "chat template renders nothing for an assistant turn: its calls would "
+                        "have no completion",
+                        file=self.template_path,
+                        kind="template",
+                    )
+                )
+            self._check_content(message, body)
             special = np.flatnonzero(np.isin(body, list(self.special_ids)))
             cut = int(special[-1]) + 1 if special.size else len(body)
             hit = self._assistant[key] = (message, body[:cut], body[cut:])
@@ -251,6 +336,52 @@ class JinjaFormat:
 
     def decode(self, ids: np.ndarray) -> str:
         return self.tokenizer.decode(np.asarray(ids).tolist(), skip_special_tokens=False)
+
+
+def _template_text(path: str | os.PathLike[str]) -> str:
+    """A chat template from a Jinja file, or from the `chat_template` of a tokenizer config
+    (a string, or a list of named templates of which `default` is used)."""
+    if str(path).endswith(".json"):
+        value = _json_object(Path(path)).get("chat_template")
+        if isinstance(value, list):
+            named = {t.get("name"): t.get("template") for t in value if isinstance(t, dict)}
+            value = named.get("default")
+        if not isinstance(value, str):
+            raise InputError(
+                Problem(
+                    "no usable chat_template (a string, or a list with a `default`)",
+                    file=str(path),
+                    kind="template",
+                )
+            )
+        return value
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise InputError(
+            Problem(f"cannot read the chat template: {error}", file=str(path))
+        ) from None
+
+
+def _json_object(path: Path) -> dict[str, Any]:
+    try:
+        value = orjson.loads(path.read_bytes())
+    except (OSError, orjson.JSONDecodeError) as error:
+        raise InputError(Problem(f"cannot read: {error}", file=str(path))) from None
+    if not isinstance(value, dict):
+        raise InputError(Problem("expected a JSON object", file=str(path)))
+    return value
+
+
+def _token_text(value: Any) -> str | None:
+    """A special token of a tokenizer config: a string, or an object with its `content`."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _article(word: str) -> str:
+    return "an" if word[:1] in ("a", "e", "i", "o", "u") else "a"
 
 
 def _common_prefix(a: str, b: str) -> str:
