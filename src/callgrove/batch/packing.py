@@ -77,6 +77,12 @@ class MicroBatch:
     samples: np.ndarray
     seq_len: int
 
+    def __repr__(self) -> str:
+        return (
+            f"MicroBatch(samples={len(self.samples)}, tokens={int(self.cu_seqlens[-1])}, "
+            f"seq_len={self.seq_len})"
+        )
+
     @property
     def num_tokens(self) -> int:
         return int(self.cu_seqlens[-1])
@@ -128,6 +134,13 @@ class PackedBatch:
     ranks: list[list[MicroBatch]]
     truncations: list[Truncation]
     settings: PackSettings
+
+    def __repr__(self) -> str:
+        steps = len(self.ranks[0]) if self.ranks else 0
+        return (
+            f"PackedBatch(ranks={len(self.ranks)}, micro_batches_per_rank={steps}, "
+            f"truncations={len(self.truncations)}, seq_len={self.settings.seq_len})"
+        )
 
     @property
     def micro_batches(self) -> list[MicroBatch]:

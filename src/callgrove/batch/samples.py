@@ -99,6 +99,12 @@ class Sample:
     def arrays(self) -> dict[str, np.ndarray | None]:
         return {name: getattr(self, name) for name in TOKEN_FIELDS}
 
+    def __repr__(self) -> str:
+        return (
+            f"Sample(episode={self.episode!r}, row={self.row}, leaf={self.leaf!r}, "
+            f"tokens={self.num_tokens}, loss_tokens={self.num_loss_tokens}, reward={self.reward:g})"
+        )
+
     def to_torch(self) -> dict[str, torch.Tensor | None]:
         """The per-token arrays as 1-D tensors sharing memory with the sample."""
         return arrays_to_torch(self.arrays())

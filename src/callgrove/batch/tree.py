@@ -65,6 +65,12 @@ class TreeBatch:
     target_rows: np.ndarray  # int64 (T,)
     target_values: dict[str, np.ndarray] = field(default_factory=dict)  # name -> (T,)
 
+    def __repr__(self) -> str:
+        return (
+            f"TreeBatch(rows={len(self.row_bounds) - 1}, nodes={self.num_tokens}, "
+            f"row_tokens={self.num_row_tokens}, targets={len(self.target_nodes)})"
+        )
+
     @property
     def num_tokens(self) -> int:
         """Tokens forwarded: the distinct nodes of the trie."""

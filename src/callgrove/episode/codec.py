@@ -25,7 +25,14 @@ from callgrove.episode.checks import (
     resolve_prompts,
 )
 from callgrove.episode.provenance import gaps_from_json, gaps_to_json, join_spawn, split_spawn
-from callgrove.episode.record import LOGPROB_DTYPE, TOKEN_DTYPE, Agent, Call, Episode
+from callgrove.episode.record import (
+    LOGPROB_DTYPE,
+    TOKEN_DTYPE,
+    Agent,
+    Call,
+    Episode,
+    share_histories,
+)
 from callgrove.formats.wire import FORMAT, WireAgent, WireCall, WireEpisode
 
 _TOKEN_MAX = np.iinfo(TOKEN_DTYPE).max
@@ -117,48 +124,6 @@ def episode_from_wire(wire: WireEpisode) -> Episode:
         gaps=None if wire.gaps is UNSET else gaps_from_json(wire.gaps, wire.id),
         meta=None if wire.meta is UNSET else wire.meta,
     )
-
-
-def share_histories(agents: list[Agent]) -> None:
-    """Hold a full prompt that resends an earlier call as a reference plus a suffix: its
-    agent's previous call, or for an agent's first call (a fork) the longest earlier call of
-    the agent that started it.
-
-    Only an encoding: the forest still decides parents from the tokens. It keeps memory and
-    files linear in the distinct tokens when every prompt is given in full.
-    """
-    by_id = {agent.id: agent for agent in agents}
-    for agent in agents:
-        previous: Call | None = None
-        for call in sorted(agent.calls, key=lambda c: c.seq):
-            if call.prompt_base is None:
-                starter = by_id.get(agent.parent) if agent.parent is not None else None
-                candidates = [previous] if previous is not None else _earlier(starter, call)
-                for source in candidates:
-                    if _starts_with(call.prompt_suffix, source):
-                        call.prompt_suffix = call.prompt_suffix[source.full_len :].copy()
-                        call.prompt_base, call.prompt_base_len = source, source.full_len
-                        break
-            previous = call
-
-
-def _earlier(agent: Agent | None, call: Call) -> list[Call]:
-    """`agent`'s calls before `call`, longest full sequence first."""
-    if agent is None:
-        return []
-    earlier = [c for c in agent.calls if c.seq < call.seq and c.full_len]
-    return sorted(earlier, key=lambda c: -c.full_len)
-
-
-def _starts_with(tokens: np.ndarray, call: Call) -> bool:
-    if len(tokens) < call.full_len:
-        return False
-    position = 0
-    for piece in call.segments():
-        if not np.array_equal(tokens[position : position + len(piece)], piece):
-            return False
-        position += len(piece)
-    return True
 
 
 def _agent_from_wire(wire: WireAgent, episode: str) -> Agent:

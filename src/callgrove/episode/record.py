@@ -9,8 +9,8 @@ onto its parent.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, get_args
 
 import numpy as np
@@ -107,6 +107,19 @@ class Call:
     def prompt_ids(self) -> np.ndarray:
         return _concat(self.segments(self.prompt_len))
 
+    def __repr__(self) -> str:
+        prompt = f"{self.prompt_len}"
+        if self.prompt_base is not None:
+            prompt += (
+                f" ({self.prompt_base.id}[:{self.prompt_base_len}] + {len(self.prompt_suffix)})"
+            )
+        extras = "" if self.kept else ", kept=False"
+        extras += "" if self.purpose == "turn" else f", purpose={self.purpose!r}"
+        return (
+            f"Call({self.id!r}, seq={self.seq}, prompt={prompt}, "
+            f"completion={len(self.completion_ids)}, policy_version={self.policy_version}{extras})"
+        )
+
     def full_ids(self) -> np.ndarray:
         return _concat(self.segments())
 
@@ -139,6 +152,14 @@ class Agent:
         call.agent = self
         self.calls.append(call)
         return call
+
+    def __repr__(self) -> str:
+        parent = "" if self.parent is None else f", parent={self.parent!r}"
+        trainable = "" if self.trainable else ", trainable=False"
+        return (
+            f"Agent({self.id!r}, {self.name!r}, start={self.start!r}{parent}{trainable}, "
+            f"calls={len(self.calls)})"
+        )
 
 
 @dataclass(slots=True, eq=False)
@@ -202,3 +223,90 @@ class Episode:
             if call.id == call_id:
                 return call
         raise KeyError(call_id)
+
+    def __repr__(self) -> str:
+        calls = sum(len(agent.calls) for agent in self.agents)
+        errors = f", errors={len(self.errors)}" if self.errors else ""
+        return (
+            f"Episode({self.id!r}, group={self.group!r}, ok={self.ok}, "
+            f"agents={len(self.agents)}, calls={calls}, reward={self.reward:g}{errors})"
+        )
+
+    def summary(self) -> str:
+        """A few lines for a notebook or a log: the episode, then one line per agent."""
+        lines = [repr(self)]
+        for agent in self.agents:
+            tokens = sum(len(c.completion_ids) for c in agent.calls)
+            kept = sum(c.kept for c in agent.calls)
+            lines.append(
+                f"  {agent.id} ({agent.name}, {agent.start}): {len(agent.calls)} calls, "
+                f"{kept} kept, {tokens} completion tokens"
+            )
+        return "\n".join(lines)
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(self.summary())
+
+    def filter(self, keep: Callable[[Call], bool]) -> Episode:
+        """A new episode holding only the calls `keep` accepts (agents keep their place, even
+        when left without calls). This episode is not changed; the new one shares its token
+        arrays, and a call whose prompt referenced a dropped call holds it by its own tokens."""
+        copies: dict[str, Call] = {}
+        for call in sorted((c for c in self.calls() if keep(c)), key=lambda c: c.seq):
+            base = call.prompt_base
+            if base is None:
+                copies[call.id] = replace(call)
+            elif base.id in copies:
+                copies[call.id] = replace(call, prompt_base=copies[base.id])
+            else:
+                copies[call.id] = replace(
+                    call, prompt_suffix=call.prompt_ids(), prompt_base=None, prompt_base_len=0
+                )
+        agents = [
+            replace(agent, calls=[copies[c.id] for c in agent.calls if c.id in copies])
+            for agent in self.agents
+        ]
+        share_histories(agents)
+        return replace(self, agents=agents, errors=list(self.errors), rewards=dict(self.rewards))
+
+
+def share_histories(agents: list[Agent]) -> None:
+    """Hold a full prompt that resends an earlier call as a reference plus a suffix: its
+    agent's previous call, or for an agent's first call (a fork) the longest earlier call of
+    the agent that started it.
+
+    Only an encoding: the forest still decides parents from the tokens. It keeps memory and
+    files linear in the distinct tokens when every prompt is given in full.
+    """
+    by_id = {agent.id: agent for agent in agents}
+    for agent in agents:
+        previous: Call | None = None
+        for call in sorted(agent.calls, key=lambda c: c.seq):
+            if call.prompt_base is None:
+                starter = by_id.get(agent.parent) if agent.parent is not None else None
+                candidates = [previous] if previous is not None else _earlier(starter, call)
+                for source in candidates:
+                    if _starts_with(call.prompt_suffix, source):
+                        call.prompt_suffix = call.prompt_suffix[source.full_len :].copy()
+                        call.prompt_base, call.prompt_base_len = source, source.full_len
+                        break
+            previous = call
+
+
+def _earlier(agent: Agent | None, call: Call) -> list[Call]:
+    """`agent`'s calls before `call`, longest full sequence first."""
+    if agent is None:
+        return []
+    earlier = [c for c in agent.calls if c.seq < call.seq and c.full_len]
+    return sorted(earlier, key=lambda c: -c.full_len)
+
+
+def _starts_with(tokens: np.ndarray, call: Call) -> bool:
+    if len(tokens) < call.full_len:
+        return False
+    position = 0
+    for piece in call.segments():
+        if not np.array_equal(tokens[position : position + len(piece)], piece):
+            return False
+        position += len(piece)
+    return True

@@ -50,6 +50,14 @@ class Row:
     def leaf(self) -> Call:
         return self.path[-1]
 
+    def __repr__(self) -> str:
+        duplicate = "" if self.duplicate_of is None else f", duplicate_of={self.duplicate_of}"
+        return (
+            f"Row(episode={self.episode.id!r}, index={self.index}, "
+            f"path={[c.id for c in self.path]}, trains={[c.id for c in self.trains]}, "
+            f"reward={self.reward:g}{duplicate})"
+        )
+
     @property
     def agent(self) -> Agent:
         return self.leaf.agent  # type: ignore[return-value]
@@ -125,6 +133,9 @@ class EpisodeRows:
     forest: Forest
     rows: list[Row] = field(default_factory=list)
     settings: RowSettings = field(default_factory=RowSettings)
+
+    def __repr__(self) -> str:
+        return f"EpisodeRows(episode={self.episode.id!r}, rows={len(self.rows)})"
 
     def owner_of(self, call: Call) -> Row:
         for row in self.rows:

@@ -1,0 +1,106 @@
+"""Episodes are plain values: deep copies, pickles (what Ray sends between processes) and
+filtered episodes hold the same tokens and read and write like the original; reprs stay short."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+from pathlib import Path
+
+import numpy as np
+
+import callgrove as cg
+from callgrove.episode.record import share_histories
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def login_bug() -> cg.Episode:
+    (episode,) = cg.load(EXAMPLES / "login_bug.jsonl")
+    return episode
+
+
+def long_chain(calls: int = 3000) -> cg.Episode:
+    leader = cg.Agent("L", "leader")
+    prompt = [1, 2, 3]
+    for seq in range(calls):
+        leader.add(cg.Call.make(f"C{seq}", seq, prompt, [5], [-0.1]))
+        prompt = [*prompt, 5, 6]
+    episode = cg.Episode("chain", [leader])
+    share_histories(episode.agents)  # each prompt held as a reference to the call before
+    assert episode.call("C2999").prompt_base is episode.call("C2998")
+    return episode
+
+
+def same_record(a: cg.Episode, b: cg.Episode) -> None:
+    assert cg.episode.encode_episode(a) == cg.episode.encode_episode(b)
+    assert [c.full_ids().tolist() for c in a.calls()] == [c.full_ids().tolist() for c in b.calls()]
+    for agent in b.agents:
+        assert all(call.agent is agent for call in agent.calls)
+    for call in b.calls():
+        assert call.prompt_base is None or any(call.prompt_base is c for c in b.calls())
+
+
+def rows_of(episode: cg.Episode) -> list[tuple[list[str], list[str]]]:
+    return [([c.id for c in r.path], [c.id for c in r.trains]) for r in cg.build_rows(episode).rows]
+
+
+def test_a_deep_copy_is_independent_and_equal():
+    original = login_bug()
+    copied = copy.deepcopy(original)
+    same_record(original, copied)
+    assert rows_of(copied) == rows_of(original)
+    copied.call("C2").completion_ids[0] = 999
+    assert original.call("C2").completion_ids[0] != 999
+
+
+def test_a_pickle_round_trip_keeps_the_record_and_its_rows():
+    original = login_bug()
+    cg.finalize_group(cg.GRPO(scope="episode"), [original])
+    back = pickle.loads(pickle.dumps(original))
+    same_record(original, back)
+    assert rows_of(back) == rows_of(original)
+
+
+def test_long_prompt_chains_copy_and_pickle_without_recursion():
+    chain = long_chain()
+    for copied in (copy.deepcopy(chain), pickle.loads(pickle.dumps(chain))):
+        assert copied.call("C2999").full_ids().tolist() == chain.call("C2999").full_ids().tolist()
+    assert len(repr(chain)) < 200
+    assert len(repr(chain.call("C2999"))) < 200
+
+
+def test_filtering_keeps_tokens_and_leaves_the_original_alone(tmp_path: Path):
+    original = login_bug()
+    before = cg.episode.encode_episode(original)
+    # drop C1: the calls that referenced it hold their prompts by their own tokens
+    without = original.filter(lambda call: call.id != "C1")
+    assert cg.episode.encode_episode(original) == before
+    assert [c.id for c in without.calls()] == [c.id for c in original.calls() if c.id != "C1"]
+    for call in without.calls():
+        assert np.array_equal(call.full_ids(), original.call(call.id).full_ids())
+    cg.save(tmp_path / "filtered.jsonl", [without])
+    (back,) = cg.load(tmp_path / "filtered.jsonl")
+    same_record(without, back)
+    assert cg.check_rows(cg.build_rows(back)).ok
+
+
+def test_filtering_by_agent_keeps_every_agent_in_place():
+    original = login_bug()
+    leader_only = original.filter(lambda call: call.agent.id == "L")
+    assert [a.id for a in leader_only.agents] == [a.id for a in original.agents]
+    assert [len(a.calls) for a in leader_only.agents] == [6, 0, 0, 0]
+
+
+def test_reprs_are_short_and_say_what_matters():
+    episode = login_bug()
+    assert repr(episode) == (
+        "Episode('login-bug-0001', group='grp-login', ok=True, agents=4, calls=12, reward=1)"
+    )
+    assert repr(episode.call("C9")) == (
+        "Call('C9', seq=9, prompt=61 (C8[:57] + 4), completion=1, policy_version=3)"
+    )
+    assert repr(episode.agents[0]) == "Agent('L', 'leader', start='root', calls=6)"
+    assert len(episode.summary().splitlines()) == 1 + len(episode.agents)
+    row = cg.build_rows(episode).rows[2]
+    assert repr(row).startswith("Row(episode='login-bug-0001', index=2, path=['C1', 'C3'")
