@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import subprocess
 import sys
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import pytest
@@ -80,12 +81,7 @@ def check_cli(ledger: Path) -> None:
 
 
 def test_claude_code_fresh_nested_and_background_subagents(tmp_path):
-    script = write_script(tmp_path / "script.json", CLAUDE_SCRIPT, default="Leader waiting.")
-    ledger = tmp_path / "ledger"
-    with (
-        server_process("serve-policy", "--script", str(script)) as (_, upstream),
-        server_process("gateway", "--upstream", upstream, "--ledger", str(ledger)) as (_, gateway),
-    ):
+    with gateway_for(tmp_path, CLAUDE_SCRIPT, "Leader waiting.") as (gateway, ledger):
         run = run_harness(
             "claude-code",
             "START-ALL now",
@@ -123,12 +119,7 @@ def test_claude_code_fresh_nested_and_background_subagents(tmp_path):
 
 def test_codex_leader_turns_through_the_responses_api(tmp_path):
     rules = [{"when": "START-CODEX", "reply": "codex leader done"}]
-    script = write_script(tmp_path / "script.json", rules, default="ok")
-    ledger = tmp_path / "ledger"
-    with (
-        server_process("serve-policy", "--script", str(script)) as (_, upstream),
-        server_process("gateway", "--upstream", upstream, "--ledger", str(ledger)) as (_, gateway),
-    ):
+    with gateway_for(tmp_path, rules, "ok") as (gateway, ledger):
         run = run_harness(
             "codex",
             "START-CODEX please",
@@ -148,7 +139,6 @@ def test_codex_leader_turns_through_the_responses_api(tmp_path):
 
 def gateway_for(tmp_path: Path, rules: list[dict], default: str):
     """serve-policy --script and a gateway in front of it, as a context of (gateway URL, ledger)."""
-    from contextlib import ExitStack, contextmanager
 
     @contextmanager
     def both():
