@@ -16,7 +16,21 @@ from callgrove.formats.problems import InputError
 Host = Annotated[
     str, typer.Option("--host", help="Address to bind (loopback unless told otherwise).")
 ]
-TOKEN_HELP = "A client bearer token that is accepted (repeatable); none: no key needed."
+
+
+# Options serve-policy and the gateway share.
+Tokenizer = Annotated[
+    Path | None, typer.Option("--tokenizer", help="tokenizer.json of a Jinja chat format.")
+]
+Template = Annotated[Path | None, typer.Option("--template", help="Jinja chat template file.")]
+Parser = Annotated[str, typer.Option("--tool-parser", help="Tool-call parser of the template.")]
+Port = Annotated[int, typer.Option("--port", help="Port (0 picks a free one).")]
+Tokens = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--token", help="A client bearer token that is accepted (repeatable); none: no key needed."
+    ),
+]
 
 
 def _chat(tokenizer: Path | None, template: Path | None, parser: str):
@@ -54,18 +68,12 @@ def serve_policy(
     model: Annotated[
         str | None, typer.Option("--model", help="Model name; `tiny` for the reference decoder.")
     ] = None,
-    tokenizer: Annotated[
-        Path | None, typer.Option("--tokenizer", help="tokenizer.json of a Jinja chat format.")
-    ] = None,
-    template: Annotated[
-        Path | None, typer.Option("--template", help="Jinja chat template file.")
-    ] = None,
-    parser: Annotated[
-        str, typer.Option("--tool-parser", help="Tool-call parser of the template.")
-    ] = "hermes",
+    tokenizer: Tokenizer = None,
+    template: Template = None,
+    parser: Parser = "hermes",
     host: Host = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", help="Port (0 picks a free one).")] = 8000,
-    token: Annotated[list[str] | None, typer.Option("--token", help=TOKEN_HELP)] = None,
+    port: Port = 8000,
+    token: Tokens = None,
     weights: Annotated[
         Path | None, typer.Option("--weights", help="State dict of the reference decoder.")
     ] = None,
@@ -106,18 +114,12 @@ def gateway(
     ledger: Annotated[
         Path, typer.Option("--ledger", help="Folder of the ledger and episodes.jsonl.")
     ],
-    tokenizer: Annotated[
-        Path | None, typer.Option("--tokenizer", help="tokenizer.json of a Jinja chat format.")
-    ] = None,
-    template: Annotated[
-        Path | None, typer.Option("--template", help="Jinja chat template file.")
-    ] = None,
-    parser: Annotated[
-        str, typer.Option("--tool-parser", help="Tool-call parser of the template.")
-    ] = "hermes",
+    tokenizer: Tokenizer = None,
+    template: Template = None,
+    parser: Parser = "hermes",
     host: Host = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", help="Port (0 picks a free one).")] = 8100,
-    token: Annotated[list[str] | None, typer.Option("--token", help=TOKEN_HELP)] = None,
+    port: Port = 8100,
+    token: Tokens = None,
     upstream_token: Annotated[
         str | None,
         typer.Option(
