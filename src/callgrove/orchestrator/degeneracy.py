@@ -39,30 +39,61 @@ class DegeneracySettings:
             raise ValueError(f"degeneracy.drop names unknown detectors {sorted(unknown)}")
 
 
-def _gibberish(call: Call, settings: DegeneracySettings) -> tuple[int, bool]:
-    if call.logprobs is None:
-        return 0, False
-    count = int(np.count_nonzero(call.logprobs < settings.gibberish_logprob))
-    return count, count >= settings.gibberish_tokens
+def _token_arrays(calls: Sequence[Call]) -> tuple[np.ndarray, np.ndarray]:
+    """Every call's sampling logprobs laid end to end (NaN where a call recorded none), and
+    each token's call index."""
+    lengths = np.fromiter((len(c.completion_ids) for c in calls), np.int64, len(calls))
+    logprobs = np.concatenate(
+        [
+            np.full(len(c.completion_ids), np.nan) if c.logprobs is None else c.logprobs
+            for c in calls
+        ]
+        or [np.zeros(0)]
+    )
+    owner = np.repeat(np.arange(len(calls)), lengths)
+    return logprobs, owner
 
 
-def _repetition(call: Call, settings: DegeneracySettings) -> tuple[int, bool]:
-    if call.logprobs is None or not len(call.logprobs):
-        return 0, False
-    certain = np.concatenate([[False], call.logprobs >= settings.repetition_logprob, [False]])
-    edges = np.flatnonzero(np.diff(certain.astype(np.int8)))
-    longest = int((edges[1::2] - edges[0::2]).max()) if len(edges) else 0
+def _gibberish(
+    calls: Sequence[Call], settings: DegeneracySettings
+) -> tuple[np.ndarray, np.ndarray]:
+    logprobs, owner = _token_arrays(calls)
+    counts = np.bincount(owner, logprobs < settings.gibberish_logprob, len(calls)).astype(np.int64)
+    return counts, counts >= settings.gibberish_tokens
+
+
+def _repetition(
+    calls: Sequence[Call], settings: DegeneracySettings
+) -> tuple[np.ndarray, np.ndarray]:
+    """Longest run of near-certain tokens within each call."""
+    logprobs, owner = _token_arrays(calls)
+    certain = logprobs >= settings.repetition_logprob
+    # A run breaks at an uncertain token and where one call ends and the next begins.
+    breaks = ~certain | np.r_[True, owner[1:] != owner[:-1]] if len(owner) else certain
+    run_id = np.cumsum(breaks)
+    run_lengths = np.bincount(run_id, certain)  # certain tokens per run
+    longest = np.zeros(len(calls), dtype=np.int64)
+    if len(owner):
+        np.maximum.at(longest, owner, run_lengths[run_id].astype(np.int64))
     return longest, longest >= settings.repetition_run
 
 
-def _truncation(call: Call, settings: DegeneracySettings) -> tuple[int, bool]:
-    ids = call.completion_ids
-    truncated = not len(ids) or int(ids[-1]) not in settings.stop_token_ids
-    return int(truncated), truncated
+def _truncation(
+    calls: Sequence[Call], settings: DegeneracySettings
+) -> tuple[np.ndarray, np.ndarray]:
+    stops = set(settings.stop_token_ids)
+    truncated = np.fromiter(
+        (not len(c.completion_ids) or int(c.completion_ids[-1]) not in stops for c in calls),
+        bool,
+        len(calls),
+    )
+    return truncated.astype(np.int64), truncated
 
 
-# name -> measure(call) -> (measurement, flagged)
-DETECTORS: dict[str, Callable[[Call, DegeneracySettings], tuple[int, bool]]] = {
+# name -> measure(calls) -> (measurement per call, flagged per call), every call at once
+DETECTORS: dict[
+    str, Callable[[Sequence[Call], DegeneracySettings], tuple[np.ndarray, np.ndarray]]
+] = {
     "gibberish": _gibberish,
     "repetition": _repetition,
     "truncation": _truncation,
@@ -84,17 +115,16 @@ class DegeneracyReport:
 
 def measure_calls(calls: Sequence[Call], settings: DegeneracySettings) -> dict[int, dict[str, Any]]:
     """Every detector on every call: id(call) -> {detector: measurement, "flags": [...]}."""
-    measured = {}
-    for call in calls:
-        record: dict[str, Any] = {}
-        flags = []
-        for name, detector in DETECTORS.items():
-            value, flagged = detector(call, settings)
+    measured: dict[int, dict[str, Any]] = {id(call): {"flags": []} for call in calls}
+    if not calls:
+        return measured
+    for name, detector in DETECTORS.items():
+        values, flagged = detector(calls, settings)
+        for call, value, flag in zip(calls, values.tolist(), flagged.tolist(), strict=True):
+            record = measured[id(call)]
             record[name] = value
-            if flagged:
-                flags.append(name)
-        record["flags"] = flags
-        measured[id(call)] = record
+            if flag:
+                record["flags"].append(name)
     return measured
 
 
@@ -110,8 +140,8 @@ def apply(
     (the drop policy: a row goes when one of its trained calls is flagged by a detector in
     `settings.drop`)."""
     kept = []
+    measured = measure_calls([call for er in episode_rows for call in er.forest.calls], settings)
     for er in episode_rows:
-        measured = measure_calls(er.forest.calls, settings)
         rows_meta, keep = [], []
         for row in er.rows:
             flags = _row_flags(row, measured)

@@ -33,7 +33,7 @@ class ModelSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 class LearnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """`[train]`: the optimizer and how a step's rows are forwarded."""
 
-    learning_rate: float = 3e-3
+    learning_rate: float = 1e-3
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
     batching: str = "tree"

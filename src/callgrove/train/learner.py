@@ -47,7 +47,7 @@ class StepReport:
 
 @dataclass(frozen=True, slots=True)
 class LearnerSettings:
-    learning_rate: float = 3e-3
+    learning_rate: float = 1e-3
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
     batching: str = "tree"

@@ -1,7 +1,8 @@
 """Built-in environments on short digit strings, small enough for the reference decoder to
 learn from scratch on a laptop.
 
-`relay` holds every shape of a multi-agent episode. For a task such as `372` the leader:
+`relay` holds every shape of a multi-agent episode. Tasks are short strings of digits (by
+default three drawn from `0123`). For a task such as `302` the leader:
 
 1. starts a background `checker` (fresh) asked to copy the task; nobody reads its answer;
 2. is asked the task itself and answers with a copy of it (its first call);
@@ -29,27 +30,49 @@ import numpy as np
 from callgrove.orchestrator.env import EpisodeRun
 
 DIGITS = "0123456789"
+SYMBOLS = "0123"  # tasks draw from these digits by default: small enough to learn in minutes
 
 
-def score(answer: str, target: str) -> float:
-    """Partial credit, so a policy that starts from noise has a slope to climb: 0.2 for the
-    length (1 / (1 + the length's distance from the target's)), 0.2 for the share of the
-    answer that is digits, 0.6 for the target's characters matched in place."""
+CREDIT = (0.2, 0.2, 0.6)
+
+
+def score(answer: str, target: str, credit: tuple[float, ...] = CREDIT) -> float:
+    """Partial credit, so a policy that starts from noise has a slope to climb, weighted by
+    `credit`: the length (1 / (1 + the length's distance from the target's)), the share of the
+    answer that is digits, and the target's characters matched in place."""
     matches = sum(a == t for a, t in zip(answer, target, strict=False))
     digits = sum(ch in DIGITS for ch in answer) / len(answer) if answer else 0.0
     length = 1.0 / (1.0 + abs(len(answer) - len(target)))
-    return 0.2 * length + 0.2 * digits + 0.6 * matches / len(target)
+    for_length, for_digits, for_matches = credit
+    return for_length * length + for_digits * digits + for_matches * matches / len(target)
 
 
 class _DigitTasks:
     name = "digits"
 
-    def __init__(self, length: int = 3, eval_size: int = 16):
+    def __init__(
+        self,
+        length: int = 3,
+        eval_size: int = 16,
+        credit: tuple[float, ...] | list[float] = CREDIT,
+        symbols: str = SYMBOLS,
+    ):
+        if len(credit) != 3 or abs(sum(credit) - 1.0) > 1e-9:
+            raise ValueError("credit: three weights (length, digits, matches) that sum to 1")
+        if not symbols or set(symbols) - set(DIGITS):
+            raise ValueError(f"symbols: digits to draw tasks from, not {symbols!r}")
+        self.symbols = symbols
         self.length = length
         self.eval_size = eval_size
+        self.credit = tuple(credit)
+
+    def score(self, answer: str, target: str) -> float:
+        return score(answer, target, self.credit)
 
     def task(self, rng: np.random.Generator) -> str:
-        return "".join(DIGITS[int(d)] for d in rng.integers(0, 10, self.length))
+        return "".join(
+            self.symbols[int(d)] for d in rng.integers(0, len(self.symbols), self.length)
+        )
 
     def eval_tasks(self) -> list[str]:
         rng = np.random.default_rng(12345)
@@ -73,12 +96,12 @@ class Relay(_DigitTasks):
         final = await leader.ask(f"join {first} {middle} {last}")
 
         seats = {
-            "helper_first": score(first, task[0]),
-            "helper_middle": score(middle, task[len(task) // 2]),
-            "fork": score(last, task[-1]),
-            "copy": score(copied, task),
-            "summary": score(summary, task),
-            "final": score(final, first + middle + last),
+            "helper_first": self.score(first, task[0]),
+            "helper_middle": self.score(middle, task[len(task) // 2]),
+            "fork": self.score(last, task[-1]),
+            "copy": self.score(copied, task),
+            "summary": self.score(summary, task),
+            "final": self.score(final, first + middle + last),
         }
         first_helper.reward(score=seats["helper_first"])
         middle_helper.reward(score=seats["helper_middle"])
@@ -86,7 +109,7 @@ class Relay(_DigitTasks):
         leader.reward(score=float(np.mean([seats["copy"], seats["summary"], seats["final"]])))
         checked = checker.answer()
         if checked is not None:
-            seats["checker"] = score(checked, task)
+            seats["checker"] = self.score(checked, task)
             checker.agent.reward(score=seats["checker"])
         return {"score": float(np.mean(list(seats.values())))}
 
@@ -97,4 +120,4 @@ class Copy(_DigitTasks):
     async def run(self, episode: EpisodeRun, task: Any) -> dict[str, float]:
         first = await episode.leader.ask(f"copy {task}")
         second = await episode.leader.ask(f"again {task}")
-        return {"score": (score(first, task) + score(second, task)) / 2}
+        return {"score": (self.score(first, task) + self.score(second, task)) / 2}
