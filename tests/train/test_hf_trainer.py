@@ -4,7 +4,6 @@ checkpoint continues exactly where it stopped."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
@@ -13,7 +12,8 @@ from callgrove.credit import finalize_group
 from callgrove.credit.grpo import GRPO
 from callgrove.episode import load
 from callgrove.rows import build_rows
-from callgrove.train.hf_trainer import HFLearner, HFTrainSettings, LoraSettings
+from callgrove.train.hf_trainer import HFLearner, HFOptions, LoraSettings
+from callgrove.train.learner import LearnerSettings
 
 from .helpers import EXAMPLES, give_advantages, sample_near_the_model, tiny_llama
 
@@ -29,10 +29,15 @@ def group_samples(supervised: bool = False, seed: int = 2):
     return build_samples(episode_rows)
 
 
-def learner(settings: HFTrainSettings, seed: int = 0, adapter_seed: int = 0) -> HFLearner:
+def learner(
+    settings: LearnerSettings,
+    seed: int = 0,
+    adapter_seed: int = 0,
+    **options,
+) -> HFLearner:
     model = tiny_llama(torch.float64, "eager", seed).model
     torch.manual_seed(adapter_seed)
-    return HFLearner(model, settings)
+    return HFLearner(model, settings, HFOptions(**options))
 
 
 def parameters(model) -> dict[str, torch.Tensor]:
@@ -47,9 +52,9 @@ def assert_same_parameters(a, b):
 @pytest.mark.parametrize("objective", ["rl", "sft"])
 def test_packed_micro_batches_step_like_the_tree_packed_step(objective):
     samples = group_samples(supervised=objective == "sft")
-    tree = learner(HFTrainSettings(learning_rate=1e-2, objective=objective))
+    tree = learner(LearnerSettings(learning_rate=1e-2), objective=objective)
     packed = learner(
-        HFTrainSettings(learning_rate=1e-2, objective=objective, batching="packed", seq_len=80)
+        LearnerSettings(learning_rate=1e-2, batching="packed", seq_len=80), objective=objective
     )
     assert len(packed.model_batches(samples)) > 1
     tree_report, packed_report = tree.train_step(samples), packed.train_step(samples)
@@ -70,11 +75,11 @@ def test_supervised_samples_have_no_advantages_and_their_loss_falls():
     samples = group_samples(supervised=True)
     assert all(s.advantages is None for s in samples)
     assert sum(s.num_loss_tokens for s in samples) > 0
-    sft = learner(HFTrainSettings(learning_rate=3e-2, objective="sft"))
+    sft = learner(LearnerSettings(learning_rate=3e-2), objective="sft")
     losses = [sft.train_step(samples).loss for _ in range(8)]
     assert losses[-1] < 0.8 * losses[0], losses
     with pytest.raises(ValueError, match="advantages"):
-        learner(HFTrainSettings(objective="rl")).train_step(samples)
+        learner(LearnerSettings(), objective="rl").train_step(samples)
 
 
 def test_finalize_group_refuses_supervised_episodes():
@@ -86,19 +91,19 @@ def test_finalize_group_refuses_supervised_episodes():
 
 def test_lora_trains_only_its_adapters():
     samples = group_samples()
-    lora = learner(HFTrainSettings(learning_rate=1e-2, lora=LoraSettings(rank=4)))
+    lora = learner(LearnerSettings(learning_rate=1e-2), lora=LoraSettings(rank=4))
     assert set(lora.weights()) and all("lora_" in name for name in lora.weights())
-    before = parameters(lora.model)
+    before = parameters(lora.hf_model)
     lora.train_step(samples)
-    after = parameters(lora.model)
+    after = parameters(lora.hf_model)
     changed = {n for n in before if not torch.equal(before[n], after[n])}
     assert changed and all("lora_" in n for n in changed)
 
 
 def test_gradient_checkpointing_gives_the_same_step():
     samples = group_samples()
-    plain = learner(HFTrainSettings(learning_rate=1e-2))
-    checkpointed = learner(HFTrainSettings(learning_rate=1e-2, gradient_checkpointing=True))
+    plain = learner(LearnerSettings(learning_rate=1e-2))
+    checkpointed = learner(LearnerSettings(learning_rate=1e-2), gradient_checkpointing=True)
     assert plain.train_step(samples).loss == checkpointed.train_step(samples).loss
     assert_same_parameters(parameters(plain.model), parameters(checkpointed.model))
 
@@ -106,17 +111,17 @@ def test_gradient_checkpointing_gives_the_same_step():
 @pytest.mark.parametrize("lora", [None, LoraSettings(rank=4)])
 def test_a_saved_checkpoint_continues_exactly(tmp_path, lora):
     samples = group_samples()
-    settings = HFTrainSettings(learning_rate=1e-2, lora=lora)
-    straight = learner(settings)
+    settings = LearnerSettings(learning_rate=1e-2)
+    straight = learner(settings, lora=lora)
     for _ in range(3):
         straight.train_step(samples)
 
-    first = learner(settings)
+    first = learner(settings, lora=lora)
     first.train_step(samples)
     first.save(tmp_path / "step-1")
     # Other initial trained weights (LoRA: the same base model, other adapters): the checkpoint
     # must set them.
-    resumed = learner(settings, seed=0 if lora else 5, adapter_seed=5)
+    resumed = learner(settings, seed=0 if lora else 5, adapter_seed=5, lora=lora)
     resumed.load(tmp_path / "step-1")
     assert resumed.version == 1
     for _ in range(2):
@@ -126,14 +131,13 @@ def test_a_saved_checkpoint_continues_exactly(tmp_path, lora):
 
 
 def test_a_checkpoint_of_other_settings_is_refused(tmp_path):
-    learner(HFTrainSettings(lora=LoraSettings(rank=4))).save(tmp_path / "ckpt")
+    learner(LearnerSettings(), lora=LoraSettings(rank=4)).save(tmp_path / "ckpt")
     with pytest.raises(ValueError, match="do not match"):
-        learner(HFTrainSettings()).load(tmp_path / "ckpt")
+        learner(LearnerSettings()).load(tmp_path / "ckpt")
     with pytest.raises(FileNotFoundError, match="has no weights"):
-        learner(HFTrainSettings()).load(tmp_path)
+        learner(LearnerSettings()).load(tmp_path)
 
 
 def test_an_empty_step_still_counts():
-    step = learner(HFTrainSettings()).train_step([])
+    step = learner(LearnerSettings()).train_step([])
     assert step.loss == 0.0 and step.forwarded_tokens == 0
-    assert np.isfinite(step.tokens_per_second)

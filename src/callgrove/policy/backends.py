@@ -1,7 +1,7 @@
 """Policy backends by model name: what builds the learner, its sampler and the renderer.
 
-`model.name` in a training config picks a backend by its prefix (`tiny`, or `hf:PATH` once a
-backend registers `hf`). A factory gets the model settings, the learner settings and the run's
+`model.name` in a training config picks a backend by its prefix (`tiny`; `hf:PATH` and the
+packaged `smollm2-135m` for Hugging Face models, `callgrove.policy.hf`). A factory gets the model settings, the learner settings and the run's
 seed and returns a `PolicyBackend`; `register_backend` adds one.
 """
 
@@ -99,3 +99,13 @@ def _tiny(model: ModelSettings, learner: LearnerConfig, seed: int) -> PolicyBack
 
 
 register_backend("tiny", _tiny)
+
+
+def _hf(model: ModelSettings, learner: LearnerConfig, seed: int) -> PolicyBackend:
+    from callgrove.policy.hf import hf_backend
+
+    return hf_backend(model, learner, seed)
+
+
+register_backend("hf", _hf)
+register_backend("smollm2-135m", _hf)

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from callgrove.policy.client import Sample, SamplingParams
-from callgrove.train.decode import DecodeRequest, decode, new_generator
+from callgrove.train.decode import Decoded, DecodeRequest, decode, new_generator
 from callgrove.train.model import TinyDecoder
 
 
@@ -36,9 +36,16 @@ class LocalSampler:
     def version(self) -> int:
         return self._version
 
+    # Whether `decode` can tell stop strings (it needs a tokenizer).
+    decodes_text = False
+
+    def decode(self, requests: list[DecodeRequest]) -> list[Decoded]:
+        """One round: every request decoded together (other models' samplers override it)."""
+        return decode(self.model, requests, self.generator)
+
     async def sample(self, prompt_ids: np.ndarray, params: SamplingParams) -> Sample:
-        if params.stop:
-            raise ValueError("the reference decoder has no tokenizer: use stop_token_ids")
+        if params.stop and not self.decodes_text:
+            raise ValueError("this decoder has no tokenizer: use stop_token_ids")
         request = DecodeRequest(
             prompt_ids=np.asarray(prompt_ids, dtype=np.int32),
             max_tokens=params.max_tokens,
@@ -46,6 +53,7 @@ class LocalSampler:
             top_p=params.top_p,
             stop_token_ids=params.stop_token_ids,
             seed=params.seed,
+            stop=params.stop,
         )
         future: asyncio.Future[Sample] = asyncio.get_running_loop().create_future()
         self._queue.append((request, future))
@@ -62,7 +70,7 @@ class LocalSampler:
                 continue
             version = self._version
             try:
-                decoded = decode(self.model, [r for r, _ in batch], self.generator)
+                decoded = self.decode([r for r, _ in batch])
             except Exception as error:  # every caller of the round learns why
                 for _, future in batch:
                     if not future.done():

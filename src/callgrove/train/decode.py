@@ -35,6 +35,8 @@ class DecodeRequest:
     top_p: float = 1.0
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
+    stop: tuple[str, ...] = ()
+    """Stop strings (decoders with a tokenizer only)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,11 +152,7 @@ def decode(
     stops = torch.zeros(batch, vocab, dtype=torch.bool, device=device)
     for i, r in enumerate(requests):
         stops[i, [t for t in r.stop_token_ids if 0 <= t < vocab]] = True
-    own = {
-        i: torch.Generator().manual_seed(r.seed)
-        for i, r in enumerate(requests)
-        if r.seed is not None
-    }
+    own = request_generators(requests)
 
     tokens, logprobs = [], []
     running = torch.ones(batch, dtype=torch.bool, device=device)
@@ -162,12 +160,7 @@ def decode(
     key_valid = valid
     for step in range(int(max_tokens.max())):
         logp = sampling_distribution(last, temperature, top_p)
-        uniforms = torch.rand(batch, generator=generator, dtype=torch.float64)
-        for i, g in own.items():
-            uniforms[i] = torch.rand(1, generator=g, dtype=torch.float64)[0]
-        cdf = logp.exp().cumsum(dim=-1)
-        chosen = torch.searchsorted(cdf, (uniforms * cdf[:, -1])[:, None]).clamp(max=vocab - 1)
-        chosen = _nearest_kept(chosen[:, 0], logp)
+        chosen = draw(logp, generator, own)
         tokens.append(torch.where(running, chosen, -1))
         logprobs.append(logp.gather(1, chosen[:, None])[:, 0])
         hit = stops[torch.arange(batch), chosen] & running
@@ -192,6 +185,29 @@ def decode(
             )
         )
     return results
+
+
+def request_generators(requests: Sequence[DecodeRequest]) -> dict[int, torch.Generator]:
+    """A generator of its own for each request that has a seed, by its index in the batch."""
+    return {
+        i: torch.Generator().manual_seed(r.seed)
+        for i, r in enumerate(requests)
+        if r.seed is not None
+    }
+
+
+def draw(
+    logp: torch.Tensor, generator: torch.Generator, own: dict[int, torch.Generator]
+) -> torch.Tensor:
+    """One token per row of `logp` (B, vocab), inverse CDF over one uniform each (from the
+    row's own generator where it has one, else the shared one)."""
+    batch, vocab = logp.shape
+    uniforms = torch.rand(batch, generator=generator, dtype=torch.float64)
+    for i, g in own.items():
+        uniforms[i] = torch.rand(1, generator=g, dtype=torch.float64)[0]
+    cdf = logp.exp().cumsum(dim=-1)
+    chosen = torch.searchsorted(cdf, (uniforms * cdf[:, -1])[:, None]).clamp(max=vocab - 1)
+    return _nearest_kept(chosen[:, 0], logp)
 
 
 def _nearest_kept(chosen: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:

@@ -97,6 +97,8 @@ def checkpoint_folder(source: ModelSource) -> Path:
         source.folder, gguf_file=source.gguf_file, dtype=torch.float32
     )
     tokenizer = AutoTokenizer.from_pretrained(source.folder, gguf_file=source.gguf_file)
+    # Loading dequantizes every tensor to float32; what is saved is a plain checkpoint.
+    model.hf_quantizer = None
     target.parent.mkdir(parents=True, exist_ok=True)
     # Written beside the target and renamed into place: a half-written copy is never found.
     staging = Path(tempfile.mkdtemp(prefix=".converting-", dir=target.parent))

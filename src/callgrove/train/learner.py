@@ -10,11 +10,13 @@ accumulation gives the gradient of the whole step.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch import nn
 
 from callgrove.batch import PackSettings, Sample, pack
 from callgrove.batch.tree import TreeSettings, pack_samples
@@ -60,18 +62,17 @@ class LearnerSettings:
             raise ValueError(f"batching must be one of {BATCHINGS}, not {self.batching!r}")
 
 
-class TinyLearner:
-    """A `TinyDecoder` in training, its optimizer and its version."""
+class ModelLearner:
+    """A model that takes token ids, position ids and an attention layout (the tiny decoder, a
+    Hugging Face model behind `HFPolicyModel`), AdamW over its trainable parameters, and its
+    version."""
 
-    def __init__(
-        self, config: TinyConfig, settings: LearnerSettings = LearnerSettings(), seed: int = 0
-    ):
-        torch.manual_seed(seed)
-        self.config = config
+    def __init__(self, model: nn.Module, settings: LearnerSettings = LearnerSettings()):
         self.settings = settings
-        self.model = TinyDecoder(config)
+        self.model = model
+        self.trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
+            self.trainable.values(),
             lr=settings.learning_rate,
             weight_decay=settings.weight_decay,
         )
@@ -89,7 +90,11 @@ class TinyLearner:
         packed = pack(samples, PackSettings(seq_len=self.settings.seq_len))
         return [micro_batch_model_batch(mb) for mb in packed.ranks[0] if mb.num_tokens]
 
+    def loss(self, batch: ModelBatch, denominator: float) -> torch.Tensor:
+        return policy_loss(self.model, batch, self.settings.loss, denominator)
+
     def train_step(self, samples: Sequence[Sample]) -> StepReport:
+        started = time.perf_counter()
         batches = self.model_batches(samples)
         loss_tokens = sum(s.num_loss_tokens for s in samples)
         denominator = self._denominator(samples, loss_tokens)
@@ -97,13 +102,13 @@ class TinyLearner:
         self.optimizer.zero_grad(set_to_none=True)
         total = 0.0
         for batch in batches:
-            loss = policy_loss(self.model, batch, self.settings.loss, denominator)
+            loss = self.loss(batch, denominator)
             loss.backward()
             total += float(loss.detach())
         grad_norm = 0.0
         if batches and loss_tokens:
             grad_norm = float(
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.settings.max_grad_norm)
+                torch.nn.utils.clip_grad_norm_(self.trainable.values(), self.settings.max_grad_norm)
             )
             self.optimizer.step()
         self._version += 1
@@ -114,6 +119,7 @@ class TinyLearner:
             forwarded_tokens=sum(b.num_tokens for b in batches),
             row_tokens=sum(b.num_row_tokens for b in batches),
             grad_norm=grad_norm,
+            extra={"seconds": time.perf_counter() - started},
         )
 
     def _denominator(self, samples: Sequence[Sample], loss_tokens: int) -> float:
@@ -135,3 +141,14 @@ class TinyLearner:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self._version = int(state["version"])
+
+
+class TinyLearner(ModelLearner):
+    """A `TinyDecoder` in training, its optimizer and its version."""
+
+    def __init__(
+        self, config: TinyConfig, settings: LearnerSettings = LearnerSettings(), seed: int = 0
+    ):
+        torch.manual_seed(seed)
+        self.config = config
+        super().__init__(TinyDecoder(config), settings)
