@@ -8,6 +8,7 @@ parents and per-agent call counts the script made the harness produce, and pass 
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import subprocess
 import sys
@@ -326,4 +327,42 @@ def test_claude_code_fork(tmp_path):
     # extension: it starts a tree of its own, and the leader's history is context in its row.
     assert "prompt_from" not in fork["calls"][0]
     assert leader["calls"][1]["prompt_from"] == leader["calls"][0]["id"]
+    check_cli(ledger)
+
+
+def test_a_harness_is_an_orchestrator_environment(tmp_path):
+    from callgrove.episode import Episode
+    from callgrove.gateway.harness import HarnessEnvironment
+    from callgrove.orchestrator import Environment, run_episode
+    from callgrove.policy import SamplingParams
+    from callgrove.policy.render import CharRenderer
+
+    rules = [{"when": "START-CODEX", "reply": "codex leader done"}]
+    with gateway_for(tmp_path, rules, "ok") as (gateway, ledger):
+        env = HarnessEnvironment(
+            "codex",
+            [{"prompt": "START-CODEX please", "check": "true"}],
+            gateway,
+            tmp_path / "runs",
+            timeout=90,
+            cli=cli("codex"),
+        )
+        assert isinstance(env, Environment)
+        # The harness calls the gateway's upstream, never the loop's in-process policy.
+        episode = asyncio.run(
+            run_episode(
+                env,
+                env.eval_tasks()[0],
+                None,
+                CharRenderer(),
+                SamplingParams(),
+                Episode(id="env-1"),
+                timeout=120,
+            )
+        )
+    assert episode.ok, episode.errors
+    assert episode.rewards == {"check": 1.0}
+    (leader,) = episode.agents
+    assert leader.start == "root" and len(leader.calls) == 1
+    assert leader.calls[0].logprobs is not None
     check_cli(ledger)

@@ -21,6 +21,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
+import orjson
 
 import callgrove
 from callgrove.gateway.attribution import valid_episode
@@ -191,3 +192,70 @@ def run_harness(
     return HarnessRun(
         harness, episode, done.returncode, done.stdout, done.stderr, reward, closed.json(), seconds
     )
+
+
+class HarnessEnvironment:
+    """A real harness CLI as an orchestrator environment (`callgrove.orchestrator.Environment`).
+
+    Each task is `{"prompt": ..., "check": ...}` (the check optional). The harness runs through
+    the gateway at `gateway`, which records every call; the episode the gateway closes becomes
+    the orchestrator's episode (its agents and calls replace the leader the run started with),
+    and the check's reward is the episode's reward. Point the gateway's upstream at the policy
+    being trained (`serve-policy` over its sampler) so the calls are on-policy.
+    """
+
+    def __init__(
+        self,
+        harness: str,
+        tasks: list[dict[str, Any]],
+        gateway: str,
+        folder: str | os.PathLike[str],
+        *,
+        timeout: float = 300.0,
+        cli: str | None = None,
+        extra_args: list[str] | None = None,
+    ):
+        if harness not in HARNESSES:
+            raise ValueError(f"unknown harness {harness!r}; known: {', '.join(HARNESSES)}")
+        if not tasks or not all(isinstance(t, dict) and "prompt" in t for t in tasks):
+            raise ValueError("tasks must be a non-empty list of {'prompt': ..., 'check': ...}")
+        self.name = harness
+        self.harness = harness
+        self.tasks = tasks
+        self.gateway = gateway
+        self.folder = Path(folder)
+        self.timeout = timeout
+        self.cli = cli
+        self.extra_args = extra_args or []
+
+    def task(self, rng: Any) -> dict[str, Any]:
+        return self.tasks[int(rng.integers(len(self.tasks)))]
+
+    def eval_tasks(self) -> list[dict[str, Any]]:
+        return list(self.tasks)
+
+    async def run(self, episode: Any, task: dict[str, Any]) -> dict[str, float]:
+        import asyncio
+
+        from callgrove.episode import episode_from_wire
+        from callgrove.formats.jsonl import decode_episode_line
+
+        record = episode.episode
+        run = await asyncio.to_thread(
+            run_harness,
+            self.harness,
+            task["prompt"],
+            self.gateway,
+            record.id,
+            self.folder,
+            check=task.get("check"),
+            timeout=self.timeout,
+            cli=self.cli,
+            extra_args=self.extra_args,
+            task=task,
+        )
+        if run.returncode != 0:
+            raise RuntimeError(f"{self.harness} exited {run.returncode}: {run.stderr[-500:]}")
+        closed = episode_from_wire(decode_episode_line(orjson.dumps(run.record)))
+        record.agents[:] = closed.agents
+        return closed.rewards
