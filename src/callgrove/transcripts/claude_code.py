@@ -23,19 +23,20 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from datetime import datetime
-from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 import orjson
 
 from callgrove.episode import Gap, Spawn
+from callgrove.transcripts.compaction import compaction_call, preserved_links
 from callgrove.transcripts.ledger import (
     CLAUDE_CODE,
+    CallIds,
     ImportReport,
     Line,
     collector_paused,
+    parse_timestamp,
     read_json_lines,
     refuse_file,
     sniff,
@@ -209,15 +210,6 @@ def assistant_message(lines: list[Line]) -> Message:
 # One agent's lines (a file, or one tree of the session file) into calls
 
 
-def _timestamp(value: Any) -> float | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        return datetime.fromisoformat(value).timestamp()
-    except ValueError:
-        return None
-
-
 def _is_tool_results(data: dict[str, Any]) -> bool:
     content = (
         data.get("message", {}).get("content") if isinstance(data.get("message"), dict) else None
@@ -275,7 +267,7 @@ class UnitBuilder:
         self.turns: list[Turn | None] = [None] * count
         self.order: list[tuple[Any, ...]] = []
         self.not_kept: set[str] = set()
-        self.call_ids: set[str] = set()
+        self.call_ids = CallIds(unit.agent.id)
         self.seen: dict[str, int] = {}  # uuid -> latest line so far, during the history pass
         self.open_boundaries: list[int] = []
         self.summaries: list[tuple[int, int | None]] = []
@@ -312,7 +304,7 @@ class UnitBuilder:
         last_time: float | None = None
         for i, line in enumerate(self.lines):
             data = line.data
-            time = _timestamp(data.get("timestamp"))
+            time = parse_timestamp(data.get("timestamp"))
             last_time = time if time is not None else last_time
             self.order.append((last_time or 0.0, self.unit.file_rank, line.number))
             for uuid in data.get("supersedesUuids") or ():
@@ -430,7 +422,7 @@ class UnitBuilder:
             )
         elif kind == "system" and data.get("subtype") == "compact_boundary":
             self.open_boundaries.append(i)
-            self._note_preserved(data)
+            self.preserved_before.update(preserved_links(data))
             self.report.use(line, "compaction boundary")
         elif kind == "system":
             self.report.skip(line, f"system record ({data.get('subtype')}) is not a model message")
@@ -465,7 +457,7 @@ class UnitBuilder:
         message = assistant_message(lines)
         agent = self.unit.agent
         call = TranscriptCall(
-            id=self._call_id(response.key or f"line{lines[0].number}"),
+            id=self.call_ids.new(response.key or f"line{lines[0].number}"),
             agent=agent,
             context=context,
             response=message,
@@ -483,24 +475,7 @@ class UnitBuilder:
                 self.unit.spawns.append((call, tool))
         return call
 
-    def _call_id(self, key: str) -> str:
-        base = f"{self.unit.agent.id}/{key}"
-        name, n = base, 1
-        while name in self.call_ids:
-            n += 1
-            name = f"{base}#{n}"
-        self.call_ids.add(name)
-        return name
-
     # -- compaction ----------------------------------------------------------------------------
-
-    def _note_preserved(self, boundary: dict[str, Any]) -> None:
-        preserved = (boundary.get("compactMetadata") or {}).get("preservedMessages") or {}
-        uuids = [str(u) for u in preserved.get("uuids") or ()]
-        anchor = preserved.get("anchorUuid")
-        if isinstance(anchor, str):
-            for before, uuid in pairwise(uuids):
-                self.preserved_before[uuid] = (anchor, before)
 
     def _summary(self, i: int, line: Line) -> None:
         """The summary restarts the history (then any messages a partial compaction kept)."""
@@ -522,15 +497,13 @@ class UnitBuilder:
     def _compaction_call(self, s: int, boundary: int | None) -> None:
         summary_line = self.lines[s]
         anchor = boundary if boundary is not None else s
-        agent = self.unit.agent
-        call = TranscriptCall(
-            id=self._call_id(f"compact-{self.lines[anchor].number}"),
-            agent=agent,
-            context=self._compacted_history(s, boundary),
-            response=Message("assistant", _text_of(summary_line.data["message"].get("content"))),
-            order=self.order[anchor],
-            purpose="compaction",
-            content={
+        compaction_call(
+            self.unit.agent,
+            self.call_ids.new(f"compact-{self.lines[anchor].number}"),
+            self._compacted_history(s, boundary),
+            _text_of(summary_line.data["message"].get("content")),
+            self.order[anchor],
+            {
                 "source": {
                     "file": summary_line.file,
                     "lines": sorted({self.lines[anchor].number, summary_line.number}),
@@ -538,7 +511,6 @@ class UnitBuilder:
                 "trigger": (self.lines[anchor].data.get("compactMetadata") or {}).get("trigger"),
             },
         )
-        agent.calls.append(call)
 
     def _compacted_history(self, s: int, boundary: int | None) -> Turn | None:
         """What the compaction summarised: up to `logicalParentUuid`, else the summary's parent."""

@@ -15,18 +15,25 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import orjson
 
 from callgrove.episode import Gap, Spawn
+from callgrove.transcripts.compaction import (
+    adopt_as_compaction,
+    answered_with_summary,
+    compaction_call,
+    summary_in_replacement,
+)
 from callgrove.transcripts.ledger import (
     CODEX,
+    CallIds,
     ImportReport,
     Line,
     collector_paused,
+    parse_timestamp,
     read_json_lines,
     refuse_file,
     sniff,
@@ -93,15 +100,6 @@ def _arguments(raw: Any) -> Any:
     return raw
 
 
-def _timestamp(value: Any) -> float | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        return datetime.fromisoformat(value).timestamp()
-    except ValueError:
-        return None
-
-
 def input_messages(item: dict[str, Any]) -> list[Message] | None:
     """The messages an input item adds to the history; None when it is not an input."""
     kind = item.get("type")
@@ -166,9 +164,12 @@ class Thread:
     spawned: dict[str, str] = field(default_factory=dict)  # child thread id -> tool call id
     outputs: dict[str, str] = field(default_factory=dict)  # tool call id -> its output text
     tool_calls: dict[str, TranscriptCall] = field(default_factory=dict)  # tool call id -> call
-    call_ids: set[str] = field(default_factory=set)
+    call_ids: CallIds = field(init=False)
     first_prompt: str | None = None
     latest_answer: TranscriptCall | None = None  # the last call, while no input followed it
+
+    def __post_init__(self) -> None:
+        self.call_ids = CallIds(self.id)
 
     @property
     def parent_id(self) -> str | None:
@@ -221,7 +222,7 @@ class RolloutReader:
             for ln in lines
         )
         for line in lines:
-            time = _timestamp(line.data.get("timestamp"))
+            time = parse_timestamp(line.data.get("timestamp"))
             self.time = time if time is not None else self.time
             self._line(line)
         self._close()
@@ -357,7 +358,7 @@ class RolloutReader:
             self.pending, self.queued = [], []
             return
         call = TranscriptCall(
-            id=self._call_id(thread, first_item.get("id") or f"line{first_line.number}"),
+            id=thread.call_ids.new(first_item.get("id") or f"line{first_line.number}"),
             agent=thread.agent,
             context=thread.history,
             response=response_message([item for _, item in self.pending]),
@@ -377,25 +378,19 @@ class RolloutReader:
         thread = self.thread
         assert thread is not None
         replacement = [i for i in payload.get("replacement_history") or [] if isinstance(i, dict)]
-        summary = _text(payload.get("message")) or _summary_from(replacement)
-        answered = thread.latest_answer
-        if answered is not None and _wrote_summary(answered, summary):
-            # The compaction request's answer is recorded as an ordinary response just before:
-            # that call is the compaction call (the model was asked once).
-            answered.purpose = "compaction"
-            answered.content["source"]["lines"].append(line.number)
+        summary = _text(payload.get("message")) or summary_in_replacement(replacement, _text)
+        if answered_with_summary(thread.latest_answer, summary):
+            adopt_as_compaction(thread.latest_answer, line.number)  # type: ignore[arg-type]
             self.report.use(line, "compaction (its summary is the response before it)")
         else:
-            call = TranscriptCall(
-                id=self._call_id(thread, f"compact-{line.number}"),
-                agent=thread.agent,
-                context=thread.history,
-                response=Message("assistant", summary),
-                order=self._order(line),
-                purpose="compaction",
-                content={"source": {"file": line.file, "lines": [line.number]}},
+            compaction_call(
+                thread.agent,
+                thread.call_ids.new(f"compact-{line.number}"),
+                thread.history,
+                summary,
+                self._order(line),
+                {"source": {"file": line.file, "lines": [line.number]}},
             )
-            thread.agent.calls.append(call)
             self.report.use(line, "compaction")
         thread.latest_answer = None
         history = Turn(thread.system, None) if thread.system else None
@@ -409,32 +404,9 @@ class RolloutReader:
                 history = extend(history, input_messages(item) or [])
         thread.history = history
 
-    def _call_id(self, thread: Thread, key: str) -> str:
-        base = f"{thread.id}/{key}"
-        name, n = base, 1
-        while name in thread.call_ids:
-            n += 1
-            name = f"{base}#{n}"
-        thread.call_ids.add(name)
-        return name
-
 
 def _thread_id(payload: dict[str, Any], line: Line) -> str:
     return str(payload.get("id") or payload.get("session_id") or f"{line.file}:{line.number}")
-
-
-def _wrote_summary(call: TranscriptCall, summary: str) -> bool:
-    """Whether `call` answered with (the end of) the compaction's summary text."""
-    text = call.response.text.strip()
-    return bool(text) and not call.response.tool_calls and summary.rstrip().endswith(text)
-
-
-def _summary_from(replacement: list[dict[str, Any]]) -> str:
-    """With no `message`, the summary is the last user message of the replacement history."""
-    for item in reversed(replacement):
-        if item.get("type") == "message" and item.get("role") == "user":
-            return _text(item.get("content"))
-    return ""
 
 
 def import_codex(

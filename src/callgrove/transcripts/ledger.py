@@ -13,12 +13,40 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import orjson
 
 from callgrove.formats.jsonl import iter_lines
 from callgrove.formats.problems import Diagnostics, InputError, Problem
+
+
+def parse_timestamp(value: Any) -> float | None:
+    """Seconds since the epoch of an ISO 8601 timestamp; None when absent or unreadable."""
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.fromisoformat(value).timestamp()
+    except ValueError:
+        return None
+
+
+class CallIds:
+    """Call ids of one agent: `AGENT/KEY`, with `#2`, `#3`... when a key repeats."""
+
+    def __init__(self, agent: str):
+        self.agent = agent
+        self.taken: set[str] = set()
+
+    def new(self, key: str) -> str:
+        base = f"{self.agent}/{key}"
+        name, n = base, 1
+        while name in self.taken:
+            n += 1
+            name = f"{base}#{n}"
+        self.taken.add(name)
+        return name
 
 
 @dataclass(slots=True)

@@ -1,0 +1,78 @@
+"""Compaction in harness transcripts: one model call that summarises a history, after which the
+agent goes on from the summary.
+
+Both harnesses record it in two parts, and both parts must become one call, never two and
+never none:
+
+* Claude Code writes a `compact_boundary` system record (with `compactMetadata`: the trigger,
+  and for a partial compaction the `preservedMessages` kept after the summary) and then an
+  `isCompactSummary` user line holding the summary. The call's prompt is the history it
+  summarised; the history after it starts from the summary, then any preserved messages.
+* Codex writes a `compacted` record (the summary `message` and the `replacement_history` the
+  thread goes on from). Codex 0.169 first records the compaction request's answer as an
+  ordinary assistant message: that response is the compaction call, and the `compacted`
+  record only closes it.
+"""
+
+from __future__ import annotations
+
+from itertools import pairwise
+from typing import Any
+
+from callgrove.transcripts.model import Message, TranscriptAgent, TranscriptCall, Turn
+
+
+def compaction_call(
+    agent: TranscriptAgent,
+    call_id: str,
+    summarised: Turn | None,
+    summary: str,
+    order: tuple[Any, ...],
+    content: dict[str, Any],
+) -> TranscriptCall:
+    """The call that wrote `summary` from the history `summarised`, added to its agent."""
+    call = TranscriptCall(
+        id=call_id,
+        agent=agent,
+        context=summarised,
+        response=Message("assistant", summary),
+        order=order,
+        purpose="compaction",
+        content=content,
+    )
+    agent.calls.append(call)
+    return call
+
+
+def answered_with_summary(call: TranscriptCall | None, summary: str) -> bool:
+    """Whether `call` is the one that wrote the summary: a text answer (no tool calls) that
+    the summary ends with (Codex puts its own preamble before the model's words)."""
+    if call is None or call.purpose != "turn" or call.response.tool_calls:
+        return False
+    text = call.response.text.strip()
+    return bool(text) and summary.rstrip().endswith(text)
+
+
+def adopt_as_compaction(call: TranscriptCall, line: int) -> None:
+    """Mark a recorded response as the compaction call whose record is at `line`."""
+    call.purpose = "compaction"
+    call.content["source"]["lines"].append(line)
+
+
+def summary_in_replacement(replacement: list[dict[str, Any]], text_of: Any) -> str:
+    """With no summary `message`, Codex's summary is the last user message it goes on from."""
+    for item in reversed(replacement):
+        if item.get("type") == "message" and item.get("role") == "user":
+            return str(text_of(item.get("content")))
+    return ""
+
+
+def preserved_links(boundary: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    """A partial compaction's kept messages: each kept uuid -> (the anchor the file links it
+    to, the kept message it follows after the summary)."""
+    preserved = (boundary.get("compactMetadata") or {}).get("preservedMessages") or {}
+    uuids = [str(u) for u in preserved.get("uuids") or ()]
+    anchor = preserved.get("anchorUuid")
+    if not isinstance(anchor, str):
+        return {}
+    return {uuid: (anchor, before) for before, uuid in pairwise(uuids)}
