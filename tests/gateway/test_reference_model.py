@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import httpx
 import numpy as np
 
 from callgrove.episode import read_episodes
@@ -59,3 +60,28 @@ def test_gateway_records_what_the_reference_decoder_sampled(tmp_path):
     assert sum(a.json()["usage"]["output_tokens"] for a in answers) == sum(
         len(c["completion_ids"]) for c in calls
     )
+
+
+def test_a_hugging_face_model_serves_with_its_own_chat_template():
+    from callgrove.gateway.serve import PolicyServer, hf_policy
+
+    policy, chat = hf_policy("smollm2-135m", seed=0)
+    server = PolicyServer(policy, chat)
+
+    async def go():
+        transport = httpx.ASGITransport(app=server.app())
+        async with httpx.AsyncClient(transport=transport, base_url="http://policy") as client:
+            body = {
+                "messages": [{"role": "user", "content": "Say hi"}],
+                "max_tokens": 3,
+                "logprobs": True,
+            }
+            return (await client.post("/v1/chat/completions", json=body)).json()
+
+    payload = asyncio.run(go())
+    choice = payload["choices"][0]
+    assert len(choice["token_ids"]) == len(choice["logprobs"]["content"]) <= 3
+    assert all(entry["logprob"] <= 0 for entry in choice["logprobs"]["content"])
+    # The prompt is the model's own template: the user turn is wrapped in its special tokens.
+    text = chat.decode(np.asarray(payload["prompt_token_ids"]))
+    assert "Say hi" in text and "<|im_start|>" in text

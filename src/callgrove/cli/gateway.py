@@ -66,7 +66,10 @@ def serve_policy(
         Path | None, typer.Option("--script", help="Answer from this script (JSON rules).")
     ] = None,
     model: Annotated[
-        str | None, typer.Option("--model", help="Model name; `tiny` for the reference decoder.")
+        str | None,
+        typer.Option(
+            "--model", help="`tiny` (the reference decoder), `hf:PATH` or a packaged model name."
+        ),
     ] = None,
     tokenizer: Tokenizer = None,
     template: Template = None,
@@ -81,25 +84,22 @@ def serve_policy(
 ) -> None:
     """Serve a policy on an OpenAI-compatible API with vLLM's token extras."""
     from callgrove.gateway.script import Script, ScriptedPolicy
-    from callgrove.gateway.serve import PolicyServer, reference_policy
+    from callgrove.gateway.serve import PolicyServer, hf_policy, reference_policy
     from callgrove.gateway.web import serve
 
-    chat = _chat(tokenizer, template, parser)
     if (script is None) == (model is None):
-        err.print("error: give either --script FILE or --model tiny")
-        raise typer.Exit(EXIT_USAGE)
-    if model is not None and model != "tiny":
-        err.print(
-            f"error: unknown model {model!r}; serve-policy knows `tiny` (the reference decoder)"
-        )
+        err.print("error: give either --script FILE or --model (tiny, hf:PATH or a packaged name)")
         raise typer.Exit(EXIT_USAGE)
     try:
-        policy = (
-            ScriptedPolicy(Script.load(script), chat)
-            if script is not None
-            else reference_policy(chat, seed, str(weights) if weights else None)
-        )
-    except (InputError, OSError, RuntimeError) as error:
+        if script is not None:
+            chat = _chat(tokenizer, template, parser)
+            policy = ScriptedPolicy(Script.load(script), chat)
+        elif model == "tiny":
+            chat = _chat(tokenizer, template, parser)
+            policy = reference_policy(chat, seed, str(weights) if weights else None)
+        else:  # a Hugging Face model brings its own tokenizer and chat template
+            policy, chat = hf_policy(model, seed, parser)
+    except (InputError, OSError, RuntimeError, ValueError) as error:
         err.print(f"error: {error}")
         raise typer.Exit(EXIT_USAGE) from None
     server = PolicyServer(policy, chat, model or "policy", _tokens(token, "CALLGROVE_TOKEN"))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -315,3 +316,29 @@ def reference_policy(chat: Chat, seed: int = 0, weights: str | None = None) -> P
     if weights is not None:
         model.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
     return LocalSampler(model, seed)
+
+
+def hf_policy(name: str, seed: int = 0, parser: str = "hermes") -> tuple[PolicyClient, Chat]:
+    """A Hugging Face causal LM (`hf:PATH` or a packaged name) and its own chat format.
+
+    Prompts are rendered with the model's tokenizer and chat template through the project's
+    renderer, so the ids the gateway and serve-policy render are the ones the model was trained
+    on; sampling is the HF backend's batched KV-cache sampler.
+    """
+    import tempfile
+
+    import torch
+
+    from callgrove.policy.hf import HFSampler
+    from callgrove.train.hf_model import load_model
+
+    torch.manual_seed(seed)
+    model, tokenizer = load_model(name)
+    template = getattr(tokenizer, "chat_template", None)
+    if not isinstance(template, str) or not template:
+        raise ValueError(f"model {name!r} has no chat template")
+    folder = Path(tempfile.mkdtemp(prefix="callgrove-chat-"))
+    tokenizer.save_pretrained(folder)  # tokenizer.json, whatever form the checkpoint had
+    (folder / "template.jinja").write_text(template)
+    chat = Chat.jinja(folder / "tokenizer.json", folder / "template.jinja", parser)
+    return HFSampler(model, tokenizer, seed), chat
