@@ -63,7 +63,8 @@ def test_gateway_records_what_the_reference_decoder_sampled(tmp_path):
 
 
 def test_a_hugging_face_model_serves_with_its_own_chat_template():
-    from callgrove.gateway.serve import PolicyServer, hf_policy
+    from callgrove.gateway.serve import PolicyServer, hf_policy, model_chat, model_tokenizer
+    from callgrove.transcripts import Message
 
     policy, chat = hf_policy("smollm2-135m", seed=0)
     server = PolicyServer(policy, chat)
@@ -85,3 +86,7 @@ def test_a_hugging_face_model_serves_with_its_own_chat_template():
     # The prompt is the model's own template: the user turn is wrapped in its special tokens.
     text = chat.decode(np.asarray(payload["prompt_token_ids"]))
     assert "Say hi" in text and "<|im_start|>" in text
+    # The gateway renders with the same format from the tokenizer alone (no weights loaded).
+    alone = model_chat(model_tokenizer("smollm2-135m"))
+    messages = [Message("user", "Say hi")]
+    assert alone.render(messages).tolist() == chat.render(messages).tolist()

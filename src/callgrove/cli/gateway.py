@@ -114,6 +114,12 @@ def gateway(
     ledger: Annotated[
         Path, typer.Option("--ledger", help="Folder of the ledger and episodes.jsonl.")
     ],
+    model: Annotated[
+        str | None,
+        typer.Option(
+            "--model", help="Render with this Hugging Face model's tokenizer and chat template."
+        ),
+    ] = None,
     tokenizer: Tokenizer = None,
     template: Template = None,
     parser: Parser = "hermes",
@@ -143,10 +149,22 @@ def gateway(
 ) -> None:
     """Capture gateway: harnesses in front, UPSTREAM behind, every call in LEDGER."""
     from callgrove.gateway.app import Gateway
+    from callgrove.gateway.serve import model_chat, model_tokenizer
     from callgrove.gateway.web import serve
     from callgrove.policy.http import HttpPolicyClient
 
-    chat = _chat(tokenizer, template, parser)
+    if model is not None and (tokenizer or template):
+        err.print("error: give --model or --tokenizer/--template, not both")
+        raise typer.Exit(EXIT_USAGE)
+    try:
+        chat = (
+            model_chat(model_tokenizer(model), parser)
+            if model
+            else _chat(tokenizer, template, parser)
+        )
+    except (OSError, ValueError) as error:
+        err.print(f"error: {error}")
+        raise typer.Exit(EXIT_USAGE) from None
     policy = HttpPolicyClient(upstream, token=upstream_token, timeout=timeout)
     server = Gateway(
         policy,

@@ -318,6 +318,28 @@ def reference_policy(chat: Chat, seed: int = 0, weights: str | None = None) -> P
     return LocalSampler(model, seed)
 
 
+def model_chat(tokenizer: Any, parser: str = "hermes") -> Chat:
+    """The chat format of a Hugging Face tokenizer: its tokenizer.json and its chat template."""
+    import tempfile
+
+    template = getattr(tokenizer, "chat_template", None)
+    if not isinstance(template, str) or not template:
+        raise ValueError("the model's tokenizer has no chat template")
+    folder = Path(tempfile.mkdtemp(prefix="callgrove-chat-"))
+    tokenizer.save_pretrained(folder)  # tokenizer.json, whatever form the checkpoint had
+    (folder / "template.jinja").write_text(template)
+    return Chat.jinja(folder / "tokenizer.json", folder / "template.jinja", parser)
+
+
+def model_tokenizer(name: str) -> Any:
+    """The tokenizer of a Hugging Face model (`hf:PATH` or a packaged name), without its weights."""
+    from transformers import AutoTokenizer
+
+    from callgrove.train.hf_model import checkpoint_folder, resolve_model
+
+    return AutoTokenizer.from_pretrained(checkpoint_folder(resolve_model(name)))
+
+
 def hf_policy(name: str, seed: int = 0, parser: str = "hermes") -> tuple[PolicyClient, Chat]:
     """A Hugging Face causal LM (`hf:PATH` or a packaged name) and its own chat format.
 
@@ -325,8 +347,6 @@ def hf_policy(name: str, seed: int = 0, parser: str = "hermes") -> tuple[PolicyC
     renderer, so the ids the gateway and serve-policy render are the ones the model was trained
     on; sampling is the HF backend's batched KV-cache sampler.
     """
-    import tempfile
-
     import torch
 
     from callgrove.policy.hf import HFSampler
@@ -334,11 +354,4 @@ def hf_policy(name: str, seed: int = 0, parser: str = "hermes") -> tuple[PolicyC
 
     torch.manual_seed(seed)
     model, tokenizer = load_model(name)
-    template = getattr(tokenizer, "chat_template", None)
-    if not isinstance(template, str) or not template:
-        raise ValueError(f"model {name!r} has no chat template")
-    folder = Path(tempfile.mkdtemp(prefix="callgrove-chat-"))
-    tokenizer.save_pretrained(folder)  # tokenizer.json, whatever form the checkpoint had
-    (folder / "template.jinja").write_text(template)
-    chat = Chat.jinja(folder / "tokenizer.json", folder / "template.jinja", parser)
-    return HFSampler(model, tokenizer, seed), chat
+    return HFSampler(model, tokenizer, seed), model_chat(tokenizer, parser)
