@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from callgrove.cli import app
 from callgrove.cli.rows import rows_table_view
 from callgrove.cli.show import forest_view
-from callgrove.episode import Agent, Call, Episode, save
+from callgrove.episode import Agent, Call, Episode, load, save
 from callgrove.rows import build_rows
 
 ROOT = Path(__file__).parents[2]
@@ -122,13 +122,14 @@ def test_check_ends_with_a_total_and_speaks_json():
     assert [e["episode"] for e in data["episodes"]] == [f"login-bug-g{n}" for n in range(4)]
 
 
-@pytest.mark.parametrize("command", ["rows", "check", "show", "stats"])
+@pytest.mark.parametrize("command", ["rows", "check", "show", "stats", "convert"])
 def test_harness_files_get_a_hint_not_an_error_per_line(command):
-    result = run(command, CODEX)
+    out = ["out.jsonl"] if command == "convert" else []
+    result = run(command, CODEX, *out)
     assert result.exit_code == 2
     assert "callgrove import codex" in result.stderr
     assert result.stderr.count("\n") == 1
-    claude = run(command, CLAUDE)
+    claude = run(command, CLAUDE, *out)
     assert claude.exit_code == 2 and "callgrove import claude-code" in claude.stderr
 
 
@@ -153,8 +154,6 @@ def test_help_lists_the_formats_and_has_plain_usage(command):
 
 
 def _example():
-    from callgrove.episode import load
-
     [episode] = load(EXAMPLES / "login_bug.jsonl")
     return build_rows(episode)
 
@@ -206,3 +205,31 @@ def test_the_readme_shows_what_the_commands_print_and_draw():
     picture = (ROOT / "docs" / "login_bug.svg").read_text(encoding="utf-8")
     assert picture == render_svg(layout(_example()))  # docs/login_bug.svg is current
     assert "](docs/login_bug.svg)" in readme
+
+
+def test_convert_reads_what_the_input_holds_and_writes_what_the_output_is_named(tmp_path):
+    episodes = tmp_path / "episodes.jsonl"
+    result = run("convert", EXAMPLES / "login_group.jsonl", episodes)
+    assert result.exit_code == 0, result.output
+    assert "as callgrove" in result.stderr
+    traces = tmp_path / "traces.jsonl"
+    assert run("convert", episodes, traces).exit_code == 0  # named like verifiers' file
+    back = tmp_path / "back.parquet"
+    result = run("convert", traces, back)
+    assert result.exit_code == 0 and "as verifiers" in result.stderr
+    assert [e.id for e in load(back)] == [f"login-bug-g{n}" for n in range(4)]
+
+
+def test_help_paragraphs_are_not_hard_wrapped():
+    """Help text reaches the terminal one line per paragraph; the terminal wraps it."""
+
+    def commands(typer_app):
+        yield from typer_app.registered_commands
+        for group in typer_app.registered_groups:
+            yield from commands(group.typer_instance)
+
+    helps = [command.help for command in commands(app)]
+    assert len(helps) > 8 and all(helps)
+    for text in helps:
+        for paragraph in text.split("\n\n"):
+            assert "\n" not in paragraph, paragraph

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from callgrove.cli.app import app
+from callgrove.cli.app import app, reflow_help
 
 # Subcommand modules register themselves on import (one line each).
 from callgrove.cli import rows as _rows  # noqa: F401  isort: skip
@@ -13,6 +13,8 @@ from callgrove.cli import importers as _importers  # noqa: F401  isort: skip
 from callgrove.cli import synth as _synth  # noqa: F401  isort: skip
 from callgrove.cli import gateway as _gateway  # noqa: F401  isort: skip
 from callgrove.cli import train as _train  # noqa: F401  isort: skip
+
+reflow_help(app)
 
 
 def main() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Annotated
@@ -19,7 +20,7 @@ from rich.progress import (
 )
 from rich.text import Text
 
-from callgrove.cli.kinds import file_kind_hint
+from callgrove.cli.kinds import harness_hint
 
 app = typer.Typer(
     name="callgrove",
@@ -85,6 +86,26 @@ def main_options(
     """Multi-agent LLM rollouts as exactly-once RL training rows."""
 
 
+def reflow_help(typer_app: typer.Typer) -> None:
+    """Every command's help with each paragraph on one line, so the terminal wraps it to its
+    width (help is written wrapped in the source; rich help would keep those line breaks)."""
+    for command in typer_app.registered_commands:
+        text = command.help or (command.callback.__doc__ if command.callback else None)
+        if text:
+            command.help = _one_line_paragraphs(text)
+    for group in typer_app.registered_groups:
+        if group.typer_instance is not None:
+            reflow_help(group.typer_instance)
+
+
+def _one_line_paragraphs(text: str) -> str:
+    paragraphs = inspect.cleandoc(text).split("\n\n")
+    return "\n\n".join(
+        p if p.startswith("\b") else " ".join(line.strip() for line in p.splitlines())
+        for p in paragraphs
+    )
+
+
 def require_files(files: list[Path]) -> None:
     """A missing input file is a usage error (exit 2), named on stderr."""
     for path in files:
@@ -94,10 +115,10 @@ def require_files(files: list[Path]) -> None:
 
 
 def reject_foreign_files(files: list[Path]) -> None:
-    """A file of another kind (a harness transcript, verifiers traces) is a usage error whose
-    message says which command reads it, instead of one decode error per line."""
+    """A harness transcript is a usage error whose message says which command imports it,
+    instead of one decode error per line."""
     for path in files:
-        hint = file_kind_hint(path)
+        hint = harness_hint(path)
         if hint is not None:
             err.print(f"error: {safe(path)}: {safe(hint)}")
             raise typer.Exit(EXIT_USAGE)

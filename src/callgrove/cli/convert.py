@@ -20,6 +20,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from callgrove.cli.app import EXIT_FAILED, EXIT_OK, EXIT_USAGE, app, err, progress_bar
+from callgrove.cli.kinds import harness_hint
 from callgrove.episode import Episode, format_for, load, open_writer
 from callgrove.forest import compact_prompts
 from callgrove.formats.problems import Diagnostics, InputError
@@ -77,8 +78,18 @@ def convert_command(
     out: Annotated[
         Path, typer.Argument(metavar="OUT", help="Output file (the form follows --to).")
     ],
-    from_: Annotated[Source, typer.Option("--from", help="What IN holds.")],
-    to: Annotated[Target, typer.Option("--to", help="What OUT gets.")],
+    from_: Annotated[
+        Source | None,
+        typer.Option("--from", help="What IN holds (default: read from IN's first record)."),
+    ] = None,
+    to: Annotated[
+        Target | None,
+        typer.Option(
+            "--to",
+            help="What OUT gets (default: verifiers for a traces.jsonl or a folder, or with "
+            "--onto; callgrove otherwise).",
+        ),
+    ] = None,
     invocations: Annotated[
         Path | None,
         typer.Option(help="--from gym: rollout records (JSONL) with the agent invocations."),
@@ -94,7 +105,13 @@ def convert_command(
         bool, typer.Option("--skip-bad", help="Skip bad lines and episodes, count them, go on.")
     ] = False,
 ) -> None:
-    """Convert episodes: `callgrove convert IN --from verifiers|gym|callgrove --to callgrove|verifiers OUT`."""
+    """Convert episodes between verifiers traces, NeMo Gym captures and callgrove files.
+
+    `callgrove convert IN [--from verifiers|gym|callgrove] [--to callgrove|verifiers] OUT`;
+    what IN holds is read from its first record when --from is not given.
+    """
+    from_ = from_ or _infer_source(source)
+    to = to or _infer_target(out, onto)
     source = _input_path(source, from_, invocations, onto, to)
     diagnostics = Diagnostics()
     tally = Tally()
@@ -116,6 +133,25 @@ def convert_command(
             diagnostics.add(error.problem)
     _summary(source, out, from_, to, tally, diagnostics, skip_bad)
     raise typer.Exit(EXIT_FAILED if diagnostics.errors else EXIT_OK)
+
+
+def _infer_source(source: Path) -> Source:
+    """What IN holds, as the episode format registry reads it; a harness transcript or a
+    path that is not there is a usage error."""
+    hint = harness_hint(source)
+    if hint is not None or not source.exists():
+        err.print(f"error: {escape(str(source))}: {escape(hint or 'no such file or folder')}")
+        raise typer.Exit(EXIT_USAGE)
+    folder_of_traces = source.is_dir() and (source / VERIFIERS_FILE).is_file()
+    kind = "verifiers" if folder_of_traces else format_for(source).name
+    err.print(f"reading {escape(str(source))} as {kind} (--from overrides)")
+    return Source(kind)
+
+
+def _infer_target(out: Path, onto: Path | None) -> Target:
+    if onto is not None or out.name == VERIFIERS_FILE or out.is_dir():
+        return Target.verifiers
+    return Target.callgrove
 
 
 def _input_path(

@@ -1,72 +1,33 @@
-"""What kind of file a path holds, read from its first record, so a wrong kind gets a hint.
+"""What a file given to a command holds, so a wrong kind gets a hint instead of an error per line.
 
-Only JSON Lines files are sniffed (binary episode files are callgrove's own). The first line
-that parses as a JSON object decides; a file nothing recognises is left to the reader, whose
-errors name the line.
+Two facts decide, each kept where it belongs: the episode format registry (`format_for`) knows
+every form the commands read (callgrove's own, verifiers traces, NeMo Gym captures), and the
+transcript importers' `sniff` knows harness transcripts, which must be imported first.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
-import orjson
+from callgrove.episode import format_for
+from callgrove.transcripts.ledger import CLAUDE_CODE, CODEX, import_hint, sniff
 
-from callgrove.formats.jsonl import open_binary
-
-EPISODE_FORMAT_PREFIX = "callgrove.episode/"
-SNIFF_LINES = 5
-SNIFF_BYTES = 1 << 20
-
-# What reads each kind, said once for every command that meets it.
-KIND_HINTS = {
-    "codex": "a Codex rollout, not an episode file: `callgrove import codex FILE` turns it into episodes",
-    "claude-code": "a Claude Code session, not an episode file: "
-    "`callgrove import claude-code FILE` turns it into episodes",
-    "verifiers": "verifiers traces, not an episode file: "
-    "`callgrove convert FILE --from verifiers --to callgrove OUT.jsonl` turns them into episodes",
-    "gym": "a NeMo Gym token capture, not an episode file: "
-    "`callgrove convert FILE --from gym --to callgrove OUT.jsonl` turns it into episodes",
-}
+HARNESS_KINDS = (CLAUDE_CODE, CODEX)
 
 
-def file_kind(path: Path) -> str | None:
-    """ "callgrove", "codex", "claude-code", "verifiers", "gym", or None when unsure."""
-    if not path.name.endswith((".jsonl", ".jsonl.gz", ".jsonl.zst", ".json")):
+def harness_kind(path: Path) -> str | None:
+    """CLAUDE_CODE or CODEX for a harness transcript that would otherwise be read as episodes."""
+    if not path.is_file() or format_for(path).name != "callgrove":
         return None
-    try:
-        with open_binary(path) as stream:
-            for _ in range(SNIFF_LINES):
-                line = stream.readline(SNIFF_BYTES)
-                if not line:
-                    return None
-                try:
-                    record = orjson.loads(line)
-                except orjson.JSONDecodeError:
-                    continue  # a line cut by the size limit, or a bad line: the reader says
-                if isinstance(record, dict):
-                    return _kind_of(record)
-    except (OSError, EOFError):
-        return None  # the reader reports an unreadable file with its own words
-    return None
+    if path.name.endswith((".parquet", ".arrow")):
+        return None
+    found = sniff(path)
+    return found if found in HARNESS_KINDS else None
 
 
-def _kind_of(record: dict[str, Any]) -> str | None:
-    form = record.get("format")
-    if isinstance(form, str) and form.startswith(EPISODE_FORMAT_PREFIX):
-        return "callgrove"
-    if record.get("type") in ("session_meta", "response_item", "turn_context", "event_msg"):
-        return "codex"
-    if "sessionId" in record and ("uuid" in record or record.get("type") == "summary"):
-        return "claude-code"
-    if "traces" in record and "format" not in record:
-        return "verifiers"
-    if "rollout_id" in record and "format" not in record:
-        return "gym"
-    return None
-
-
-def file_kind_hint(path: Path) -> str | None:
-    """What to run instead, for a file that is recognisably not a callgrove episode file."""
-    kind = file_kind(path)
-    return KIND_HINTS.get(kind) if kind is not None else None
+def harness_hint(path: Path) -> str | None:
+    """For a harness transcript: what it is and which command turns it into episodes."""
+    kind = harness_kind(path)
+    if kind is None:
+        return None
+    return f"a {kind}, not an episode file: {import_hint(kind)}"

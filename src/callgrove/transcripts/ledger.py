@@ -147,6 +147,11 @@ _HINTS = {
 _SNIFF_BYTES = 1 << 16
 
 
+def import_hint(kind: str) -> str | None:
+    """What to do with a file of `kind` (one of `sniff`'s kinds), if callgrove reads it."""
+    return _HINTS.get(kind)
+
+
 def sniff(path: str | os.PathLike[str]) -> str:
     """What a file holds, judged from its first lines: one of the kinds above, else a phrase
     saying what it is not (binary, not JSON Lines, JSON of another kind, empty)."""
