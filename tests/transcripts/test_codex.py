@@ -173,3 +173,30 @@ def test_threads_whose_parents_form_a_cycle_are_reported_not_dropped(tmp_path):
     (problem,) = report.diagnostics.problems
     assert problem.severity == "warning" and "cycle" in problem.message
     assert_every_line_accounted(report)
+
+
+def test_each_rollout_line_is_decoded_once_into_its_record_kind():
+    from callgrove.transcripts.codex_records import (
+        Compacted,
+        ResponseItem,
+        SessionMeta,
+        Unreadable,
+        decode_record,
+    )
+
+    spawn = {"subagent": {"thread_spawn": {"parent_thread_id": "p"}}}
+    meta = decode_record({"type": "session_meta", "payload": {"id": "t", "source": spawn}})
+    assert isinstance(meta, SessionMeta) and meta.payload.parent() == "p"
+    assert meta.payload.thread_id("fallback") == "t"
+    item = decode_record({"type": "response_item", "payload": {"type": "message"}})
+    assert isinstance(item, ResponseItem) and item.payload == {"type": "message"}
+    compacted = decode_record({"type": "compacted", "payload": {"message": "gist"}})
+    assert isinstance(compacted, Compacted) and compacted.payload.replacement_history == []
+    assert decode_record({"type": "world_state", "payload": {}}) == Unreadable(
+        "world_state record is not a model message"
+    )
+    assert decode_record({"type": "response_item", "payload": 3}) == Unreadable(
+        "response_item record without a payload object"
+    )
+    odd = decode_record({"type": "session_meta", "payload": {"id": 7}})
+    assert isinstance(odd, Unreadable) and "unexpected shape" in odd.reason

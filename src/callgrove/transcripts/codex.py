@@ -21,6 +21,16 @@ from typing import Any
 import orjson
 
 from callgrove.episode import Gap, Spawn
+from callgrove.transcripts.codex_records import (
+    CompactedPayload,
+    EventMsg,
+    ResponseItem,
+    SessionMeta,
+    SessionMetaPayload,
+    TurnContext,
+    Unreadable,
+    decode_record,
+)
 from callgrove.transcripts.compaction import (
     adopt_as_compaction,
     answered_with_summary,
@@ -157,7 +167,7 @@ def response_message(items: list[dict[str, Any]]) -> Message:
 @dataclass(eq=False)
 class Thread:
     id: str
-    meta: dict[str, Any]
+    meta: SessionMetaPayload
     agent: TranscriptAgent
     history: Turn | None = None
     system: Message | None = None
@@ -173,11 +183,7 @@ class Thread:
 
     @property
     def parent_id(self) -> str | None:
-        source = self.meta.get("source")
-        spawn = source.get("subagent", {}) if isinstance(source, dict) else {}
-        spawn = spawn.get("thread_spawn") if isinstance(spawn, dict) else None
-        parent = (spawn or {}).get("parent_thread_id") or self.meta.get("parent_thread_id")
-        return parent if isinstance(parent, str) else None
+        return self.meta.parent()
 
 
 class RolloutReader:
@@ -231,58 +237,59 @@ class RolloutReader:
         return (self.time, self.rank, line.number)
 
     def _line(self, line: Line) -> None:
-        kind = line.data.get("type")
-        payload = line.data.get("payload")
-        if not isinstance(payload, dict):
-            self.report.skip(line, f"{kind or 'untyped'} record without a payload object")
+        record = decode_record(line.data)
+        if isinstance(record, Unreadable):
+            self.report.skip(line, record.reason)
             return
-        if kind == "session_meta":
+        if isinstance(record, SessionMeta):
             self._close()
-            if self._repeats_fork_source(payload, line):
-                self.copying_from = _thread_id(payload, line)
+            meta = record.payload
+            if self._repeats_fork_source(meta, line):
+                self.copying_from = meta.thread_id(_where(line))
                 self.report.use(line, "session meta of the forked thread (its history follows)")
             else:
-                self._session(line, payload)
+                self._session(line, meta)
             return
-        if self.copying_from is not None and payload.get("thread_id") == getattr(
-            self.thread, "id", None
+        payload = record.payload
+        if (
+            self.copying_from is not None
+            and isinstance(payload, dict)
+            and payload.get("thread_id") == getattr(self.thread, "id", None)
         ):
             self._close()
             self.copying_from = None  # the fork's own records begin
         if self.thread is None:
+            kind = line.data["type"]
             self.report.problem(
                 f"{kind} record before any session_meta; ignored", line.file, line.number
             )
             return
-        if kind == "response_item":
-            self._item(line, payload)
-        elif kind == "event_msg":
-            self._event(line, payload)
-        elif kind == "turn_context":
+        if isinstance(record, ResponseItem):
+            self._item(line, record.payload)
+        elif isinstance(record, EventMsg):
+            self._event(line, record.payload)
+        elif isinstance(record, TurnContext):
             self._close()
             self.report.use(line, "turn settings")
-        elif kind == "compacted":
-            self._close()
-            self._compaction(line, payload)
         else:
-            self.report.skip(line, f"{kind or 'untyped'} record is not a model message")
+            self._close()
+            self._compaction(line, record.payload)
 
-    def _repeats_fork_source(self, payload: dict[str, Any], line: Line) -> bool:
+    def _repeats_fork_source(self, meta: SessionMetaPayload, line: Line) -> bool:
         """A forked thread's file, before the fork's own records, repeats its source's."""
         thread = self.thread
-        if thread is None or not thread.meta.get("forked_from_id") or thread.agent.calls:
+        if thread is None or not thread.meta.forked_from_id or thread.agent.calls:
             return False
-        return self.copying_from is not None or _thread_id(payload, line) != thread.id
+        return self.copying_from is not None or meta.thread_id(_where(line)) != thread.id
 
-    def _session(self, line: Line, payload: dict[str, Any]) -> None:
-        thread_id = _thread_id(payload, line)
+    def _session(self, line: Line, meta: SessionMetaPayload) -> None:
+        thread_id = meta.thread_id(_where(line))
         thread = self.threads.get(thread_id)
         if thread is None:
-            name = payload.get("agent_role") or payload.get("agent_nickname")
+            name = meta.agent_role or meta.agent_nickname
             agent = TranscriptAgent(thread_id, str(name or "leader"), meta={"file": line.file})
-            thread = self.threads[thread_id] = Thread(thread_id, payload, agent)
-            instructions = payload.get("base_instructions") or payload.get("instructions")
-            text = _text(instructions)
+            thread = self.threads[thread_id] = Thread(thread_id, meta, agent)
+            text = _text(meta.base_instructions or meta.instructions)
             if text:
                 thread.system = Message("system", text)
                 thread.history = Turn(thread.system, None)
@@ -374,11 +381,11 @@ class RolloutReader:
         self.last_call = call
         self.pending, self.queued = [], []
 
-    def _compaction(self, line: Line, payload: dict[str, Any]) -> None:
+    def _compaction(self, line: Line, payload: CompactedPayload) -> None:
         thread = self.thread
         assert thread is not None
-        replacement = [i for i in payload.get("replacement_history") or [] if isinstance(i, dict)]
-        summary = _text(payload.get("message")) or summary_in_replacement(replacement, _text)
+        replacement = [i for i in payload.replacement_history if isinstance(i, dict)]
+        summary = _text(payload.message) or summary_in_replacement(replacement, _text)
         if answered_with_summary(thread.latest_answer, summary):
             adopt_as_compaction(thread.latest_answer, line.number)  # type: ignore[arg-type]
             self.report.use(line, "compaction (its summary is the response before it)")
@@ -405,8 +412,9 @@ class RolloutReader:
         thread.history = history
 
 
-def _thread_id(payload: dict[str, Any], line: Line) -> str:
-    return str(payload.get("id") or payload.get("session_id") or f"{line.file}:{line.number}")
+def _where(line: Line) -> str:
+    """The id of a thread whose `session_meta` names none: where it was read."""
+    return f"{line.file}:{line.number}"
 
 
 def import_codex(
@@ -475,7 +483,7 @@ def _episodes(threads: list[Thread], report: ImportReport) -> list[Transcript]:
                 meta={
                     "source": "codex",
                     "files": sorted({m.agent.meta["file"] for m in members}),
-                    "cli_version": root.meta.get("cli_version"),
+                    "cli_version": root.meta.cli_version,
                 },
             )
         )
@@ -504,7 +512,7 @@ def _link(parent: Thread, child: Thread) -> None:
     """The child's parent agent, start, and the parent call that spawned it (when recorded)."""
     agent = child.agent
     agent.parent = parent.id
-    agent.start = "fork" if child.meta.get("forked_from_id") else "fresh"
+    agent.start = "fork" if child.meta.forked_from_id else "fresh"
     if agent.name == "leader":
         agent.name = "subagent"
     use_id, link = parent.spawned.get(child.id), "spawn event"
