@@ -8,12 +8,13 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from callgrove.episode import EpisodeWriter, load, open_writer, save
-from callgrove.formats import Diagnostics, InputError
+from callgrove.formats import Diagnostics, InputError, output
 
 from .helpers import healthy
 
@@ -66,11 +67,12 @@ def test_two_writers_of_one_target_never_mix(tmp_path, suffix):
 
 
 @pytest.mark.parametrize("suffix", LINE_SUFFIXES)
-def test_a_second_appender_is_refused_while_the_first_holds_the_file(tmp_path, suffix):
+def test_a_second_appender_is_refused_while_the_first_holds_the_file(tmp_path, suffix, monkeypatch):
+    monkeypatch.setattr(output, "LOCK_WAIT_S", 0.2)
     path = tmp_path / f"traces{suffix}"
     with EpisodeWriter(path, append=True) as writer:
         writer.write(healthy("a0"))
-        with pytest.raises(InputError, match="another process is writing"):
+        with pytest.raises(InputError, match="another writer has held it"):
             EpisodeWriter(path, append=True)
         writer.write(healthy("a1"))
     with EpisodeWriter(path, append=True) as writer:  # free again once closed
@@ -196,3 +198,15 @@ def test_sigkilled_new_file_write_leaves_the_earlier_file_whole(tmp_path, suffix
     else:  # a binary file is written anew: the leftover temporary is no obstacle
         save(path, [*load(path), healthy("after")])
         assert _ids(path) == ["before-0", "before-1", "after"]
+
+
+def test_short_appends_from_many_threads_take_turns(tmp_path):
+    path = tmp_path / "traces.jsonl"
+
+    def append(index: int) -> None:
+        with EpisodeWriter(path, append=True) as writer:
+            writer.write(healthy(f"t{index}"))
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(append, range(40)))
+    assert sorted(_ids(path)) == sorted(f"t{i}" for i in range(40))

@@ -5,8 +5,8 @@ A new file is written under a unique temporary name beside its target and rename
 once complete, so a failed or killed write leaves whatever was there before untouched, two
 writers of one target never mix their bytes, and a file can be rewritten from itself
 (`save(p, load(p))`). Appending is for logs that must survive a crash line by line: the file is
-held under an advisory lock (`flock`) for as long as it is open, so a second appender is
-refused instead of interleaving lines.
+held under an advisory lock (`flock`) for as long as it is open, so a second appender waits its
+turn (or, past `LOCK_WAIT_S`, is refused) instead of interleaving lines.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import errno
 import fcntl
 import os
 import tempfile
+import time
 from pathlib import Path
 from typing import IO
 
@@ -74,12 +75,20 @@ class NewFile:
         self.temp.unlink(missing_ok=True)
 
 
+# How long an appender waits for another one to finish before it is refused: short appends
+# (an episode at a time) take turns, a writer that holds the file open for a run is not waited on.
+LOCK_WAIT_S = 10.0
+_LOCK_POLL_S = 0.02
+
+
 def open_locked_append(path: str | os.PathLike[str]) -> IO[bytes]:
     """Open `path` for appending (created if missing) under an exclusive advisory lock.
 
-    Raises `InputError` when another process holds the lock (it is appending right now) or the
-    path cannot be written. The lock lasts until the returned file is closed.
+    Waits up to `LOCK_WAIT_S` for another appender to close it, then raises `InputError`; a
+    path that cannot be written raises `InputError` too. The lock lasts until the returned file
+    is closed.
     """
+    deadline = time.monotonic() + LOCK_WAIT_S
     while True:
         try:
             raw = open(path, "ab")  # noqa: SIM115 - the caller owns and closes it
@@ -89,9 +98,13 @@ def open_locked_append(path: str | os.PathLike[str]) -> IO[bytes]:
             fcntl.flock(raw.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raw.close()
+            if time.monotonic() < deadline:
+                time.sleep(_LOCK_POLL_S)
+                continue
             raise InputError(
                 Problem(
-                    "cannot append: another process is writing to it (it holds its lock)",
+                    f"cannot append: another writer has held it for {LOCK_WAIT_S:g} s "
+                    "(it holds its lock)",
                     file=str(path),
                     kind="output",
                 )
