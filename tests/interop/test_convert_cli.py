@@ -92,7 +92,7 @@ def test_bad_lines_stop_or_are_skipped_and_counted(tmp_path: Path) -> None:
     result = convert(path, "--from", "verifiers", "--to", "callgrove", out)
     assert result.exit_code == 1
     assert f"{path}:2" in result.output and "stopped at the first error" in result.output
-    assert [e.id for e in load(out)] == ["ep-0"]
+    assert not out.exists()  # a conversion stopped by an error writes nothing
     result = convert(path, "--from", "verifiers", "--to", "callgrove", out, "--skip-bad")
     assert result.exit_code == 1
     assert cell(result.output, "episodes converted") == "2"

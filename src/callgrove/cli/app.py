@@ -21,6 +21,9 @@ from rich.progress import (
 from rich.text import Text
 
 from callgrove.cli.kinds import harness_hint
+from callgrove.formats.output import check_output
+from callgrove.formats.problems import InputError
+from callgrove.formats.text import printable
 
 app = typer.Typer(
     name="callgrove",
@@ -52,13 +55,15 @@ FilesArg = Annotated[
 
 def safe(value: object) -> str:
     """`value` as text for a rich markup string: ids, paths and messages come from input, and
-    a `[bold]` or `[trimmed]` in them must print as written, never style or vanish."""
-    return escape(str(value))
+    a `[bold]` or `[trimmed]` in them must print as written, never style or vanish; control
+    characters print as escapes, never reaching the terminal raw."""
+    return escape(printable(str(value)))
 
 
 def cell(value: object, style: str = "") -> Text:
-    """A table cell that shows `value` exactly (table cells are otherwise read as markup)."""
-    return Text(str(value), style=style)
+    """A table cell that shows `value` exactly (table cells are otherwise read as markup),
+    control characters as escapes."""
+    return Text(printable(str(value)), style=style)
 
 
 def _version(show: bool) -> None:
@@ -112,6 +117,18 @@ def require_files(files: list[Path]) -> None:
         if not path.is_file():
             err.print(f"error: {safe(path)}: no such file")
             raise typer.Exit(EXIT_USAGE)
+
+
+def require_output(output: Path | None, inputs: list[Path], option: str = "") -> None:
+    """An output that cannot be written (a folder, a missing or read-only folder, one of the
+    inputs) is a usage error (exit 2), named before any work is done."""
+    if output is None:
+        return
+    try:
+        check_output(output, inputs)
+    except InputError as error:
+        err.print(f"error: {safe(option + ' ' if option else '')}{safe(error)}")
+        raise typer.Exit(EXIT_USAGE) from None
 
 
 def reject_foreign_files(files: list[Path]) -> None:

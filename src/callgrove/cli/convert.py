@@ -16,10 +16,18 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.markup import escape
 from rich.table import Table
 
-from callgrove.cli.app import EXIT_FAILED, EXIT_OK, EXIT_USAGE, app, err, progress_bar
+from callgrove.cli.app import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    app,
+    err,
+    progress_bar,
+    require_output,
+    safe,
+)
 from callgrove.cli.kinds import harness_hint
 from callgrove.episode import Episode, format_for, load, open_writer
 from callgrove.forest import compact_prompts
@@ -113,6 +121,8 @@ def convert_command(
     from_ = from_ or _infer_source(source)
     to = to or _infer_target(out, onto)
     source = _input_path(source, from_, invocations, onto, to)
+    target = out / VERIFIERS_FILE if to is Target.verifiers and out.is_dir() else out
+    require_output(target, [p for p in (source, invocations, onto) if p is not None])
     diagnostics = Diagnostics()
     tally = Tally()
     episodes = _read(source, from_, invocations, diagnostics)
@@ -122,15 +132,19 @@ def convert_command(
         def counted() -> Iterator[Episode]:
             for episode in episodes:
                 if not skip_bad and diagnostics.errors:
-                    return  # the first error stops the conversion; it is reported below
+                    raise _Stopped
                 tally.add(episode)
                 progress.update(task, advance=1, description=f"{source.name} · {tally.episodes}")
                 yield episode
+            if not skip_bad and diagnostics.errors:
+                raise _Stopped
 
         try:
-            _write(counted(), out, to, onto, tally)
+            _write(counted(), target, to, onto, tally)
         except InputError as error:
             diagnostics.add(error.problem)
+        except _Stopped:  # the first error stops the conversion; it is reported below
+            pass
     _summary(source, out, from_, to, tally, diagnostics, skip_bad)
     raise typer.Exit(EXIT_FAILED if diagnostics.errors else EXIT_OK)
 
@@ -140,11 +154,11 @@ def _infer_source(source: Path) -> Source:
     path that is not there is a usage error."""
     hint = harness_hint(source)
     if hint is not None or not source.exists():
-        err.print(f"error: {escape(str(source))}: {escape(hint or 'no such file or folder')}")
+        err.print(f"error: {safe(source)}: {safe(hint or 'no such file or folder')}")
         raise typer.Exit(EXIT_USAGE)
     folder_of_traces = source.is_dir() and (source / VERIFIERS_FILE).is_file()
     kind = "verifiers" if folder_of_traces else format_for(source).name
-    err.print(f"reading {escape(str(source))} as {kind} (--from overrides)")
+    err.print(f"reading {safe(source)} as {kind} (--from overrides)")
     return Source(kind)
 
 
@@ -154,11 +168,15 @@ def _infer_target(out: Path, onto: Path | None) -> Target:
     return Target.callgrove
 
 
+class _Stopped(Exception):
+    """The conversion stopped at an error: the output is abandoned, earlier files untouched."""
+
+
 def _input_path(
     source: Path, from_: Source, invocations: Path | None, onto: Path | None, to: Target
 ) -> Path:
     def usage(message: str) -> typer.Exit:
-        err.print(f"error: {message}")
+        err.print(f"error: {safe(message)}")
         return typer.Exit(EXIT_USAGE)
 
     if invocations is not None and from_ is not Source.gym:
@@ -212,8 +230,6 @@ def _write(
     if onto is not None:
         write_advantages(onto, episodes, out)
         return
-    if to is Target.verifiers and out.is_dir():
-        out = out / VERIFIERS_FILE
     with open_writer(out, format=_format_name(out, to)) as writer:
         for episode in episodes:
             compact_prompts(episode)  # prompts reference each call's forest parent
@@ -232,7 +248,7 @@ def _summary(
     skip_bad: bool,
 ) -> None:
     table = Table(
-        title=escape(f"{source} ({from_.value}) -> {out} ({to.value})"),
+        title=safe(f"{source} ({from_.value}) -> {out} ({to.value})"),
         title_justify="left",
         show_header=False,
     )
@@ -272,8 +288,10 @@ def _problems(diagnostics: Diagnostics, skip_bad: bool) -> None:
     err.print(f"not converted: {errors} error(s), {len(diagnostics.warnings)} warning(s) ({kinds})")
     for problem in problems[:SHOWN_PROBLEMS]:
         colour = "red" if problem.severity == "error" else "yellow"
-        err.print(f"[{colour}]{problem.severity}[/{colour}]: {escape(str(problem))}")
+        err.print(f"[{colour}]{problem.severity}[/{colour}]: {safe(str(problem))}")
     if len(problems) > SHOWN_PROBLEMS:
         err.print(f"... and {len(problems) - SHOWN_PROBLEMS} more")
     if errors and not skip_bad:
-        err.print("stopped at the first error; --skip-bad skips bad input and goes on")
+        err.print(
+            "stopped at the first error, nothing written; --skip-bad skips bad input and goes on"
+        )

@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from callgrove.cli.app import EXIT_USAGE, app, err, out
+from callgrove.cli.app import EXIT_USAGE, app, err, out, safe
 from callgrove.formats.problems import InputError
 
 Host = Annotated[
@@ -100,7 +100,7 @@ def serve_policy(
         else:  # a Hugging Face model brings its own tokenizer and chat template
             policy, chat = hf_policy(model, seed, parser)
     except (InputError, OSError, RuntimeError, ValueError) as error:
-        err.print(f"error: {error}")
+        err.print(f"error: {safe(error)}")
         raise typer.Exit(EXIT_USAGE) from None
     server = PolicyServer(policy, chat, model or "policy", _tokens(token, "CALLGROVE_TOKEN"))
     serve(server.app(), host, port, _announce("serve-policy", host))
@@ -163,7 +163,7 @@ def gateway(
             else _chat(tokenizer, template, parser)
         )
     except (OSError, ValueError) as error:
-        err.print(f"error: {error}")
+        err.print(f"error: {safe(error)}")
         raise typer.Exit(EXIT_USAGE) from None
     policy = HttpPolicyClient(upstream, token=upstream_token, timeout=timeout)
     server = Gateway(
@@ -223,7 +223,7 @@ def harness(
             extra_args=list(arg or []),
         )
     except (ValueError, FileNotFoundError) as error:
-        err.print(f"error: {error}")
+        err.print(f"error: {safe(error)}")
         raise typer.Exit(EXIT_USAGE) from None
     agents = ", ".join(
         f"{a['id']} ({a['start']}, {len(a['calls'])} calls)" for a in run.record["agents"]

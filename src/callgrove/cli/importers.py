@@ -8,10 +8,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.markup import escape
 from rich.table import Table
 
-from callgrove.cli.app import EXIT_FAILED, EXIT_OK, EXIT_USAGE, app, err
+from callgrove.cli.app import EXIT_FAILED, EXIT_OK, EXIT_USAGE, app, err, require_output, safe
 from callgrove.episode import Episode, encode_episode, load, save
 from callgrove.forest import compact_prompts
 from callgrove.formats.problems import Diagnostics, InputError
@@ -91,9 +90,9 @@ def _chat_format(
             tokenizer = tokenizer / "tokenizer.json"
         return JinjaFormat(tokenizer, template, pairs, allow_dropped=allow_dropped)  # type: ignore[arg-type]
     except InputError as error:
-        err.print(f"[red]error[/red]: {escape(str(error))}")
+        err.print(f"[red]error[/red]: {safe(str(error))}")
     except Exception as error:  # tokenizers raises plain exceptions for unreadable files
-        err.print(f"[red]error[/red]: {escape(str(tokenizer))}: {escape(str(error))}")
+        err.print(f"[red]error[/red]: {safe(str(tokenizer))}: {safe(str(error))}")
     raise typer.Exit(EXIT_USAGE)
 
 
@@ -104,6 +103,7 @@ def _run_import(
     chat_format: ChatFormat,
     verbose: bool,
 ) -> None:
+    require_output(out, [path], "--out")
     report = ImportReport()
     transcripts = importer(path, report)
     renderer = Renderer(chat_format)
@@ -120,9 +120,16 @@ def _run_import(
             getattr(chat_format, "template_path", None),
             severity="warning",
         )
-    _write(episodes, out)
+    failed = bool(report.diagnostics.errors)
+    # Lines that could not be used are reported and the rest imported; an import that made
+    # nothing at all leaves an earlier --out file as it was.
+    kept = failed and not episodes and out is not None
+    if not kept:
+        _write(episodes, out)
     _summary(episodes, report, verbose)
-    raise typer.Exit(EXIT_FAILED if report.diagnostics.errors else EXIT_OK)
+    if kept:
+        err.print(f"nothing written to {safe(out)}: no episode was imported")
+    raise typer.Exit(EXIT_FAILED if failed else EXIT_OK)
 
 
 def _write(episodes: list[Episode], out: Path | None) -> None:
@@ -144,7 +151,7 @@ def _summary(episodes: list[Episode], report: ImportReport, verbose: bool) -> No
     for episode in episodes:
         calls = list(episode.calls())
         table.add_row(
-            escape(episode.id),
+            safe(episode.id),
             str(len(episode.agents)),
             str(len(calls)),
             str(sum(c.kept for c in calls)),
@@ -160,19 +167,19 @@ def _summary(episodes: list[Episode], report: ImportReport, verbose: bool) -> No
         f"{len(report.skipped)} skipped, {len(report.diagnostics.problems)} problem(s)"
     )
     for reason, count in report.skipped_reasons().most_common():
-        err.print(f"  skipped {count:>5}  {escape(reason)}")
+        err.print(f"  skipped {count:>5}  {safe(reason)}")
     if verbose:
         for problem in report.skipped:
-            err.print(f"  {escape(str(problem))}")
+            err.print(f"  {safe(str(problem))}")
     for problem in report.diagnostics.problems:
         colour = "red" if problem.severity == "error" else "yellow"
-        err.print(f"[{colour}]{problem.severity}[/{colour}]: {escape(str(problem))}")
+        err.print(f"[{colour}]{problem.severity}[/{colour}]: {safe(str(problem))}")
     for episode in episodes:
         for gap in episode.gaps or []:
             where = (
                 f"in {episode.id}: {gap.agent or gap.file or gap.kind}: {gap.reason or gap.kind}"
             )
-            err.print(f"[yellow]gap[/yellow] {escape(where)}")
+            err.print(f"[yellow]gap[/yellow] {safe(where)}")
     err.print(
         "[bold]These episodes are for supervised training:[/bold] transcripts carry no sampling "
         "logprobs (objective=supervised, logprobs=null), so their rows cannot train "
@@ -218,6 +225,7 @@ def join(
     tokenizer: TokenizerOption = None,
 ) -> None:
     """The capture's tokens and logprobs with the transcript's agent structure."""
+    require_output(out, [transcript, capture], "--out")
     if tokenizer is None:
         decode = BuiltinFormat().decode
     else:
@@ -237,7 +245,7 @@ def join(
             match = captures.popitem()[1]
         if match is None:
             err.print(
-                f"[red]error[/red]: episode {escape(episode.id)}: no capture episode with this id"
+                f"[red]error[/red]: episode {safe(episode.id)}: no capture episode with this id"
             )
             continue
         result = join_capture(episode, match, decode)
@@ -248,9 +256,12 @@ def join(
             f"{result.unmatched_transcript or ''}, {len(result.unmatched_capture)} in the capture "
             f"{result.unmatched_capture or ''}"
         )
-        err.print(escape(line))
+        err.print(safe(line))
     for problem in diagnostics.problems:
-        err.print(f"[red]{problem.severity}[/red]: {escape(str(problem))}")
-    _write(joined, out)
-    failed = diagnostics.errors or len(joined) < len(transcripts)
+        err.print(f"[red]{problem.severity}[/red]: {safe(str(problem))}")
+    failed = bool(diagnostics.errors) or len(joined) < len(transcripts)
+    if failed and not joined and out is not None:  # nothing joined: an earlier file stays
+        err.print(f"nothing written to {safe(out)}: no episode was joined")
+    else:
+        _write(joined, out)
     raise typer.Exit(EXIT_FAILED if failed else EXIT_OK)

@@ -7,11 +7,12 @@ in the files as it reads. Past a handful of episodes the table gives way to a su
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated
+from typing import IO, Annotated
 
 import orjson
 import pyarrow.parquet as pq
@@ -31,9 +32,11 @@ from callgrove.cli.app import (
     progress_bar,
     reject_foreign_files,
     require_files,
+    require_output,
     safe,
 )
 from callgrove.episode import load
+from callgrove.formats.output import NewFile
 from callgrove.formats.problems import Diagnostics
 from callgrove.pictures.text import clip_middle
 from callgrove.rows import EpisodeRows, Row, RowSettings, build_rows, check_rows
@@ -146,6 +149,7 @@ def rows_command(
             "nothing (--out files always carry token_ids, loss_mask and logprobs)"
         )
         raise typer.Exit(EXIT_USAGE)
+    require_output(out_file, files, "--out")
     outcome = Outcome()
     settings = RowSettings(max_identical_trained=max_identical)
     view = _TableView(files) if not jsonl and out_file is None else None
@@ -171,22 +175,33 @@ def _print_jsonl(result: EpisodeRows, tokens: bool) -> None:
     sys.stdout.buffer.flush()
 
 
+# Rows are buffered up to this many tokens, then written as one Parquet row group: groups big
+# enough to read fast, memory bounded by one group whatever the input's size.
+ROW_GROUP_TOKENS = 4_000_000
+
+
 class _RowSink:
-    """Collects rows for --out, written as Parquet (one row group per episode batch) or JSONL."""
+    """Writes rows for --out as Parquet (row groups of about `ROW_GROUP_TOKENS` tokens) or
+    JSON Lines, beside the target, moved into place only when the command went through."""
 
     def __init__(self, path: Path | None):
         self.path = path
         self.count = 0
+        self._new: NewFile | None = None
         self._parquet: pq.ParquetWriter | None = None
-        self._jsonl = None
+        self._jsonl: IO[bytes] | None = None
+        self._held: list[Row] = []
+        self._held_tokens = 0
 
     def __enter__(self) -> _RowSink:
-        if self.path is not None and self.path.suffix == ".jsonl":
-            self._jsonl = self.path.open("wb")
+        if self.path is not None:
+            self._new = NewFile(self.path)
+            if self.path.suffix == ".jsonl":
+                self._jsonl = self._new.temp.open("wb")
         return self
 
     def add(self, result: EpisodeRows) -> None:
-        if self.path is None or not result.rows:
+        if self._new is None or not result.rows:
             return
         self.count += len(result.rows)
         if self._jsonl is not None:
@@ -195,18 +210,49 @@ class _RowSink:
                     orjson.dumps(row_record(row, True), option=orjson.OPT_SERIALIZE_NUMPY) + b"\n"
                 )
             return
-        table = rows_table(result.rows)
-        if self._parquet is None:
-            self._parquet = pq.ParquetWriter(self.path, table.schema)
-        self._parquet.write_table(table)
+        self._held.extend(result.rows)
+        self._held_tokens += sum(row.num_tokens for row in result.rows)
+        if self._held_tokens >= ROW_GROUP_TOKENS:
+            self._write_group()
 
-    def __exit__(self, *exc: object) -> None:
-        if self._parquet is not None:
-            self._parquet.close()
+    def _write_group(self) -> None:
+        assert self._new is not None
+        table = rows_table(self._held)
+        if self._parquet is None:
+            self._parquet = pq.ParquetWriter(self._new.temp, table.schema)
+        if self._held:  # a file of no rows still has every column
+            self._parquet.write_table(table, row_group_size=len(self._held))
+        self._held, self._held_tokens = [], 0
+
+    def __exit__(self, exc_type: object, *rest: object) -> None:
+        if self._new is None:
+            return
+        if exc_type is None:
+            try:
+                self._finish()
+            except BaseException:
+                self._abandon()
+                raise
+            self._new.commit()
+        else:
+            self._abandon()
+
+    def _finish(self) -> None:
         if self._jsonl is not None:
             self._jsonl.close()
-        if self.path is not None and self.path.suffix == ".parquet" and self._parquet is None:
-            pq.write_table(rows_table([]), self.path)
+            return
+        if self._held or self._parquet is None:
+            self._write_group()
+        assert self._parquet is not None
+        self._parquet.close()
+
+    def _abandon(self) -> None:
+        for stream in (self._jsonl, self._parquet):
+            with contextlib.suppress(Exception):
+                if stream is not None:
+                    stream.close()
+        assert self._new is not None
+        self._new.discard()
 
 
 @dataclass

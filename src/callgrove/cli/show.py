@@ -9,7 +9,17 @@ from typing import Annotated
 import typer
 from rich.tree import Tree
 
-from callgrove.cli.app import EPISODE_FORMS, EXIT_FAILED, EXIT_USAGE, FilesArg, app, err, out, safe
+from callgrove.cli.app import (
+    EPISODE_FORMS,
+    EXIT_FAILED,
+    EXIT_USAGE,
+    FilesArg,
+    app,
+    err,
+    out,
+    require_output,
+    safe,
+)
 from callgrove.cli.rows import (
     NO_REWARD,
     EpisodeOption,
@@ -18,6 +28,8 @@ from callgrove.cli.rows import (
     print_rows_table,
     require_episode_found,
 )
+from callgrove.formats.output import write_text
+from callgrove.formats.problems import InputError
 from callgrove.pictures import Picture, layout, render_html, render_svg
 from callgrove.pictures.text import clip_middle
 from callgrove.rows import EpisodeRows, RowSettings
@@ -59,6 +71,8 @@ def show_command(
             err.print(f"error: --out {safe(out_file)}: expected an .svg or .html file")
             raise typer.Exit(EXIT_USAGE)
         svg, html = (out_file, html) if out_file.suffix == ".svg" else (svg, out_file)
+    require_output(svg, files, "--svg")
+    require_output(html, files, "--html")
     drawing = svg is not None or html is not None
     outcome = Outcome()
     pictures: list[Picture] = []
@@ -70,12 +84,12 @@ def show_command(
             print_rows_table(result)
     require_episode_found(episode_id, outcome, files)
     if drawing:
-        _write_pictures(pictures, svg, html, title=", ".join(path.name for path in files))
+        _write_pictures(pictures, svg, html, files)
     raise typer.Exit(outcome.report())
 
 
 def _write_pictures(
-    pictures: list[Picture], svg: Path | None, html: Path | None, title: str
+    pictures: list[Picture], svg: Path | None, html: Path | None, files: list[Path]
 ) -> None:
     if not pictures:
         err.print("error: no episode to draw")
@@ -83,18 +97,19 @@ def _write_pictures(
     if svg is not None:
         paths = svg_file_names(svg, [p.episode.id for p in pictures])
         for picture, path in zip(pictures, paths, strict=True):
+            require_output(path, files, "--svg")
             _write(path, render_svg(picture))
-            err.print(f"wrote {path} (episode {picture.episode.id})", markup=False)
+            err.print(f"wrote {safe(path)} (episode {safe(picture.episode.id)})")
     if html is not None:
-        _write(html, render_html(pictures, title))
+        _write(html, render_html(pictures, title=", ".join(path.name for path in files)))
         err.print(f"wrote {safe(html)} ({len(pictures)} episode(s))")
 
 
 def _write(path: Path, text: str) -> None:
     try:
-        path.write_text(text, encoding="utf-8")
-    except OSError as error:
-        err.print(f"error: cannot write {path}: {error.strerror or error}", markup=False)
+        write_text(path, text)
+    except InputError as error:
+        err.print(f"error: {safe(error)}")
         raise typer.Exit(EXIT_USAGE) from None
 
 
@@ -109,9 +124,8 @@ def svg_file_names(path: Path, episode_ids: list[str]) -> list[Path]:
     clashes = sorted({str(n) for n in names if names.count(n) > 1})
     if clashes:
         err.print(
-            f"error: --svg: episode ids give the same file name ({', '.join(clashes)}); "
+            f"error: --svg: episode ids give the same file name ({safe(', '.join(clashes))}); "
             "draw them one at a time with --episode",
-            markup=False,
         )
         raise typer.Exit(EXIT_USAGE)
     return names

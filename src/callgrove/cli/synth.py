@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from callgrove.cli.app import EXIT_USAGE, app, err, progress_bar
+from callgrove.cli.app import EXIT_USAGE, app, err, progress_bar, require_output, safe
 from callgrove.episode import open_writer
 from callgrove.synth import PRESETS, Shape, call_tokens, synth_episodes
 
@@ -59,8 +59,9 @@ def synth_command(
     try:
         shape: Shape = replace(PRESETS[preset], **given)
     except ValueError as error:
-        err.print(f"error: {error}")
+        err.print(f"error: {safe(error)}")
         raise typer.Exit(EXIT_USAGE) from None
+    require_output(out, [])
     tokens = 0
     with progress_bar() as progress, open_writer(out) as writer:
         task = progress.add_task(out.name, total=episodes)
@@ -69,6 +70,6 @@ def synth_command(
             tokens += call_tokens(episode)
             progress.advance(task)
     err.print(
-        f"{out}: {episodes} episodes, {shape.agents} agents and {shape.calls} calls each, "
+        f"{safe(out)}: {episodes} episodes, {shape.agents} agents and {shape.calls} calls each, "
         f"{tokens / 1e6:.2f}M call tokens"
     )

@@ -119,9 +119,17 @@ def open_locked_append(path: str | os.PathLike[str]) -> IO[bytes]:
         raw.close()
 
 
-def refuse_overwriting(output: Path, inputs: list[Path]) -> None:
-    """Raise `InputError` when `output` is one of `inputs` (writing it would read and replace
-    the same file at once)."""
+def check_output(output: Path, inputs: list[Path]) -> None:
+    """Raise `InputError` for an output path that cannot be written, before any work is done:
+    a folder, one whose folder is missing or read-only, or one of `inputs` (writing it would
+    read and replace the same file at once)."""
+    if output.is_dir():
+        raise output_error(output, "it is a folder")
+    folder = output.parent
+    if not folder.is_dir():
+        raise output_error(output, "its folder does not exist")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise output_error(output, "its folder is not writable")
     if not output.exists():
         return
     for source in inputs:
@@ -134,3 +142,14 @@ def refuse_overwriting(output: Path, inputs: list[Path]) -> None:
                         kind="output",
                     )
                 )
+
+
+def write_text(path: str | os.PathLike[str], text: str) -> None:
+    """Write a whole text file (UTF-8) the `NewFile` way: it appears complete or not at all."""
+    new = NewFile(path)
+    try:
+        new.temp.write_text(text, encoding="utf-8")
+    except BaseException:
+        new.discard()
+        raise
+    new.commit()

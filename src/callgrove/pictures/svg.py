@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from html import escape
 
+from callgrove.formats.text import printable
 from callgrove.pictures.layout import (
     BAND_GAP,
     BOX_HEIGHT,
@@ -111,10 +112,15 @@ class _Writer:
         if text is None:
             self.lines.append(f"{indent}<{tag}{_attributes(attributes)}/>")
         else:
-            self.lines.append(f"{indent}<{tag}{_attributes(attributes)}>{escape(text)}</{tag}>")
+            self.lines.append(f"{indent}<{tag}{_attributes(attributes)}>{_xml(text)}</{tag}>")
 
     def text(self) -> str:
         return "\n".join(self.lines) + "\n"
+
+
+def _xml(text: str) -> str:
+    """Text for XML: markup escaped, control characters (which XML forbids) as escapes."""
+    return escape(printable(text, lines=True))
 
 
 def _attributes(attributes: dict[str, object]) -> str:
@@ -124,7 +130,7 @@ def _attributes(attributes: dict[str, object]) -> str:
             continue
         if isinstance(value, float):  # layouts are integer; a float here is a bug, not a style
             raise TypeError(f"non-integer SVG attribute {name}={value!r}")
-        parts.append(f' {name.rstrip("_").replace("_", "-")}="{escape(str(value))}"')
+        parts.append(f' {name.rstrip("_").replace("_", "-")}="{_xml(str(value))}"')
     return "".join(parts)
 
 

@@ -50,7 +50,7 @@ def rows_table(rows: Iterable[Row]) -> pa.Table:
     logprob_values = _list_column(
         [lp if lp is not None else np.zeros(0) for lp in logprobs], pa.float32()
     )
-    logprob_nulls = pa.array([lp is None for lp in logprobs])
+    logprob_nulls = pa.array([lp is None for lp in logprobs], pa.bool_())
     logprob_column = pa.ListArray.from_arrays(
         logprob_values.offsets, logprob_values.values, mask=logprob_nulls
     )
