@@ -38,7 +38,7 @@ def test_rows_jsonl_is_the_spec_table():
     first = rows[0]
     assert set(first) == {
         "episode", "row", "leaf", "agent", "path", "trains", "context",
-        "num_tokens", "num_loss_tokens", "reward", "duplicate_of",
+        "num_tokens", "num_loss_tokens", "reward", "duplicate_of", "objective",
     }  # fmt: skip
     assert first["episode"] == "login-bug-0001" and first["agent"] == "B" and first["reward"] == 1.0
 

@@ -192,6 +192,8 @@ def test_never_scored_episodes_say_no_reward(tmp_path):
     assert "rewards: no reward (1 episodes never scored)" in stats
     assert "no reward" in run("show", path).stdout
     assert "no reward" in run("rows", path).stdout
+    [record] = [json.loads(line) for line in run("rows", "--jsonl", path).stdout.splitlines()]
+    assert record["objective"] == "supervised"
     assert json.loads(run("stats", "--json", path).stdout)["rewards"]["all"]["mean"] is None
 
 

@@ -241,7 +241,7 @@ def advantages_table(learning: Learning) -> Table | None:
     return table
 
 
-def rows_table(learning: Learning) -> Table | None:
+def row_totals_table(learning: Learning) -> Table | None:
     if not learning.rows and not learning.unbuildable:
         return None
     table = _table("rows", "what", "count", header=False)
@@ -423,7 +423,7 @@ def stats_command(
                 summary_table(stats, learning),
                 rewards_table(learning),
                 advantages_table(learning),
-                rows_table(learning),
+                row_totals_table(learning),
                 agents_table(stats),
                 errors_table(stats),
                 spread_view(stats),

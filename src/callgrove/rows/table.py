@@ -25,6 +25,7 @@ def row_record(row: Row, tokens: bool = False) -> dict[str, Any]:
         "num_loss_tokens": row.num_loss_tokens,
         "reward": row.reward,
         "duplicate_of": row.duplicate_of,
+        "objective": row.episode.objective,
     }
     if tokens:
         record["token_ids"] = row.token_ids
@@ -68,6 +69,7 @@ def rows_table(rows: Iterable[Row]) -> pa.Table:
         "num_loss_tokens": pa.array([r.num_loss_tokens for r in rows], pa.int64()),
         "reward": pa.array([r.reward for r in rows], pa.float64()),
         "duplicate_of": pa.array([r.duplicate_of for r in rows], pa.int32()),
+        "objective": pa.array([r.episode.objective for r in rows], pa.string()),
         "token_ids": _list_column([r.token_ids for r in rows], pa.int32()),
         "loss_mask": _list_column([r.loss_mask for r in rows], pa.uint8()),
         "logprobs": logprob_column,
