@@ -141,6 +141,36 @@ def _agent_from_wire(wire: WireAgent, episode: str) -> Agent:
     )
 
 
+# The call fields every form copies as they are: those of `WireCall` that `Call` has too, but
+# for the ones each form spells its own way. A new such field is a line in `WireCall` and in
+# `Call` (and its docs): the JSON and binary paths pick it up from here.
+_SHAPED_CALL_FIELDS = {
+    "id",
+    "seq",
+    "prompt_ids",
+    "prompt_from",
+    "prompt_from_len",
+    "prompt_suffix_ids",
+    "completion_ids",
+    "logprobs",
+    "advantages",
+}
+PLAIN_CALL_FIELDS: tuple[msgspec.structs.FieldInfo, ...] = tuple(
+    f
+    for f in msgspec.structs.fields(WireCall)
+    if f.name not in _SHAPED_CALL_FIELDS and f.name in Call.__dataclass_fields__
+)
+
+
+def plain_call_values(call: Call) -> dict[str, Any]:
+    """The call's plain fields as `WireCall` holds them (None left out where it can be)."""
+    return {
+        f.name: UNSET if value is None and f.default is UNSET else value
+        for f in PLAIN_CALL_FIELDS
+        for value in (getattr(call, f.name),)
+    }
+
+
 def _call_from_wire(wire: WireCall, episode: str) -> Call:
     """The call as given; its values are checked with its episode's (`checks.call_problems`)."""
     base_len, suffix = _prompt_from_wire(wire, episode)
@@ -152,9 +182,6 @@ def _call_from_wire(wire: WireCall, episode: str) -> Call:
         prompt_suffix=suffix,
         prompt_base_len=base_len,
         logprobs=_floats(wire.logprobs),
-        policy_version=wire.policy_version,
-        purpose=wire.purpose,  # type: ignore[arg-type]  # checked by call_problems
-        kept=wire.kept,
         advantages=(
             None
             if value is UNSET or value is None
@@ -162,7 +189,10 @@ def _call_from_wire(wire: WireCall, episode: str) -> Call:
             if isinstance(value, list)
             else float(value)
         ),
-        content=None if wire.content is UNSET else wire.content,
+        **{  # purpose and the like are checked with the episode (`checks.call_problems`)
+            f.name: None if (value := getattr(wire, f.name)) is UNSET else value
+            for f in PLAIN_CALL_FIELDS
+        },
     )
 
 
@@ -228,10 +258,7 @@ def _call_to_wire(call: Call) -> WireCall:
         seq=call.seq,
         completion_ids=call.completion_ids.tolist(),
         logprobs=None if call.logprobs is None else call.logprobs.tolist(),
-        policy_version=call.policy_version,
-        purpose=call.purpose,
-        kept=call.kept,
-        content=UNSET if call.content is None else call.content,
+        **plain_call_values(call),
     )
     if call.prompt_base is None:
         wire.prompt_ids = call.prompt_suffix.tolist()

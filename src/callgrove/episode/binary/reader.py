@@ -18,7 +18,12 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
-from callgrove.episode.binary.schema import FLOAT_DTYPE, LAYOUT, PARQUET_SUFFIX
+from callgrove.episode.binary.schema import (
+    FLOAT_DTYPE,
+    JSON_CALL_FIELDS,
+    LAYOUT,
+    PARQUET_SUFFIX,
+)
 from callgrove.episode.checks import (
     CallColumns,
     ListColumn,
@@ -30,9 +35,9 @@ from callgrove.episode.checks import (
     raise_first,
     resolve_prompts,
 )
-from callgrove.episode.codec import share_histories
+from callgrove.episode.codec import PLAIN_CALL_FIELDS
 from callgrove.episode.provenance import gaps_from_json, split_spawn
-from callgrove.episode.record import TOKEN_DTYPE, Agent, Call, Episode
+from callgrove.episode.record import TOKEN_DTYPE, Agent, Call, Episode, share_histories
 from callgrove.formats.problems import Diagnostics, InputError, Problem
 from callgrove.formats.wire import FORMAT, WireEnv, WireError, WirePolicy, WireRun
 
@@ -97,20 +102,21 @@ class _Calls:
         field = calls.field
         self.prompt_from = field("prompt_from").to_pylist()
         self.prompt_from_len = field("prompt_from_len").to_pylist()
-        self.policy_versions = field("policy_version").to_pylist()
-        self.content = field("content").to_pylist()
+        self.problems: dict[int, str] = {}
+        self.plain = {info.name: self._plain(field, info.name) for info in PLAIN_CALL_FIELDS}
         self.columns = CallColumns(
             ids=field("id").to_pylist(),
             seqs=field("seq").to_pylist(),
-            purposes=field("purpose").to_pylist(),
-            kept=field("kept").to_pylist(),
+            purposes=self.plain["purpose"],
+            kept=self.plain["kept"],
             advantage=field("advantage").to_pylist(),
             prompt_suffix_ids=_list_column(field("prompt_suffix_ids"), TOKEN_DTYPE),
             completion_ids=_list_column(field("completion_ids"), TOKEN_DTYPE),
             logprobs=_list_column(field("logprobs"), FLOAT_DTYPE),
             advantages=_list_column(field("advantages"), FLOAT_DTYPE),
         )
-        self.problems = call_problems(self.columns)
+        for index, problem in call_problems(self.columns).items():
+            self.problems.setdefault(index, problem)
         for index, (source, length) in enumerate(
             zip(self.prompt_from, self.prompt_from_len, strict=True)
         ):
@@ -126,7 +132,7 @@ class _Calls:
             scalar if scalar is not None else per_token
             for scalar, per_token in zip(columns.advantage, columns.advantages.views(), strict=True)
         ]
-        content = [self._content(i, text) for i, text in enumerate(self.content)]
+        names = list(self.plain)
         return [
             Call(
                 id=call_id,
@@ -135,34 +141,34 @@ class _Calls:
                 prompt_suffix=suffix,
                 prompt_base_len=base_len or 0,
                 logprobs=logprobs,
-                policy_version=version,
-                purpose=purpose,
-                kept=kept,
                 advantages=advantage,
-                content=value,
+                **dict(zip(names, plain, strict=True)),
             )
-            for call_id, seq, completion, suffix, base_len, logprobs, version, purpose, kept, advantage, value in zip(
+            for call_id, seq, completion, suffix, base_len, logprobs, advantage, *plain in zip(
                 columns.ids,
                 columns.seqs,
                 columns.completion_ids.views(),
                 columns.prompt_suffix_ids.views(),
                 self.prompt_from_len,
                 columns.logprobs.views(),
-                self.policy_versions,
-                columns.purposes,
-                columns.kept,
                 advantages,
-                content,
+                *self.plain.values(),
                 strict=True,
             )
         ]
 
-    def _content(self, index: int, text: str | None) -> Any:
-        try:
-            return _decode_json(text)
-        except InputError:
-            self.problems.setdefault(index, "content is not valid JSON")
-            return None
+    def _plain(self, field: Any, name: str) -> list[Any]:
+        values = field(name).to_pylist()
+        if name not in JSON_CALL_FIELDS:
+            return values
+        decoded = []
+        for index, text in enumerate(values):
+            try:
+                decoded.append(_decode_json(text))
+            except InputError:
+                self.problems.setdefault(index, f"{name} is not valid JSON")
+                decoded.append(None)
+        return decoded
 
 
 class _Batch:

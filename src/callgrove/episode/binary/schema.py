@@ -6,10 +6,13 @@ per-token floats (logprobs, advantages) `float32` list columns, free-form values
 from __future__ import annotations
 
 import os
+from typing import Any, get_args
 
+import msgspec
 import numpy as np
 import pyarrow as pa
 
+from callgrove.episode.codec import PLAIN_CALL_FIELDS
 from callgrove.formats.wire import FORMAT
 
 LAYOUT = "callgrove.binary/1"
@@ -29,6 +32,27 @@ _FLOATS = pa.list_(pa.float32())
 _REWARDS = pa.map_(pa.string(), pa.float64())
 _JSON = pa.string()  # free-form JSON values, stored as their JSON text
 
+_SCALARS = {int: pa.int64(), float: pa.float64(), str: pa.string(), bool: pa.bool_()}
+
+
+def _kind(info: msgspec.structs.FieldInfo) -> tuple[Any, bool]:
+    """A plain call field's value type and whether it may be missing, from its `WireCall` type."""
+    kinds = set(get_args(info.type)) or {info.type}
+    nullable = type(None) in kinds or msgspec.UnsetType in kinds
+    kinds -= {type(None), msgspec.UnsetType}
+    return (kinds.pop() if len(kinds) == 1 else Any), nullable
+
+
+def plain_field(info: msgspec.structs.FieldInfo) -> pa.Field:
+    """A plain call field's column: a scalar of its kind, or JSON text for anything else."""
+    kind, nullable = _kind(info)
+    return pa.field(info.name, _SCALARS.get(kind, _JSON), nullable=nullable)
+
+
+# The plain call fields stored as JSON text.
+JSON_CALL_FIELDS = frozenset(f.name for f in PLAIN_CALL_FIELDS if _kind(f)[0] not in _SCALARS)
+
+
 CALL_TYPE = pa.struct(
     [
         pa.field("id", pa.string(), nullable=False),
@@ -38,12 +62,9 @@ CALL_TYPE = pa.struct(
         pa.field("prompt_suffix_ids", _TOKENS, nullable=False),
         pa.field("completion_ids", _TOKENS, nullable=False),
         pa.field("logprobs", _FLOATS),
-        pa.field("policy_version", pa.int64()),
-        pa.field("purpose", pa.string(), nullable=False),
-        pa.field("kept", pa.bool_(), nullable=False),
         pa.field("advantage", pa.float64()),
         pa.field("advantages", _FLOATS),
-        pa.field("content", _JSON),
+        *(plain_field(f) for f in PLAIN_CALL_FIELDS),
     ]
 )
 AGENT_TYPE = pa.struct(

@@ -22,11 +22,13 @@ from callgrove.episode.binary.schema import (
     BINARY_SUFFIXES,
     CALL_TYPE,
     FLOAT_DTYPE,
+    JSON_CALL_FIELDS,
     PARQUET_PAGE_BYTES,
     PARQUET_SUFFIX,
     SCHEMA,
     is_binary,
 )
+from callgrove.episode.codec import PLAIN_CALL_FIELDS
 from callgrove.episode.provenance import gaps_to_json, join_spawn
 from callgrove.episode.record import TOKEN_DTYPE, Agent, Call, Episode
 from callgrove.formats.output import NewFile
@@ -78,13 +80,14 @@ def _calls_array(calls: list[Call]) -> pa.StructArray:
         _list_column([c.prompt_suffix for c in calls], TOKEN_DTYPE, pa.int32()),
         _list_column([c.completion_ids for c in calls], TOKEN_DTYPE, pa.int32()),
         _list_column([c.logprobs for c in calls], FLOAT_DTYPE, pa.float32()),
-        column("policy_version", [c.policy_version for c in calls]),
-        column("purpose", [c.purpose for c in calls]),
-        column("kept", [c.kept for c in calls]),
         column("advantage", scalar),
         _list_column(per_token, FLOAT_DTYPE, pa.float32()),
-        column("content", [_json_text(c.content) for c in calls]),
     ]
+    for info in PLAIN_CALL_FIELDS:
+        values = [getattr(c, info.name) for c in calls]
+        if info.name in JSON_CALL_FIELDS:
+            values = [_json_text(v) for v in values]
+        children.append(column(info.name, values))
     return pa.StructArray.from_arrays(children, fields=list(CALL_TYPE))
 
 
