@@ -2,6 +2,7 @@
 supervised fine-tuning on the bundled real transcripts.
 
     python benchmarks/hf_bench.py [--model smollm2-135m] [--repeat 2] [--sft-steps 6]
+        [--only step|sft]
 
 1. Step time: a fork-heavy episode (`packing_bench.fork_heavy_episode`, scaled down so that a
    135M model steps in seconds on CPU: a leader of 12 calls reaching about 1k tokens, forking
@@ -65,8 +66,10 @@ def in_vocabulary(batch: ModelBatch, vocab: int) -> ModelBatch:
     return batch
 
 
-def step_time_figures(learner: HFLearner, vocab: int, repeats: int) -> bool:
-    episode = fork_heavy_episode("fork-heavy", leader_calls=12, forks=4, fork_calls=2, history=1024)
+def step_time_figures(learner: HFLearner, vocab: int, repeats: int, history: int) -> bool:
+    episode = fork_heavy_episode(
+        "fork-heavy", leader_calls=12, forks=4, fork_calls=2, history=history
+    )
     finalize_group(GRPO(), [episode])
     samples = build_samples(build_rows(episode))
     tree = tree_model_batch(pack_samples(samples, TreeSettings(scope="episode")))
@@ -111,7 +114,11 @@ def transcript_samples(model_name: str, max_len: int):
     from callgrove.transcripts import JinjaFormat, Renderer, import_claude_code
 
     folder = checkpoint_folder(resolve_model(model_name))
-    renderer = Renderer(JinjaFormat(folder / "tokenizer.json", folder / "chat_template.jinja"))
+    # SmolLM2's template renders no tool calls: they are dropped, counted and printed.
+    chat_format = JinjaFormat(
+        folder / "tokenizer.json", folder / "chat_template.jinja", allow_dropped=True
+    )
+    renderer = Renderer(chat_format)
     sessions = sorted(REAL.rglob("*.jsonl"))
     episodes = []
     for path in sessions:
@@ -129,6 +136,8 @@ def transcript_samples(model_name: str, max_len: int):
         if sample.logprobs is not None:
             sample.logprobs = sample.logprobs[:max_len]
     trained = [s for s in samples if s.num_loss_tokens and s.duplicate_of is None]
+    dropped = sum(chat_format.dropped.values())
+    print(f"  the chat template dropped {dropped} pieces of message content (tool calls)")
     return episodes, trained
 
 
@@ -166,15 +175,20 @@ def main() -> None:
     parser.add_argument("--sft-steps", type=int, default=6)
     parser.add_argument("--sft-len", type=int, default=384)
     parser.add_argument("--sft-rows", type=int, default=8)
+    parser.add_argument("--only", choices=["step", "sft"], help="run one part")
+    parser.add_argument("--history", type=int, default=1024, help="the leader's tokens")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    model, _ = load_model(args.model)
-    vocab = model.get_output_embeddings().weight.shape[0]
-    learner = HFLearner(model, LearnerSettings(), HFOptions(lora=LoraSettings(rank=16)))
-    ok = step_time_figures(learner, vocab, args.repeat)
-    model, _ = load_model(args.model)  # fresh weights for SFT
-    ok &= sft_figures(model, args.model, args.sft_steps, args.sft_len, args.sft_rows)
+    ok = True
+    if args.only != "sft":
+        model, _ = load_model(args.model)
+        vocab = model.get_output_embeddings().weight.shape[0]
+        learner = HFLearner(model, LearnerSettings(), HFOptions(lora=LoraSettings(rank=16)))
+        ok &= step_time_figures(learner, vocab, args.repeat, args.history)
+    if args.only != "step":
+        model, _ = load_model(args.model)  # fresh weights for SFT
+        ok &= sft_figures(model, args.model, args.sft_steps, args.sft_len, args.sft_rows)
     sys.exit(0 if ok else 1)
 
 
