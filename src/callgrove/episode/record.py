@@ -272,8 +272,8 @@ class Episode:
 
 def share_histories(agents: list[Agent]) -> None:
     """Hold a full prompt that resends an earlier call as a reference plus a suffix: its
-    agent's previous call, or for an agent's first call (a fork) the longest earlier call of
-    the agent that started it.
+    agent's previous call, or for a fork's first call the longest earlier call of the agent
+    that started it.
 
     Only an encoding: the forest still decides parents from the tokens. It keeps memory and
     files linear in the distinct tokens when every prompt is given in full.
@@ -283,7 +283,8 @@ def share_histories(agents: list[Agent]) -> None:
         previous: Call | None = None
         for call in sorted(agent.calls, key=lambda c: c.seq):
             if call.prompt_base is None:
-                starter = by_id.get(agent.parent) if agent.parent is not None else None
+                forked = agent.start == "fork" and agent.parent is not None
+                starter = by_id.get(agent.parent) if forked else None  # type: ignore[arg-type]
                 candidates = [previous] if previous is not None else _earlier(starter, call)
                 for source in candidates:
                     if _starts_with(call.prompt_suffix, source):
