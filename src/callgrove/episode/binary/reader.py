@@ -23,6 +23,7 @@ from callgrove.episode.binary.schema import (
     JSON_CALL_FIELDS,
     LAYOUT,
     PARQUET_SUFFIX,
+    SCHEMA,
 )
 from callgrove.episode.checks import (
     CallColumns,
@@ -64,15 +65,56 @@ def _record_batches(path: str | os.PathLike[str]) -> Iterator[pa.RecordBatch]:
         raise _file_problem(
             file, f"not a callgrove episode file (format {found!r}, expected {FORMAT!r})"
         )
+    wrong = _wrong_columns(schema)
+    if wrong:
+        raise _file_problem(file, f"columns of the wrong type for {LAYOUT}: {'; '.join(wrong)}")
     try:
         if file.endswith(PARQUET_SUFFIX):
             for group in range(parquet.num_row_groups):
-                yield from parquet.read_row_group(group).to_batches()
+                for batch in parquet.read_row_group(group).to_batches():
+                    batch.validate(full=True)
+                    yield batch
         else:
             for index in range(reader.num_record_batches):
-                yield reader.get_batch(index)
+                batch = reader.get_batch(index)
+                # Offsets read from a damaged file must be checked before any are followed.
+                batch.validate(full=True)
+                yield batch
     except (pa.ArrowException, OSError) as error:
         raise _file_problem(file, f"unreadable data: {error}") from None
+
+
+def _wrong_columns(schema: pa.Schema) -> list[str]:
+    """Each column whose type differs from the layout's (nullability aside): a `kept` column of
+    strings would otherwise read "false" as true."""
+    wrong = []
+    for expected in SCHEMA:
+        index = schema.get_field_index(expected.name)
+        if index < 0:
+            wrong.append(f"{expected.name} is missing")
+        elif not _same_type(schema.field(index).type, expected.type):
+            wrong.append(f"{expected.name} is {schema.field(index).type}, expected {expected.type}")
+    return wrong
+
+
+def _same_type(found: pa.DataType, expected: pa.DataType) -> bool:
+    """Type equality that ignores whether nested fields are marked nullable (the rows' own
+    checks catch nulls where they are not allowed)."""
+    if pa.types.is_struct(expected):
+        return (
+            pa.types.is_struct(found)
+            and [f.name for f in found] == [f.name for f in expected]
+            and all(_same_type(a.type, b.type) for a, b in zip(found, expected, strict=True))
+        )
+    if pa.types.is_map(expected):
+        return (
+            pa.types.is_map(found)
+            and _same_type(found.key_type, expected.key_type)
+            and _same_type(found.item_type, expected.item_type)
+        )
+    if pa.types.is_list(expected):
+        return pa.types.is_list(found) and _same_type(found.value_type, expected.value_type)
+    return found.equals(expected)
 
 
 def _relative_offsets(lists: pa.ListArray) -> tuple[list[int], pa.Array]:
