@@ -67,7 +67,7 @@ def test_plain_json_lines_damaged_anywhere(tmp_path_factory, data):
         whole = cut is None or end <= cut or (end - 1 == cut and original[end - 1 : end] == b"\n")
         if whole and not any(start <= at < end for at in touched):
             assert episode_id in read, (episode_id, read)
-    assert set(read) <= set(IDS)
+    assert len(read) <= len(IDS)  # plain text has no checksum: a changed id reads as changed
 
 
 @pytest.mark.parametrize("suffix", [".jsonl.gz", ".jsonl.zst"])
@@ -93,8 +93,13 @@ def test_compressed_json_lines_cut_or_damaged(tmp_path_factory, suffix, data):
         at = data.draw(st.integers(0, len(damaged) - 1))
         damaged[at] ^= data.draw(st.integers(1, 255))
         path.write_bytes(bytes(damaged))
-        read = _read_all(path)
-        assert set(read) <= set(IDS)
+        diagnostics = Diagnostics()
+        read = [e.id for e in load(path, diagnostics)]
+        _read_all(path)
+        # A compressed stream's checksum covers a whole member or frame, checked at its end:
+        # data damaged inside one can be read before the damage is found, but it is reported.
+        if not set(read) <= set(IDS):
+            assert diagnostics.problems
 
 
 @pytest.mark.parametrize("suffix", [".parquet", ".arrow"])

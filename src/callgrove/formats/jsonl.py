@@ -287,7 +287,9 @@ def _compressing(path: Path, raw: IO[bytes], mode: str) -> IO[bytes]:
     if name.endswith(".gz"):
         return gzip.GzipFile(filename=path.name, mode=mode, fileobj=raw)  # type: ignore[return-value]
     if name.endswith(".zst"):
-        return zstd.ZstdFile(raw, mode=mode[0])  # type: ignore[return-value]
+        # A checksum per frame, as gzip has per member: damage is reported, never silent.
+        options = {zstd.CompressionParameter.checksum_flag: 1}
+        return zstd.ZstdFile(raw, mode=mode[0], options=options)  # type: ignore[return-value]
     return raw
 
 

@@ -52,12 +52,12 @@ def _record_batches(path: str | os.PathLike[str]) -> Iterator[pa.RecordBatch]:
     file = str(path)
     try:
         if file.endswith(PARQUET_SUFFIX):
-            parquet = pq.ParquetFile(file, memory_map=True)
+            parquet = pq.ParquetFile(file, memory_map=True, page_checksum_verification=True)
             schema = parquet.schema_arrow
         else:
             reader = ipc.open_file(pa.memory_map(file, "r"))
             schema = reader.schema
-    except (pa.ArrowException, OSError) as error:
+    except (pa.ArrowException, OSError, ValueError) as error:
         raise _file_problem(file, f"not a readable {Path(file).suffix} file: {error}") from None
     metadata = schema.metadata or {}
     if metadata.get(b"format") != FORMAT.encode() or metadata.get(b"layout") != LAYOUT.encode():
@@ -65,7 +65,10 @@ def _record_batches(path: str | os.PathLike[str]) -> Iterator[pa.RecordBatch]:
         raise _file_problem(
             file, f"not a callgrove episode file (format {found!r}, expected {FORMAT!r})"
         )
-    wrong = _wrong_columns(schema)
+    try:
+        wrong = _wrong_columns(schema)
+    except ValueError as error:  # field names that are not text
+        raise _file_problem(file, f"damaged schema: {error}") from None
     if wrong:
         raise _file_problem(file, f"columns of the wrong type for {LAYOUT}: {'; '.join(wrong)}")
     try:
@@ -80,7 +83,7 @@ def _record_batches(path: str | os.PathLike[str]) -> Iterator[pa.RecordBatch]:
                 # Offsets read from a damaged file must be checked before any are followed.
                 batch.validate(full=True)
                 yield batch
-    except (pa.ArrowException, OSError) as error:
+    except (pa.ArrowException, OSError, ValueError) as error:
         raise _file_problem(file, f"unreadable data: {error}") from None
 
 

@@ -202,6 +202,8 @@ class BinaryEpisodeWriter:
                     SCHEMA,
                     compression=compression,
                     use_dictionary=False,
+                    # A CRC per page: a damaged byte is found on reading, never read as data.
+                    write_page_checksum=True,
                     write_statistics=False,
                     data_page_size=PARQUET_PAGE_BYTES,
                 )
