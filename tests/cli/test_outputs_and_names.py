@@ -172,3 +172,14 @@ def test_svg_of_ids_with_control_characters_is_well_formed_xml(tmp_path):
     assert result.exit_code == 0, result.output
     ElementTree.fromstring(out.read_text())  # raises on malformed XML
     assert "e\\x07f" in out.read_text() and "\x07" not in out.read_text()
+
+
+def test_stats_stop_message_comes_right_after_the_first_error(group, tmp_path):
+    lines = group.read_bytes().splitlines(keepends=True)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(lines[0] + b"{not json}\n[1]\n{also not}\n" + b"".join(lines[1:]))
+    result = run("stats", bad)
+    assert result.exit_code == 1
+    reported = [line for line in result.output.splitlines() if line.startswith("error")]
+    assert len(reported) == 1 and f"{bad}:2" in reported[0]
+    assert f"stopped at the first unusable line ({bad}:2)" in result.output

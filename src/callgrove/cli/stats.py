@@ -431,9 +431,20 @@ def stats_command(
             for view in views:
                 if view is not None:
                     out.print(view)
-    _report(diagnostics)
+    if diagnostics.errors and not skip_bad:
+        # Lines read past the first error (before the stop took effect) are not reported: the
+        # run stopped there, and the message says where.
+        first = diagnostics.problems.index(diagnostics.errors[0])
+        _report(Diagnostics(diagnostics.problems[: first + 1]))
+        where = ":".join(
+            str(p) for p in (diagnostics.errors[0].file, diagnostics.errors[0].line) if p
+        )
+        err.print(
+            f"stopped at the first unusable line ({safe(where)}); --skip-bad skips such lines "
+            "and goes on"
+        )
+    else:
+        _report(diagnostics)
     if diagnostics.errors and skip_bad:
         err.print(f"skipped {len(diagnostics.errors):,} unusable line(s) or episode(s)")
-    elif diagnostics.errors:
-        err.print("stopped at the first unusable line; --skip-bad skips such lines and goes on")
     raise typer.Exit(EXIT_FAILED if diagnostics.errors else EXIT_OK)
