@@ -64,8 +64,11 @@ test: lint $(HARNESS)/.installed
 	command -v ip >/dev/null || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y iproute2)
 	$(BIN)/pytest -n 2 tests
 
+# The one benchmark: every stage at three sizes beside verifiers, NeMo Gym and the numpy floor
+# (a couple of minutes; `callgrove bench --full --stream-gb 2` for the published sizes and the
+# 2 GB streaming case). The single-topic scripts under benchmarks/ run on their own.
 bench: setup
-	for b in benchmarks/*_bench.py; do $(BIN)/python $$b || exit 1; done
+	$(BIN)/callgrove bench --json bench.json --markdown bench.md
 
 clean:
 	rm -rf $(VENV) $(HARNESS) .pytest_cache .ruff_cache .hypothesis

@@ -9,7 +9,17 @@ import callgrove
 
 STAGES = ["formats", "episode", "forest", "rows", "credit", "batch", "train"]
 # On top, in order: each may import the stages and the packages on top listed before it.
-ON_TOP = ["synth", "transcripts", "interop", "pictures", "policy", "orchestrator", "gateway", "cli"]
+ON_TOP = [
+    "synth",
+    "transcripts",
+    "interop",
+    "pictures",
+    "policy",
+    "orchestrator",
+    "gateway",
+    "bench",
+    "cli",
+]
 PACKAGE = Path(callgrove.__file__).parent
 
 

@@ -13,6 +13,7 @@ from callgrove.cli import importers as _importers  # noqa: F401  isort: skip
 from callgrove.cli import synth as _synth  # noqa: F401  isort: skip
 from callgrove.cli import gateway as _gateway  # noqa: F401  isort: skip
 from callgrove.cli import train as _train  # noqa: F401  isort: skip
+from callgrove.cli import bench as _bench  # noqa: F401  isort: skip
 
 reflow_help(app)
 

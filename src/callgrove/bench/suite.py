@@ -1,0 +1,450 @@
+"""Every stage from file to trainer batch at three sizes, side by side with verifiers, NeMo Gym
+and the numpy floor, on the same synthetic episodes in the same run.
+
+Sizes are a quarter, a half and all of each context's episode count, so each stage's scaling
+is read off one run: time growth over work growth between the smallest and the largest size
+(1.00 is linear). Every action of a size runs once per round, rounds interleaved, so load from
+elsewhere on a shared machine falls on all of them alike; best and median are kept. Peak memory
+is the largest traced allocation (tracemalloc, numpy included) of one separate, untimed run.
+
+Throughput is counted in call tokens (every kept call's prompt plus completion: the tokens the
+policy processed) and in episodes, for every contender alike, so ratios are ratios of time.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import statistics
+import subprocess
+import sys
+import time
+import tracemalloc
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from callgrove.batch import PackSettings, build_samples, pack
+from callgrove.batch.tree import pack_samples
+from callgrove.bench import contenders
+from callgrove.credit import GRPO, finalize_group
+from callgrove.episode import Episode, encode_episode, load, save
+from callgrove.forest import build_forest
+from callgrove.rows import build_rows, check_rows
+from callgrove.synth import PRESETS, call_tokens, synth_episodes
+
+FORMS = {"JSON Lines": ".jsonl", "Parquet": ".parquet", "Arrow IPC": ".arrow"}
+STAGES = "stage"
+PATHS = "file to samples"
+VERIFIERS = "verifiers 0.4.0 → samples"
+GYM = "NeMo Gym 0.7.0 → linearised"
+FLOOR = "numpy floor (forest given)"
+TARGETS = {"binary": 10.0, "jsonl": 3.0, "floor": 5.0, "scaling": 1.1}
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    """`episodes`: each context's largest size (the smaller two are a half and a quarter)."""
+
+    episodes: dict[str, int] = field(default_factory=lambda: {"4k": 200, "16k": 50})
+    rounds: int = 3
+    seed: int = 0
+    verifiers: bool = True
+    gym: bool = True
+    memory: bool = True
+    ranks: int = 8
+
+    def sizes(self, context: str) -> list[int]:
+        largest = self.episodes[context]
+        return [max(1, largest // 4), max(1, largest // 2), largest]
+
+
+@dataclass
+class Measurement:
+    """One action at one size: its wall times over the rounds and its peak memory."""
+
+    context: str
+    episodes: int
+    call_tokens: int
+    kind: str
+    name: str
+    seconds: list[float]
+    peak_mb: float | None = None
+
+    @property
+    def best(self) -> float:
+        return min(self.seconds)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.seconds)
+
+    def tokens_per_s(self, seconds: float) -> float:
+        return self.call_tokens / seconds
+
+    def record(self) -> dict[str, Any]:
+        record = asdict(self)
+        record.update(
+            best_s=self.best,
+            median_s=self.median,
+            best_m_tokens_per_s=self.tokens_per_s(self.best) / 1e6,
+            median_m_tokens_per_s=self.tokens_per_s(self.median) / 1e6,
+            best_episodes_per_s=self.episodes / self.best,
+        )
+        return record
+
+
+@dataclass
+class Report:
+    settings: BenchSettings
+    measurements: list[Measurement] = field(default_factory=list)
+    missing: dict[str, str] = field(default_factory=dict)
+    """Contenders that did not run, and why."""
+    stream: dict[str, Any] | None = None
+
+    def find(self, context: str, episodes: int, name: str) -> Measurement | None:
+        for m in self.measurements:
+            if (m.context, m.episodes, m.name) == (context, episodes, name):
+                return m
+        return None
+
+    def scaling(self, context: str, name: str) -> float | None:
+        """Time growth over work growth from the smallest to the largest size (best times)."""
+        sizes = self.settings.sizes(context)
+        small, large = self.find(context, sizes[0], name), self.find(context, sizes[-1], name)
+        if small is None or large is None or small.best == 0:
+            return None
+        return (large.best / small.best) / (large.call_tokens / small.call_tokens)
+
+    def headline(self) -> list[dict[str, Any]]:
+        """At each context's largest size: each path's throughput and its ratio to verifiers."""
+        lines = []
+        for context in self.settings.episodes:
+            largest = self.settings.sizes(context)[-1]
+            baseline = self.find(context, largest, VERIFIERS)
+            for m in self.measurements:
+                if (m.context, m.episodes, m.kind) != (context, largest, PATHS):
+                    continue
+                lines.append(
+                    {
+                        "context": context,
+                        "episodes": largest,
+                        "path": m.name,
+                        "best_m_tokens_per_s": m.tokens_per_s(m.best) / 1e6,
+                        "median_m_tokens_per_s": m.tokens_per_s(m.median) / 1e6,
+                        "vs_verifiers_best": baseline.best / m.best if baseline else None,
+                        "vs_verifiers_median": baseline.median / m.median if baseline else None,
+                    }
+                )
+        return lines
+
+    def checks(self) -> list[tuple[str, bool]]:
+        """The targets, each met or not, from this run's figures."""
+        found = []
+        for line in self.headline():
+            ratio = line["vs_verifiers_median"]
+            if ratio is None or not line["path"].startswith("callgrove"):
+                continue
+            form = "jsonl" if "JSON Lines" in line["path"] else "binary"
+            target = TARGETS[form]
+            found.append(
+                (f"{line['context']}: {line['path']} ≥ {target:.0f}x verifiers", ratio >= target)
+            )
+        for context in self.settings.episodes:
+            largest = self.settings.sizes(context)[-1]
+            floor = self.find(context, largest, FLOOR)
+            ours = [self.find(context, largest, s) for s in ("forest", "rows", "samples")]
+            if floor is not None and all(ours):
+                ratio = sum(m.median for m in ours if m) / floor.median
+                found.append(
+                    (
+                        f"{context}: forest + rows + samples within {TARGETS['floor']:.0f}x of "
+                        f"the floor (is {ratio:.1f}x)",
+                        ratio <= TARGETS["floor"],
+                    )
+                )
+            stages = [m.name for m in self.measurements if (m.context, m.kind) == (context, STAGES)]
+            for name in dict.fromkeys(stages):
+                factor = self.scaling(context, name)
+                if factor is not None:
+                    found.append(
+                        (
+                            f"{context}: {name} scales linearly "
+                            f"(x{factor:.2f}, at most x{TARGETS['scaling']:.1f})",
+                            factor <= TARGETS["scaling"],
+                        )
+                    )
+        return found
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "settings": asdict(self.settings),
+            "measurements": [m.record() for m in self.measurements],
+            "scaling": {
+                context: {
+                    name: self.scaling(context, name)
+                    for name in dict.fromkeys(m.name for m in self.measurements)
+                }
+                for context in self.settings.episodes
+            },
+            "headline": self.headline(),
+            "checks": [{"check": name, "met": ok} for name, ok in self.checks()],
+            "missing": self.missing,
+            "stream": self.stream,
+        }
+
+    def markdown(self) -> str:
+        return render_markdown(self)
+
+
+def race(actions: dict[str, Callable[[], Any]], rounds: int) -> dict[str, list[float]]:
+    """Wall times of each action, every action once a round, rounds interleaved."""
+    times: dict[str, list[float]] = {name: [] for name in actions}
+    for _ in range(rounds):
+        for name, action in actions.items():
+            gc.collect()
+            start = time.perf_counter()
+            action()
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+def peak_mb(action: Callable[[], Any]) -> float:
+    """The largest traced allocation of one run of `action`, in MB."""
+    gc.collect()
+    tracemalloc.start()
+    try:
+        action()
+        return tracemalloc.get_traced_memory()[1] / 1e6
+    finally:
+        tracemalloc.stop()
+
+
+def _groups(episodes: Iterable[Episode]) -> list[list[Episode]]:
+    groups: dict[str | None, list[Episode]] = defaultdict(list)
+    for episode in episodes:
+        groups[episode.group].append(episode)
+    return list(groups.values())
+
+
+def callgrove_samples(path: Path) -> Callable[[], int]:
+    """callgrove's path from a file to trainer samples: read, credit (GRPO), forest and rows,
+    samples (token ids, loss mask, logprobs, advantages for every row)."""
+
+    def run() -> int:
+        episodes = list(load(path))
+        for group in _groups(episodes):
+            finalize_group(GRPO(), group)
+        return len(build_samples([build_rows(episode) for episode in episodes]))
+
+    return run
+
+
+def _actions(
+    episodes: list[Episode], work: Path, settings: BenchSettings, report: Report
+) -> dict[str, tuple[str, Callable[[], Any]]]:
+    """Every stage and every path at one size, on files written to `work` first."""
+    files = {form: work / f"episodes{suffix}" for form, suffix in FORMS.items()}
+    for path in files.values():
+        save(path, episodes)
+    forests = [build_forest(e) for e in episodes]
+    rows = [build_rows(e, forest=f) for e, f in zip(episodes, forests, strict=True)]
+    groups = _groups(episodes)
+    for group in groups:
+        finalize_group(GRPO(), group)
+    samples = build_samples(rows)
+    seq_len = max(s.num_tokens for s in samples)
+    actions: dict[str, tuple[str, Callable[[], Any]]] = {}
+    for form, path in files.items():
+        actions[f"read {form}"] = (STAGES, lambda path=path: list(load(path)))
+    actions["forest"] = (STAGES, lambda: [build_forest(e) for e in episodes])
+    actions["rows"] = (
+        STAGES,
+        lambda: [build_rows(e, forest=f) for e, f in zip(episodes, forests, strict=True)],
+    )
+    actions["check"] = (STAGES, lambda: [check_rows(r) for r in rows])
+    actions["credit"] = (STAGES, lambda: [finalize_group(GRPO(), g) for g in groups])
+    actions["samples"] = (STAGES, lambda: build_samples(rows))
+    actions["pack"] = (STAGES, lambda: pack(samples, PackSettings(seq_len, ranks=settings.ranks)))
+    actions["tree pack"] = (STAGES, lambda: pack_samples(samples))
+    for form, suffix in FORMS.items():
+        out = work / f"written{suffix}"
+        actions[f"write {form}"] = (STAGES, lambda out=out: save(out, episodes))
+    for form, path in files.items():
+        actions[f"callgrove {form} → samples"] = (PATHS, callgrove_samples(path))
+    if settings.verifiers:
+        why = contenders.verifiers_available()
+        if why is None:
+            folder = contenders.write_verifiers_run(work / "verifiers", episodes)
+            actions[VERIFIERS] = (PATHS, contenders.verifiers_samples(folder))
+        else:
+            report.missing[VERIFIERS] = why
+    if settings.gym:
+        why = contenders.gym_available()
+        if why is None:
+            folder = contenders.write_gym_captures(work / "gym", episodes)
+            actions[GYM] = (PATHS, contenders.gym_samples(folder))
+        else:
+            report.missing[GYM] = why
+    actions[FLOOR] = (PATHS, contenders.floor_samples(contenders.floor_pieces(rows)))
+    return actions
+
+
+def run_bench(
+    settings: BenchSettings, work: Path, tell: Callable[[str], None] = lambda _: None
+) -> Report:
+    """Measure every stage and path at every size of every context; files go under `work`."""
+    report = Report(settings)
+    for context, _largest in settings.episodes.items():
+        shape = PRESETS[context]
+        for size in settings.sizes(context):
+            tell(f"{context}: {size} episodes")
+            episodes = list(synth_episodes(shape, size, settings.seed))
+            tokens = sum(call_tokens(e) for e in episodes)
+            folder = work / f"{context}-{size}"
+            folder.mkdir(parents=True, exist_ok=True)
+            actions = _actions(episodes, folder, settings, report)
+            times = race({name: action for name, (_, action) in actions.items()}, settings.rounds)
+            for name, (kind, action) in actions.items():
+                memory = peak_mb(action) if settings.memory else None
+                report.measurements.append(
+                    Measurement(context, size, tokens, kind, name, times[name], memory)
+                )
+            del actions, episodes
+            gc.collect()
+    return report
+
+
+# --- the 2 GB streaming case ------------------------------------------------------------------
+
+
+# The measured child: the real CLI on the big file; it prints its own peak RSS (VmHWM, KiB) as
+# the last line on stderr (ru_maxrss would keep the forked parent's high-water mark).
+_PROBE = """
+import atexit, sys
+def peak():
+    status = open("/proc/self/status").read().split("VmHWM:")[1]
+    print(status.split()[0], file=sys.stderr)
+atexit.register(peak)
+from callgrove.cli import main
+sys.argv = ["callgrove", *sys.argv[1:]]
+main()
+"""
+
+
+def stream_case(work: Path, gigabytes: float, seed: int = 0) -> dict[str, Any]:
+    """Write about `gigabytes` of JSON Lines and stream `callgrove stats` over it in a child
+    process: seconds, MB/s and the child's peak resident memory."""
+    path = work / "stream.jsonl"
+    pool = [encode_episode(e) for e in synth_episodes(PRESETS["4k"], 16, seed)]
+    target, written, count = int(gigabytes * 1e9), 0, 0
+    with path.open("wb") as out:
+        while written < target:
+            line = pool[count % len(pool)].replace(b'"id":"synth-', b'"id":"s%d-' % count, 1)
+            out.write(line)
+            written += len(line)
+            count += 1
+    start = time.perf_counter()
+    child = subprocess.run(
+        [sys.executable, "-c", _PROBE, "stats", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "COLUMNS": "120"},
+    )
+    seconds = time.perf_counter() - start
+    path.unlink()
+    lines = child.stderr.split()
+    return {
+        "command": "callgrove stats",
+        "gigabytes": written / 1e9,
+        "episodes": count,
+        "seconds": seconds,
+        "mb_per_s": written / 1e6 / seconds,
+        "peak_rss_mb": int(lines[-1]) / 1024 if lines and lines[-1].isdigit() else None,
+        "exit": child.returncode,
+    }
+
+
+# --- tables: the terminal and Markdown show the same cells -----------------------------------
+
+HEADLINE_COLUMNS = ("context", "episodes", "path", "best", "median", "vs verifiers")
+
+
+def headline_cells(report: Report) -> list[list[str]]:
+    """File to samples at each context's largest size: M call tokens/s and the median ratio."""
+    cells = []
+    for line in report.headline():
+        ratio = line["vs_verifiers_median"]
+        cells.append(
+            [
+                line["context"],
+                str(line["episodes"]),
+                line["path"],
+                f"{line['best_m_tokens_per_s']:.1f}",
+                f"{line['median_m_tokens_per_s']:.1f}",
+                "" if ratio is None else f"{ratio:.1f}x",
+            ]
+        )
+    return cells
+
+
+def stage_columns(report: Report, context: str) -> list[str]:
+    sizes = report.settings.sizes(context)
+    return ["stage", *(f"{n} ep" for n in sizes), "scaling", "peak MB"]
+
+
+def stage_cells(report: Report, context: str) -> list[list[str]]:
+    """Every action of a context: M call tokens/s (episodes/s) per size, best of the rounds;
+    the scaling factor; the peak memory at the largest size."""
+    cells = []
+    sizes = report.settings.sizes(context)
+    for name in dict.fromkeys(m.name for m in report.measurements if m.context == context):
+        line, peak = [name], None
+        for size in sizes:
+            m = report.find(context, size, name)
+            line.append(
+                ""
+                if m is None
+                else f"{m.tokens_per_s(m.best) / 1e6:.1f} ({m.episodes / m.best:.0f})"
+            )
+            peak = None if m is None else m.peak_mb
+        factor = report.scaling(context, name)
+        line += ["" if factor is None else f"x{factor:.2f}", "" if peak is None else f"{peak:.0f}"]
+        cells.append(line)
+    return cells
+
+
+def stream_line(stream: dict[str, Any]) -> str:
+    return (
+        f"streaming: `{stream['command']}` over {stream['gigabytes']:.2f} GB of JSON Lines "
+        f"({stream['episodes']} episodes): {stream['seconds']:.1f} s, "
+        f"{stream['mb_per_s']:.0f} MB/s, peak RSS {stream['peak_rss_mb']:.0f} MB, "
+        f"exit {stream['exit']}"
+    )
+
+
+def render_markdown(report: Report) -> str:
+    def table(columns: Sequence[str], rows: list[list[str]]) -> list[str]:
+        lines = ["| " + " | ".join(columns) + " |", "|---|" + "---:|" * (len(columns) - 1)]
+        return lines + ["| " + " | ".join(row) + " |" for row in rows]
+
+    out = [
+        "# callgrove bench",
+        "",
+        "File to trainer samples: M call tokens/s, best and median of "
+        f"{report.settings.rounds} interleaved rounds; the ratio to verifiers is of medians.",
+        "",
+        *table(HEADLINE_COLUMNS, headline_cells(report)),
+    ]
+    for context in report.settings.episodes:
+        out += ["", f"## {context}: M call tokens/s (episodes/s), best of the rounds", ""]
+        out += table(stage_columns(report, context), stage_cells(report, context))
+    out += ["", "## Targets", ""]
+    out += [f"- {'met' if ok else 'MISSED'}: {name}" for name, ok in report.checks()]
+    out += [f"- not run: {name}: {why}" for name, why in report.missing.items()]
+    if report.stream:
+        out += ["", stream_line(report.stream)]
+    return "\n".join(out) + "\n"

@@ -1,0 +1,114 @@
+"""`callgrove bench`: every stage at three sizes, side by side with verifiers, NeMo Gym and the
+numpy floor, in one run; one table on the terminal, the same as JSON and Markdown."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Annotated
+
+import orjson
+import typer
+from rich.table import Table
+
+from callgrove.bench import BenchSettings, Report, run_bench, stream_case
+from callgrove.bench.suite import (
+    HEADLINE_COLUMNS,
+    headline_cells,
+    stage_cells,
+    stage_columns,
+    stream_line,
+)
+from callgrove.cli.app import EXIT_FAILED, EXIT_OK, app, err, out
+
+QUICK = {"4k": 80, "16k": 20}
+FULL = {"4k": 200, "16k": 50}
+
+
+@app.command("bench")
+def bench_command(
+    full: Annotated[
+        bool,
+        typer.Option(help="The published sizes (200 episodes at 4k, 50 at 16k) instead of half"),
+    ] = False,
+    episodes_4k: Annotated[
+        int | None, typer.Option("--episodes-4k", min=0, help="Largest 4k size (0 skips)")
+    ] = None,
+    episodes_16k: Annotated[
+        int | None, typer.Option("--episodes-16k", min=0, help="Largest 16k size (0 skips)")
+    ] = None,
+    rounds: Annotated[int, typer.Option(min=1, help="Interleaved rounds")] = 3,
+    seed: Annotated[int, typer.Option(help="Workload seed")] = 0,
+    verifiers: Annotated[bool, typer.Option(help="Measure verifiers 0.4.0 alongside")] = True,
+    gym: Annotated[bool, typer.Option(help="Measure NeMo Gym 0.7.0 alongside")] = True,
+    memory: Annotated[bool, typer.Option(help="Measure peak memory (one untimed run)")] = True,
+    stream_gb: Annotated[
+        float,
+        typer.Option(help="Also stream `callgrove stats` over this many GB of JSON Lines (2)"),
+    ] = 0.0,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Write the figures here")] = None,
+    markdown_out: Annotated[
+        Path | None, typer.Option("--markdown", help="Write the tables here")
+    ] = None,
+    work_dir: Annotated[
+        Path | None, typer.Option("--dir", help="Where the benchmark's files go (removed after)")
+    ] = None,
+) -> None:
+    """Measure every stage (read, forest, rows, check, credit, samples, pack, tree pack, write)
+    at three sizes against verifiers, NeMo Gym and the numpy floor. Exit 1 if a target is missed."""
+    sizes = dict(FULL if full else QUICK)
+    if episodes_4k is not None:
+        sizes["4k"] = episodes_4k
+    if episodes_16k is not None:
+        sizes["16k"] = episodes_16k
+    settings = BenchSettings(
+        episodes={context: n for context, n in sizes.items() if n > 0},
+        rounds=rounds,
+        seed=seed,
+        verifiers=verifiers,
+        gym=gym,
+        memory=memory,
+    )
+    work = Path(tempfile.mkdtemp(prefix="callgrove-bench-", dir=work_dir))
+    try:
+        with err.status("benchmark") as status:
+            report = run_bench(settings, work, lambda what: status.update(f"benchmark: {what}"))
+            if stream_gb > 0:
+                status.update(f"benchmark: streaming {stream_gb} GB")
+                report.stream = stream_case(work, stream_gb, seed)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    _print(report)
+    if json_out is not None:
+        json_out.write_bytes(orjson.dumps(report.to_json(), option=orjson.OPT_INDENT_2))
+    if markdown_out is not None:
+        markdown_out.write_text(report.markdown())
+    missed = [name for name, ok in report.checks() if not ok]
+    raise typer.Exit(EXIT_FAILED if missed or report.missing else EXIT_OK)
+
+
+def _print(report: Report) -> None:
+    title = f"file to trainer samples: M call tokens/s, {report.settings.rounds} rounds"
+    _table(title, HEADLINE_COLUMNS, headline_cells(report))
+    for context in report.settings.episodes:
+        title = f"{context}: M call tokens/s (episodes/s), best of the rounds"
+        _table(title, stage_columns(report, context), stage_cells(report, context))
+    for name, ok in report.checks():
+        out.print(f"{'met   ' if ok else 'MISSED'} {name}")
+    for name, why in report.missing.items():
+        out.print(f"not run: {name}: {why}")
+    if report.stream:
+        out.print(stream_line(report.stream))
+
+
+def _table(title: str, columns: Sequence[str], rows: list[list[str]]) -> None:
+    table = Table(title=title)
+    for column in columns:
+        table.add_column(
+            column, justify="left" if column in ("context", "path", "stage") else "right"
+        )
+    for row in rows:
+        table.add_row(*row)
+    out.print(table)
