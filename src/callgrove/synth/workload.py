@@ -118,7 +118,7 @@ class _Generator:
         plan = _Plan(agent)
         self.plans.append(plan)
         stretches = np.array_split(np.arange(calls), self.shape.compactions + 1)
-        fork_at = {calls // 2} if forks_left and calls > 1 else set()
+        fork_at = {calls // 2} if forks_left else set()
         previous, summary = base, None
         number = 0
         for stretch in stretches:
