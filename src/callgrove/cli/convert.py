@@ -8,10 +8,13 @@ cannot hold.
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
+from functools import partial
 from pathlib import Path
 from typing import Annotated
 
@@ -29,8 +32,21 @@ from callgrove.cli.app import (
     safe,
 )
 from callgrove.cli.kinds import harness_hint
+from callgrove.cli.shards import (
+    Executor,
+    ExecutorOption,
+    JobsOption,
+    Shard,
+    ShardResult,
+    first_error_cut,
+    merged,
+    plan_shards,
+    renumber,
+    run_shards,
+)
 from callgrove.episode import Episode, format_for, load, open_writer
 from callgrove.forest import compact_prompts
+from callgrove.formats.output import NewFile
 from callgrove.formats.problems import Diagnostics, InputError
 from callgrove.interop.gym import TOKENS_SUFFIX
 from callgrove.interop.verifiers import write_advantages
@@ -112,6 +128,8 @@ def convert_command(
     skip_bad: Annotated[
         bool, typer.Option("--skip-bad", help="Skip bad lines and episodes, count them, go on.")
     ] = False,
+    jobs: JobsOption = 1,
+    executor: ExecutorOption = Executor.process,
 ) -> None:
     """Convert episodes between verifiers traces, NeMo Gym captures and callgrove files.
 
@@ -125,6 +143,13 @@ def convert_command(
     require_output(target, [p for p in (source, invocations, onto) if p is not None])
     diagnostics = Diagnostics()
     tally = Tally()
+    if jobs > 1 or executor is Executor.ray:
+        if from_ is not Source.callgrove or onto is not None:
+            err.print("error: --jobs and --executor ray convert callgrove files (--from callgrove)")
+            raise typer.Exit(EXIT_USAGE)
+        _convert_sharded(source, target, to, skip_bad, tally, diagnostics, jobs, executor)
+        _summary(source, out, from_, to, tally, diagnostics, skip_bad)
+        raise typer.Exit(EXIT_FAILED if diagnostics.errors else EXIT_OK)
     episodes = _read(source, from_, invocations, diagnostics)
     with progress_bar() as progress:
         task = progress.add_task(source.name, total=_total(source, from_, invocations))
@@ -170,6 +195,79 @@ def _infer_target(out: Path, onto: Path | None) -> Target:
 
 class _Stopped(Exception):
     """The conversion stopped at an error: the output is abandoned, earlier files untouched."""
+
+
+@dataclass(frozen=True)
+class ShardConvert:
+    """What `convert` asks of each shard: the target form and its part files' ending."""
+
+    to: Target
+    suffix: str
+    skip_bad: bool
+
+
+def convert_shard(shard: Shard, parts: Path, job: ShardConvert) -> ShardResult:
+    """A shard's episodes written to its own part file in the target form, and their tally
+    (the work of a process or a Ray task)."""
+    diagnostics, tally = Diagnostics(), Tally()
+    part = parts / f"part-{shard.index:05d}{job.suffix}"
+
+    def counted() -> Iterator[Episode]:
+        for _line, episode in shard.episodes(diagnostics):
+            if not job.skip_bad and diagnostics.errors:
+                return
+            tally.add(episode)
+            yield episode
+
+    try:
+        _write(counted(), part, job.to, None, tally)
+    except InputError as error:
+        diagnostics.add(error.problem)
+    return ShardResult(shard, shard.line_count(), diagnostics.problems, (tally, part))
+
+
+def _convert_sharded(
+    source: Path,
+    out: Path,
+    to: Target,
+    skip_bad: bool,
+    tally: Tally,
+    diagnostics: Diagnostics,
+    jobs: int,
+    executor: Executor,
+) -> None:
+    """`convert` shard by shard on `executor`, parts joined in shard order: JSON Lines (plain
+    or compressed: members and frames chain) byte for byte, binary forms episode by episode.
+    Without `skip_bad` the first error abandons the output, as in one process."""
+    binary = _format_name(out, to) in ("parquet", "arrow")
+    suffix = "".join(out.suffixes) or ".jsonl"
+    job = partial(convert_shard, job=ShardConvert(to, suffix, skip_bad))
+    with tempfile.TemporaryDirectory(prefix="callgrove-convert-") as parts:
+        results = run_shards(plan_shards([source], jobs), job, Path(parts), jobs, executor)
+        kept = results if skip_bad else results[: first_error_cut(results)]
+        for problem in renumber(kept):
+            diagnostics.add(problem)
+        for result in kept:
+            merged(tally, result.value[0])
+        if diagnostics.errors and not skip_bad:
+            return
+        files = [result.value[1] for result in kept]
+        if binary:
+            with open_writer(out, format=_format_name(out, to)) as writer:
+                for part in files:
+                    for episode in load(part):
+                        writer.write(episode)
+            return
+        new = NewFile(out)
+        try:
+            with new.temp.open("wb") as joined:
+                for part in files:
+                    with part.open("rb") as data:
+                        shutil.copyfileobj(data, joined)
+        except BaseException:
+            new.discard()
+            raise
+        new.commit()
 
 
 def _input_path(

@@ -8,9 +8,12 @@ in the files as it reads. Past a handful of episodes the table gives way to a su
 from __future__ import annotations
 
 import contextlib
+import shutil
 import sys
-from collections.abc import Iterator
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import IO, Annotated
 
@@ -35,7 +38,17 @@ from callgrove.cli.app import (
     require_output,
     safe,
 )
-from callgrove.episode import load
+from callgrove.cli.shards import (
+    Executor,
+    ExecutorOption,
+    JobsOption,
+    Shard,
+    ShardResult,
+    plan_shards,
+    renumber,
+    run_shards,
+)
+from callgrove.episode import Episode, load
 from callgrove.formats.output import NewFile
 from callgrove.formats.problems import Diagnostics
 from callgrove.pictures.text import clip_middle
@@ -85,23 +98,127 @@ def episode_rows(
         for path in files:
             size = path.stat().st_size
             task = progress.add_task(path.name, total=size)
-            for episode in load(path, outcome.diagnostics):
-                if only is not None and episode.id != only:
-                    continue
-                try:
-                    result = build_rows(episode, settings)
-                except (
-                    Exception
-                ) as error:  # an episode that cannot become rows must not stop the rest
-                    outcome.failed += 1
-                    err.print(
-                        f"[red]error[/]: {safe(path)}: episode {safe(episode.id)}: {safe(error)}"
-                    )
-                    continue
-                outcome.episodes += 1
+            for result in rows_of(path, load(path, outcome.diagnostics), settings, outcome, only):
                 progress.update(task, description=f"{path.name} · {outcome.episodes:,} episodes")
                 yield result
             progress.update(task, completed=size)
+
+
+def rows_of(
+    path: Path,
+    episodes: Iterable[Episode],
+    settings: RowSettings,
+    outcome: Outcome,
+    only: str | None,
+    failed: Callable[[str], None] = err.print,
+) -> Iterator[EpisodeRows]:
+    """Rows of each episode of `path` (or of episode `only`); an episode that cannot become
+    rows is counted in `outcome` and told to `failed`, and the rest go on."""
+    for episode in episodes:
+        if only is not None and episode.id != only:
+            continue
+        try:
+            result = build_rows(episode, settings)
+        except Exception as error:  # an episode that cannot become rows must not stop the rest
+            outcome.failed += 1
+            failed(f"[red]error[/]: {safe(path)}: episode {safe(episode.id)}: {safe(error)}")
+            continue
+        outcome.episodes += 1
+        yield result
+
+
+@dataclass(frozen=True)
+class ShardRows:
+    """What `rows` asks of each shard, and what a shard gives back."""
+
+    settings: RowSettings
+    only: str | None
+    tokens: bool
+    suffix: str
+
+
+def rows_of_shard(shard: Shard, parts: Path, job: ShardRows) -> ShardResult:
+    """A shard's rows, written to its own part file (the work of a process or a Ray task)."""
+    outcome, failures = Outcome(), []
+    part = parts / f"rows-{shard.index:05d}{job.suffix}"
+    episodes = (episode for _line, episode in shard.episodes(outcome.diagnostics))
+    with _RowSink(part, job.tokens) as sink:
+        for result in rows_of(
+            shard.path, episodes, job.settings, outcome, job.only, failures.append
+        ):
+            sink.add(result)
+    value = (outcome.episodes, outcome.failed, failures, part, sink.count)
+    return ShardResult(shard, shard.line_count(), outcome.diagnostics.problems, value)
+
+
+def sharded_rows(
+    files: list[Path],
+    job: ShardRows,
+    outcome: Outcome,
+    out_file: Path | None,
+    jobs: int,
+    executor: Executor,
+) -> int:
+    """Rows of every shard of `files` on `executor`, joined in shard order into `out_file`
+    (or stdout, as JSON Lines); returns how many rows."""
+    require_files(files)
+    reject_foreign_files(files)
+    work = partial(rows_of_shard, job=job)
+    with tempfile.TemporaryDirectory(prefix="callgrove-rows-") as parts:
+        results = run_shards(plan_shards(files, jobs), work, Path(parts), jobs, executor)
+        for problem in renumber(results):
+            outcome.diagnostics.add(problem)
+        rows = 0
+        for result in results:
+            episodes, failed, failures, _part, count = result.value
+            outcome.episodes += episodes
+            outcome.failed += failed
+            rows += count
+            for failure in failures:
+                err.print(failure)
+        _join([result.value[3] for result in results], out_file)
+    return rows
+
+
+def _join(parts: list[Path], out_file: Path | None) -> None:
+    """The part files one after another (bytes for JSON Lines, row groups for Parquet), into
+    `out_file` (moved into place when complete) or stdout."""
+    if out_file is None:
+        for part in parts:
+            with part.open("rb") as source:
+                shutil.copyfileobj(source, sys.stdout.buffer)
+        sys.stdout.buffer.flush()
+        return
+    new = NewFile(out_file)
+    try:
+        if out_file.suffix == ".jsonl":
+            with new.temp.open("wb") as target:
+                for part in parts:
+                    with part.open("rb") as source:
+                        shutil.copyfileobj(source, target)
+        else:
+            _join_parquet(parts, new.temp)
+    except BaseException:
+        new.discard()
+        raise
+    new.commit()
+
+
+def _join_parquet(parts: list[Path], target: Path) -> None:
+    writer: pq.ParquetWriter | None = None
+    for part in parts:
+        source = pq.ParquetFile(part)
+        for group in range(source.num_row_groups):
+            table = source.read_row_group(group)
+            if not table.num_rows:
+                continue
+            if writer is None:
+                writer = pq.ParquetWriter(target, table.schema)
+            writer.write_table(table)
+    if writer is None:
+        pq.write_table(rows_table([]), target)
+    else:
+        writer.close()
 
 
 def require_episode_found(only: str | None, outcome: Outcome, files: list[Path]) -> None:
@@ -134,6 +251,8 @@ def rows_command(
     ] = None,
     episode_id: EpisodeOption = None,
     max_identical: MaxIdentical = 1,
+    jobs: JobsOption = 1,
+    executor: ExecutorOption = Executor.process,
 ) -> None:
     """Turn episodes into training rows: one per leaf, each kept call trained exactly once.
 
@@ -152,6 +271,17 @@ def rows_command(
     require_output(out_file, files, "--out")
     outcome = Outcome()
     settings = RowSettings(max_identical_trained=max_identical)
+    if jobs > 1 or executor is Executor.ray:
+        if not jsonl and out_file is None:
+            err.print("error: --jobs and --executor ray write rows out: add --jsonl or --out FILE")
+            raise typer.Exit(EXIT_USAGE)
+        suffix = ".jsonl" if out_file is None else out_file.suffix
+        job = ShardRows(settings, episode_id, tokens or out_file is not None, suffix)
+        count = sharded_rows(files, job, outcome, out_file, jobs, executor)
+        if out_file is not None:
+            err.print(f"wrote {count:,} rows to {safe(out_file)}")
+        require_episode_found(episode_id, outcome, files)
+        raise typer.Exit(outcome.report())
     view = _TableView(files) if not jsonl and out_file is None else None
     with _RowSink(out_file) as sink:
         for result in episode_rows(files, settings, outcome, episode_id):
@@ -184,8 +314,9 @@ class _RowSink:
     """Writes rows for --out as Parquet (row groups of about `ROW_GROUP_TOKENS` tokens) or
     JSON Lines, beside the target, moved into place only when the command went through."""
 
-    def __init__(self, path: Path | None):
+    def __init__(self, path: Path | None, tokens: bool = True):
         self.path = path
+        self.tokens = tokens
         self.count = 0
         self._new: NewFile | None = None
         self._parquet: pq.ParquetWriter | None = None
@@ -207,7 +338,8 @@ class _RowSink:
         if self._jsonl is not None:
             for row in result.rows:
                 self._jsonl.write(
-                    orjson.dumps(row_record(row, True), option=orjson.OPT_SERIALIZE_NUMPY) + b"\n"
+                    orjson.dumps(row_record(row, self.tokens), option=orjson.OPT_SERIALIZE_NUMPY)
+                    + b"\n"
                 )
             return
         self._held.extend(result.rows)

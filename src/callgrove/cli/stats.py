@@ -12,10 +12,12 @@ from __future__ import annotations
 import gc
 import math
 import sys
-from collections.abc import Iterable
+import tempfile
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import numpy as np
 import orjson
@@ -37,6 +39,17 @@ from callgrove.cli.app import (
     reject_foreign_files,
     require_files,
     safe,
+)
+from callgrove.cli.shards import (
+    Executor,
+    ExecutorOption,
+    JobsOption,
+    Shard,
+    ShardResult,
+    merged,
+    plan_shards,
+    renumber,
+    run_shards,
 )
 from callgrove.episode import Episode, Stats, load
 from callgrove.formats.problems import Diagnostics
@@ -67,6 +80,14 @@ class Moments:
         self.total_sq += value * value
         self.low = min(self.low, value)
         self.high = max(self.high, value)
+
+    def merge(self, part: Moments) -> Moments:
+        """`part`'s numbers added in (the moments of one shard of the stream)."""
+        self.count += part.count
+        self.total += part.total
+        self.total_sq += part.total_sq
+        self.low, self.high = min(self.low, part.low), max(self.high, part.high)
+        return self
 
     @property
     def mean(self) -> float:
@@ -144,20 +165,74 @@ def collect(
     with progress_bar() as progress:
         for path in files:
             task = progress.add_task(path.name, total=path.stat().st_size)
-            seen_errors = len(diagnostics.errors)
-            for episode in load(path, diagnostics):
-                if not skip_bad and len(diagnostics.errors) > seen_errors:
-                    return stats, learning
-                stats.add(episode, training_step)
-                learning.add(episode)
-                if stats.episodes % COLLECT_EVERY == 0:
-                    # An episode is a reference cycle (agent <-> call), freed only by the
-                    # cycle collector; run it as we go so memory stays flat.
-                    gc.collect()
-                    progress.update(task, description=f"{path.name} · {stats.episodes:,} episodes")
-            progress.update(task, completed=path.stat().st_size)
-            if not skip_bad and len(diagnostics.errors) > seen_errors:
+
+            def counted(stats: Stats = stats, path: Path = path, task: Any = task) -> None:
+                progress.update(task, description=f"{path.name} · {stats.episodes:,} episodes")
+
+            episodes = load(path, diagnostics)
+            if not tally(episodes, diagnostics, stats, learning, training_step, skip_bad, counted):
                 return stats, learning
+            progress.update(task, completed=path.stat().st_size)
+    return stats, learning
+
+
+def tally(
+    episodes: Iterable[Episode],
+    diagnostics: Diagnostics,
+    stats: Stats,
+    learning: Learning,
+    training_step: int | None,
+    skip_bad: bool,
+    every: Callable[[], None] = lambda: None,
+) -> bool:
+    """Add a stream of episodes to `stats` and `learning`; False when an error stopped it
+    (without `skip_bad`, the first error does)."""
+    seen_errors = len(diagnostics.errors)
+    for episode in episodes:
+        if not skip_bad and len(diagnostics.errors) > seen_errors:
+            return False
+        stats.add(episode, training_step)
+        learning.add(episode)
+        if stats.episodes % COLLECT_EVERY == 0:
+            # An episode is a reference cycle (agent <-> call), freed only by the cycle
+            # collector; run it as we go so memory stays flat.
+            gc.collect()
+            every()
+    return skip_bad or len(diagnostics.errors) == seen_errors
+
+
+def stats_of_shard(
+    shard: Shard, _parts: Path, training_step: int | None, skip_bad: bool
+) -> ShardResult:
+    """One shard's `Stats` and `Learning` (the work of a process or a Ray task)."""
+    diagnostics = Diagnostics()
+    stats, learning = Stats(), Learning()
+    episodes = (episode for _line, episode in shard.episodes(diagnostics))
+    tally(episodes, diagnostics, stats, learning, training_step, skip_bad)
+    return ShardResult(shard, shard.line_count(), diagnostics.problems, (stats, learning))
+
+
+def collect_sharded(
+    files: Sequence[Path],
+    diagnostics: Diagnostics,
+    training_step: int | None,
+    skip_bad: bool,
+    jobs: int,
+    executor: Executor,
+) -> tuple[Stats, Learning]:
+    """`collect`, shard by shard on `executor`; the same tallies, problems in file order
+    (without `skip_bad`, up to the first error)."""
+    work = partial(stats_of_shard, training_step=training_step, skip_bad=skip_bad)
+    with tempfile.TemporaryDirectory(prefix="callgrove-stats-") as parts:
+        results = run_shards(plan_shards(files, jobs), work, Path(parts), jobs, executor)
+    stats, learning = Stats(), Learning()
+    for result in results:
+        merged(stats, result.value[0])
+        merged(learning, result.value[1])
+    for problem in renumber(results):
+        diagnostics.add(problem)
+        if problem.severity == "error" and not skip_bad:
+            break
     return stats, learning
 
 
@@ -404,6 +479,8 @@ def stats_command(
     as_json: Annotated[
         bool, typer.Option("--json", help="One JSON object on stdout instead of the tables.")
     ] = False,
+    jobs: JobsOption = 1,
+    executor: ExecutorOption = Executor.process,
 ) -> None:
     """Ok rate, rewards, advantages, rows, agents by name, errors by type, off-policy spread.
 
@@ -414,7 +491,10 @@ def stats_command(
     require_files(files)
     reject_foreign_files(files)
     diagnostics = Diagnostics()
-    stats, learning = collect(files, diagnostics, step, skip_bad)
+    if jobs > 1 or executor is Executor.ray:
+        stats, learning = collect_sharded(files, diagnostics, step, skip_bad, jobs, executor)
+    else:
+        stats, learning = collect(files, diagnostics, step, skip_bad)
     if skip_bad or not diagnostics.errors:
         if as_json:
             sys.stdout.buffer.write(orjson.dumps(stats_record(stats, learning)) + b"\n")

@@ -24,11 +24,14 @@ def read_episodes(
 
 
 def read_located_episodes(
-    path: str | os.PathLike[str], diagnostics: Diagnostics | None = None
+    path: str | os.PathLike[str],
+    diagnostics: Diagnostics | None = None,
+    byte_range: tuple[int, int] | None = None,
 ) -> Iterator[tuple[int, Episode]]:
-    """Like `read_episodes`, with each episode's line number."""
+    """Like `read_episodes`, with each episode's line number; `byte_range` reads one shard of
+    a plain file (`formats.jsonl.iter_lines`)."""
     file = str(path)
-    for number, wire in read_wire_episodes(path, diagnostics):
+    for number, wire in read_wire_episodes(path, diagnostics, byte_range):
         try:
             yield number, episode_from_wire(wire)
         except InputError as error:

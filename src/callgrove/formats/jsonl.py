@@ -55,13 +55,20 @@ def open_binary(path: str | os.PathLike[str], mode: str = "rb") -> IO[bytes]:
 CompressedDataError = (gzip.BadGzipFile, zlib.error, zstd.ZstdError)
 
 
-def iter_lines(path: str | os.PathLike[str]) -> Iterator[tuple[int, bytes, bool]]:
+def iter_lines(
+    path: str | os.PathLike[str], byte_range: tuple[int, int] | None = None
+) -> Iterator[tuple[int, bytes, bool]]:
     """Yield (line number from 1, line as read, ended-with-newline) for non-blank lines.
 
     A compressed file cut short raises `InputError` (a `truncated` warning) after its last
     complete line; compressed data that is damaged, or is not of its extension's kind, raises
     an `InputError` naming the line it stopped at.
+    `byte_range` (start, end), in a plain file, reads only the lines that start in it (a
+    shard; both ends on line starts), numbered from 1 at `start`.
     """
+    if byte_range is not None:
+        yield from _range_lines(path, *byte_range)
+        return
     number = 0
     try:
         with open_binary(path) as raw:
@@ -111,6 +118,20 @@ def _episode_id(line: bytes) -> str | None:
         found = _ID_FIELD.search(line)
         named = found.group(1).decode("utf-8", "replace") if found else None
     return named if isinstance(named, str) else None
+
+
+def _range_lines(
+    path: str | os.PathLike[str], start: int, end: int
+) -> Iterator[tuple[int, bytes, bool]]:
+    with open(path, "rb") as stream:
+        stream.seek(start)
+        remaining = end - start
+        for number, line in enumerate(stream, start=1):
+            if remaining <= 0:
+                return
+            remaining -= len(line)
+            if not line.isspace():
+                yield number, line, line.endswith(b"\n")
 
 
 def _locate_in_json(line: bytes, path: str) -> tuple[str | None, str | None]:
@@ -163,6 +184,7 @@ def read_rows(
     path: str | os.PathLike[str],
     decode: Callable[[bytes], Row],
     diagnostics: Diagnostics | None = None,
+    byte_range: tuple[int, int] | None = None,
 ) -> Iterator[tuple[int, Row]]:
     """Stream `(line number, decode(line))` from any JSON Lines file.
 
@@ -174,7 +196,7 @@ def read_rows(
     written straight after it, which is then read).
     """
     file = str(path)
-    lines = iter_lines(path)
+    lines = iter_lines(path, byte_range)
     while True:
         try:
             number, line, complete = next(lines)
@@ -256,10 +278,12 @@ def _cause(error: msgspec.DecodeError, line: bytes) -> str:
 
 
 def read_wire_episodes(
-    path: str | os.PathLike[str], diagnostics: Diagnostics | None = None
+    path: str | os.PathLike[str],
+    diagnostics: Diagnostics | None = None,
+    byte_range: tuple[int, int] | None = None,
 ) -> Iterator[tuple[int, WireEpisode]]:
     """Stream `(line number, WireEpisode)` from an episode file (see `read_rows`)."""
-    return read_rows(path, decode_episode_line, diagnostics)
+    return read_rows(path, decode_episode_line, diagnostics, byte_range)
 
 
 class InputWarning(UserWarning):
