@@ -147,10 +147,42 @@ def test_version():
 def test_help_lists_the_formats_and_has_plain_usage(command):
     result = run(command, "--help")
     usage = next(line for line in result.stdout.splitlines() if "Usage:" in line)
-    assert usage.split()[-1] == "{FILE}..."
+    assert usage.split()[-1] == "FILE..."
     text = " ".join(result.stdout.split())
     for form in (".jsonl", ".jsonl.gz", ".jsonl.zst", ".parquet", ".arrow"):
         assert form in text
+
+
+def _commands(group, path=()):
+    import click
+
+    for name, command in group.commands.items():
+        yield (*path, name), command
+        if isinstance(command, click.Group):
+            yield from _commands(command, (*path, name))
+
+
+def test_every_help_has_plain_names_and_unwrapped_paragraphs():
+    """No annotation tags (`<list[Path]>`, `<bool>`), no `{FILE}` braces, and each paragraph of
+    a command's help on one line at a wide terminal (the terminal wraps, not the source)."""
+    import typer
+
+    root = typer.main.get_command(app)
+    checked = 0
+    for path, command in _commands(root):
+        result = runner.invoke(app, [*path, "--help"], env={"COLUMNS": "400"}, terminal_width=400)
+        assert result.exit_code == 0, (path, result.output)
+        text = result.stdout
+        usage = next(line for line in text.splitlines() if "Usage:" in line)
+        assert not re.search(r"[<{]", usage), (path, usage)
+        assert "<list[" not in text and "<bool>" not in text, (path, text)
+        lines = [line.strip(" │") for line in text.splitlines()]
+        for paragraph in (command.help or "").split("\n\n"):
+            if paragraph and not paragraph.startswith("\b"):
+                whole = " ".join(paragraph.split())[:380]
+                assert any(whole in line for line in lines), (path, whole, text)
+        checked += 1
+    assert checked >= 12
 
 
 def _example():

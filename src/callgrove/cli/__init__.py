@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from callgrove.cli.app import app, reflow_help
+from callgrove.cli.app import app, plain_help
 
 # Subcommand modules register themselves on import (one line each).
 from callgrove.cli import rows as _rows  # noqa: F401  isort: skip
@@ -15,7 +15,7 @@ from callgrove.cli import gateway as _gateway  # noqa: F401  isort: skip
 from callgrove.cli import train as _train  # noqa: F401  isort: skip
 from callgrove.cli import bench as _bench  # noqa: F401  isort: skip
 
-reflow_help(app)
+plain_help(app)
 
 
 def main() -> None:

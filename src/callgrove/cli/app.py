@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import re
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Annotated
@@ -19,6 +20,8 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 from rich.text import Text
+from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
+from typer.models import DefaultPlaceholder
 
 from callgrove.cli.kinds import harness_hint
 from callgrove.formats.output import check_output
@@ -91,16 +94,76 @@ def main_options(
     """Multi-agent LLM rollouts as exactly-once RL training rows."""
 
 
-def reflow_help(typer_app: typer.Typer) -> None:
-    """Every command's help with each paragraph on one line, so the terminal wraps it to its
-    width (help is written wrapped in the source; rich help would keep those line breaks)."""
+def plain_help(typer_app: typer.Typer) -> None:
+    """Every command's help as a user reads it: each paragraph on one line, so the terminal
+    wraps it to its width (help is written wrapped in the source; rich help would keep those
+    line breaks), and parameters named by their metavar alone (`FILE...`), without the
+    annotation's type tag (`<list[Path]>`, `<bool>`)."""
     for command in typer_app.registered_commands:
         text = command.help or (command.callback.__doc__ if command.callback else None)
         if text:
             command.help = _one_line_paragraphs(text)
+        if _unset(command.cls, TyperCommand):
+            command.cls = _PlainCommand
     for group in typer_app.registered_groups:
+        if _unset(group.cls, TyperGroup):
+            group.cls = _PlainGroup
         if group.typer_instance is not None:
-            reflow_help(group.typer_instance)
+            plain_help(group.typer_instance)
+    if _unset(typer_app.info.cls, TyperGroup):
+        typer_app.info.cls = _PlainGroup
+
+
+def _unset(cls: object, default: type) -> bool:
+    return isinstance(cls, DefaultPlaceholder) or cls in (None, default)
+
+
+class _PlainArgument(TyperArgument):
+    """An argument shown as its metavar: `FILE...` in the usage line and the help panel."""
+
+    def display_type_rich(self, ctx: typer.Context) -> str | None:
+        return None
+
+    @property
+    def display_name_raw(self) -> str:
+        return self.metavar or (self.name or "").upper()
+
+    def _usage_display_name(self) -> str:
+        name = self.display_name_raw if self.required else f"[{self.display_name_raw}]"
+        return name + ("..." if self.nargs != 1 else "")
+
+    def _rich_display_name(self) -> str:
+        return self.display_name_raw + ("..." if self.nargs != 1 else "")
+
+
+class _PlainOption(TyperOption):
+    """An option whose help shows a value's metavar or type (one value's, for an option that
+    may be given again), and nothing for a flag."""
+
+    def display_type_rich(self, ctx: typer.Context) -> str | None:
+        if self.is_flag:
+            return None
+        shown = super().display_type_rich(ctx)
+        return re.sub(r"^<list\[(.*)\]>$", r"<\1>", shown) if shown else shown
+
+
+def _plain_parameters(params: list) -> list:
+    for param in params:
+        if type(param) is TyperArgument:
+            param.__class__ = _PlainArgument
+        elif type(param) is TyperOption:
+            param.__class__ = _PlainOption
+    return params
+
+
+class _PlainCommand(TyperCommand):
+    def get_params(self, ctx: typer.Context) -> list:
+        return _plain_parameters(super().get_params(ctx))
+
+
+class _PlainGroup(TyperGroup):
+    def get_params(self, ctx: typer.Context) -> list:
+        return _plain_parameters(super().get_params(ctx))
 
 
 def _one_line_paragraphs(text: str) -> str:
