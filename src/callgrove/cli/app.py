@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import os
 import re
+import time
+from collections.abc import Iterable, Iterator
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 import typer
 from rich.console import Console
@@ -14,6 +18,7 @@ from rich.markup import escape
 from rich.progress import (
     BarColumn,
     DownloadColumn,
+    MofNCompleteColumn,
     Progress,
     TaskProgressColumn,
     TextColumn,
@@ -27,6 +32,8 @@ from callgrove.cli.kinds import harness_hint
 from callgrove.formats.output import check_output
 from callgrove.formats.problems import InputError
 from callgrove.formats.text import printable
+
+T = TypeVar("T")
 
 app = typer.Typer(
     name="callgrove",
@@ -204,18 +211,81 @@ def reject_foreign_files(files: list[Path]) -> None:
             raise typer.Exit(EXIT_USAGE)
 
 
-def progress_bar() -> Progress:
-    """The progress bar of long commands, over bytes read: on stderr, only when it is a terminal.
+def progress_bar(unit: str = "bytes") -> Progress:
+    """The progress bar of long commands: on stderr, only when it is a terminal.
 
-    The description says the file and how many episodes are done; the bar counts bytes
-    ("1.2/3.4 MB"), since a file's episode count is unknown until it is read."""
+    Over bytes read ("1.2/3.4 MB", see `reading`), since a file's episode count is unknown
+    until it is read, the description saying how many episodes are done; or over a count of
+    `unit` ("3/40 episodes") where that is what is known."""
+    amount = DownloadColumn() if unit == "bytes" else MofNCompleteColumn()
     return Progress(
         TextColumn("{task.description}"),
         BarColumn(),
         TaskProgressColumn(),
-        DownloadColumn(),
+        amount,
+        *([] if unit == "bytes" else [TextColumn(unit)]),
         TimeElapsedColumn(),
         console=err,
         transient=True,
         disable=not err.is_terminal,
     )
+
+
+# How often a bar looks up how far a file has been read (a few system calls each time).
+_LOOK_EVERY_S = 0.1
+
+
+def reading(
+    progress: Progress, path: Path, items: Iterable[T], unit: str = "episodes"
+) -> Iterator[T]:
+    """`items` read from `path`, passed through while `progress` shows a task for the file
+    that moves with the bytes read so far (within one long file too), and counts `unit`."""
+    total = path.stat().st_size
+    task = progress.add_task(path.name, total=total)
+    position = ReadPosition(path)
+    count, next_look = 0, 0.0
+    for item in items:
+        count += 1
+        now = time.monotonic()
+        if now >= next_look:
+            next_look = now + _LOOK_EVERY_S
+            progress.update(
+                task, completed=position.bytes(), description=f"{path.name} · {count:,} {unit}"
+            )
+        yield item
+    progress.update(task, completed=total, description=f"{path.name} · {count:,} {unit}")
+
+
+class ReadPosition:
+    """How far this process has read `path`: the offset of the descriptor that has the file
+    open (found by device and inode among the process's descriptors, so whichever reader
+    opened it, compressed files counting compressed bytes). Readers that do not move the
+    offset (positional reads, memory maps) leave it at 0 until the file is done."""
+
+    def __init__(self, path: Path):
+        stat = path.stat()
+        self._file = (stat.st_dev, stat.st_ino)
+        self._descriptor: int | None = None
+        self._last = 0
+
+    def bytes(self) -> int:
+        if self._descriptor is None or not self._is_ours(self._descriptor):
+            self._descriptor = self._find()
+        if self._descriptor is not None:
+            with contextlib.suppress(OSError):
+                self._last = max(self._last, os.lseek(self._descriptor, 0, os.SEEK_CUR))
+        return self._last
+
+    def _is_ours(self, descriptor: int) -> bool:
+        try:
+            stat = os.fstat(descriptor)
+        except OSError:
+            return False
+        return (stat.st_dev, stat.st_ino) == self._file
+
+    def _find(self) -> int | None:
+        for folder in ("/proc/self/fd", "/dev/fd"):
+            with contextlib.suppress(OSError):
+                descriptors = sorted(int(name) for name in os.listdir(folder) if name.isdigit())
+                return next((d for d in descriptors if self._is_ours(d)), None)
+        return None

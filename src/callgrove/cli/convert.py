@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.progress import Progress
 from rich.table import Table
 
 from callgrove.cli.app import (
@@ -28,6 +29,7 @@ from callgrove.cli.app import (
     app,
     err,
     progress_bar,
+    reading,
     require_output,
     safe,
 )
@@ -151,15 +153,17 @@ def convert_command(
         _summary(source, out, from_, to, tally, diagnostics, skip_bad)
         raise typer.Exit(EXIT_FAILED if diagnostics.errors else EXIT_OK)
     episodes = _read(source, from_, invocations, diagnostics)
-    with progress_bar() as progress:
-        task = progress.add_task(source.name, total=_total(source, from_, invocations))
+    with progress_bar("bytes" if source.is_file() else "episodes") as progress:
+        if source.is_file():
+            episodes = reading(progress, source, episodes)
+        else:
+            episodes = _counted(progress, source, episodes, _total(source, invocations))
 
         def counted() -> Iterator[Episode]:
             for episode in episodes:
                 if not skip_bad and diagnostics.errors:
                     raise _Stopped
                 tally.add(episode)
-                progress.update(task, advance=1, description=f"{source.name} · {tally.episodes}")
                 yield episode
             if not skip_bad and diagnostics.errors:
                 raise _Stopped
@@ -305,13 +309,20 @@ def _read(
     return load(source, diagnostics, _format_name(source, from_), **options)
 
 
-def _total(source: Path, from_: Source, invocations: Path | None) -> int | None:
-    """Episodes expected, where one pass over bytes tells it cheaply (plain JSON Lines)."""
-    if from_ is Source.gym:
-        if invocations is not None:
-            return _lines(invocations)
-        return len(list(source.glob(f"*{TOKENS_SUFFIX}"))) if source.is_dir() else None
-    return _lines(source) if source.suffix in (".jsonl", ".json") else None
+def _total(folder: Path, invocations: Path | None) -> int:
+    """Episodes a NeMo Gym capture folder holds: one per invocation, else per token file."""
+    if invocations is not None:
+        return _lines(invocations)
+    return len(list(folder.glob(f"*{TOKENS_SUFFIX}")))
+
+
+def _counted(
+    progress: Progress, folder: Path, episodes: Iterator[Episode], total: int
+) -> Iterator[Episode]:
+    task = progress.add_task(folder.name, total=total)
+    for episode in episodes:
+        progress.advance(task)
+        yield episode
 
 
 def _lines(path: Path) -> int:

@@ -33,6 +33,7 @@ from callgrove.cli.app import (
     err,
     out,
     progress_bar,
+    reading,
     reject_foreign_files,
     require_files,
     require_output,
@@ -96,12 +97,8 @@ def episode_rows(
     reject_foreign_files(files)
     with progress_bar() as progress:
         for path in files:
-            size = path.stat().st_size
-            task = progress.add_task(path.name, total=size)
-            for result in rows_of(path, load(path, outcome.diagnostics), settings, outcome, only):
-                progress.update(task, description=f"{path.name} · {outcome.episodes:,} episodes")
-                yield result
-            progress.update(task, completed=size)
+            episodes = reading(progress, path, load(path, outcome.diagnostics))
+            yield from rows_of(path, episodes, settings, outcome, only)
 
 
 def rows_of(

@@ -13,11 +13,11 @@ import gc
 import math
 import sys
 import tempfile
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import numpy as np
 import orjson
@@ -36,6 +36,7 @@ from callgrove.cli.app import (
     err,
     out,
     progress_bar,
+    reading,
     reject_foreign_files,
     require_files,
     safe,
@@ -164,15 +165,9 @@ def collect(
     stats, learning = Stats(), Learning()
     with progress_bar() as progress:
         for path in files:
-            task = progress.add_task(path.name, total=path.stat().st_size)
-
-            def counted(stats: Stats = stats, path: Path = path, task: Any = task) -> None:
-                progress.update(task, description=f"{path.name} · {stats.episodes:,} episodes")
-
-            episodes = load(path, diagnostics)
-            if not tally(episodes, diagnostics, stats, learning, training_step, skip_bad, counted):
+            episodes = reading(progress, path, load(path, diagnostics))
+            if not tally(episodes, diagnostics, stats, learning, training_step, skip_bad):
                 return stats, learning
-            progress.update(task, completed=path.stat().st_size)
     return stats, learning
 
 
@@ -183,7 +178,6 @@ def tally(
     learning: Learning,
     training_step: int | None,
     skip_bad: bool,
-    every: Callable[[], None] = lambda: None,
 ) -> bool:
     """Add a stream of episodes to `stats` and `learning`; False when an error stopped it
     (without `skip_bad`, the first error does)."""
@@ -197,7 +191,6 @@ def tally(
             # An episode is a reference cycle (agent <-> call), freed only by the cycle
             # collector; run it as we go so memory stays flat.
             gc.collect()
-            every()
     return skip_bad or len(diagnostics.errors) == seen_errors
 
 
