@@ -79,8 +79,31 @@ def test_rows_keep_one_line_per_row_at_100_columns_with_long_ids():
     lines = rendered(rows_table_view(build_rows(long), 100), 100)
     assert max(len(line) for line in lines) <= 100
     [row] = [line for line in lines if line.lstrip().startswith("0 ")]
-    assert "#1…#85 (85)" in row
+    assert "#1 … #85 (85 calls)" in row
     assert "no reward" in row  # never scored: not a made-up 0
+
+
+@pytest.mark.parametrize("width", [80, 100])
+def test_rows_read_at_80_columns_numbers_and_names_whole(width):
+    """Long ids are clipped, never the numbers, the reward or the field names."""
+    long = chain_episode("real", 85, call_prefix="main/msg_01Bm4U8urWjXsKBx8t4Jy1Dg_")
+    helper = Agent(id="agent-a2271d1-general-purpose", name="general-purpose")
+    for seq in range(1, 6):
+        helper.add(Call.make(f"toolu_01JJTqp8T9YB5aypTWAUV5ZK_{seq}", seq, [5] * seq * 9000, [7]))
+    long.agents.append(helper)
+    result = build_rows(long)
+    lines = rendered(rows_table_view(result, width), width)
+    assert max(len(line) for line in lines) <= width
+    header = " ".join(" ".join(lines[1 : lines.index(next(x for x in lines if "──" in x))]).split())
+    for name in ("row", "leaf", "agent", "path", "reward"):
+        assert re.search(rf"\b{name}\b", header), header
+    assert header.replace("_ ", "_").count("tokens") == 2, header
+    for row in result.rows:
+        [line] = [line for line in lines if re.match(rf"\s*{row.index}\s", line)]
+        numbers = rf"\s{row.num_tokens:,}\s+{row.num_loss_tokens:,}\s+no reward$"
+        assert re.search(numbers, line.rstrip()), line
+        assert "#" in line  # the path, named by seq numbers
+    assert "…" not in header
 
 
 def test_rows_of_many_episodes_print_a_summary_and_say_how_to_see_one(tmp_path):

@@ -1,5 +1,6 @@
 """Pictures checked in headless Chromium at 12 calls and at about 200: no text of a call box
-leaves its box, and no other label lies over any box.
+leaves its box, no other label lies over any box or over another label, and no link runs
+through a box other than the two it joins.
 
 The pages are the ones `callgrove show --html` writes, for the bundled example, for real
 sessions imported from `tests/data/real/`, and for a synthetic episode of 280 calls. A probe
@@ -42,7 +43,7 @@ SESSIONS = {
 # Appended to the page: measures every text against the call boxes and prints what is wrong.
 OVERLAP_PROBE = """<script>
 document.addEventListener("DOMContentLoaded", function () {
-  var wrong = [], texts = 0;
+  var wrong = [], texts = 0, links = 0;
   function area(element) {
     var b = element.getBoundingClientRect();
     return [b.left, b.top, b.right, b.bottom];
@@ -65,6 +66,7 @@ document.addEventListener("DOMContentLoaded", function () {
         }
       });
     });
+    var labels = [];
     svg.querySelectorAll("text").forEach(function (text) {
       if (text.classList.contains("box-text") || !text.textContent) {
         return;
@@ -76,11 +78,53 @@ document.addEventListener("DOMContentLoaded", function () {
           wrong.push(["over a box", episode, box[0], text.textContent]);
         }
       });
+      labels.forEach(function (other) {
+        if (meet(own, other[1])) {
+          wrong.push(["over a label", episode, other[0], text.textContent]);
+        }
+      });
+      labels.push([text.textContent, own]);
+    });
+  });
+  // Every link, segment by segment (orthogonal: M and L only), against every call box but
+  // the ones it leaves and reaches: a line may run beside a box, never through it.
+  document.querySelectorAll("svg[data-episode]").forEach(function (svg) {
+    var episode = svg.getAttribute("data-episode"), boxes = [];
+    svg.querySelectorAll("g.call").forEach(function (call) {
+      boxes.push([call.getAttribute("data-call"), area(call.querySelector("rect.box"))]);
+    });
+    svg.querySelectorAll("path.link").forEach(function (path) {
+      links += 1;
+      var ends = [path.getAttribute("data-from"), path.getAttribute("data-to")];
+      var matrix = path.getScreenCTM(), points = [];
+      var numbers = path.getAttribute("d").match(/-?[0-9.]+/g).map(Number);
+      for (var i = 0; i + 1 < numbers.length; i += 2) {
+        var point = svg.createSVGPoint();
+        point.x = numbers[i];
+        point.y = numbers[i + 1];
+        point = point.matrixTransform(matrix);
+        points.push([point.x, point.y]);
+      }
+      for (var j = 0; j + 1 < points.length; j += 1) {
+        var a = points[j], b = points[j + 1];
+        var segment = [Math.min(a[0], b[0]), Math.min(a[1], b[1]),
+                       Math.max(a[0], b[0]), Math.max(a[1], b[1])];
+        boxes.forEach(function (box) {
+          if (ends.indexOf(box[0]) >= 0) {
+            return;
+          }
+          var b2 = box[1];
+          if (segment[0] < b2[2] - 1 && b2[0] + 1 < segment[2] + 0.01 &&
+              segment[1] < b2[3] - 1 && b2[1] + 1 < segment[3] + 0.01) {
+            wrong.push(["line through a box", episode, box[0], ends.join(" -> ")]);
+          }
+        });
+      }
     });
   });
   var out = document.createElement("pre");
   out.id = "overlap-probe";
-  out.textContent = JSON.stringify({texts: texts, wrong: wrong});
+  out.textContent = JSON.stringify({texts: texts, links: links, wrong: wrong});
   document.body.appendChild(out);
 });
 </script>
@@ -116,6 +160,7 @@ def test_the_example_and_the_group_at_12_calls(tmp_path):
     episodes = [*load(LOGIN_BUG), *load(LOGIN_GROUP), unusual_episode()]
     found = probe(tmp_path, episodes, "examples")
     assert found["texts"] > 12 * 3 * len(episodes) // 2  # the probe measured the pictures
+    assert found["links"] >= 12 * len(episodes) // 2
     assert found["wrong"] == []
 
 
@@ -139,6 +184,7 @@ def big_episode():
 def test_about_200_calls(tmp_path, big_episode):
     assert 200 <= sum(1 for _ in big_episode.calls()) <= 300
     found = probe(tmp_path, [big_episode], "big")
+    assert found["links"] >= 200  # every link was followed, segment by segment
     assert found["wrong"] == []
 
 
@@ -162,8 +208,17 @@ def test_the_probe_sees_text_out_of_place(tmp_path, monkeypatch):
             writer.leaf("text", text="a box text far, far too long to fit in any box", x=box.x + 7, y=box.y + 31,
                         class_="box-text")  # fmt: skip
             writer.leaf("text", text="a label", x=box.x + 20, y=box.y + 30)
+            writer.leaf("text", text="another", x=box.x + 200, y=box.y - 20)
+            writer.leaf("text", text="another", x=box.x + 204, y=box.y - 18)
+            middle = box.y + 20
+            writer.leaf("path", d=f"M {box.x - 30} {middle} L {box.x + 300} {middle}",
+                        class_="link parent", data_from="C1", data_to="C12")  # fmt: skip
 
     monkeypatch.setattr(svg, "_row_squares", crowded)
     found = probe(tmp_path, list(load(LOGIN_BUG)), "crowded")
     kinds = sorted({(kind, call) for kind, _, call, _ in found["wrong"]})
-    assert kinds == [("outside its box", "C3"), ("over a box", "C3")]
+    assert ("outside its box", "C3") in kinds and ("over a box", "C3") in kinds
+    assert ("line through a box", "C3") in kinds and ("over a label", "another") in kinds
+    assert {kind for kind, _ in kinds} == {
+        "outside its box", "over a box", "line through a box", "over a label",
+    }  # fmt: skip

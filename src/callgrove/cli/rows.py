@@ -475,21 +475,33 @@ def reward_text(row: Row) -> str:
 
 # Columns beside `path`, and the room each takes in the table.
 _FIXED_COLUMNS = ("row", "leaf", "agent", "num_tokens", "num_loss_tokens", "reward")
-_PADDING = 3  # a space each side of a cell and the column rule
+# On a narrow terminal the long field names take two lines and ids are clipped shorter.
+_NARROW_HEADERS = {"num_tokens": "num_\ntokens", "num_loss_tokens": "num_\nloss_\ntokens"}
+_ID_WIDTHS = {False: (14, 10), True: (9, 7)}  # leaf, agent
+_PADDING = 3  # a space each side of a cell and the gap between columns
+_PATH_ROOM = 20  # enough for a long path: "#1 … #85 (85 calls)"
 PATH_CAPTION = "path: root first, (context) calls held with the loss off, the rest trained"
 
 
 def rows_table_view(result: EpisodeRows, width: int | None = None) -> Table:
     """The episode's rows under the names of the JSON fields, one line per row: the path marks
     its context calls in parentheses (the rest is `trains`) and, when the ids do not fit the
-    terminal, names calls by their `seq` (#3) or by its first and last call and a count."""
+    terminal, names calls by their `seq` (#3) or by its first and last call and a count.
+    Narrow terminals (80 columns) get two-line headers and shorter ids, never cut numbers."""
     rows = result.rows
-    cells = [_fixed_cells(row) for row in rows]
-    fixed = sum(
-        max([len(name), *(len(c[i]) for c in cells)]) + _PADDING
-        for i, name in enumerate(_FIXED_COLUMNS)
-    )
-    room = max((width or out.width) - fixed - _PADDING, 16)
+    width = width or out.width
+    wanted = min(_PATH_ROOM, max((len(path_text(row, width)) for row in rows), default=0))
+    for narrow in (False, True):
+        headers = [_NARROW_HEADERS.get(n, n) if narrow else n for n in _FIXED_COLUMNS]
+        cells = [_fixed_cells(row, *_ID_WIDTHS[narrow]) for row in rows]
+        fixed = sum(
+            max([*(len(line) for line in header.splitlines()), *(len(c[i]) for c in cells)])
+            + _PADDING
+            for i, header in enumerate(headers)
+        )
+        room = width - fixed  # no edges: the first and last column save their outer space
+        if room >= wanted:
+            break
     table = Table(
         title=f"episode {safe(result.episode.id)}",
         title_justify="left",
@@ -497,24 +509,25 @@ def rows_table_view(result: EpisodeRows, width: int | None = None) -> Table:
         caption_justify="left",
         box=box.SIMPLE_HEAD,
         pad_edge=False,
+        show_edge=False,
     )
-    for name in ("row", "leaf", "agent", "path", *_FIXED_COLUMNS[3:]):
+    for name in (*headers[:3], "path", *headers[3:]):
         table.add_column(
             name, justify="left" if name in ("leaf", "agent", "path") else "right", no_wrap=True
         )
     for row, (number, leaf, agent, *numbers) in zip(rows, cells, strict=True):
-        path = path_text(row, room)
+        path = path_text(row, max(room, 12))
         if row.duplicate_of is not None:
             path += f" duplicate of {row.duplicate_of}"
         table.add_row(number, cell(leaf), cell(agent), cell(path), *numbers)
     return table
 
 
-def _fixed_cells(row: Row) -> tuple[str, ...]:
+def _fixed_cells(row: Row, leaf_width: int, agent_width: int) -> tuple[str, ...]:
     return (
         str(row.index),
-        clip_middle(row.leaf.id, 14),
-        clip_middle(row.agent.id, 10),
+        clip_middle(row.leaf.id, leaf_width),
+        clip_middle(row.agent.id, agent_width),
         f"{row.num_tokens:,}",
         f"{row.num_loss_tokens:,}",
         reward_text(row),
