@@ -177,12 +177,23 @@ def test_help_lists_the_formats_and_has_plain_usage(command):
 
 
 def _commands(group, path=()):
-    import click
-
     for name, command in group.commands.items():
         yield (*path, name), command
-        if isinstance(command, click.Group):
+        if hasattr(command, "commands"):  # a group: its own commands too
             yield from _commands(command, (*path, name))
+
+
+def test_every_output_option_has_the_short_o():
+    import typer
+
+    outs = [
+        (path, param.opts)
+        for path, command in _commands(typer.main.get_command(app))
+        for param in command.params
+        if "--out" in param.opts
+    ]
+    assert len(outs) >= 6  # rows, show, import claude-code / codex / join, train, ...
+    assert all("-o" in opts for _, opts in outs), outs
 
 
 def test_every_help_has_plain_names_and_unwrapped_paragraphs():
@@ -205,7 +216,7 @@ def test_every_help_has_plain_names_and_unwrapped_paragraphs():
                 whole = " ".join(paragraph.split())[:380]
                 assert any(whole in line for line in lines), (path, whole, text)
         checked += 1
-    assert checked >= 12
+    assert checked >= 15  # every command, the import group's too
 
 
 def _example():
@@ -250,6 +261,23 @@ def test_never_scored_episodes_say_no_reward(tmp_path):
     [record] = [json.loads(line) for line in run("rows", "--jsonl", path).stdout.splitlines()]
     assert record["objective"] == "supervised"
     assert json.loads(run("stats", "--json", path).stdout)["rewards"]["all"]["mean"] is None
+    svg, html = tmp_path / "imported.svg", tmp_path / "imported.html"
+    assert (
+        run("show", path, "-o", svg).exit_code == 0 and run("show", path, "-o", html).exit_code == 0
+    )
+    for picture in (svg.read_text(), html.read_text()):
+        assert "no reward" in picture and "reward 0" not in picture
+
+
+@pytest.mark.parametrize("harness", ["claude-code", "codex"])
+def test_an_importer_given_an_episode_file_says_what_it_is(tmp_path, harness):
+    out = tmp_path / "out.jsonl"
+    result = run("import", harness, EXAMPLES / "login_bug.jsonl", "-o", out)
+    assert result.exit_code == 1 and not out.exists()
+    assert "this is a callgrove episode file" in result.stderr
+    assert "`callgrove rows`" in result.stderr
+    assert "imported episodes" not in result.stderr  # no empty table
+    assert "supervised training" not in result.stderr  # nothing was imported to say it of
 
 
 def test_the_readme_shows_what_the_commands_print_and_draw():

@@ -159,7 +159,8 @@ def _summary(episodes: list[Episode], report: ImportReport, verbose: bool) -> No
             str(sum(len(c.prompt_suffix) + len(c.completion_ids) for c in calls)),
             str(len(episode.gaps or [])),
         )
-    err.print(table)
+    if episodes:  # an empty table says nothing the counts below do not
+        err.print(table)
     read = sum(report.lines_read.values())
     used = sum(len(lines) for lines in report.used.values())
     err.print(
@@ -180,6 +181,8 @@ def _summary(episodes: list[Episode], report: ImportReport, verbose: bool) -> No
                 f"in {episode.id}: {gap.agent or gap.file or gap.kind}: {gap.reason or gap.kind}"
             )
             err.print(f"[yellow]gap[/yellow] {safe(where)}")
+    if not episodes:
+        return
     err.print(
         "[bold]These episodes are for supervised training:[/bold] transcripts carry no sampling "
         "logprobs (objective=supervised, logprobs=null), so their rows cannot train "

@@ -15,7 +15,7 @@ def train_command(
     config: Annotated[Path | None, typer.Argument(help="TOML config (none: the defaults)")] = None,
     steps: Annotated[int | None, typer.Option(help="training steps (run.steps)")] = None,
     out_dir: Annotated[
-        Path | None, typer.Option("--out", help="output directory (run.out)")
+        Path | None, typer.Option("--out", "-o", help="output directory (run.out)")
     ] = None,
     seed: Annotated[int | None, typer.Option(help="run seed (run.seed)")] = None,
     executor: Annotated[str | None, typer.Option(help="local or ray (run.executor)")] = None,
