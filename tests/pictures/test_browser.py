@@ -182,3 +182,57 @@ def test_page_fetches_nothing_and_escapes_call_text():
     assert not re.search(r'\b(?:src|href)="(?!#)', text)
     assert HOSTILE_TEXT not in text
     assert "\\u003c/script\\u003e" in text
+
+
+# Appended to a page: clicks a call with a long text, scrolls the tip, leaves the box, then
+# presses Escape; records what the tip and the status element look like at each step.
+PIN_PROBE = """<script>
+document.addEventListener("DOMContentLoaded", function () {
+  var tip = document.getElementById("callgrove-tip");
+  var status = document.getElementById("callgrove-status");
+  var box = document.querySelector('g.call[data-call="C2"]');
+  var area = box.getBoundingClientRect();
+  var at = {clientX: area.left + 4, clientY: area.top + 4, bubbles: true};
+  box.dispatchEvent(new MouseEvent("mouseenter", at));
+  box.dispatchEvent(new MouseEvent("click", at));
+  var style = getComputedStyle(tip);
+  var seen = {pinned: tip.classList.contains("pinned"), pointer: style.pointerEvents,
+              overflow: style.overflowY, scrollable: tip.scrollHeight > tip.clientHeight + 50};
+  tip.scrollTop = 200;
+  seen.scrolled = tip.scrollTop;
+  box.dispatchEvent(new MouseEvent("mouseleave", at));
+  seen.shown_after_leaving = !tip.hidden;
+  document.dispatchEvent(new KeyboardEvent("keydown", {key: "Escape"}));
+  seen.hidden_after_escape = tip.hidden;
+  var place = status.getBoundingClientRect();
+  seen.status_display = getComputedStyle(status).display;
+  seen.status_area = place.width * place.height;
+  var out = document.createElement("pre");
+  out.id = "pin-probe";
+  out.textContent = JSON.stringify(seen);
+  document.body.appendChild(out);
+});
+</script>
+"""
+
+
+def test_a_clicked_tip_stays_and_scrolls_and_the_status_is_not_shown(tmp_path):
+    from callgrove.episode import Agent, Call, Episode
+
+    long_text = "\n".join(f"line {n} of a long answer" for n in range(300))
+    agent = Agent(id="L", name="leader")
+    agent.add(Call.make("C1", 1, [1, 2], [3], content="short"))
+    agent.add(Call.make("C2", 2, [1, 2, 3, 4], [5, 6], content=long_text))
+    picture = layout(build_rows(Episode("long-text", agents=[agent], rewards={"r": 1.0})))
+    page = tmp_path / "pin.html"
+    page.write_text(
+        render_html([picture], "pin").replace("</body>", PIN_PROBE + "</body>"), encoding="utf-8"
+    )
+    text, _ = dump_dom(page, tmp_path / "profile")
+    found = re.search(r'<pre id="pin-probe">(.*?)</pre>', text, re.S)
+    assert found, "the probe did not run"
+    seen = json.loads(unescape(found.group(1)))
+    assert seen["pinned"] and seen["pointer"] == "auto" and seen["overflow"] == "auto", seen
+    assert seen["scrollable"] and seen["scrolled"] == 200, seen  # the long text scrolls
+    assert seen["shown_after_leaving"] and seen["hidden_after_escape"], seen
+    assert seen["status_display"] == "none" and seen["status_area"] == 0, seen
