@@ -252,3 +252,5 @@ def test_a_long_chain_wraps_onto_bands_with_stubs_naming_both_ends():
     outs = [t.text for t in elements(root, "text", "stub-label") if t.text.startswith("to ")]
     ins = [t.text for t in elements(root, "text", "stub-label") if t.text.startswith("from ")]
     assert outs == ["to X11", "to X21"] and ins == ["from X10", "from X20"]
+    headings = [t.text for t in elements(root, "text", "band-heading")]
+    assert headings == ["continued: columns 11–20", "continued: columns 21–30"]

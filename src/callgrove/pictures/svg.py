@@ -206,7 +206,7 @@ def _band(writer: _Writer, band: Band, width: int) -> None:
         first = band.index * COLUMNS_PER_BAND
         writer.leaf(
             "text",
-            text=f"continued: steps {first + 1}–{first + COLUMNS_PER_BAND}",
+            text=f"continued: columns {first + 1}–{first + COLUMNS_PER_BAND}",
             x=MARGIN,
             y=band.top - BAND_GAP // 2 + 4,
             fill=MUTED,
