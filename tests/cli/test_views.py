@@ -251,6 +251,25 @@ def test_stats_reads_like_an_rl_engineer_looks(tmp_path):
     assert data["advantages"]["all"]["count"] == 48
 
 
+@pytest.mark.parametrize("command", ["stats", "show", "rows"])
+def test_terminal_views_fit_80_columns_without_cutting_words(command, tmp_path, monkeypatch):
+    import callgrove as cg
+    from callgrove.cli.app import out
+
+    episodes = list(cg.load(EXAMPLES / "login_group.jsonl"))
+    cg.finalize_group(cg.GRPO(), episodes)
+    long = chain_episode("real-session", 85, call_prefix="main/msg_01Bm4U8urWjXsKBx8t4Jy1Dg_")
+    path = tmp_path / "mixed.jsonl"
+    save(path, [*episodes[:2], long])
+    monkeypatch.setattr(out, "width", 80)
+    result = run(command, path)
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80, [line for line in lines if len(line) > 80]
+    headers = [line for line in lines if "tokens" in line and not re.search(r"\d", line)]
+    assert headers and not any("…" in line for line in headers), headers
+
+
 def test_never_scored_episodes_say_no_reward(tmp_path):
     path = tmp_path / "imported.jsonl"
     save(path, [chain_episode("imported", 3, objective="supervised")])

@@ -80,7 +80,7 @@ def show_command(
         if drawing:
             pictures.append(layout(result))
         else:
-            out.print(forest_view(result))
+            out.print(forest_view(result), soft_wrap=False)  # labels wrap inside the tree
             print_rows_table(result)
     require_episode_found(episode_id, outcome, files)
     if drawing:

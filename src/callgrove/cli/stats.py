@@ -238,7 +238,14 @@ def _number(value: float) -> str:
 
 
 def _table(title: str, *columns: str, header: bool = True) -> Table:
-    table = Table(title=title, title_justify="left", show_header=header, box=box.SIMPLE_HEAD)
+    table = Table(
+        title=title,
+        title_justify="left",
+        show_header=header,
+        box=box.SIMPLE_HEAD,
+        show_edge=False,  # the room an 80-column terminal needs for every column
+        pad_edge=False,
+    )
     for number, name in enumerate(columns):
         table.add_column(name, justify="left" if number == 0 else "right")
     return table
@@ -293,7 +300,7 @@ def rewards_table(learning: Learning) -> RenderableType:
         notes.append(f"{flat:,} of {len(groups):,} groups have one reward for every episode")
     if learning.unscored:
         notes.append(f"{learning.unscored:,} episodes never scored ({NO_REWARD})")
-    table.caption = "; ".join(notes) or None
+    table.caption = "\n".join(notes) or None  # a line each: short enough for 80 columns
     table.caption_justify = "left"
     return table
 
@@ -386,7 +393,7 @@ def spread_view(stats: Stats) -> RenderableType | None:
             count = counts[step]
             bar = "█" * (round(BAR_WIDTH * count / largest) if count else 0)
             table.add_row(f"{step:,}", Text(bar, style="cyan"), f"{count:,}")
-        parts.append(table)
+        parts += [table, Text("")]
     notes = [f"frozen policy (never stale): {spread.frozen:,}"]
     if spread.unknown_step:
         notes.append(f"no training step known: {spread.unknown_step:,}")
@@ -501,9 +508,11 @@ def stats_command(
                 errors_table(stats),
                 spread_view(stats),
             )
-            for view in views:
-                if view is not None:
-                    out.print(view)
+            shown = [view for view in views if view is not None]
+            for number, view in enumerate(shown):
+                out.print(view)
+                if number < len(shown) - 1:
+                    out.print()
     if diagnostics.errors and not skip_bad:
         # Lines read past the first error (before the stop took effect) are not reported: the
         # run stopped there, and the message says where.
