@@ -14,9 +14,11 @@ Throughput: a gateway process whose policy is a no-op in-process client (a fixed
 sample), driven by `--concurrency` concurrent clients over 50 episodes of 4 agents; the figure
 is calls recorded (fsynced in the ledger) per second (target: at least 1,000).
 
-Both also print the gateway process's CPU time per call: on a shared machine (the load
-average is printed first) wall-clock figures mostly measure the wait for a core and for the
-disk, while CPU time per call is what the gateway itself costs.
+Both also print the gateway process's CPU time per call, and the disk's fsync time: on a shared
+machine (the load average is printed first) wall-clock figures mostly measure the wait for a
+core and for the disk, while CPU time per call is what the gateway itself costs. The benchmark's
+own client is a bare keep-alive HTTP/1.1 connection, so that it takes little of the cores the
+servers are measured on.
 """
 
 from __future__ import annotations
@@ -33,7 +35,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import httpx
 import numpy as np
 import orjson
 
@@ -72,19 +73,59 @@ def cli(*args: str) -> list[str]:
     return ["-c", "from callgrove.cli import main; main()", *args, "--port", "0"]
 
 
+class Connection:
+    """A keep-alive HTTP/1.1 client connection that costs next to nothing per request, so the
+    benchmark's own client does not take the cores the servers are measured on."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host: str):
+        self.reader, self.writer, self.host = reader, writer, host
+
+    @classmethod
+    async def open(cls, url: str) -> Connection:
+        host, port = url.removeprefix("http://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        return cls(reader, writer, f"{host}:{port}")
+
+    async def post(self, path: str, body: dict, headers: dict[str, str] | None = None) -> dict:
+        data = orjson.dumps(body)
+        head = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
+        self.writer.write(
+            f"POST {path} HTTP/1.1\r\nhost: {self.host}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(data)}\r\n{head}\r\n".encode()
+            + data
+        )
+        status_line, *lines = (await self.reader.readuntil(b"\r\n\r\n")).split(b"\r\n")
+        length = next(
+            int(line.split(b":", 1)[1])
+            for line in lines
+            if line.lower().startswith(b"content-length:")
+        )
+        payload = await self.reader.readexactly(length)
+        if status_line.split()[1] != b"200":
+            raise RuntimeError(f"{path}: {status_line.decode()} {payload[:300]!r}")
+        return orjson.loads(payload)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
 async def overhead(direct: str, gateway: str, calls: int) -> dict[str, float]:
     body = {"messages": [{"role": "user", "content": "write 255 bytes"}], "max_tokens": 256}
     times: dict[str, list[float]] = {"direct": [], "gateway": []}
-    async with httpx.AsyncClient(timeout=60) as client:
-        for index in range(calls + 10):
-            for name, url in (("direct", direct), ("gateway", f"{gateway}/e/bench-{index % 20}")):
-                started = time.perf_counter()
-                response = await client.post(f"{url}/v1/chat/completions", json=body)
-                elapsed = time.perf_counter() - started
-                response.raise_for_status()
-                assert response.json()["usage"]["completion_tokens"] == 256
-                if index >= 10:  # warm-up
-                    times[name].append(elapsed)
+    connections = {
+        "direct": await Connection.open(direct),
+        "gateway": await Connection.open(gateway),
+    }
+    for index in range(calls + 10):
+        for name, prefix in (("direct", ""), ("gateway", f"/e/bench-{index % 20}")):
+            started = time.perf_counter()
+            answer = await connections[name].post(f"{prefix}/v1/chat/completions", body)
+            elapsed = time.perf_counter() - started
+            assert answer["usage"]["completion_tokens"] == 256
+            if index >= 10:  # warm-up
+                times[name].append(elapsed)
+    for connection in connections.values():
+        connection.close()
     direct_ms = statistics.median(times["direct"]) * 1000
     gateway_ms = statistics.median(times["gateway"]) * 1000
     return {"direct_ms": direct_ms, "gateway_ms": gateway_ms, "overhead_ms": gateway_ms - direct_ms}
@@ -93,20 +134,36 @@ async def overhead(direct: str, gateway: str, calls: int) -> dict[str, float]:
 async def throughput(gateway: str, calls: int, concurrency: int) -> float:
     counter = iter(range(calls))
 
-    async def worker(client: httpx.AsyncClient) -> None:
+    async def worker(connection: Connection) -> None:
         for index in counter:
             headers = {"x-callgrove-agent": f"a{index % 4}"}
             body = {"messages": [{"role": "user", "content": f"call {index}"}]}
-            response = await client.post(
-                f"/e/tp-{index % 50}/v1/chat/completions", json=body, headers=headers
-            )
-            response.raise_for_status()
+            await connection.post(f"/e/tp-{index % 50}/v1/chat/completions", body, headers)
 
-    limits = httpx.Limits(max_connections=concurrency)
-    async with httpx.AsyncClient(base_url=gateway, timeout=60, limits=limits) as client:
-        started = time.perf_counter()
-        await asyncio.gather(*(worker(client) for _ in range(concurrency)))
-        return calls / (time.perf_counter() - started)
+    connections = [await Connection.open(gateway) for _ in range(concurrency)]
+    started = time.perf_counter()
+    await asyncio.gather(*(worker(c) for c in connections))
+    elapsed = time.perf_counter() - started
+    for connection in connections:
+        connection.close()
+    return calls / elapsed
+
+
+def fsync_ms(folder: str, samples: int = 50) -> float:
+    """Median time to append a ledger-sized line and fsync it: the disk's share of a call."""
+    path = Path(folder, "fsync-probe")
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    times = []
+    try:
+        for _ in range(samples):
+            started = time.perf_counter()
+            os.write(fd, b"x" * 3000 + b"\n")
+            os.fsync(fd)
+            times.append(time.perf_counter() - started)
+    finally:
+        os.close(fd)
+        path.unlink()
+    return statistics.median(times) * 1000
 
 
 def serve_noop(ledger: str) -> None:
@@ -160,6 +217,10 @@ def main() -> None:
             stop(upstream)
         share = figures["overhead_ms"] / figures["gateway_ms"]
         print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+        print(
+            f"disk: append + fsync of one ledger line, median {fsync_ms(folder):.2f} ms "
+            "(inside every call's overhead: the reply waits for it)"
+        )
         print(f"256-token completions, {args.calls} calls each way (median latency)")
         print(f"  direct to serve-policy : {figures['direct_ms']:.2f} ms")
         print(f"  through the gateway    : {figures['gateway_ms']:.2f} ms")

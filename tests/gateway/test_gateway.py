@@ -13,7 +13,7 @@ from callgrove.gateway.ledger import CALLS_SUFFIX, EPISODES_FILE
 from callgrove.policy import Sample
 from callgrove.rows import build_rows, check_rows
 
-from .helpers import gateway_client, scripted, sse_events, write_script
+from .helpers import gateway_client, scripted, server_process, sse_events, write_script
 
 SPAWN = {
     "name": "Agent",
@@ -473,16 +473,12 @@ def test_count_tokens_matches_the_rendered_prompt(tmp_path):
 
 
 def test_passthrough_records_the_token_ids_the_upstream_reports(tmp_path):
-    import httpx
-
     from callgrove.gateway.chat import Chat
-    from callgrove.gateway.serve import PolicyServer
     from callgrove.policy.http import HttpPolicyClient
 
-    server = PolicyServer(scripted(write_script(tmp_path / "s.json", RULES)), Chat.builtin())
-    upstream = HttpPolicyClient("http://upstream", transport=httpx.ASGITransport(app=server.app()))
+    script = write_script(tmp_path / "s.json", RULES)
 
-    async def go():
+    async def go(upstream):
         _, client = gateway_client(upstream, tmp_path / "ledger", passthrough=True)
         async with client:
             body = {
@@ -508,9 +504,12 @@ def test_passthrough_records_the_token_ids_the_upstream_reports(tmp_path):
             second = (
                 await client.post("/e/pt/v1/messages", json={**body, "messages": history})
             ).json()
-            return first, second, (await client.post("/e/pt/close", json={})).json()
+            record = (await client.post("/e/pt/close", json={})).json()
+        await upstream.aclose()
+        return first, second, record
 
-    first, second, record = run(go())
+    with server_process("serve-policy", "--script", str(script)) as (_, url):
+        first, second, record = run(go(HttpPolicyClient(url)))
     assert first["stop_reason"] == "tool_use" and first["content"][1]["name"] == "Agent"
     assert second["content"][0]["text"] == "Fixed."
     one, two = record["agents"][0]["calls"]
