@@ -199,6 +199,63 @@ def test_claude_code_compaction_continues_then_restarts_the_tree(tmp_path):
     check_cli(ledger)
 
 
+def test_claude_code_subagent_compaction(tmp_path):
+    """A subagent whose tool output fills its context compacts, then goes on from the summary.
+
+    With `--autocompact 100000` the subagent's context passes the limit after its second step
+    (its system prompt and tools are ~48k byte tokens, each step's output ~31k): Claude Code then
+    asks it for a summary and restarts it from that summary. The compaction request leaves out
+    the step whose tool call is still pending (it comes back after the summary), so it extends
+    the subagent's first call, not its second."""
+    step = {
+        "text": "Sub works.",
+        "tool_calls": [
+            {
+                "name": "Bash",
+                "arguments": {
+                    "command": "python3 -c \"print('z' * 29000)\"; echo sub-step-output",
+                    "description": "step",
+                },
+            }
+        ],
+    }
+    rules = [
+        {"when": "summary of the conversation", "reply": "<summary>SUB SUMMARY</summary>"},
+        {"when": "SUB SUMMARY", "reply": "sub finished 5", "times": 1, "in": "prompt"},
+        {"when": "SUB-TASK", "reply": step, "times": 1},
+        {"when": "sub-step-output", "reply": step, "times": 1},
+        {"when": "sub finished 5", "reply": "Leader done after sub.", "times": 1},
+        {
+            "when": "START-SUB",
+            "reply": {"text": "Delegating.", "tool_calls": [agent("SUB-TASK: do steps")]},
+        },
+    ]
+    with gateway_for(tmp_path, rules, "Waiting.") as (gateway, ledger):
+        run = run_harness(
+            "claude-code",
+            "START-SUB please",
+            gateway,
+            "cc-subcompact",
+            tmp_path / "runs",
+            cli=cli("claude"),
+            timeout=150,
+            extra_args=["--autocompact", "100000", "--dangerously-skip-permissions"],
+        )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "Leader done after sub." in run.stdout
+    leader, sub = run.record["agents"]
+    assert (leader["start"], [c["purpose"] for c in leader["calls"]]) == ("root", ["turn"] * 2)
+    assert leader["calls"][1]["prompt_from"] == leader["calls"][0]["id"]
+    assert (sub["start"], sub["parent"]) == ("fresh", leader["id"])
+    first, second, compaction, after = sub["calls"]
+    assert [c["purpose"] for c in sub["calls"]] == ["turn", "turn", "compaction", "turn"]
+    assert second["prompt_from"] == first["id"]
+    assert compaction["prompt_from"] == first["id"]
+    assert "prompt_from" not in after  # restarted from the summary: a new tree
+    assert "SUB SUMMARY" in " ".join(m["content"] or "" for m in after["content"]["prompt"])
+    check_cli(ledger)
+
+
 SPAWN_WAIT = {
     "when": "agent_id",
     "capture": '"agent_id":"(?P<agent>[^"]+)"',
@@ -251,6 +308,45 @@ def test_codex_subagent_fresh_and_forked(tmp_path, fork):
         leader["calls"][0]["id"],
         leader["calls"][1]["id"],
     ]
+    check_cli(ledger)
+
+
+def test_codex_nested_subagent(tmp_path):
+    """A subagent that starts a subagent of its own (`agents.max_depth = 2`; the default depth
+    of 1 does not offer a subagent the spawn tools)."""
+    rules = [
+        {"when": "GRAND-TASK", "reply": "grand says 4"},
+        {"when": "CHILD-TASK", "reply": spawn("GRAND-TASK: answer", False), "times": 1},
+        {**SPAWN_WAIT, "times": 2},
+        {"when": "grand says 4", "reply": "child says 9", "times": 1},
+        {"when": "START-CODEX", "reply": spawn("CHILD-TASK: ask a helper", False)},
+        {"when": "child says 9", "reply": "leader done after child", "times": 1},
+    ]
+    with gateway_for(tmp_path, rules, "waiting") as (gateway, ledger):
+        run = run_harness(
+            "codex",
+            "START-CODEX please",
+            gateway,
+            "cx-nested",
+            tmp_path / "runs",
+            cli=cli("codex"),
+            timeout=120,
+            extra_args=["-c", "agents.max_depth=2"],
+        )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "leader done after child" in run.stdout
+    leader, child, grandchild = run.record["agents"]
+    assert (leader["start"], leader["parent"], len(leader["calls"])) == ("root", None, 3)
+    assert (child["start"], child["parent"], len(child["calls"])) == ("fresh", leader["id"], 3)
+    assert (grandchild["start"], grandchild["parent"], len(grandchild["calls"])) == (
+        "fresh",
+        child["id"],
+        1,
+    )
+    for each in (leader, child):  # spawn, wait, answer: each call continues the one before
+        calls = each["calls"]
+        assert "prompt_from" not in calls[0]
+        assert [c["prompt_from"] for c in calls[1:]] == [calls[0]["id"], calls[1]["id"]]
     check_cli(ledger)
 
 

@@ -124,11 +124,13 @@ def run_harness(
     extra_args: list[str] | None = None,
     task: Any = None,
     close: bool = True,
+    env: dict[str, str] | None = None,
 ) -> HarnessRun:
     """Run HARNESS on PROMPT against GATEWAY as EPISODE, check the result, close the episode.
 
     With `close=False` the episode stays open (the record is empty): a later run in the same
-    folder and episode continues the session (`--continue`, `resume`) and closes it.
+    folder and episode continues the session (`--continue`, `resume`) and closes it. `env` adds
+    variables to the CLI's environment (the harness's own settings, such as when to compact).
     """
     if harness not in HARNESSES:
         raise ValueError(f"unknown harness {harness!r}; known: {', '.join(HARNESSES)}")
@@ -142,7 +144,7 @@ def run_harness(
     work.mkdir(parents=True, exist_ok=True)
     address = urlsplit(gateway)
     base = f"http://127.0.0.1:{INSIDE_PORT}/e/{episode}"
-    env = _environment(harness, home, base, key)
+    env = {**_environment(harness, home, base, key), **(env or {})}
     socket_dir = tempfile.mkdtemp(prefix="cg-relay-")  # short: socket paths are limited
     socket_path = os.path.join(socket_dir, "gateway.sock")
     env.update(
