@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
+import os
 import subprocess
 import sys
 from contextlib import ExitStack, contextmanager
@@ -157,6 +159,30 @@ def gateway_for(tmp_path: Path, rules: list[dict], default: str):
     return both()
 
 
+def scripted_run(
+    tmp_path: Path,
+    rules: list[dict],
+    default: str,
+    harness: str,
+    prompt: str,
+    episode: str,
+    **options,
+):
+    """One harness run through gateway -> serve-policy --script; (the run, the ledger folder)."""
+    with gateway_for(tmp_path, rules, default) as (gateway, ledger):
+        run = run_harness(
+            harness,
+            prompt,
+            gateway,
+            episode,
+            tmp_path / "runs",
+            cli=cli("claude" if harness == "claude-code" else "codex"),
+            **options,
+        )
+    assert run.returncode == 0, run.stderr[-2000:]
+    return run, ledger
+
+
 def test_claude_code_compaction_continues_then_restarts_the_tree(tmp_path):
     rules = [
         {"when": "This session is being continued", "reply": "after compaction", "in": "prompt"},
@@ -230,18 +256,16 @@ def test_claude_code_subagent_compaction(tmp_path):
             "reply": {"text": "Delegating.", "tool_calls": [agent("SUB-TASK: do steps")]},
         },
     ]
-    with gateway_for(tmp_path, rules, "Waiting.") as (gateway, ledger):
-        run = run_harness(
-            "claude-code",
-            "START-SUB please",
-            gateway,
-            "cc-subcompact",
-            tmp_path / "runs",
-            cli=cli("claude"),
-            timeout=150,
-            extra_args=["--autocompact", "100000", "--dangerously-skip-permissions"],
-        )
-    assert run.returncode == 0, run.stderr[-2000:]
+    run, ledger = scripted_run(
+        tmp_path,
+        rules,
+        "Waiting.",
+        "claude-code",
+        "START-SUB please",
+        "cc-subcompact",
+        timeout=150,
+        extra_args=["--autocompact", "100000", "--dangerously-skip-permissions"],
+    )
     assert "Leader done after sub." in run.stdout
     leader, sub = run.record["agents"]
     assert (leader["start"], [c["purpose"] for c in leader["calls"]]) == ("root", ["turn"] * 2)
@@ -322,18 +346,16 @@ def test_codex_nested_subagent(tmp_path):
         {"when": "START-CODEX", "reply": spawn("CHILD-TASK: ask a helper", False)},
         {"when": "child says 9", "reply": "leader done after child", "times": 1},
     ]
-    with gateway_for(tmp_path, rules, "waiting") as (gateway, ledger):
-        run = run_harness(
-            "codex",
-            "START-CODEX please",
-            gateway,
-            "cx-nested",
-            tmp_path / "runs",
-            cli=cli("codex"),
-            timeout=120,
-            extra_args=["-c", "agents.max_depth=2"],
-        )
-    assert run.returncode == 0, run.stderr[-2000:]
+    run, ledger = scripted_run(
+        tmp_path,
+        rules,
+        "waiting",
+        "codex",
+        "START-CODEX please",
+        "cx-nested",
+        timeout=120,
+        extra_args=["-c", "agents.max_depth=2"],
+    )
     assert "leader done after child" in run.stdout
     leader, child, grandchild = run.record["agents"]
     assert (leader["start"], leader["parent"], len(leader["calls"])) == ("root", None, 3)
@@ -363,18 +385,16 @@ def test_codex_compaction(tmp_path):
         },
         {"when": "step-one-output", "reply": "summary of step one", "times": 1},
     ]
-    with gateway_for(tmp_path, rules, "leader done") as (gateway, ledger):
-        run = run_harness(
-            "codex",
-            "START-CODEX please",
-            gateway,
-            "cx-compact",
-            tmp_path / "runs",
-            cli=cli("codex"),
-            timeout=90,
-            extra_args=["-c", "model_auto_compact_token_limit=30000"],
-        )
-    assert run.returncode == 0, run.stderr[-2000:]
+    run, ledger = scripted_run(
+        tmp_path,
+        rules,
+        "leader done",
+        "codex",
+        "START-CODEX please",
+        "cx-compact",
+        timeout=90,
+        extra_args=["-c", "model_auto_compact_token_limit=30000"],
+    )
     (leader,) = run.record["agents"]
     calls = leader["calls"]
     assert [c["purpose"] for c in calls] == ["turn", "compaction", "turn"]
@@ -461,4 +481,64 @@ def test_a_harness_is_an_orchestrator_environment(tmp_path):
     (leader,) = episode.agents
     assert leader.start == "root" and len(leader.calls) == 1
     assert leader.calls[0].logprobs is not None
+    check_cli(ledger)
+
+
+def test_callgrove_train_runs_a_harness_environment(tmp_path):
+    """`callgrove train` with a real harness as its environment, to the learner's door.
+
+    The episodes run Codex through the gateway and are scored and recorded; the reference
+    decoder being trained has the built-in environments' character vocabulary (49 ids), not
+    the gateway's byte chat format, so every episode is refused with an error naming its call
+    instead of reaching the learner with ids it cannot embed."""
+    rules = [{"when": "START-CODEX", "reply": "codex leader done"}]
+    with gateway_for(tmp_path, rules, "ok") as (gateway, ledger):
+        config = tmp_path / "train.toml"
+        config.write_text(
+            f"""
+[run]
+steps = 1
+out = "{tmp_path / "out"}"
+[env]
+name = "callgrove.gateway.harness:HarnessEnvironment"
+[env.options]
+harness = "codex"
+tasks = [{{prompt = "START-CODEX please", check = "true"}}]
+gateway = "{gateway}"
+folder = "{tmp_path / "runs"}"
+timeout = 90
+cli = "{cli("codex")}"
+[dispatch]
+group_size = 2
+groups_per_step = 1
+max_in_flight = 2
+[monitor]
+live = false
+plot = false
+"""
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", "from callgrove.cli import main; main()", "train", str(config)],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONPATH": SRC},
+            timeout=600,
+        )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    traces = [
+        json.loads(line)
+        for path in (tmp_path / "out").rglob("traces.jsonl")
+        for line in path.read_text().splitlines()
+    ]
+    assert traces and all(not t["ok"] for t in traces)
+    # Episodes still in flight when the last step is taken are stopped (`Cancelled`).
+    refused = [t for t in traces if t["errors"][0]["type"] != "Cancelled"]
+    assert len(refused) >= 2  # a whole group
+    for trace in refused:
+        (error,) = trace["errors"]
+        assert f"episode {trace['id']}, agent " in error["message"]
+        assert "outside the vocabulary of the policy being trained (49 ids)" in error["message"]
+    closed = [json.loads(line) for line in (ledger / EPISODES_FILE).read_text().splitlines()]
+    assert {t["id"] for t in refused} <= {e["id"] for e in closed}
+    assert all(len(e["agents"][0]["calls"]) == 1 for e in closed)
     check_cli(ledger)

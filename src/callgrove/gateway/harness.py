@@ -259,5 +259,26 @@ class HarnessEnvironment:
         if run.returncode != 0:
             raise RuntimeError(f"{self.harness} exited {run.returncode}: {run.stderr[-500:]}")
         closed = episode_from_wire(decode_episode_line(orjson.dumps(run.record)))
+        _check_vocabulary(closed, getattr(episode.renderer, "vocab_size", None))
         record.agents[:] = closed.agents
         return closed.rewards
+
+
+def _check_vocabulary(episode: Any, vocab_size: int | None) -> None:
+    """Refuse calls whose token ids the policy being trained cannot embed.
+
+    The gateway renders with its own chat format; unless that is the trained policy's tokenizer
+    and template (`callgrove gateway --model`, its upstream serving that policy), the ids mean
+    nothing to the learner, which would otherwise fail deep inside its embedding."""
+    if vocab_size is None:
+        return
+    for agent in episode.agents:
+        for call in agent.calls:
+            for part in (call.prompt_suffix, call.completion_ids):
+                if len(part) and int(part.max()) >= vocab_size:
+                    raise ValueError(
+                        f"episode {episode.id}, agent {agent.id}, call {call.id}: token id "
+                        f"{int(part.max())} is outside the vocabulary of the policy being trained "
+                        f"({vocab_size} ids); the gateway must render with that policy's "
+                        "tokenizer and chat template and sample from it"
+                    )
