@@ -17,6 +17,7 @@ whole and starts a new tree.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import time
 from collections.abc import Callable
@@ -221,6 +222,7 @@ class Gateway:
         # The upstream applies its own chat template: its reported token ids are recorded.
         self.passthrough = passthrough
         self.episodes: dict[str, EpisodeState] = {}
+        self._in_flight = 0  # calls being handled now
 
     # -- episodes ------------------------------------------------------------------------------
 
@@ -361,7 +363,7 @@ class Gateway:
                 "time": time.time(),
             },
         )
-        await state.file.append(line)
+        await state.file.append(line, alone=await self._alone())
         return Reply(
             response,
             sample.finish_reason,
@@ -370,6 +372,14 @@ class Gateway:
             sample.policy_version,
             call_id=call.id,
         )
+
+    async def _alone(self) -> bool:
+        """Whether no other call is in flight. One turn of the event loop first lets requests
+        that have just arrived start (and count), so a burst is never taken for one call."""
+        if self._in_flight > 1:
+            return False
+        await asyncio.sleep(0)
+        return self._in_flight <= 1
 
     def _render(
         self, messages: list[Message], tools: Message | None, base: Recorded | None, cut: int
@@ -435,6 +445,13 @@ class Gateway:
 
     def _endpoint(self, api: str) -> Callable[[Request], Any]:
         async def endpoint(request: Request) -> Response:
+            self._in_flight += 1
+            try:
+                return await answer(request)
+            finally:
+                self._in_flight -= 1
+
+        async def answer(request: Request) -> Response:
             stream = False
             try:
                 episode = self._attribute(request)
