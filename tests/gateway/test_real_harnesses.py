@@ -16,6 +16,7 @@ import subprocess
 import sys
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -448,10 +449,10 @@ def test_claude_code_fork(tmp_path):
 
 def test_a_harness_is_an_orchestrator_environment(tmp_path):
     from callgrove.episode import Episode
+    from callgrove.gateway.chat import Chat
     from callgrove.gateway.harness import HarnessEnvironment
     from callgrove.orchestrator import Environment, run_episode
     from callgrove.policy import SamplingParams
-    from callgrove.policy.render import CharRenderer
 
     rules = [{"when": "START-CODEX", "reply": "codex leader done"}]
     with gateway_for(tmp_path, rules, "ok") as (gateway, ledger):
@@ -464,13 +465,15 @@ def test_a_harness_is_an_orchestrator_environment(tmp_path):
             cli=cli("codex"),
         )
         assert isinstance(env, Environment)
-        # The harness calls the gateway's upstream, never the loop's in-process policy.
+        # The harness calls the gateway's upstream, never the loop's in-process policy; the
+        # policy being trained has the gateway's vocabulary (all the environment asks of it).
+        trained = SimpleNamespace(vocab_size=Chat.builtin().vocab_size)
         episode = asyncio.run(
             run_episode(
                 env,
                 env.eval_tasks()[0],
                 None,
-                CharRenderer(),
+                trained,
                 SamplingParams(),
                 Episode(id="env-1"),
                 timeout=120,

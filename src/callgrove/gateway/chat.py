@@ -100,6 +100,12 @@ class Chat:
         if self.parser not in PARSERS:
             raise ValueError(f"unknown tool-call parser {self.parser!r}; known: {sorted(PARSERS)}")
 
+    @property
+    def vocab_size(self) -> int:
+        """How many token ids the format's tokenizer has."""
+        size = self.format.tokenizer.vocab_size  # type: ignore[attr-defined]
+        return int(size() if callable(size) else size)  # a method on Hugging Face tokenizers
+
     def encode(self, text: str) -> np.ndarray:
         tokenizer = self.format.tokenizer  # type: ignore[attr-defined]
         if isinstance(tokenizer, ByteTokenizer):

@@ -308,11 +308,8 @@ def reference_policy(chat: Chat, seed: int = 0, weights: str | None = None) -> P
     from callgrove.policy.local import LocalSampler
     from callgrove.train import TinyConfig, TinyDecoder
 
-    vocab = chat.format.tokenizer.vocab_size  # type: ignore[attr-defined]
-    if callable(vocab):  # Hugging Face tokenizers: a method
-        vocab = vocab()
     torch.manual_seed(seed)
-    model = TinyDecoder(TinyConfig(vocab_size=int(vocab), d_model=64, n_heads=4, d_ff=128))
+    model = TinyDecoder(TinyConfig(vocab_size=chat.vocab_size, d_model=64, n_heads=4, d_ff=128))
     if weights is not None:
         model.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
     return LocalSampler(model, seed)
