@@ -37,7 +37,7 @@ def shown(progress) -> str:
     return console.export_text()
 
 
-@pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.gz", ".jsonl.zst"])
+@pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.gz", ".jsonl.zst", ".parquet", ".arrow"])
 def test_bar_follows_the_bytes_read_within_one_file(long_file, tmp_path, monkeypatch, suffix):
     path = tmp_path / f"long{suffix}"
     save(path, load(long_file))

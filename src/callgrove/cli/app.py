@@ -239,28 +239,46 @@ def reading(
     progress: Progress, path: Path, items: Iterable[T], unit: str = "episodes"
 ) -> Iterator[T]:
     """`items` read from `path`, passed through while `progress` shows a task for the file
-    that moves with the bytes read so far (within one long file too), and counts `unit`."""
+    that moves with the bytes read so far (within one long file too; for Parquet and Arrow,
+    whose readers keep no offset, the file's size times the share of its episodes read), and
+    counts `unit`."""
     total = path.stat().st_size
     task = progress.add_task(path.name, total=total)
-    position = ReadPosition(path)
+    position, rows = ReadPosition(path), _binary_rows(path)
     count, next_look = 0, 0.0
     for item in items:
         count += 1
         now = time.monotonic()
         if now >= next_look:
             next_look = now + _LOOK_EVERY_S
-            progress.update(
-                task, completed=position.bytes(), description=f"{path.name} · {count:,} {unit}"
-            )
+            done = position.bytes() or (total * count // rows if rows else 0)
+            progress.update(task, completed=done, description=f"{path.name} · {count:,} {unit}")
         yield item
     progress.update(task, completed=total, description=f"{path.name} · {count:,} {unit}")
+
+
+def _binary_rows(path: Path) -> int | None:
+    """The episodes a Parquet or Arrow file holds, from its footer (a row each,
+    docs/format.md): how far along their readers are, since those leave no file offset."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        if path.name.endswith(".parquet"):
+            return pq.read_metadata(path).num_rows
+        if path.name.endswith(".arrow"):
+            with pa.memory_map(str(path)) as source:
+                return pa.ipc.open_file(source).count_rows()
+    except (OSError, pa.ArrowException):
+        return None
+    return None
 
 
 class ReadPosition:
     """How far this process has read `path`: the offset of the descriptor that has the file
     open (found by device and inode among the process's descriptors, so whichever reader
     opened it, compressed files counting compressed bytes). Readers that do not move the
-    offset (positional reads, memory maps) leave it at 0 until the file is done."""
+    offset (positional reads, memory maps) leave it at 0."""
 
     def __init__(self, path: Path):
         stat = path.stat()
