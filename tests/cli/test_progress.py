@@ -42,7 +42,7 @@ def test_bar_follows_the_bytes_read_within_one_file(long_file, tmp_path, monkeyp
     path = tmp_path / f"long{suffix}"
     save(path, load(long_file))
     monkeypatch.setattr(importlib.import_module("callgrove.cli.app"), "_LOOK_EVERY_S", 0.0)
-    progress = progress_bar()
+    progress = progress_bar("bytes")
     completed, texts = [], []
     for number, _episode in enumerate(reading(progress, path, load(path)), start=1):
         if number % 50 == 0:
@@ -59,7 +59,7 @@ def test_bar_follows_the_bytes_read_within_one_file(long_file, tmp_path, monkeyp
 
 
 def test_bar_shows_bytes_with_units_and_counts_with_theirs():
-    progress = progress_bar()
+    progress = progress_bar("bytes")
     progress.add_task("big.jsonl · 12 episodes", total=3_400_000, completed=1_200_000)
     assert "1.2/3.4 MB" in shown(progress)
     counted = progress_bar("episodes")

@@ -211,7 +211,7 @@ def reject_foreign_files(files: list[Path]) -> None:
             raise typer.Exit(EXIT_USAGE)
 
 
-def progress_bar(unit: str = "bytes") -> Progress:
+def progress_bar(unit: str) -> Progress:
     """The progress bar of long commands: on stderr, only when it is a terminal.
 
     Over bytes read ("1.2/3.4 MB", see `reading`), since a file's episode count is unknown

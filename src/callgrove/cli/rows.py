@@ -95,7 +95,7 @@ def episode_rows(
     `outcome`, none is lost."""
     require_files(files)
     reject_foreign_files(files)
-    with progress_bar() as progress:
+    with progress_bar("bytes") as progress:
         for path in files:
             episodes = reading(progress, path, load(path, outcome.diagnostics))
             yield from rows_of(path, episodes, settings, outcome, only)

@@ -183,7 +183,7 @@ def run_shards(
 ) -> list[ShardResult]:
     """Run `work(shard, parts)` on every shard, `jobs` at a time, on `executor`, with one
     progress bar (bytes) across them; results come back in shard order."""
-    with progress_bar() as progress:
+    with progress_bar("bytes") as progress:
         task = progress.add_task(
             f"{len(shards)} shard(s)", total=sum(shard.size for shard in shards)
         )

@@ -163,7 +163,7 @@ def collect(
     """Stream every file into one `Stats` and `Learning`. Problems go to `diagnostics`; without `skip_bad`
     the first error stops the reading (the error is the last problem recorded)."""
     stats, learning = Stats(), Learning()
-    with progress_bar() as progress:
+    with progress_bar("bytes") as progress:
         for path in files:
             episodes = reading(progress, path, load(path, diagnostics))
             if not tally(episodes, diagnostics, stats, learning, training_step, skip_bad):

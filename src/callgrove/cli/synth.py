@@ -63,7 +63,7 @@ def synth_command(
         raise typer.Exit(EXIT_USAGE) from None
     require_output(out, [])
     tokens = 0
-    with progress_bar() as progress, open_writer(out) as writer:
+    with progress_bar("episodes") as progress, open_writer(out) as writer:
         task = progress.add_task(out.name, total=episodes)
         for episode in synth_episodes(shape, episodes, seed):
             writer.write(episode)
