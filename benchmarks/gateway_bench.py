@@ -7,8 +7,9 @@ gateway in front of it, both as processes on loopback. The same chat request goe
 serve-policy directly and through the gateway (which renders, relays the token prompt to
 `/v1/completions`, parses, records and fsyncs); the figures are median latencies and the median
 overhead (target: under 2 ms, and under 10% of end-to-end latency). With a scripted upstream the
-end-to-end latency is almost all HTTP, so the percentage is a worst case: a real model's
-sampling time for 256 tokens only lowers it.
+end-to-end latency is almost all HTTP, so that percentage is a worst case; the benchmark also
+times 256 tokens sampled by a real model (the reference decoder, `serve-policy --model tiny`,
+`--sampler-calls` calls) and prints the overhead's share of such a call.
 
 Throughput: a gateway process whose policy is a no-op in-process client (a fixed 16-token
 sample), driven by `--concurrency` concurrent clients over 50 episodes of 4 agents; the figure
@@ -149,16 +150,34 @@ async def throughput(gateway: str, calls: int, concurrency: int) -> float:
     return calls / elapsed
 
 
+async def sampling_ms(direct: str, calls: int) -> float:
+    """Median latency of a 256-token completion sampled by a real model (no gateway)."""
+    body = {
+        "messages": [{"role": "user", "content": "write 255 bytes"}],
+        "max_tokens": 256,
+        "temperature": 0.0,
+    }
+    connection = await Connection.open(direct)
+    times = []
+    for _ in range(calls):
+        started = time.perf_counter()
+        answer = await connection.post("/v1/chat/completions", body)
+        times.append(time.perf_counter() - started)
+        assert answer["usage"]["completion_tokens"] == 256
+    connection.close()
+    return statistics.median(times) * 1000
+
+
 def fsync_ms(folder: str, samples: int = 50) -> float:
-    """Median time to append a ledger-sized line and fsync it: the disk's share of a call."""
+    """Median time to append a ledger-sized line and make it durable: the disk's share of a call."""
     path = Path(folder, "fsync-probe")
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     times = []
     try:
         for _ in range(samples):
             started = time.perf_counter()
-            os.write(fd, b"x" * 3000 + b"\n")
-            os.fsync(fd)
+            os.write(fd, b"x" * 4000 + b"\n")
+            os.fdatasync(fd)  # as the ledger does
             times.append(time.perf_counter() - started)
     finally:
         os.close(fd)
@@ -196,6 +215,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--throughput-calls", type=int, default=3000)
     parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--sampler-calls", type=int, default=5)
     parser.add_argument("--serve-noop", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_noop:
@@ -218,7 +238,7 @@ def main() -> None:
         share = figures["overhead_ms"] / figures["gateway_ms"]
         print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
         print(
-            f"disk: append + fsync of one ledger line, median {fsync_ms(folder):.2f} ms "
+            f"disk: append + fdatasync of one ledger line, median {fsync_ms(folder):.2f} ms "
             "(inside every call's overhead: the reply waits for it)"
         )
         print(f"256-token completions, {args.calls} calls each way (median latency)")
@@ -229,6 +249,17 @@ def main() -> None:
             f"{share:.0%} of end-to-end (target < 10%)"
         )
         print(f"  gateway CPU per call   : {gateway_cpu:.2f} ms (user + system, load-independent)")
+        sampler, sampler_url = start(cli("serve-policy", "--model", "tiny"))
+        try:
+            sampled = asyncio.run(sampling_ms(sampler_url, args.sampler_calls))
+        finally:
+            stop(sampler)
+        print(
+            f"  256 tokens sampled by the reference decoder (serve-policy --model tiny, "
+            f"direct): {sampled:,.0f} ms; the overhead above is "
+            f"{figures['overhead_ms'] / (sampled + figures['overhead_ms']):.2%} of that call "
+            "through the gateway"
+        )
         noop, noop_url = start([__file__, "--serve-noop", f"{folder}/noop-ledger"])
         try:
             before = cpu_seconds(noop)
