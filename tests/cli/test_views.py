@@ -196,6 +196,19 @@ def test_every_output_option_has_the_short_o():
     assert all("-o" in opts for _, opts in outs), outs
 
 
+@pytest.mark.parametrize("command", ["synth", "convert"])
+def test_an_output_argument_may_also_be_given_as_o(command, tmp_path):
+    given = [EXAMPLES / "login_group.jsonl"] if command == "convert" else ["-n", "2"]
+    first, second = tmp_path / "first.jsonl", tmp_path / "second.jsonl"
+    assert run(command, *given, first).exit_code == 0
+    assert run(command, *given, "-o", second).exit_code == 0
+    assert [e.id for e in load(first)] == [e.id for e in load(second)]
+    both = run(command, *given, first, "-o", second)
+    neither = run(command, *given)
+    for refused in (both, neither):
+        assert refused.exit_code == 2 and "as the OUT argument or as -o OUT" in refused.stderr
+
+
 def test_every_help_has_plain_names_and_unwrapped_paragraphs():
     """No annotation tags (`<list[Path]>`, `<bool>`), no `{FILE}` braces, and each paragraph of
     a command's help on one line at a wide terminal (the terminal wraps, not the source)."""

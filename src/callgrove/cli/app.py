@@ -181,6 +181,21 @@ def _one_line_paragraphs(text: str) -> str:
     )
 
 
+# A command whose output is its last argument also takes it as -o, like every other output.
+OutputOption = Annotated[
+    Path | None,
+    typer.Option("--out", "-o", metavar="OUT", help="The output, given as an option instead."),
+]
+
+
+def one_output(argument: Path | None, option: Path | None) -> Path:
+    """The output given as the OUT argument or as -o (one of them): a usage error otherwise."""
+    if (argument is None) == (option is None):
+        err.print("error: give the output once: as the OUT argument or as -o OUT")
+        raise typer.Exit(EXIT_USAGE)
+    return argument if argument is not None else option  # type: ignore[return-value]
+
+
 def require_files(files: list[Path]) -> None:
     """A missing input file is a usage error (exit 2), named on stderr."""
     for path in files:

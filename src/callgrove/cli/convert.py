@@ -26,8 +26,10 @@ from callgrove.cli.app import (
     EXIT_FAILED,
     EXIT_OK,
     EXIT_USAGE,
+    OutputOption,
     app,
     err,
+    one_output,
     progress_bar,
     reading,
     require_output,
@@ -102,8 +104,11 @@ def convert_command(
         ),
     ],
     out: Annotated[
-        Path, typer.Argument(metavar="OUT", help="Output file (the form follows --to).")
-    ],
+        Path | None,
+        typer.Argument(
+            metavar="OUT", help="Output file (the form follows --to).", show_default=False
+        ),
+    ] = None,
     from_: Annotated[
         Source | None,
         typer.Option("--from", help="What IN holds (default: read from IN's first record)."),
@@ -132,12 +137,14 @@ def convert_command(
     ] = False,
     jobs: JobsOption = 1,
     executor: ExecutorOption = Executor.process,
+    out_option: OutputOption = None,
 ) -> None:
     """Convert episodes between verifiers traces, NeMo Gym captures and callgrove files.
 
-    `callgrove convert IN [--from verifiers|gym|callgrove] [--to callgrove|verifiers] OUT`;
-    what IN holds is read from its first record when --from is not given.
+    `callgrove convert IN [--from verifiers|gym|callgrove] [--to callgrove|verifiers] OUT` (or
+    `-o OUT`); what IN holds is read from its first record when --from is not given.
     """
+    out = one_output(out, out_option)
     from_ = from_ or _infer_source(source)
     to = to or _infer_target(out, onto)
     source = _input_path(source, from_, invocations, onto, to)

@@ -8,7 +8,16 @@ from typing import Annotated
 
 import typer
 
-from callgrove.cli.app import EXIT_USAGE, app, err, progress_bar, require_output, safe
+from callgrove.cli.app import (
+    EXIT_USAGE,
+    OutputOption,
+    app,
+    err,
+    one_output,
+    progress_bar,
+    require_output,
+    safe,
+)
 from callgrove.episode import open_writer
 from callgrove.synth import PRESETS, Shape, call_tokens, synth_episodes
 
@@ -16,9 +25,14 @@ from callgrove.synth import PRESETS, Shape, call_tokens, synth_episodes
 @app.command("synth")
 def synth_command(
     out: Annotated[
-        Path,
-        typer.Argument(metavar="OUT", help="Episode file (.jsonl[.gz|.zst], .parquet, .arrow)"),
-    ],
+        Path | None,
+        typer.Argument(
+            metavar="OUT",
+            help="Episode file (.jsonl[.gz|.zst], .parquet, .arrow)",
+            show_default=False,
+        ),
+    ] = None,
+    out_option: OutputOption = None,
     episodes: Annotated[int, typer.Option("--episodes", "-n", min=1, help="How many")] = 8,
     preset: Annotated[
         str, typer.Option(help=f"Base shape: {', '.join(PRESETS)}; the options below override it")
@@ -37,6 +51,7 @@ def synth_command(
 ) -> None:
     """Write seeded synthetic episodes: a leader with fresh, fork, background and twin
     subagents that compact; the same options and seed give the same file."""
+    out = one_output(out, out_option)
     if preset not in PRESETS:
         err.print(f"error: --preset {preset!r}: choose one of {', '.join(PRESETS)}")
         raise typer.Exit(EXIT_USAGE)
