@@ -52,3 +52,23 @@ class CreditsTwice(GRPO):
 def test_a_call_credited_twice_is_an_error():
     with pytest.raises(ValueError, match=r"call L\.0 was credited twice"):
         finalize_group(CreditsTwice(), [episode("a", agent("L", "leader"))])
+
+
+def test_credit_is_laid_out_per_episode_in_ledger_order():
+    group = [
+        episode("a", agent("L", "leader", calls=2), agent("U", "u", trainable=False), reward=1.0),
+        episode("b", agent("L", "leader", calls=2)),
+    ]
+    report = finalize_group(GRPO(), group)
+    for ep, values in zip(group, report.advantages, strict=True):
+        assert values == [call.advantages for call in ep.ledger()]
+    assert report.advantages[0] == [0.5, 0.5, None]
+
+
+def test_a_refused_group_leaves_every_call_as_it_was():
+    group = [episode("a", agent("L", "leader"), reward=1.0), episode("b", agent("L", "leader"))]
+    finalize_group(GRPO(), group)
+    before = [call.advantages for ep in group for call in ep.calls()]
+    with pytest.raises(ValueError, match="credited twice"):
+        finalize_group(CreditsTwice(), group)
+    assert [call.advantages for ep in group for call in ep.calls()] == before

@@ -32,7 +32,15 @@ def long_chain(calls: int = 3000) -> cg.Episode:
     return episode
 
 
+def dense_ledger(episode: cg.Episode) -> None:
+    """Every call holds its place in seq order, every agent its place in the episode."""
+    ordered = sorted(episode.calls(), key=lambda c: c.seq)
+    assert [c.index for c in ordered] == list(range(len(ordered)))
+    assert [a.index for a in episode.agents] == list(range(len(episode.agents)))
+
+
 def same_record(a: cg.Episode, b: cg.Episode) -> None:
+    dense_ledger(b)
     assert cg.episode.encode_episode(a) == cg.episode.encode_episode(b)
     assert [c.full_ids().tolist() for c in a.calls()] == [c.full_ids().tolist() for c in b.calls()]
     for agent in b.agents:
@@ -85,11 +93,31 @@ def test_filtering_keeps_tokens_and_leaves_the_original_alone(tmp_path: Path):
     assert cg.check_rows(cg.build_rows(back)).ok
 
 
+def test_calls_are_numbered_in_ledger_order_and_renumbered_on_demand():
+    episode = login_bug()
+    dense_ledger(episode)
+    assert [c.id for c in episode.ledger()] == [f"C{n}" for n in range(1, 13)]
+    late = episode.agents[1].add(cg.Call.make("C0", 0, [1], [2]))  # the earliest seq of all
+    assert late.index == -1  # not numbered until the ledger is rebuilt
+    assert episode.ledger()[0] is late
+    dense_ledger(episode)
+    forest = cg.build_forest(episode)
+    other = login_bug()
+    try:
+        forest.index_of(other.call("C3"))  # the same place in another episode is not this call
+    except ValueError as error:
+        assert "C3 is not in this pool's ledger" in str(error)
+    else:
+        raise AssertionError("a call of another episode was found in this forest")
+
+
 def test_filtering_by_agent_keeps_every_agent_in_place():
     original = login_bug()
     leader_only = original.filter(lambda call: call.agent.id == "L")
     assert [a.id for a in leader_only.agents] == [a.id for a in original.agents]
     assert [len(a.calls) for a in leader_only.agents] == [6, 0, 0, 0]
+    dense_ledger(leader_only)
+    dense_ledger(original)  # the original keeps its own numbering
 
 
 def test_reprs_are_short_and_say_what_matters():

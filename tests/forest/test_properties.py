@@ -121,6 +121,22 @@ def test_compact_writing_keeps_every_token_and_the_same_rows(episode):
         assert np.array_equal(tokens_a, tokens_b) and np.array_equal(mask_a, mask_b)
 
 
+@settings(max_examples=60, deadline=None)
+@given(episodes())
+def test_forests_and_rows_built_before_compaction_stay_valid(episode):
+    full = {c.id: c.full_ids().copy() for c in episode.calls()}
+    result = build_rows(episode)  # nothing materialized yet: rows read the forest lazily
+    parents = [result.forest.parent_of(c) for c in result.forest.calls]
+    compact_prompts(episode)
+    assert [result.forest.parent_of(c) for c in result.forest.calls] == parents
+    assert check_rows(result).ok
+    for row in result.rows:
+        assert np.array_equal(row.token_ids, full[row.leaf.id])
+        for call in row.trains if row.duplicate_of is None else []:
+            trains = call.agent is None or call.agent.trainable
+            assert row.loss_mask[call.prompt_len : call.full_len].all() == trains
+
+
 def test_compact_file_grows_with_distinct_tokens_not_the_square():
     b = EpisodeBuilder()
     leader = b.agent("L")

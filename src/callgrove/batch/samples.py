@@ -125,27 +125,36 @@ def build_samples(episode_rows: EpisodeRows | Sequence[EpisodeRows]) -> list[Sam
     parts = [episode_rows] if isinstance(episode_rows, EpisodeRows) else list(episode_rows)
     calls = [call for part in parts for call in part.forest.calls]
     episode_ids = [part.episode.id for part in parts for _ in part.forest.calls]
-    return _build([row for part in parts for row in part.rows], _CallTable(calls, episode_ids))
+    rows = [row for part in parts for row in part.rows]
+    # The table holds every part's forest calls end to end: a row's calls are its walk's forest
+    # indices shifted by where its part starts.
+    pairs: list[int] = []
+    first = 0
+    for part in parts:
+        for row in part.rows:
+            pairs += (first + i for i in row.path_index)
+        first += len(part.forest.calls)
+    return _build(rows, _CallTable(calls, episode_ids), pairs)
 
 
 def sample_from_row(row: Row) -> Sample:
     """The sample of one row (`build_samples` is faster for all rows of an episode)."""
-    (sample,) = _build([row], _CallTable(row.path, [row.episode.id] * len(row.path)))
+    table = _CallTable(row.path, [row.episode.id] * len(row.path))
+    (sample,) = _build([row], table, list(range(len(row.path))))
     return sample
 
 
-def _build(rows: Sequence[Row], table: _CallTable) -> list[Sample]:
+def _build(rows: Sequence[Row], table: _CallTable, walks: list[int]) -> list[Sample]:
+    """`walks`: every (row, call) pair of the rows' walks, row by row, root first, as the
+    call's place in `table`."""
     if not rows:
         return []
     masks = [row.loss_mask for row in rows]
     row_lengths = np.fromiter((len(m) for m in masks), np.int64, len(rows))
     row_starts = _exclusive_cumsum(row_lengths)
     loss_mask = np.concatenate(masks)
-    # Every (row, call) pair of the walks, row by row, root first.
     depths = np.fromiter((len(row.path) for row in rows), np.int64, len(rows))
-    pairs = np.fromiter(
-        (table.index[id(call)] for row in rows for call in row.path), np.int64, int(depths.sum())
-    )
+    pairs = np.asarray(walks, dtype=np.int64)
     prompt_end = table.prompt_len[pairs]
     end = table.full_len[pairs]
     start = np.concatenate(([0], end[:-1]))
@@ -213,7 +222,6 @@ class _CallTable:
     def __init__(self, calls: Sequence[Call], episode_ids: Sequence[str]):
         count = len(calls)
         self.episode_ids = episode_ids
-        self.index = {id(call): i for i, call in enumerate(calls)}
         self.prompt_len = np.fromiter((c.prompt_len for c in calls), np.int64, count)
         self.completion_len = np.fromiter((len(c.completion_ids) for c in calls), np.int64, count)
         self.full_len = self.prompt_len + self.completion_len

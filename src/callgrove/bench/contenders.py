@@ -160,13 +160,13 @@ def floor_pieces(episode_rows: Sequence[EpisodeRows]) -> FloorPieces:
     for er in episode_rows:
         for row in er.rows:
             # a duplicate row trains nothing (its twin does)
-            trains = {id(c) for c in row.trains} if row.duplicate_of is None else set()
+            trains = {c.index for c in row.trains} if row.duplicate_of is None else set()
             start = 0
             for call in row.path:
                 prompt = call.segments(call.prompt_len, start)
                 prompt_len = call.prompt_len - start
                 completion = len(call.completion_ids)
-                trained = id(call) in trains
+                trained = call.index in trains
                 pieces.tokens += [*prompt, call.completion_ids]
                 pieces.masks += [zeros[:prompt_len], (ones if trained else zeros)[:completion]]
                 pieces.logprobs += [

@@ -537,7 +537,7 @@ def _fixed_cells(row: Row, leaf_width: int, agent_width: int) -> tuple[str, ...]
 def path_text(row: Row, room: int) -> str:
     """The row's path in at most `room` characters: ids, else `#seq` numbers, else the first
     and last call with counts; runs of context calls in parentheses."""
-    context = {id(call) for call in row.context}
+    context = {call.index for call in row.context}
     for name in (lambda call: call.id, lambda call: f"#{call.seq}"):
         text = _marked(row.path, context, name)
         if len(text) <= room:
@@ -557,7 +557,7 @@ def _marked(calls: list, context: set[int], name) -> str:
     parts: list[str] = []
     opened = False
     for call in calls:
-        held = id(call) in context
+        held = call.index in context
         text = name(call)
         if held and not opened:
             text = "(" + text

@@ -148,8 +148,8 @@ def forest_view(result: EpisodeRows) -> Tree:
     in a long single-agent session) folds into one line, `C1 → … → C80 (80 calls)`, so the
     tree keeps to the width of the terminal however long a session runs."""
     forest = result.forest
-    row_of_leaf = {id(row.leaf): row.index for row in result.rows}
-    trained_in = {id(c): row.index for row in result.rows for c in row.trains}
+    row_of_leaf = {row.leaf.index: row.index for row in result.rows}
+    trained_in = {c.index: row.index for row in result.rows for c in row.trains}
     episode = result.episode
     reward = f"reward {episode.reward:g}" if episode.scored else NO_REWARD
     top = Tree(
@@ -171,9 +171,9 @@ def forest_view(result: EpisodeRows) -> Tree:
         if call.purpose != "turn":
             parts.append(f"[magenta]{safe(call.purpose)}[/]")
         parts.append(f"[dim]prompt +{added(index):,}, completion {len(call.completion_ids):,}[/]")
-        parts.append(f"trained in row {trained_in[id(call)]}")
-        if id(call) in row_of_leaf:
-            parts.append(f"[green]leaf of row {row_of_leaf[id(call)]}[/]")
+        parts.append(f"trained in row {trained_in[call.index]}")
+        if call.index in row_of_leaf:
+            parts.append(f"[green]leaf of row {row_of_leaf[call.index]}[/]")
         return "  ".join(parts)
 
     def chain_from(index: int) -> list[int]:
@@ -189,7 +189,7 @@ def forest_view(result: EpisodeRows) -> Tree:
         )
         ids = [clip_middle(c.id, ID_CHARS) for c in calls]
         compactions = sum(c.purpose == "compaction" for c in calls)
-        rows = sorted({trained_in[id(c)] for c in calls})
+        rows = sorted({trained_in[c.index] for c in calls})
         prompt = sum(added(i) for i in chain)
         completion = sum(len(c.completion_ids) for c in calls)
         parts = [
@@ -201,8 +201,8 @@ def forest_view(result: EpisodeRows) -> Tree:
         ]
         if compactions:
             parts.insert(3, f"[magenta]{compactions} compaction{'s' if compactions > 1 else ''}[/]")
-        if id(calls[-1]) in row_of_leaf:
-            parts.append(f"[green]leaf of row {row_of_leaf[id(calls[-1])]}[/]")
+        if calls[-1].index in row_of_leaf:
+            parts.append(f"[green]leaf of row {row_of_leaf[calls[-1].index]}[/]")
         return "  ".join(parts)
 
     def grow(node: Tree, index: int) -> None:

@@ -3,9 +3,11 @@
 The unit that receives one advantage is a `Trace`: the kept calls of one agent of an episode (a
 seat's trace), or of all the trainable agents of an episode when the episode is scored as a
 whole. An algorithm turns the group's traces into `Credit` (a baseline and an advantage per
-trace); `finalize_group` then sets `call.advantages` on every call of the group: the trace's
-value on the calls it credits, `None` on everything else. `None` means "no advantage" and is
-never the same thing as an assigned 0.0.
+trace); `finalize_group` lays the resulting values out per episode, one slot per call in ledger
+order (`Call.index`): the trace's value on the calls it credits, `None` on everything else, and
+only once the whole group is checked writes each episode's array onto its calls
+(`Episode.set_advantages`). `None` means "no advantage" and is never the same thing as an
+assigned 0.0.
 """
 
 from __future__ import annotations
@@ -115,40 +117,42 @@ class Algorithm(ABC):
 
 @dataclass
 class GroupCredit:
-    """What `finalize_group` did: the credit given, and how many calls got none and why."""
+    """What `finalize_group` did: the credit given, how many calls got none and why, and per
+    episode of the group (in the order given) every call's advantage in ledger order."""
 
     credits: list[Credit]
     assigned_calls: int = 0
     unassigned_calls: Counter[str] = field(default_factory=Counter)
+    advantages: list[list[Advantage | None]] = field(default_factory=list)
 
 
 def finalize_group(algorithm: Algorithm, episodes: Sequence[Episode]) -> GroupCredit:
     """Run `algorithm` on one group and set `advantages` on every call of its episodes.
 
-    Every call's previous value is cleared first, so a call ends with exactly what this run
-    gave it: a float or an array per completion token where credited, `None` elsewhere
-    (errored episodes, untrainable agents, calls not kept, traces the algorithm left out).
-    Supervised episodes (imported transcripts) are refused rather than given zeros.
+    A call ends with exactly what this run gave it: a float or an array per completion token
+    where credited, `None` elsewhere (errored episodes, untrainable agents, calls not kept,
+    traces the algorithm left out). Nothing is written until the whole group's credit is
+    checked, so a refused group leaves every call as it was. Supervised episodes (imported
+    transcripts) are refused rather than given zeros.
     """
     _check_group(episodes)
-    for episode in episodes:
-        for call in episode.calls():
-            call.advantages = None
-    credits = algorithm.score_group(episodes)
-    members = {id(episode) for episode in episodes}
-    report = GroupCredit(credits)
-    for credit in credits:
-        _check_creditable(credit.trace, members)
+    ledgers = [episode.ledger() for episode in episodes]
+    report = GroupCredit(algorithm.score_group(episodes))
+    report.advantages = [[None] * len(ledger) for ledger in ledgers]
+    for credit in report.credits:
+        member = _member(credit.trace, episodes)
+        episode, ledger, values = episodes[member], ledgers[member], report.advantages[member]
         for call, value in algorithm.call_advantages(credit):
-            if call.advantages is not None:
-                raise ValueError(
-                    f"episode {credit.trace.episode.id}: call {call.id} was credited twice"
-                )
-            call.advantages = _checked_value(value, credit.trace.episode, call)
+            if not (0 <= call.index < len(ledger) and ledger[call.index] is call):
+                raise ValueError(f"episode {episode.id}: call {call.id} is not one of its calls")
+            if values[call.index] is not None:
+                raise ValueError(f"episode {episode.id}: call {call.id} was credited twice")
+            values[call.index] = _checked_value(value, episode, call)
             report.assigned_calls += 1
-    for episode in episodes:
-        for call in episode.calls():
-            if call.advantages is None:
+    for episode, ledger, values in zip(episodes, ledgers, report.advantages, strict=True):
+        episode.set_advantages(values)
+        for call, value in zip(ledger, values, strict=True):
+            if value is None:
                 report.unassigned_calls[_why_unassigned(episode, call)] += 1
     return report
 
@@ -171,9 +175,11 @@ def _check_group(episodes: Sequence[Episode]) -> None:
         seen.add(episode.id)
 
 
-def _check_creditable(trace: Trace, members: set[int]) -> None:
+def _member(trace: Trace, episodes: Sequence[Episode]) -> int:
+    """The trace's episode's place in the group, once it may take credit."""
     episode = trace.episode
-    if id(episode) not in members:
+    member = next((i for i, e in enumerate(episodes) if e is episode), -1)
+    if member < 0:
         raise ValueError(f"credit for episode {episode.id}, which is not in the group")
     if not episode.ok:
         raise ValueError(f"episode {episode.id} did not complete (ok false); it takes no credit")
@@ -182,6 +188,7 @@ def _check_creditable(trace: Trace, members: set[int]) -> None:
             raise ValueError(
                 f"episode {episode.id}: agent {agent.id} is not trainable; it takes no credit"
             )
+    return member
 
 
 def _checked_value(value: Advantage, episode: Episode, call: Call) -> Advantage:

@@ -55,6 +55,9 @@ class Call:
     advantages: float | np.ndarray | None = None
     content: Any = None
     agent: Agent | None = field(default=None, repr=False)
+    # The call's place in its episode's ledger (every call, kept or not, in `seq` order), set by
+    # `Episode.ledger()`: what per-call arrays and tables of the later stages are indexed by.
+    index: int = field(default=-1, repr=False)
 
     @classmethod
     def make(
@@ -143,6 +146,7 @@ class Agent:
     rewards: dict[str, float] | None = None
     meta: dict[str, Any] | None = None
     spawn: Spawn | None = None  # the call that started this agent, when recorded
+    index: int = field(default=-1, repr=False)  # its place in `Episode.agents`, set with the ledger
 
     def __post_init__(self) -> None:
         for call in self.calls:
@@ -178,6 +182,29 @@ class Episode:
     objective: str | None = None
     gaps: list[Gap] | None = None
     meta: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        self.ledger()
+
+    def ledger(self) -> list[Call]:
+        """Every call, kept or not, in `seq` order (agent order among equal `seq`), each given
+        its place here as `index` (and each agent its place in `agents`). Built at
+        construction; call it again after adding agents or calls."""
+        for number, agent in enumerate(self.agents):
+            agent.index = number
+        ordered = sorted(self.calls(), key=lambda c: c.seq)
+        for index, call in enumerate(ordered):
+            call.index = index
+        return ordered
+
+    def set_advantages(self, values: Sequence[float | np.ndarray | None]) -> None:
+        """Every call's `advantages` from one array in ledger order (`Call.index`), the form
+        credit computes them in."""
+        ledger = self.ledger()
+        if len(values) != len(ledger):
+            raise ValueError(f"episode {self.id}: {len(values)} advantages for {len(ledger)} calls")
+        for call, value in zip(ledger, values, strict=True):
+            call.advantages = value
 
     @property
     def supervised(self) -> bool:

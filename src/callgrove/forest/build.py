@@ -19,21 +19,28 @@ from callgrove.forest.tokens import TokenPool
 
 @dataclass(slots=True, eq=False)
 class Forest:
-    """Kept calls in `seq` order with parent links; all indices refer to `calls`."""
+    """Kept calls in `seq` order with parent links; all indices refer to `calls`.
+
+    A snapshot: the pool holds the tokens and how each prompt was held when it was built, so
+    changing how a call holds its prompt later (`compact_prompts`) does not invalidate it.
+    """
 
     episode: Episode
     calls: list[Call]
     parent: list[int]
     pool: TokenPool = field(repr=False)
+    ledger_index: list[int] = field(default_factory=list, repr=False)  # per kept call
     children: list[list[int]] = field(default_factory=list)
     roots: list[int] = field(default_factory=list)
     leaves: list[int] = field(default_factory=list)
     tree_of: list[int] = field(default_factory=list)
-    _index: dict[int, int] = field(default_factory=dict, repr=False)
+    _position: list[int] = field(default_factory=list, repr=False)  # ledger index -> kept place
     _new_tokens: NewTokens | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
-        self._index = {id(call): i for i, call in enumerate(self.calls)}
+        self._position = [-1] * len(self.pool.calls)
+        for position, index in enumerate(self.ledger_index):
+            self._position[index] = position
         self.children = [[] for _ in self.calls]
         for child, parent in enumerate(self.parent):
             if parent >= 0:
@@ -45,7 +52,11 @@ class Forest:
             self.tree_of[i] = i if parent < 0 else self.tree_of[parent]
 
     def index_of(self, call: Call) -> int:
-        return self._index[id(call)]
+        """The call's place in `calls`."""
+        position = self._position[self.pool.at(call)]
+        if position < 0:
+            raise ValueError(f"call {call.id} is not kept: it has no place in the forest")
+        return position
 
     def parent_of(self, call: Call) -> Call | None:
         parent = self.parent[self.index_of(call)]
@@ -83,17 +94,18 @@ class NewTokens:
     def of(cls, forest: Forest) -> NewTokens:
         pool = forest.pool
         tokens, marks = [], []
-        for call, parent in zip(forest.calls, forest.parent, strict=True):
-            start = forest.calls[parent].full_len if parent >= 0 else 0
-            if call.prompt_base_len == start:
-                begin = pool.suffix_start[id(call)]
-                end = begin + call.full_len - start
+        for index, parent in zip(forest.ledger_index, forest.parent, strict=True):
+            start = pool.full_len[forest.ledger_index[parent]] if parent >= 0 else 0
+            full_len, prompt_len = pool.full_len[index], pool.prompt_len[index]
+            if pool.base_len[index] == start:
+                begin = pool.suffix_start[index]
+                end = begin + full_len - start
                 tokens.append(pool.tokens[begin:end])
                 marks.append(pool.completion_marks[begin:end])
             else:
-                tokens.append(np.concatenate(call.segments(start=start)))
-                mark = np.zeros(call.full_len - start, dtype=np.uint8)
-                mark[call.prompt_len - start :] = 1
+                tokens.append(np.concatenate(pool.pieces(index, start, full_len)))
+                mark = np.zeros(full_len - start, dtype=np.uint8)
+                mark[prompt_len - start :] = 1
                 marks.append(mark)
         longest = max((len(t) for t in tokens), default=0)
         return cls(tokens, marks, np.zeros(longest, dtype=np.uint8))
@@ -101,46 +113,55 @@ class NewTokens:
 
 def build_forest(episode: Episode) -> Forest:
     """Parents, roots, leaves and trees of the episode's kept calls."""
-    every_call = sorted(episode.calls(), key=lambda c: c.seq)
-    kept = [c for c in every_call if c.kept]
-    pool = TokenPool.build(every_call)
+    ledger = episode.ledger()
+    pool = TokenPool.build(ledger)
+    kept = [call.index for call in ledger if call.kept]
+    position = [-1] * len(ledger)
+    for place, index in enumerate(kept):
+        position[index] = place
     finder = _ParentFinder(pool, kept)
-    index = {id(call): i for i, call in enumerate(kept)}
-    parents = [-1 if (p := finder.parent_of(call)) is None else index[id(p)] for call in kept]
-    return Forest(episode=episode, calls=kept, parent=parents, pool=pool)
+    parents = [-1 if (p := finder.parent_of(index)) < 0 else position[p] for index in kept]
+    calls = [ledger[index] for index in kept]
+    return Forest(episode=episode, calls=calls, parent=parents, pool=pool, ledger_index=kept)
 
 
 class _ParentFinder:
-    def __init__(self, pool: TokenPool, kept: list[Call]):
+    """Parents by ledger index (-1 for none)."""
+
+    def __init__(self, pool: TokenPool, kept: list[int]):
         self.pool = pool
-        self.by_hash: dict[int, list[Call]] = defaultdict(list)
+        self.by_hash: dict[int, list[int]] = defaultdict(list)
         full_hashes = np.empty(len(kept), dtype=np.uint64)
-        for i, call in enumerate(kept):
-            full_hashes[i] = pool.full_hash(call)
-            self.by_hash[int(full_hashes[i])].append(call)
+        for i, index in enumerate(kept):
+            full_hashes[i] = pool.full_hash(index)
+            self.by_hash[int(full_hashes[i])].append(index)
         self.marked = _positions_of_known(pool.hashes, full_hashes)
 
-    def parent_of(self, call: Call) -> Call | None:
-        for start, stop in self.pool.ranges(call, call.prompt_len):
+    def parent_of(self, index: int) -> int:
+        for start, stop in self.pool.ranges(index, self.pool.prompt_len[index]):
             k = int(np.searchsorted(self.marked, stop)) - 1
             while k >= 0 and self.marked[k] >= start:
-                found = self._confirmed(call, int(self.marked[k]))
-                if found is not None:
+                found = self._confirmed(index, int(self.marked[k]))
+                if found >= 0:
                     return found
                 k -= 1
-        return None
+        return -1
 
-    def _confirmed(self, call: Call, pooled: int) -> Call | None:
+    def _confirmed(self, index: int, pooled: int) -> int:
         """The best candidate whose full sequence ends at this pooled token of the prompt."""
-        length = int(self.pool.positions[pooled]) + 1
+        pool = self.pool
+        length = int(pool.positions[pooled]) + 1
+        call = pool.calls[index]
         matches = [
             p
-            for p in self.by_hash.get(int(self.pool.hashes[pooled]), ())
-            if p.seq < call.seq and p.full_len == length and self.pool.same_prefix(p, call, length)
+            for p in self.by_hash.get(int(pool.hashes[pooled]), ())
+            if pool.calls[p].seq < call.seq
+            and pool.full_len[p] == length
+            and pool.same_prefix(p, index, length)
         ]
         if not matches:
-            return None
-        return max(matches, key=lambda p: _tie_rank(p, call))
+            return -1
+        return max(matches, key=lambda p: _tie_rank(pool.calls[p], call))
 
 
 def _positions_of_known(hashes: np.ndarray, known: np.ndarray) -> np.ndarray:
@@ -176,7 +197,8 @@ def compact_prompts(episode: Episode) -> None:
     """Rebase every kept call's prompt onto its forest parent (for memory and compact writing).
 
     The tokens do not change, only how they are held: the parent's full sequence by reference
-    plus the call's own new prompt tokens. Forests built before this must be built again.
+    plus the call's own new prompt tokens. Forests and rows built before stay valid (a forest
+    keeps its own snapshot of how prompts were held).
     """
     forest = build_forest(episode)
     for index, call in enumerate(forest.calls):

@@ -36,45 +36,80 @@ def _mix64(values: np.ndarray) -> np.ndarray:
 
 @dataclass(slots=True)
 class TokenPool:
-    """Pooled tokens of a set of calls and where each call's pieces lie in the pool."""
+    """Pooled tokens of an episode's ledger and where each call's pieces lie in the pool.
 
+    Everything about a call is held by its place in the ledger (`Call.index`): the pool is a
+    snapshot of how the prompts were held when it was built, so changing how a call holds its
+    prompt afterwards (`compact_prompts`) leaves the pool, and the forest built on it, valid.
+    """
+
+    calls: list[Call]  # the ledger: every call in `seq` order, call.index == its place here
     tokens: np.ndarray  # int32, every call's suffix then completion, in call order
     positions: np.ndarray  # int64, the position of each pooled token in its sequences
     hashes: np.ndarray  # uint64, the hash of the prefix ending at (and including) each token
     completion_marks: np.ndarray  # uint8, 1 on completion tokens, 0 on prompt suffixes
-    suffix_start: dict[int, int]  # id(call) -> pool index of its prompt suffix
-    completion_start: dict[int, int]  # id(call) -> pool index of its completion
+    # Per call, by ledger index (lists: the walks below read them one value at a time).
+    suffix_start: list[int]  # pool index of its prompt suffix
+    completion_start: list[int]  # pool index of its completion
+    base: list[int]  # ledger index of its prompt base, -1 for none
+    base_len: list[int]  # how much of the base its prompt resends
+    prompt_len: list[int]
+    full_len: list[int]
 
     @classmethod
     def build(cls, calls: list[Call]) -> TokenPool:
-        """`calls` must hold every call a prompt refers to, and be in `seq` order."""
-        pieces: list[np.ndarray] = []
-        piece_positions: list[int] = []
-        suffix_start: dict[int, int] = {}
-        completion_start: dict[int, int] = {}
-        cursor = 0
-        for call in calls:
-            suffix_start[id(call)] = cursor
-            cursor += len(call.prompt_suffix)
-            completion_start[id(call)] = cursor
-            cursor += len(call.completion_ids)
-            pieces += (call.prompt_suffix, call.completion_ids)
-            piece_positions += (call.prompt_base_len, call.prompt_len)
-        lengths = np.fromiter((len(p) for p in pieces), dtype=np.int64, count=len(pieces))
-        tokens = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int32)
+        """`calls` is an episode's ledger (`Episode.ledger()`): every call a prompt refers to,
+        in `seq` order, each at its `index`."""
+        count = len(calls)
+        base = np.full(count, -1, dtype=np.int64)
+        for i, call in enumerate(calls):
+            if call.index != i:
+                raise ValueError(f"call {call.id} is not at its ledger index ({call.index})")
+            referenced = call.prompt_base
+            if referenced is not None:
+                b = referenced.index
+                if not (0 <= b < i and calls[b] is referenced):
+                    raise ValueError(
+                        f"call {call.id}: its prompt refers to {referenced.id}, which is not an "
+                        "earlier call of the same episode"
+                    )
+                base[i] = b
+        base_len = np.fromiter((c.prompt_base_len for c in calls), np.int64, count)
+        suffix_len = np.fromiter((len(c.prompt_suffix) for c in calls), np.int64, count)
+        completion_len = np.fromiter((len(c.completion_ids) for c in calls), np.int64, count)
+        prompt_len = base_len + suffix_len
+        lengths = np.empty(2 * count, dtype=np.int64)
+        lengths[0::2], lengths[1::2] = suffix_len, completion_len
         piece_starts = np.cumsum(lengths) - lengths
+        cursor = int(lengths.sum())
+        pieces = [piece for c in calls for piece in (c.prompt_suffix, c.completion_ids)]
+        tokens = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int32)
+        piece_positions = np.empty(2 * count, dtype=np.int64)
+        piece_positions[0::2], piece_positions[1::2] = base_len, prompt_len
         positions = np.arange(cursor, dtype=np.int64) + np.repeat(
-            np.asarray(piece_positions, dtype=np.int64) - piece_starts, lengths
+            piece_positions - piece_starts, lengths
         )
         values = _mix64((positions.astype(np.uint64) << np.uint64(32)) | tokens.astype(np.uint64))
         running = np.cumsum(values, dtype=np.uint64)
-        marks = np.repeat(np.tile(np.array([0, 1], dtype=np.uint8), len(calls)), lengths)
-        pool = cls(tokens, positions, running, marks, suffix_start, completion_start)
-        offsets = pool._prefix_offsets(calls, piece_starts)
+        marks = np.repeat(np.tile(np.array([0, 1], dtype=np.uint8), count), lengths)
+        pool = cls(
+            calls,
+            tokens,
+            positions,
+            running,
+            marks,
+            suffix_start=piece_starts[0::2].tolist(),
+            completion_start=piece_starts[1::2].tolist(),
+            base=base.tolist(),
+            base_len=base_len.tolist(),
+            prompt_len=prompt_len.tolist(),
+            full_len=(prompt_len + completion_len).tolist(),
+        )
+        offsets = pool._prefix_offsets(piece_starts)
         pool.hashes = running + np.repeat(offsets, lengths)
         return pool
 
-    def _prefix_offsets(self, calls: list[Call], piece_starts: np.ndarray) -> np.ndarray:
+    def _prefix_offsets(self, piece_starts: np.ndarray) -> np.ndarray:
         """What turns each piece's slice of the pool-wide running sum into prefix hashes.
 
         A piece's prefix hash is its base prefix's hash plus its own running sum; pieces are
@@ -83,56 +118,78 @@ class TokenPool:
         running = self.hashes
         offsets = np.zeros(len(piece_starts), dtype=np.uint64)
 
-        def prefix_hash(call: Call, length: int) -> int:
-            index = self.index_at(call, length - 1)
+        def prefix_hash(i: int, length: int) -> int:
+            index = self.index_at(i, length - 1)
             piece = int(np.searchsorted(piece_starts, index, side="right")) - 1
             return (int(running[index]) + int(offsets[piece])) & _MASK64
 
-        for number, call in enumerate(calls):
-            for piece, position in (
-                (2 * number, call.prompt_base_len),
-                (2 * number + 1, call.prompt_len),
-            ):
+        for i, (base_len, prompt_len) in enumerate(
+            zip(self.base_len, self.prompt_len, strict=True)
+        ):
+            for piece, position in ((2 * i, base_len), (2 * i + 1, prompt_len)):
                 start = int(piece_starts[piece])
                 before = int(running[start - 1]) if start else 0
-                base = prefix_hash(call, position) if position else 0
+                base = prefix_hash(i, position) if position else 0
                 offsets[piece] = (base - before) & _MASK64
         return offsets
 
-    def index_at(self, call: Call, position: int) -> int:
-        """Pool index of the token at `position` of `call`'s full sequence."""
+    def at(self, call: Call) -> int:
+        """The call's place in this pool's ledger (its `index`, checked to be this call)."""
+        i = call.index
+        if not (0 <= i < len(self.calls) and self.calls[i] is call):
+            raise ValueError(
+                f"call {call.id} is not in this pool's ledger (was the episode changed after "
+                "its forest was built?)"
+            )
+        return i
+
+    def index_at(self, i: int, position: int) -> int:
+        """Pool index of the token at `position` of call `i`'s full sequence."""
         while True:
-            if position >= call.prompt_len:
-                return self.completion_start[id(call)] + position - call.prompt_len
-            if position >= call.prompt_base_len:
-                return self.suffix_start[id(call)] + position - call.prompt_base_len
-            call = call.prompt_base  # type: ignore[assignment]
+            if position >= self.prompt_len[i]:
+                return self.completion_start[i] + position - self.prompt_len[i]
+            if position >= self.base_len[i]:
+                return self.suffix_start[i] + position - self.base_len[i]
+            i = self.base[i]
 
-    def ranges(self, call: Call, length: int) -> Iterator[tuple[int, int]]:
-        """Pool ranges (start, stop) holding `call.full[:length]`, last range first, lazily."""
-        current: Call | None = call
-        while current is not None and length > 0:
-            if length > current.prompt_len:
-                start = self.completion_start[id(current)]
-                yield start, start + length - current.prompt_len
-                length = current.prompt_len
-            if length > current.prompt_base_len:
-                start = self.suffix_start[id(current)]
-                yield start, start + length - current.prompt_base_len
-                length = current.prompt_base_len
-            current = current.prompt_base
+    def ranges(self, i: int, length: int) -> Iterator[tuple[int, int]]:
+        """Pool ranges (start, stop) holding call `i`'s full[:length], last range first, lazily."""
+        while i >= 0 and length > 0:
+            prompt_len, base_len = self.prompt_len[i], self.base_len[i]
+            if length > prompt_len:
+                start = self.completion_start[i]
+                yield start, start + length - prompt_len
+                length = prompt_len
+            if length > base_len:
+                start = self.suffix_start[i]
+                yield start, start + length - base_len
+                length = base_len
+            i = self.base[i]
 
-    def full_hash(self, call: Call) -> int:
-        return int(self.hashes[self.index_at(call, call.full_len - 1)])
+    def pieces(self, i: int, start: int, stop: int) -> list[np.ndarray]:
+        """Views of the pool that concatenate to call `i`'s full[start:stop]."""
+        parts: list[np.ndarray] = []
+        position = stop
+        for first, last in self.ranges(i, stop):
+            position -= last - first  # the sequence position of pool index `first`
+            if position <= start:
+                parts.append(self.tokens[first + start - position : last])
+                break
+            parts.append(self.tokens[first:last])
+        parts.reverse()
+        return parts
 
-    def same_prefix(self, a: Call, b: Call, length: int) -> bool:
-        """Exactly: do `a.full[:length]` and `b.full[:length]` hold the same tokens?
+    def full_hash(self, i: int) -> int:
+        return int(self.hashes[self.index_at(i, self.full_len[i] - 1)])
+
+    def same_prefix(self, a: int, b: int, length: int) -> bool:
+        """Exactly: do calls `a` and `b` hold the same tokens in their first `length`?
 
         Walks both from the end. Where both hold the same pooled token at the same position,
         everything before is the same too (a pooled token always follows the same prefix), so
         the walk stops there; every other token is compared by value.
         """
-        if length > a.full_len or length > b.full_len:
+        if length > self.full_len[a] or length > self.full_len[b]:
             return False
         left, right = self.ranges(a, length), self.ranges(b, length)
         l_start, l_end = next(left, (0, 0))

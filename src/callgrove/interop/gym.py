@@ -232,9 +232,8 @@ def read_captures(
         capture.entries.append(entry)
     for capture in by_rollout.values():
         capture.lost = _lost_calls(Path(path).parent, capture)
-        # Ledger order: when each call was captured; the file order breaks ties.
-        order = {id(e): i for i, e in enumerate(capture.entries)}
-        capture.entries.sort(key=lambda e: (e.created_at, order[id(e)]))
+        # Ledger order: when each call was captured; the file order breaks ties (a stable sort).
+        capture.entries.sort(key=lambda e: e.created_at)
     return list(by_rollout.values())
 
 

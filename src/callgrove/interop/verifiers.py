@@ -509,7 +509,9 @@ def verifiers_row(episode: Episode, notes: list[dict[str, Any]] | None = None) -
     """
     notes = notes if notes is not None else []
     forest = build_forest(episode)
-    parent_of = {id(call): forest.parent_of(call) for call in forest.calls}
+    parent_of: list[Call | None] = [None] * len(forest.pool.calls)  # by ledger index
+    for call in forest.calls:
+        parent_of[call.index] = forest.parent_of(call)
     agent_ids = {agent.id for agent in episode.agents}
     task = (
         episode.task
@@ -567,12 +569,12 @@ def _agent_trace(
     episode: Episode,
     agent: Agent,
     task: dict[str, Any],
-    parent_of: dict[int, Call | None],
+    parent_of: list[Call | None],
     notes: list[dict[str, Any]],
 ) -> dict[str, Any]:
     nodes: list[dict[str, Any]] = []
     seqs: list[int] = []
-    node_of: dict[int, int] = {}  # id(call) -> its sampled node
+    node_of: dict[int, int] = {}  # call.index -> its sampled node
     accepted: list[tuple[int, int]] = []  # (compaction node, the node that resumed from it)
     open_compaction: int | None = None
     for call in sorted(agent.calls, key=lambda c: c.seq):
@@ -599,7 +601,7 @@ def _agent_trace(
             sampled["advantages"] = advantages
         nodes.append(sampled)
         seqs.append(call.seq)
-        node_of[id(call)] = here
+        node_of[call.index] = here
         if open_compaction is not None and call.kept:
             accepted.append((open_compaction, here))
             open_compaction = None
@@ -630,7 +632,7 @@ def _agent_trace(
 
 
 def _parent_node(
-    call: Call, agent: Agent, parent_of: dict[int, Call | None], node_of: dict[int, int]
+    call: Call, agent: Agent, parent_of: list[Call | None], node_of: dict[int, int]
 ) -> tuple[int | None, int]:
     """The sampled node the call's prompt continues, and how many prompt tokens it covers.
 
@@ -638,14 +640,14 @@ def _parent_node(
     prompt references in full. Either only when that call is of the same agent (one trace).
     """
     if call.kept:
-        parent = parent_of.get(id(call))
+        parent = parent_of[call.index]
     elif call.prompt_base is not None and call.prompt_base_len == call.prompt_base.full_len:
         parent = call.prompt_base
     else:
         parent = None
-    if parent is None or parent.agent is not agent or id(parent) not in node_of:
+    if parent is None or parent.agent is not agent or parent.index not in node_of:
         return None, 0
-    return node_of[id(parent)], parent.full_len
+    return node_of[parent.index], parent.full_len
 
 
 def _node(parent: int | None, role: str, tokens: list[int], sampled: bool) -> dict[str, Any]:

@@ -113,23 +113,25 @@ class DegeneracyReport:
     seat_calls: dict[str, int] = field(default_factory=dict)
 
 
-def measure_calls(calls: Sequence[Call], settings: DegeneracySettings) -> dict[int, dict[str, Any]]:
-    """Every detector on every call: id(call) -> {detector: measurement, "flags": [...]}."""
-    measured: dict[int, dict[str, Any]] = {id(call): {"flags": []} for call in calls}
+def measure_calls(calls: Sequence[Call], settings: DegeneracySettings) -> list[dict[str, Any]]:
+    """Every detector on every call, in the order given: {detector: measurement, "flags": [...]}."""
+    measured: list[dict[str, Any]] = [{"flags": []} for _ in calls]
     if not calls:
         return measured
     for name, detector in DETECTORS.items():
         values, flagged = detector(calls, settings)
-        for call, value, flag in zip(calls, values.tolist(), flagged.tolist(), strict=True):
-            record = measured[id(call)]
+        for record, value, flag in zip(measured, values.tolist(), flagged.tolist(), strict=True):
             record[name] = value
             if flag:
                 record["flags"].append(name)
     return measured
 
 
-def _row_flags(row: Row, measured: dict[int, dict[str, Any]]) -> list[str]:
-    flags = {flag for call in row.trains for flag in measured[id(call)]["flags"]}
+def _row_flags(row: Row, measured: list[dict[str, Any]]) -> list[str]:
+    """`measured`: the row's episode's forest calls, in forest order."""
+    forest = row.forest
+    assert forest is not None, "rows are measured as `build_rows` made them"
+    flags = {flag for call in row.trains for flag in measured[forest.index_of(call)]["flags"]}
     return [name for name in DETECTORS if name in flags]
 
 
@@ -140,8 +142,11 @@ def apply(
     (the drop policy: a row goes when one of its trained calls is flagged by a detector in
     `settings.drop`)."""
     kept = []
-    measured = measure_calls([call for er in episode_rows for call in er.forest.calls], settings)
+    every = measure_calls([call for er in episode_rows for call in er.forest.calls], settings)
+    first = 0
     for er in episode_rows:
+        measured = every[first : first + len(er.forest.calls)]
+        first += len(er.forest.calls)
         rows_meta, keep = [], []
         for row in er.rows:
             flags = _row_flags(row, measured)
@@ -160,8 +165,7 @@ def apply(
             else:
                 keep.append(row)
         calls_meta = {}
-        for call in er.forest.calls:
-            record = measured[id(call)]
+        for call, record in zip(er.forest.calls, measured, strict=True):
             calls_meta[call.id] = record
             seat = call.agent.name if call.agent else ""
             report.calls += 1

@@ -235,17 +235,17 @@ def layout(result: EpisodeRows) -> Picture:
     episode = result.episode
     notes = _notes(result)
     agents = _ledger_order(episode.agents)
-    lane_of_agent = {id(agent): i for i, agent in enumerate(agents)}
+    lane_of_agent = {agent.index: i for i, agent in enumerate(agents)}
     calls = sorted((c for agent in agents for c in agent.calls), key=lambda c: c.seq)
     forest = result.forest
-    parent_of = {id(c): forest.parent_of(c) for c in calls if c.kept}
+    parent_of = {c.index: forest.parent_of(c) for c in calls if c.kept}
     spawner = _spawners(agents, calls)
     readers = hand_backs(agents)
     columns = _columns(calls, parent_of, spawner, readers)
     bands = _bands(agents, calls, columns, MARGIN + TITLE_HEIGHT + NOTE_HEIGHT * len(notes))
     lane_at = {(lane.band, lane.index): lane for band in bands for lane in band.lanes}
     boxes = _boxes(result, calls, columns, lane_at, lane_of_agent)
-    by_call = {id(box.call): box for box in boxes}
+    by_call = {box.call.index: box for box in boxes}
     links = _parent_links(boxes, by_call)
     links += _hand_overs(agents, bands, by_call, spawner, lane_of_agent)
     links += _hand_back_links(agents, by_call, readers)
@@ -298,18 +298,18 @@ def spawned_by(agent: Agent) -> str | None:
 
 
 def _spawners(agents: list[Agent], calls: list[Call]) -> dict[int, Call]:
-    """Each agent's starting call (by the agent's id()), where recorded and drawn."""
+    """Each agent's starting call (by the agent's index), where recorded and drawn."""
     by_id = {c.id: c for c in calls}
     found = {}
     for agent in agents:
         call_id = spawned_by(agent)
         if call_id is not None and call_id in by_id:
-            found[id(agent)] = by_id[call_id]
+            found[agent.index] = by_id[call_id]
     return found
 
 
 def hand_backs(agents: list[Agent]) -> dict[int, Call | None]:
-    """Per subagent (by id()), the parent-agent call that read its answer, or None when none
+    """Per subagent (by its index), the parent-agent call that read its answer, or None when none
     did. An agent's `meta.answer_read_by` says it (a call id, or null for never read); else
     the first later call of the parent agent whose new prompt tokens hold the answer (the
     subagent's last completion, its first and last tokens left out for template seams)."""
@@ -322,12 +322,12 @@ def hand_backs(agents: list[Agent]) -> dict[int, Call | None]:
         meta = agent.meta or {}
         if "answer_read_by" in meta:
             wanted = meta["answer_read_by"]
-            found[id(agent)] = next((c for c in parent.calls if c.id == wanted), None)
+            found[agent.index] = next((c for c in parent.calls if c.id == wanted), None)
             continue
         answer = max((c for c in agent.calls if c.kept), key=lambda c: c.seq, default=None)
         if answer is None:
             continue
-        found[id(agent)] = _reader(answer, parent)
+        found[agent.index] = _reader(answer, parent)
     return found
 
 
@@ -361,19 +361,19 @@ def _columns(
     last_kept: dict[int, Call] = {}
     for call in calls:
         if call.kept:
-            last_kept[id(call.agent)] = call  # seq order: the last one wins
+            last_kept[call.agent.index] = call  # type: ignore[union-attr]  # seq order: the last one wins
     answers_read_by: dict[int, list[Call]] = {}
     for agent_key, reader in readers.items():
         if reader is not None and agent_key in last_kept:
-            answers_read_by.setdefault(id(reader), []).append(last_kept[agent_key])
+            answers_read_by.setdefault(reader.index, []).append(last_kept[agent_key])
     column: dict[int, int] = {}
     previous: dict[int, Call] = {}
     for call in calls:
-        agent_key = id(call.agent)
-        causes = [previous.get(agent_key) or spawner.get(agent_key), parent_of.get(id(call))]
-        causes += answers_read_by.get(id(call), [])
-        column[id(call)] = max(
-            (column[id(c)] + 1 for c in causes if c is not None and id(c) in column), default=0
+        agent_key = call.agent.index  # type: ignore[union-attr]
+        causes = [previous.get(agent_key) or spawner.get(agent_key), parent_of.get(call.index)]
+        causes += answers_read_by.get(call.index, [])
+        column[call.index] = max(
+            (column[c.index] + 1 for c in causes if c is not None and c.index in column), default=0
         )
         previous[agent_key] = call
     return column
@@ -384,16 +384,16 @@ def _bands(agents: list[Agent], calls: list[Call], columns: dict[int, int], top:
     (the first band also holds agents that made no call, so every agent is shown)."""
     in_band: dict[int, set[int]] = {}
     for call in calls:
-        in_band.setdefault(columns[id(call)] // COLUMNS_PER_BAND, set()).add(id(call.agent))
-    lane_index = {id(agent): i for i, agent in enumerate(agents)}
-    parent_index = {
-        agent.id: lane_index.get(id(next((a for a in agents if a.id == agent.parent), None)))
-        for agent in agents
-    }
+        in_band.setdefault(columns[call.index] // COLUMNS_PER_BAND, set()).add(call.agent.index)  # type: ignore[union-attr]
+    lane_index = {agent.index: i for i, agent in enumerate(agents)}
+    lane_of_id: dict[str, int] = {}
+    for i, agent in enumerate(agents):
+        lane_of_id.setdefault(agent.id, i)
+    parent_index = {agent.id: lane_of_id.get(agent.parent or "") for agent in agents}
     bands = []
     count = max(in_band, default=0) + 1
     for number in range(count):
-        members = [a for a in agents if id(a) in in_band.get(number, set())]
+        members = [a for a in agents if a.index in in_band.get(number, set())]
         if number == 0:
             members += [a for a in agents if not a.calls]
         band = Band(number, top, [])
@@ -401,7 +401,7 @@ def _bands(agents: list[Agent], calls: list[Call], columns: dict[int, int], top:
             band.lanes.append(
                 Lane(
                     agent=agent,
-                    index=lane_index[id(agent)],
+                    index=lane_index[agent.index],
                     band=number,
                     top=top + place * LANE_HEIGHT,
                     parent_index=parent_index[agent.id] if agent.parent is not None else None,
@@ -425,38 +425,39 @@ def _boxes(
     lane_of_agent: dict[int, int],
 ) -> list[Box]:
     forest = result.forest
-    owner = {id(c): row.index for row in result.rows for c in row.trains}
-    lossy = {id(c) for row in result.rows for c in row.loss_calls}
+    owner = {c.index: row.index for row in result.rows for c in row.trains}
+    lossy = {c.index for row in result.rows for c in row.loss_calls}
     marks: dict[int, list[RowMark]] = {}
     for row in result.rows:
-        trained = {id(c) for c in row.trains}
+        trained = {c.index for c in row.trains}
         for call in row.path:
-            marks.setdefault(id(call), []).append(RowMark(row.index, id(call) in trained))
-    leaf_of = {id(row.leaf): row.index for row in result.rows}
+            marks.setdefault(call.index, []).append(RowMark(row.index, call.index in trained))
+    leaf_of = {row.leaf.index: row.index for row in result.rows}
     new_tokens = forest.new_tokens().tokens
     turns: dict[int, int] = {}
     boxes = []
     for call in calls:
-        column = columns[id(call)]
-        lane = lane_at[(column // COLUMNS_PER_BAND, lane_of_agent[id(call.agent)])]
-        turns[id(call.agent)] = turns.get(id(call.agent), 0) + 1
+        agent_index = call.agent.index  # type: ignore[union-attr]
+        column = columns[call.index]
+        lane = lane_at[(column // COLUMNS_PER_BAND, lane_of_agent[agent_index])]
+        turns[agent_index] = turns.get(agent_index, 0) + 1
         box = Box(
             call=call,
             lane=lane,
             column=column,
             x=column_x(column),
             y=lane.top + CHANNEL,
-            turn=turns[id(call.agent)],
+            turn=turns[agent_index],
             new_tokens=call.full_len,
         )
         if call.kept:
             index = forest.index_of(call)
             box.parent = forest.parent_of(call)
             box.new_tokens = len(new_tokens[index])
-            box.owner = owner[id(call)]
-            box.loss = id(call) in lossy
-            box.rows = marks[id(call)]
-            box.leaf_of = leaf_of.get(id(call))
+            box.owner = owner[call.index]
+            box.loss = call.index in lossy
+            box.rows = marks[call.index]
+            box.leaf_of = leaf_of.get(call.index)
         _words(box)
         boxes.append(box)
     return boxes
@@ -582,7 +583,7 @@ def _link(kind: str, source: Box, target: Box, label: str | None = None) -> list
         edge + 14,
         source.centre_y + 4,
         f"{kind}-label stub-label",
-        ("after", id(source)),
+        ("after", source.call.index),
     )
     in_x = target.x - GAP // 2 - 4
     in_y = target.centre_y + offset
@@ -603,7 +604,7 @@ def channel_label(text: str, target: Box, kind: str, extra: str = "") -> Label:
         target.x + 2,
         target.lane.top + CHANNEL // 2 + 1,
         f"{kind}-label {extra}".strip(),
-        ("over", id(target)),
+        ("over", target.call.index),
     )
 
 
@@ -640,7 +641,7 @@ def _parent_links(boxes: list[Box], by_call: dict[int, Box]) -> list[Link]:
     links = []
     for box in boxes:
         if box.parent is not None:
-            links += _link("parent", by_call[id(box.parent)], box)
+            links += _link("parent", by_call[box.parent.index], box)
     return links
 
 
@@ -659,12 +660,12 @@ def _hand_overs(
             continue
         first = min(agent.calls, key=lambda c: c.seq, default=None)
         text = f"starts {agent.id} ({agent.start})"
-        source_call = spawner.get(id(agent))
+        source_call = spawner.get(agent.index)
         if first is None:
             continue
-        target = by_call[id(first)]
+        target = by_call[first.index]
         if source_call is not None:
-            links += _link("hand-over", by_call[id(source_call)], target, text)
+            links += _link("hand-over", by_call[source_call.index], target, text)
             continue
         parent_lane = next(
             (lane for lane in bands[target.band].lanes if lane.agent.id == agent.parent),
@@ -685,13 +686,13 @@ def _hand_back_links(
 ) -> list[Link]:
     links = []
     for agent in agents:
-        if id(agent) not in readers:
+        if agent.index not in readers:
             continue
         answer = max((c for c in agent.calls if c.kept), key=lambda c: c.seq)
-        source = by_call[id(answer)]
-        reader = readers[id(agent)]
+        source = by_call[answer.index]
+        reader = readers[agent.index]
         if reader is not None:
-            links += _link("hand-back", source, by_call[id(reader)])
+            links += _link("hand-back", source, by_call[reader.index])
         elif agent.start == "background":  # a reader not found for others may be missed
             y = source.centre_y + OFFSETS["hand-back"]
             points = ((source.right, y), (source.right + GAP + 10, y))

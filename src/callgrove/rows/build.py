@@ -96,12 +96,12 @@ class Row:
                 mask[call.prompt_len : call.full_len] = 1
             return tokens, mask
         new = self.forest.new_tokens()
-        loss = {id(c) for c in self.loss_calls}
+        loss = {c.index for c in self.loss_calls}
         blank = new.blank
         tokens = np.concatenate([new.tokens[i] for i in self.path_index])
         mask = np.concatenate(
             [
-                new.completion_marks[i] if id(call) in loss else blank[: len(new.tokens[i])]
+                new.completion_marks[i] if call.index in loss else blank[: len(new.tokens[i])]
                 for i, call in zip(self.path_index, self.path, strict=True)
             ]
         )
@@ -190,12 +190,13 @@ def _owners(forest: Forest, paths: list[list[int]]) -> list[int]:
 
 def _mark_duplicates(rows: list[Row], forest: Forest, settings: RowSettings) -> None:
     """Rows with identical token sequences: the first `max_identical_trained` train, the rest not."""
-    trained_copies: dict[tuple[int, int], list[Row]] = {}
+    pool = forest.pool
+    trained_copies: dict[tuple[int, int], list[tuple[int, Row]]] = {}
     for row in rows:
-        key = (row.num_tokens, forest.pool.full_hash(row.leaf))
-        group = trained_copies.setdefault(key, [])
-        same = [r for r in group if forest.pool.same_prefix(r.leaf, row.leaf, row.num_tokens)]
+        leaf = forest.ledger_index[row.path_index[-1]]
+        group = trained_copies.setdefault((row.num_tokens, pool.full_hash(leaf)), [])
+        same = [r for other, r in group if pool.same_prefix(other, leaf, row.num_tokens)]
         if len(same) >= settings.max_identical_trained:
             row.duplicate_of = same[0].index
         else:
-            group.append(row)
+            group.append((leaf, row))

@@ -63,7 +63,7 @@ def check_rows(result: EpisodeRows) -> CheckSummary:
     violations: list[Violation] = []
     forest = result.forest
     kept = [c for c in result.episode.calls() if c.kept]
-    leaves = {id(forest.calls[i]) for i in forest.leaves}
+    leaves = {forest.calls[i].index for i in forest.leaves}
     for row in result.rows:
         violations += _check_walk(row, result, leaves)
         violations += _check_tokens(row, result)
@@ -89,7 +89,7 @@ def _check_walk(row: Row, result: EpisodeRows, leaves: set[int]) -> list[Violati
     bad = []
     if not row.path:
         return [Violation(episode, row.index, None, "empty walk")]
-    if id(row.path[-1]) not in leaves:
+    if row.path[-1].index not in leaves:
         bad.append(Violation(episode, row.index, row.path[-1].id, "walk does not end at a leaf"))
     if forest.parent_of(row.path[0]) is not None:
         bad.append(Violation(episode, row.index, row.path[0].id, "walk does not start at a root"))
@@ -103,7 +103,9 @@ def _check_walk(row: Row, result: EpisodeRows, leaves: set[int]) -> list[Violati
                     f"walk steps from {parent.id}, which is not its parent",
                 )
             )
-        elif parent.seq >= child.seq or not forest.pool.same_prefix(parent, child, parent.full_len):
+        elif parent.seq >= child.seq or not forest.pool.same_prefix(
+            forest.pool.at(parent), forest.pool.at(child), parent.full_len
+        ):
             bad.append(
                 Violation(
                     episode,
@@ -112,9 +114,9 @@ def _check_walk(row: Row, result: EpisodeRows, leaves: set[int]) -> list[Violati
                     f"prompt does not extend {parent.id}'s full sequence",
                 )
             )
-    on_path = {id(c) for c in row.path}
+    on_path = {c.index for c in row.path}
     listed = row.trains + row.context
-    if len(listed) != len(row.path) or {id(c) for c in listed} != on_path:
+    if len(listed) != len(row.path) or {c.index for c in listed} != on_path:
         bad.append(Violation(episode, row.index, None, "trains + context is not exactly the walk"))
     return bad
 
@@ -157,22 +159,22 @@ def _check_tokens(row: Row, result: EpisodeRows) -> list[Violation]:
 
 def _check_ownership(result: EpisodeRows, kept: list[Call]) -> list[Violation]:
     episode = result.episode.id
-    trained_in: dict[int, list[Row]] = {id(c): [] for c in kept}
-    held_by: dict[int, list[Row]] = {id(c): [] for c in kept}
+    trained_in: dict[int, list[Row]] = {c.index: [] for c in kept}
+    held_by: dict[int, list[Row]] = {c.index: [] for c in kept}
     for row in result.rows:
         for call in row.trains:
-            trained_in.setdefault(id(call), []).append(row)
+            trained_in.setdefault(call.index, []).append(row)
         for call in row.path:
-            held_by.setdefault(id(call), []).append(row)
+            held_by.setdefault(call.index, []).append(row)
     bad = []
     for call in kept:
-        owners = trained_in[id(call)]
+        owners = trained_in[call.index]
         if len(owners) != 1:
             bad.append(
                 Violation(episode, None, call.id, f"trained in {len(owners)} rows, not exactly one")
             )
             continue
-        holders = held_by[id(call)]
+        holders = held_by[call.index]
         own = [r for r in holders if r.leaf.agent is call.agent]
         expected = min(own or holders, key=lambda r: r.leaf.seq)
         if owners[0] is not expected:

@@ -229,11 +229,11 @@ def _twin(plan: _Plan, agent_id: str, shift: float) -> _Plan:
     """A copy of a fresh subagent, token for token (the same task, the same answers)."""
     source = plan.agent
     twin = Agent(agent_id, source.name, parent=source.parent, start=source.start)
-    copies: dict[int, Call] = {}
+    copies: dict[str, Call] = {}  # by the source call's id
     for call in source.calls:
-        base = None if call.prompt_base is None else copies[id(call.prompt_base)]
+        base = None if call.prompt_base is None else copies[call.prompt_base.id]
         copy = replace(call, id=f"{agent_id}{call.id[len(source.id) :]}", prompt_base=base)
-        copies[id(call)] = twin.add(copy)
+        copies[call.id] = twin.add(copy)
     return _Plan(twin, [t + shift for t in plan.times])
 
 
