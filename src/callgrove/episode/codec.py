@@ -94,6 +94,19 @@ def _floats(values: list[float] | None) -> np.ndarray | None:
     return None if values is None else np.asarray(values, dtype=LOGPROB_DTYPE)
 
 
+# Episode fields the record and the wire hold alike, and those the wire leaves out when unset.
+_PLAIN_EPISODE_FIELDS = ("id", "group", "env", "task", "run", "ok")
+_OPTIONAL_EPISODE_FIELDS = ("objective", "meta")
+
+
+def _none_if_unset(value: Any) -> Any:
+    return None if value is UNSET else value
+
+
+def _unset_if_none(value: Any) -> Any:
+    return UNSET if value is None else value
+
+
 def episode_from_wire(wire: WireEpisode) -> Episode:
     """Build and validate the record. Raises `InputError` naming the episode and the call."""
     if wire.format != FORMAT:
@@ -111,18 +124,12 @@ def episode_from_wire(wire: WireEpisode) -> Episode:
     resolve_prompts(calls, prompt_from, wire.id)
     share_histories(agents)
     return Episode(
-        id=wire.id,
         agents=agents,
-        group=wire.group,
-        env=wire.env,
-        task=wire.task,
-        run=wire.run,
-        ok=wire.ok,
         errors=list(wire.errors),
         rewards=dict(wire.rewards),
-        objective=None if wire.objective is UNSET else wire.objective,
         gaps=None if wire.gaps is UNSET else gaps_from_json(wire.gaps, wire.id),
-        meta=None if wire.meta is UNSET else wire.meta,
+        **{name: getattr(wire, name) for name in _PLAIN_EPISODE_FIELDS},
+        **{name: _none_if_unset(getattr(wire, name)) for name in _OPTIONAL_EPISODE_FIELDS},
     )
 
 
@@ -222,18 +229,12 @@ def episode_to_wire(episode: Episode) -> WireEpisode:
     """The wire form; prompts are written compactly wherever the record holds a base."""
     return WireEpisode(
         format=FORMAT,
-        id=episode.id,
-        group=episode.group,
-        env=episode.env,
-        task=episode.task,
-        run=episode.run,
-        ok=episode.ok,
         errors=list(episode.errors),
         rewards=dict(episode.rewards),
         agents=[_agent_to_wire(a) for a in episode.agents],
-        objective=UNSET if episode.objective is None else episode.objective,
         gaps=UNSET if episode.gaps is None else gaps_to_json(episode.gaps),
-        meta=UNSET if episode.meta is None else episode.meta,
+        **{name: getattr(episode, name) for name in _PLAIN_EPISODE_FIELDS},
+        **{name: _unset_if_none(getattr(episode, name)) for name in _OPTIONAL_EPISODE_FIELDS},
     )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -61,9 +61,17 @@ def _list_column(arrays: list[np.ndarray | None], dtype: type, value_type: pa.Da
     )
 
 
-def _calls_array(calls: list[Call]) -> pa.StructArray:
+def _typed(schema: pa.StructType | pa.Schema) -> Callable[[str, list[Any]], pa.Array]:
+    """A column builder for `schema`: values into an array of the named field's type."""
+
     def column(name: str, values: list[Any]) -> pa.Array:
-        return pa.array(values, type=CALL_TYPE.field(name).type)
+        return pa.array(values, type=schema.field(name).type)
+
+    return column
+
+
+def _calls_array(calls: list[Call]) -> pa.StructArray:
+    column = _typed(CALL_TYPE)
 
     per_token = [c.advantages if isinstance(c.advantages, np.ndarray) else None for c in calls]
     scalar = [
@@ -92,8 +100,7 @@ def _calls_array(calls: list[Call]) -> pa.StructArray:
 
 
 def _agents_array(agents: list[Agent]) -> pa.StructArray:
-    def column(name: str, values: list[Any]) -> pa.Array:
-        return pa.array(values, type=AGENT_TYPE.field(name).type)
+    column = _typed(AGENT_TYPE)
 
     calls = [c for a in agents for c in a.calls]
     children = [
@@ -131,9 +138,7 @@ def _error_dict(error: WireError) -> dict[str, Any]:
 
 def episodes_to_batch(episodes: list[Episode]) -> pa.RecordBatch:
     """One record batch holding `episodes`, one row each."""
-
-    def column(name: str, values: list[Any]) -> pa.Array:
-        return pa.array(values, type=SCHEMA.field(name).type)
+    column = _typed(SCHEMA)
 
     agents = [a for e in episodes for a in e.agents]
     columns = [
