@@ -159,7 +159,8 @@ def _build(rows: Sequence[Row], table: _CallTable, walks: list[int]) -> list[Sam
     end = table.full_len[pairs]
     start = np.concatenate(([0], end[:-1]))
     start[_exclusive_cumsum(depths)] = 0  # each walk starts its row at token 0
-    # Spec 3.3: a call's loss covers its whole completion, so its first token decides.
+    # A call's loss covers its whole completion (docs/episode-format.md, rows), so its first
+    # token decides.
     carries_loss = loss_mask[np.repeat(row_starts, depths) + prompt_end].astype(bool)
     supervised = np.fromiter((row.episode.supervised for row in rows), bool, len(rows))
     needs_advantage = carries_loss & ~np.repeat(supervised, depths)

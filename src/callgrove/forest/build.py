@@ -183,7 +183,8 @@ def _positions_of_known(hashes: np.ndarray, known: np.ndarray) -> np.ndarray:
 
 
 def _tie_rank(candidate: Call, call: Call) -> tuple[bool, bool, int]:
-    """Spec 2.2 tie-break: the call's own agent, then its agent's parent agent, then highest seq."""
+    """The tie-break (docs/episode-format.md, section 2): the call's own agent, then its agent's
+    parent agent, then the highest seq."""
     own: Agent | None = call.agent
     candidate_agent = candidate.agent
     return (
