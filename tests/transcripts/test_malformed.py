@@ -17,6 +17,7 @@ from .helpers import (
     FLAT,
     FLAT_DIR,
     KIMUSON,
+    STAGE0_SUBAGENT,
     assert_every_line_accounted,
     assert_prefix_stable,
 )
@@ -188,3 +189,22 @@ def test_a_missing_subagent_file_is_a_gap_with_a_warning(tmp_path):
     shutil.copy(FLAT_DIR / "agent-ea02459f.jsonl", tmp_path)
     (transcript,) = import_claude_code(tmp_path / FLAT.name, ImportReport())
     assert transcript.gaps == [] and len(transcript.agents) == 2
+
+
+@pytest.mark.parametrize("text", ["[1, 2]", '"general-purpose"', "7", "null", "true", "{"])
+def test_subagent_meta_file_that_is_not_an_object_is_reported(tmp_path, text):
+    session = tmp_path / STAGE0_SUBAGENT.name
+    shutil.copy(STAGE0_SUBAGENT, session)
+    shutil.copytree(STAGE0_SUBAGENT.with_suffix(""), session.with_suffix(""))
+    (meta_file,) = session.with_suffix("").glob("subagents/*.meta.json")
+    meta_file.write_text(text)
+    report = ImportReport()
+    (transcript,) = import_claude_code(session, report)
+    (problem,) = report.diagnostics.errors
+    assert problem.file == str(meta_file)
+    assert problem.message.startswith("not valid JSON" if text == "{" else "not a JSON object")
+    # the subagent and its call are still imported, under the default name
+    episode = Renderer().episode(transcript)
+    sub = episode.agents[1]
+    assert sub.name == "subagent" and "meta_json" not in sub.meta and len(sub.calls) == 1
+    assert_every_line_accounted(report)

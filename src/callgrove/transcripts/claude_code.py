@@ -681,9 +681,16 @@ def _file_unit(path: Path, layout: str, rank: int, report: ImportReport) -> Unit
     meta_path = path.with_suffix(".meta.json")
     if meta_path.is_file():
         try:
-            meta["meta_json"] = orjson.loads(meta_path.read_bytes())
+            extra = orjson.loads(meta_path.read_bytes())
         except orjson.JSONDecodeError as error:
             report.problem(f"not valid JSON: {error}", str(meta_path))
+        else:
+            if isinstance(extra, dict):
+                meta["meta_json"] = extra
+            else:
+                report.problem(
+                    f"not a JSON object (a {type(extra).__name__}); ignored", str(meta_path)
+                )
     agent_type = (meta.get("meta_json") or {}).get("agentType")
     agent = TranscriptAgent(
         f"agent-{claude_id}", str(agent_type or "subagent"), start="fresh", meta=meta
