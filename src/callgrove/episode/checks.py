@@ -42,6 +42,20 @@ def not_finite(field: str, per_token: bool = True) -> str:
     return f"{field} is not a finite number"
 
 
+# Integers are stored as signed 64-bit values in the binary form and by every consumer of the
+# format; JSON alone could carry more.
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+def out_of_range(field: str, value: int) -> str:
+    return f"{field} {value} does not fit a signed 64-bit integer"
+
+
+def fits_int64(values: Sequence[int | None]) -> bool:
+    present = [v for v in values if v is not None]
+    return not present or (INT64_MIN <= min(present) and max(present) <= INT64_MAX)
+
+
 def wrong_length(field: str, values: int, tokens: int) -> str:
     return f"{field} has {values} values but completion_ids has {tokens} tokens"
 
@@ -92,6 +106,7 @@ class CallColumns:
 
     ids: list[str | None]
     seqs: list[int | None]
+    policy_versions: list[int | None]
     purposes: list[str | None]
     kept: list[bool | None]
     advantage: list[float | None]  # the scalar advantages
@@ -106,6 +121,7 @@ class CallColumns:
         return cls(
             ids=[c.id for c in calls],
             seqs=[c.seq for c in calls],
+            policy_versions=[c.policy_version for c in calls],
             purposes=[c.purpose for c in calls],
             kept=[c.kept for c in calls],
             advantage=[
@@ -151,12 +167,19 @@ def call_problems(columns: CallColumns) -> dict[int, str]:
         and None not in columns.ids
         and None not in columns.seqs
         and None not in columns.kept
+        and fits_int64(columns.seqs)
+        and fits_int64(columns.policy_versions)
     ):
         return problems
     for index, purpose in enumerate(columns.purposes):
         advantage = columns.advantage[index]
-        if None in (columns.ids[index], columns.seqs[index], columns.kept[index]):
+        seq, version = columns.seqs[index], columns.policy_versions[index]
+        if None in (columns.ids[index], seq, columns.kept[index]):
             flag([index], "call lacks its id, seq or kept")
+        elif not fits_int64([seq]):
+            flag([index], out_of_range("seq", seq))  # type: ignore[arg-type]
+        elif not fits_int64([version]):
+            flag([index], out_of_range("policy_version", version))  # type: ignore[arg-type]
         elif purpose not in PURPOSES:
             flag([index], unexpected("purpose is", purpose, PURPOSES))
         elif advantage is not None and not columns.advantages.null[index]:
@@ -175,6 +198,12 @@ def check_run(episode: str, run: WireRun | None, rewards: dict[str, float]) -> N
         return
     if run.type not in RUN_TYPES:
         raise fail(unexpected("run.type is", run.type, RUN_TYPES), episode)
+    numbers = {"run.step": run.step}
+    if run.policy is not None:
+        numbers.update({"run.policy.start": run.policy.start, "run.policy.end": run.policy.end})
+    for name, value in numbers.items():
+        if value is not None and not fits_int64([value]):
+            raise fail(out_of_range(name, value), episode)
     if run.policy is not None and run.policy.end < run.policy.start:
         raise fail(
             f"run.policy.end ({run.policy.end}) is before run.policy.start ({run.policy.start})",

@@ -152,6 +152,7 @@ class _Calls:
         self.columns = CallColumns(
             ids=field("id").to_pylist(),
             seqs=field("seq").to_pylist(),
+            policy_versions=self.plain["policy_version"],
             purposes=self.plain["purpose"],
             kept=self.plain["kept"],
             advantage=field("advantage").to_pylist(),
