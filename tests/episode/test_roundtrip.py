@@ -58,7 +58,7 @@ def test_binary_keeps_every_field_with_float32_per_token_values(
                 assert call.logprobs is None or call.logprobs.dtype == np.float32
 
 
-def _chain(calls: int, new_tokens: int) -> Episode:
+def _chain(calls: int, new_tokens: int, episode_id: str = "chain") -> Episode:
     """One agent whose history grows call after call, each prompt compact over the last."""
     rng = np.random.default_rng(0)
     agent = Agent("L", "leader")
@@ -74,7 +74,7 @@ def _chain(calls: int, new_tokens: int) -> Episode:
         if previous is not None:
             call.prompt_base, call.prompt_base_len = previous, previous.full_len
         previous = agent.add(call)
-    return Episode("chain", [agent])
+    return Episode(episode_id, [agent])
 
 
 @pytest.mark.parametrize("suffix", [".parquet", ".arrow"])
@@ -134,7 +134,8 @@ def test_binary_files_cannot_be_appended_to(tmp_path: Path) -> None:
 def test_binary_batches_are_bounded_by_tokens_and_episodes(tmp_path: Path) -> None:
     """The batch is what a reader holds at once: the writer closes one at either bound."""
     by_episodes, by_tokens = tmp_path / "episodes.parquet", tmp_path / "tokens.parquet"
-    chains = [_chain(calls=3, new_tokens=100) for _ in range(5)]  # 360 tokens each
+    chains = [_chain(calls=3, new_tokens=100, episode_id=f"chain-{i}") for i in range(5)]
+    # 360 tokens each
     with BinaryEpisodeWriter(by_episodes, batch_episodes=2) as writer:
         for episode in chains:
             writer.write(episode)

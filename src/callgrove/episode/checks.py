@@ -53,7 +53,7 @@ def out_of_range(field: str, value: int) -> str:
 
 def fits_int64(values: Sequence[int | None]) -> bool:
     present = [v for v in values if v is not None]
-    return not present or (INT64_MIN <= min(present) and max(present) <= INT64_MAX)
+    return not present or (min(present) >= INT64_MIN and max(present) <= INT64_MAX)
 
 
 def wrong_length(field: str, values: int, tokens: int) -> str:
@@ -253,6 +253,18 @@ def check_unique_calls(calls: Sequence[Call], episode: str) -> None:
                 call.id,
             )
         seqs[call.seq] = call.id
+
+
+def duplicate_episode(episode: str, first: str, file: str, line: int | None = None) -> Problem:
+    """An episode id seen earlier in the same file (`first` says where): the later copy is
+    not used."""
+    return Problem(
+        f"episode id appears twice in the file (first at {first}); this copy is not used",
+        file=file,
+        line=line,
+        episode=episode,
+        kind="duplicate",
+    )
 
 
 def resolve_prompts(calls: Sequence[Call], prompt_from: Sequence[str | None], episode: str) -> None:

@@ -19,13 +19,13 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from callgrove.episode.binary import BinaryEpisodeWriter, read_binary_episodes
-from callgrove.episode.checks import check_episode
+from callgrove.episode.checks import check_episode, duplicate_episode
 from callgrove.episode.codec import share_histories
 from callgrove.episode.io import EpisodeWriter, read_located_episodes
 from callgrove.episode.record import Episode
 from callgrove.formats.jsonl import iter_lines
 from callgrove.formats.output import output_error
-from callgrove.formats.problems import Diagnostics
+from callgrove.formats.problems import Diagnostics, InputError
 
 JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".json", ".gz", ".zst")
 
@@ -120,8 +120,28 @@ def load_located(
     format: str | None = None,
     **options: Any,
 ) -> Iterator[tuple[int, Episode]]:
-    """Stream `(line, Episode)`; in a binary file the line is the episode's row, from 1."""
-    return format_for(path, format).read(path, diagnostics, **options)
+    """Stream `(line, Episode)`; in a binary file the line is the episode's row, from 1.
+
+    An episode id is unique within a file: a later episode with an earlier one's id is an
+    error (recorded in `diagnostics` and skipped, or raised without them), never a second copy.
+    """
+    episodes = format_for(path, format).read(path, diagnostics, **options)
+    return _unique_ids(episodes, str(path), diagnostics)
+
+
+def _unique_ids(
+    episodes: Iterator[tuple[int, Episode]], file: str, diagnostics: Diagnostics | None
+) -> Iterator[tuple[int, Episode]]:
+    first_lines: dict[str, int] = {}
+    for line, episode in episodes:
+        first = first_lines.setdefault(episode.id, line)
+        if first == line:
+            yield line, episode
+            continue
+        problem = duplicate_episode(episode.id, f"line {first}", file, line)
+        if diagnostics is None:
+            raise InputError(problem)
+        diagnostics.add(problem)
 
 
 def load(
@@ -143,8 +163,10 @@ class CheckedWriter:
     (an `InputError` naming the episode and call refuses it, and nothing of it is written) and
     its prompts are held compactly before the form writes it."""
 
-    def __init__(self, writer: EpisodeSink):
+    def __init__(self, writer: EpisodeSink, path: str):
         self.writer = writer
+        self.path = path
+        self.written: dict[str, int] = {}  # episode id -> its line (row) in this write
 
     @property
     def lines(self) -> int:
@@ -152,6 +174,11 @@ class CheckedWriter:
 
     def write(self, episode: Episode) -> None:
         check_episode(episode)
+        line = len(self.written) + 1
+        first = self.written.setdefault(episode.id, line)
+        if first != line:
+            where = f"episode {first} of this write"
+            raise InputError(duplicate_episode(episode.id, where, self.path))
         share_histories(episode.agents)
         self.writer.write(episode)
 
@@ -182,7 +209,7 @@ def open_writer(
     form = format_for(path, format, sniff=append)
     if form.open_writer is None:
         raise ValueError(f"{path}: episodes cannot be written as {form.name}")
-    return CheckedWriter(form.open_writer(Path(path), append))
+    return CheckedWriter(form.open_writer(Path(path), append), str(path))
 
 
 def save(
