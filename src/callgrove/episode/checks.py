@@ -16,12 +16,25 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
+from msgspec import UNSET
 
 from callgrove.episode.record import AGENT_STARTS, PURPOSES, RUN_TYPES, Call, Episode
 from callgrove.formats.problems import InputError, Problem
-from callgrove.formats.wire import WireRun
+from callgrove.formats.wire import WireEpisode, WireRun
 
 EMPTY_COMPLETION = "completion_ids is empty (a call samples at least one token)"
+
+# The fields the format requires (docs/episode-format.md, section 1) that a record might lack:
+# a JSON line that leaves one out, or a null in a binary column that holds no nulls. The rest
+# (`format`, the ids, `seq`, `completion_ids`, an error's `type`) the JSON
+# decoder requires by itself. Only `kept` has a default (true); `rewards` of an agent, and
+# callgrove's extras, are optional.
+REQUIRED_EPISODE = ("group", "env", "task", "run", "ok", "errors", "rewards", "agents")
+REQUIRED_ENV = ("id", "name")
+REQUIRED_RUN = ("id", "type", "step", "policy")
+REQUIRED_ERROR = ("message",)
+REQUIRED_AGENT = ("name", "parent", "start", "trainable", "calls")
+REQUIRED_CALL = ("logprobs", "policy_version", "purpose")
 
 
 def fail(message: str, episode: str | None, call: str | None = None) -> InputError:
@@ -30,6 +43,33 @@ def fail(message: str, episode: str | None, call: str | None = None) -> InputErr
 
 def unexpected(subject: str, value: object, allowed: Sequence[str]) -> str:
     return f"{subject} {value!r}, expected one of {', '.join(allowed)}"
+
+
+def lacks(subject: str, names: Sequence[str]) -> str:
+    plural = "s" if len(names) > 1 else ""
+    return f"{subject} lacks required field{plural} {', '.join(names)} (nothing is filled in)"
+
+
+def check_present(wire: WireEpisode) -> None:
+    """Every field the format requires is in the record; the reading form (`formats.wire`)
+    leaves a field the line lacks unset."""
+
+    def require(record: object, names: Sequence[str], subject: str, call: str | None = None):
+        gone = [name for name in names if getattr(record, name) is UNSET]
+        if gone:
+            raise fail(lacks(subject, gone), wire.id, call)
+
+    require(wire, REQUIRED_EPISODE, "episode")
+    if wire.env is not None:
+        require(wire.env, REQUIRED_ENV, "env")
+    if wire.run is not None:
+        require(wire.run, REQUIRED_RUN, "run")
+    for index, error in enumerate(wire.errors):
+        require(error, REQUIRED_ERROR, f"errors[{index}]")
+    for agent in wire.agents:
+        require(agent, REQUIRED_AGENT, f"agent {agent.id!r}")
+        for call in agent.calls:
+            require(call, REQUIRED_CALL, "call", call.id)
 
 
 def negative_token(field: str) -> str:
@@ -174,8 +214,12 @@ def call_problems(columns: CallColumns) -> dict[int, str]:
     for index, purpose in enumerate(columns.purposes):
         advantage = columns.advantage[index]
         seq, version = columns.seqs[index], columns.policy_versions[index]
-        if None in (columns.ids[index], seq, columns.kept[index]):
-            flag([index], "call lacks its id, seq or kept")
+        # only a binary column can hold such nulls: the JSON decoder requires these fields
+        values = {"id": columns.ids[index], "seq": seq, "purpose": purpose}
+        values["kept"] = columns.kept[index]
+        gone = [name for name, value in values.items() if value is None]
+        if gone:
+            flag([index], lacks("call", gone))
         elif not fits_int64([seq]):
             flag([index], out_of_range("seq", seq))  # type: ignore[arg-type]
         elif not fits_int64([version]):

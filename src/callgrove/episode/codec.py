@@ -17,6 +17,7 @@ from callgrove.episode.checks import (
     CallColumns,
     call_problems,
     check_agents,
+    check_present,
     check_run,
     check_unique_calls,
     fail,
@@ -33,7 +34,15 @@ from callgrove.episode.record import (
     Episode,
     share_histories,
 )
-from callgrove.formats.wire import FORMAT, WireAgent, WireCall, WireEpisode
+from callgrove.formats.wire import (
+    FORMAT,
+    WireAgent,
+    WireCall,
+    WireEnv,
+    WireEpisode,
+    WireError,
+    WireRun,
+)
 
 _TOKEN_MAX = np.iinfo(TOKEN_DTYPE).max
 
@@ -111,6 +120,7 @@ def episode_from_wire(wire: WireEpisode) -> Episode:
     """Build and validate the record. Raises `InputError` naming the episode and the call."""
     if wire.format != FORMAT:
         raise fail(f"format is {wire.format!r}, expected {FORMAT!r}", wire.id)
+    check_present(wire)
     check_run(wire.id, wire.run, wire.rewards)
     check_agents(wire.agents, wire.id)
     agents = [_agent_from_wire(a, wire.id) for a in wire.agents]
@@ -125,12 +135,24 @@ def episode_from_wire(wire: WireEpisode) -> Episode:
     share_histories(agents)
     return Episode(
         agents=agents,
-        errors=list(wire.errors),
+        errors=[_plain(error) for error in wire.errors],
         rewards=dict(wire.rewards),
         gaps=None if wire.gaps is UNSET else gaps_from_json(wire.gaps, wire.id),
-        **{name: getattr(wire, name) for name in _PLAIN_EPISODE_FIELDS},
+        **{name: _plain(getattr(wire, name)) for name in _PLAIN_EPISODE_FIELDS},
         **{name: _none_if_unset(getattr(wire, name)) for name in _OPTIONAL_EPISODE_FIELDS},
     )
+
+
+_PARTS = (WireEnv, WireRun, WireError)
+
+
+def _plain(value: Any) -> Any:
+    """A part decoded in its reading form (`formats.wire`) as the struct code builds; any other
+    value as it is."""
+    for kind in _PARTS:
+        if isinstance(value, kind) and type(value) is not kind:
+            return kind(**msgspec.structs.asdict(value))
+    return value
 
 
 def _agent_from_wire(wire: WireAgent, episode: str) -> Agent:

@@ -87,20 +87,53 @@ class WireEpisode(msgspec.Struct, kw_only=True):
     meta: dict[str, Any] | UnsetType = UNSET
 
 
+# The reading forms: every field the format requires but the structs above default (so that
+# code can build records briefly) is unset when a line lacks it, and `episode.checks` refuses
+# the record naming the field; nothing is filled in.
 class _ReadCall(WireCall, kw_only=True):
     # Token lists are kept as their raw JSON text when reading: `episode.codec.token_array`
     # parses them straight into numpy, much faster than building Python int lists first.
     prompt_ids: msgspec.Raw | UnsetType = UNSET
     prompt_suffix_ids: msgspec.Raw | UnsetType = UNSET
     completion_ids: msgspec.Raw
+    logprobs: list[float] | UnsetType | None = UNSET
+    policy_version: int | UnsetType | None = UNSET
+    purpose: str | UnsetType = UNSET
 
 
 class _ReadAgent(WireAgent, kw_only=True):
-    calls: list[_ReadCall] = []
+    name: str | UnsetType = UNSET
+    parent: str | UnsetType | None = UNSET
+    start: str | UnsetType = UNSET
+    trainable: bool | UnsetType = UNSET
+    calls: list[_ReadCall] | UnsetType = UNSET
+
+
+class _ReadEnv(WireEnv, kw_only=True):
+    id: str | UnsetType | None = UNSET
+    name: str | UnsetType | None = UNSET
+
+
+class _ReadRun(WireRun, kw_only=True):
+    id: str | UnsetType | None = UNSET
+    type: str | UnsetType = UNSET
+    step: int | UnsetType | None = UNSET
+    policy: WirePolicy | UnsetType | None = UNSET
+
+
+class _ReadError(WireError, kw_only=True):
+    message: str | UnsetType = UNSET
 
 
 class _ReadEpisode(WireEpisode, kw_only=True):
-    agents: list[_ReadAgent] = []
+    group: str | UnsetType | None = UNSET
+    env: _ReadEnv | UnsetType | None = UNSET
+    task: Any = UNSET
+    run: _ReadRun | UnsetType | None = UNSET
+    ok: bool | UnsetType = UNSET
+    errors: list[_ReadError] | UnsetType = UNSET
+    rewards: dict[str, float] | UnsetType = UNSET
+    agents: list[_ReadAgent] | UnsetType = UNSET
 
 
 episode_decoder = msgspec.json.Decoder(_ReadEpisode)

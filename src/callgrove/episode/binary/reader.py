@@ -33,6 +33,7 @@ from callgrove.episode.checks import (
     check_run,
     check_unique_calls,
     fail,
+    lacks,
     raise_first,
     resolve_prompts,
 )
@@ -234,6 +235,7 @@ class _Batch:
         self.objectives = column("objective").to_pylist()
         self.gaps = column("gaps").to_pylist()
         self.metas = column("meta").to_pylist()
+        self.agents_null = column("agents").is_null().to_pylist()
         self.agent_offsets, agents = _relative_offsets(column("agents"))
         self.agent_ids = agents.field("id").to_pylist()
         self.agent_names = agents.field("name").to_pylist()
@@ -242,14 +244,19 @@ class _Batch:
         self.agent_trainable = agents.field("trainable").to_pylist()
         self.agent_rewards = agents.field("rewards").to_pylist()
         self.agent_metas = agents.field("meta").to_pylist()
+        self.calls_null = agents.field("calls").is_null().to_pylist()
         self.call_offsets, calls = _relative_offsets(agents.field("calls"))
         self.calls = _Calls(calls)
         self.built = self.calls.build_all()
 
     def episode(self, row: int) -> Episode:
         episode_id = self.ids[row]
-        if episode_id is None or self.oks[row] is None:
-            raise InputError(Problem("episode lacks its id or ok"))
+        # Columns that hold no nulls in a sound file: a null is a field the record lacks.
+        values = {"id": episode_id, "ok": self.oks[row], "errors": self.errors[row]}
+        values |= {"rewards": self.rewards[row], "agents": not self.agents_null[row] or None}
+        gone = [name for name, value in values.items() if value is None]
+        if gone:
+            raise InputError(Problem(lacks("episode", gone), episode=episode_id))
         episode = Episode(
             id=episode_id,
             group=self.groups[row],
@@ -257,8 +264,8 @@ class _Batch:
             task=_decode_json(self.tasks[row]),
             run=_run(self.runs[row]),
             ok=self.oks[row],
-            errors=[_error(e) for e in self.errors[row] or []],
-            rewards=dict(self.rewards[row] or []),
+            errors=[_error(e, index) for index, e in enumerate(self.errors[row])],
+            rewards=dict(self.rewards[row]),
             objective=self.objectives[row],
             gaps=gaps_from_json(_decode_json(self.gaps[row]), episode_id),
             meta=_decode_json(self.metas[row]),
@@ -278,12 +285,14 @@ class _Batch:
 
     def _agent(self, index: int, episode: str) -> Agent:
         agent_id, start = self.agent_ids[index], self.agent_starts[index]
-        if (
-            agent_id is None
-            or self.agent_names[index] is None
-            or self.agent_trainable[index] is None
-        ):
-            raise fail("agent lacks its id, name or trainable", episode)
+        values = {"id": agent_id, "name": self.agent_names[index], "start": start}
+        values |= {
+            "trainable": self.agent_trainable[index],
+            "calls": not self.calls_null[index] or None,
+        }
+        gone = [name for name, value in values.items() if value is None]
+        if gone:
+            raise fail(lacks("agent" if agent_id is None else f"agent {agent_id!r}", gone), episode)
         rewards = self.agent_rewards[index]
         spawn, meta = split_spawn(_decode_json(self.agent_metas[index]))
         first, end = self.call_offsets[index], self.call_offsets[index + 1]
@@ -308,10 +317,20 @@ def _decode_json(text: str | None) -> Any:
         raise InputError(Problem(f"not valid JSON: {text[:40]!r}")) from None
 
 
+def _require(value: dict[str, Any], names: tuple[str, ...], subject: str) -> None:
+    """Fields of a nested part that hold no nulls in a sound file."""
+    gone = [name for name in names if value[name] is None]
+    if gone:
+        raise fail(lacks(subject, gone), None)
+
+
 def _run(value: dict[str, Any] | None) -> WireRun | None:
     if value is None:
         return None
+    _require(value, ("type",), "run")
     policy = value["policy"]
+    if policy is not None:
+        _require(policy, ("start", "end"), "run.policy")
     return WireRun(
         id=value["id"],
         type=value["type"],
@@ -320,10 +339,11 @@ def _run(value: dict[str, Any] | None) -> WireRun | None:
     )
 
 
-def _error(value: dict[str, Any]) -> WireError:
+def _error(value: dict[str, Any], index: int) -> WireError:
+    _require(value, ("type", "message"), f"errors[{index}]")
     return WireError(
         type=value["type"],
-        message=value["message"] or "",
+        message=value["message"],
         agent=msgspec.UNSET if value["agent"] is None else value["agent"],
         call=msgspec.UNSET if value["call"] is None else value["call"],
     )
