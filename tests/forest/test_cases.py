@@ -241,16 +241,22 @@ def test_full_prompts_read_from_a_file_share_their_history_in_memory(tmp_path):
     wire = {
         "format": "callgrove.episode/1",
         "id": "full",
+        **{"group": None, "env": None, "task": None, "run": None},
+        **{"ok": True, "errors": [], "rewards": {"solved": 1.0}},
         "agents": [
             {
                 "id": "L",
                 "name": "leader",
+                **{"parent": None, "start": "root", "trainable": True},
                 "calls": [
                     {
                         "id": c.id,
                         "seq": c.seq,
                         "prompt_ids": c.prompt_ids().tolist(),
                         "completion_ids": c.completion_ids.tolist(),
+                        "logprobs": None,
+                        "policy_version": None,
+                        "purpose": "turn",
                     }
                     for c in leader.calls
                 ],
