@@ -200,6 +200,64 @@ def test_sigkilled_new_file_write_leaves_the_earlier_file_whole(tmp_path, suffix
         assert _ids(path) == ["before-0", "before-1", "after"]
 
 
+def _temporaries(folder: Path) -> list[Path]:
+    return sorted(folder.glob(".*.partial"))
+
+
+def _age(paths: list[Path]) -> None:
+    """Make files look as old as a crashed run's leftovers (older than any write starting)."""
+    old = time.time() - 3600
+    for path in paths:
+        os.utime(path, (old, old))
+
+
+@pytest.mark.parametrize(
+    ("suffix", "then"),
+    [*((s, "save") for s in SUFFIXES), *((s, "append") for s in LINE_SUFFIXES)],
+)
+def test_temporaries_of_a_killed_writer_are_removed_by_the_next_write(tmp_path, suffix, then):
+    path = tmp_path / f"traces{suffix}"
+    save(path, [healthy("before")])
+    _run_and_kill(path, append=False, after=0)
+    _run_and_kill(path, append=False, after=0)
+    leftovers = _temporaries(tmp_path)
+    assert len(leftovers) == 2  # what a SIGKILL leaves: nothing could remove them
+    _age(leftovers)
+    with pytest.warns(output.LeftoverWarning, match="removed 2 temporary file"):
+        if then == "save":
+            save(path, [*load(path), healthy("after")])
+        else:
+            with EpisodeWriter(path, append=True) as writer:
+                writer.write(healthy("after"))
+    assert _temporaries(tmp_path) == []
+    assert _ids(path) == ["before", "after"]
+
+
+@pytest.mark.parametrize("suffix", SUFFIXES)
+def test_a_live_writers_temporary_is_left_alone(tmp_path, suffix):
+    path = tmp_path / f"traces{suffix}"
+    first = open_writer(path)
+    first.write(healthy("first"))
+    (live,) = _temporaries(tmp_path)
+    _age([live])  # however long it has been writing
+    save(path, [healthy("second")])
+    assert live.exists()
+    first.close()
+    assert _ids(path) == ["first"] and _temporaries(tmp_path) == []
+
+
+def test_a_temporary_just_created_is_left_alone(tmp_path):
+    path = tmp_path / "traces.jsonl"
+    young = tmp_path / ".traces.jsonl.abc123.partial"
+    young.write_bytes(b"")  # unlocked, but its writer may be about to lock it
+    save(path, [healthy()])
+    assert young.exists()
+    _age([young])
+    with pytest.warns(output.LeftoverWarning, match=young.name):
+        save(path, [healthy()])
+    assert not young.exists()
+
+
 def test_short_appends_from_many_threads_take_turns(tmp_path):
     path = tmp_path / "traces.jsonl"
 

@@ -7,6 +7,11 @@ writers of one target never mix their bytes, and a file can be rewritten from it
 (`save(p, load(p))`). Appending is for logs that must survive a crash line by line: the file is
 held under an advisory lock (`flock`) for as long as it is open, so a second appender waits its
 turn (or, past `LOCK_WAIT_S`, is refused) instead of interleaving lines.
+
+A writer holds a lock on its temporary file while it lives; the kernel drops it when the
+process dies, however it dies. The next write to the same target removes the temporary files
+whose lock is free (their writer is gone) and says so with a warning; a live writer's file is
+left alone.
 """
 
 from __future__ import annotations
@@ -14,9 +19,11 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import glob
 import os
 import tempfile
 import time
+import warnings
 from pathlib import Path
 from typing import IO
 
@@ -37,6 +44,49 @@ def output_error(path: str | os.PathLike[str], error: OSError | str) -> InputErr
     return InputError(Problem(f"cannot write: {reason}", file=str(path), kind="output"))
 
 
+_PARTIAL = ".partial"
+# A temporary file younger than this is never removed: its writer may not have locked it yet.
+LEFTOVER_AGE_S = 2.0
+
+
+class LeftoverWarning(UserWarning):
+    """Temporary files of earlier writes that never finished were removed."""
+
+
+def _temporary_pattern(path: Path) -> str:
+    return str(path.parent / f".{glob.escape(path.name)}.*{_PARTIAL}")
+
+
+def remove_leftovers(path: str | os.PathLike[str]) -> list[Path]:
+    """Remove the temporary files of earlier writes to `path` whose writer is dead (nobody
+    holds their lock), warn about them, and return them."""
+    removed = []
+    now = time.time()
+    for name in glob.glob(_temporary_pattern(Path(path))):
+        try:
+            handle = os.open(name, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            if now - os.fstat(handle).st_mtime < LEFTOVER_AGE_S:
+                continue
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.unlink(name)
+            removed.append(Path(name))
+        except OSError:  # locked: its writer is alive (or it is already gone)
+            continue
+        finally:
+            os.close(handle)
+    if removed:
+        warnings.warn(
+            f"{path}: removed {len(removed)} temporary file(s) left by earlier writes that "
+            f"were killed before they finished: {', '.join(p.name for p in removed)}",
+            LeftoverWarning,
+            stacklevel=3,
+        )
+    return removed
+
+
 class NewFile:
     """A file being written under a temporary name beside `path`; `commit()` moves it into
     place, `discard()` removes it. Nothing at `path` changes before `commit()`."""
@@ -47,13 +97,16 @@ class NewFile:
             raise output_error(self.path, "it is a folder")
         try:
             handle, name = tempfile.mkstemp(
-                prefix=f".{self.path.name}.", suffix=".partial", dir=self.path.parent
+                prefix=f".{self.path.name}.", suffix=_PARTIAL, dir=self.path.parent
             )
         except OSError as error:
             raise output_error(self.path, error) from None
-        os.close(handle)
+        # held until commit or discard (or the process's death): tells later writers it lives
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        self._lock: int | None = handle
         os.chmod(name, 0o666 & ~_UMASK)
         self.temp = Path(name)
+        remove_leftovers(self.path)
 
     def commit(self) -> None:
         """Make the written file durable and move it onto its target in one step."""
@@ -64,6 +117,7 @@ class NewFile:
         except OSError as error:
             self.discard()
             raise output_error(self.path, error) from None
+        self._unlock()
         with contextlib.suppress(OSError):  # make the rename itself durable where possible
             folder = os.open(self.path.parent, os.O_RDONLY)
             try:
@@ -73,6 +127,12 @@ class NewFile:
 
     def discard(self) -> None:
         self.temp.unlink(missing_ok=True)
+        self._unlock()
+
+    def _unlock(self) -> None:
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None
 
 
 # How long an appender waits for another one to finish before it is refused: short appends
@@ -88,6 +148,7 @@ def open_locked_append(path: str | os.PathLike[str]) -> IO[bytes]:
     path that cannot be written raises `InputError` too. The lock lasts until the returned file
     is closed.
     """
+    remove_leftovers(path)
     deadline = time.monotonic() + LOCK_WAIT_S
     while True:
         try:
