@@ -586,20 +586,24 @@ def check_command(
     ] = False,
     max_identical: MaxIdentical = 1,
 ) -> None:
-    """Check every row invariant; print a line per episode and a total; exit 1 on any violation."""
+    """Check every row invariant; print a line per episode and a total; exit 1 on any violation.
+
+    Episodes are checked and printed as they are read (the table in blocks, the JSON object's
+    episodes one by one), so memory does not grow with the number of episodes."""
     outcome = Outcome()
-    table = Table(title="row invariants", title_justify="left", box=box.SIMPLE_HEAD)
-    for name in ("episode", "kept calls", "rows", "check"):
-        table.add_column(name, justify="right" if name in ("kept calls", "rows") else "left")
+    table = _check_table(first=True)
     totals = RowTotals()
-    records = []
     settings = RowSettings(max_identical_trained=max_identical)
     for result in episode_rows(files, settings, outcome):
         summary = check_rows(result)
-        totals.add(result, summary)
         if as_json:
-            records.append(_check_record(summary))
+            # the object is opened with its first episode: a usage error prints nothing
+            separator = b"," if totals.episodes else b'{"episodes":['
+            sys.stdout.buffer.write(separator + orjson.dumps(_check_record(summary)))
         else:
+            if table.row_count == CHECK_BLOCK:
+                out.print(table)
+                table = _check_table(first=False)
             mark = cell("ok", "green") if summary.ok else cell("FAIL", "red")
             table.add_row(
                 cell(result.episode.id),
@@ -607,6 +611,7 @@ def check_command(
                 f"{summary.rows:,}",
                 mark.append(f" {summary.line()}", style=""),
             )
+        totals.add(result, summary)
         for violation in summary.violations:
             err.print(f"[red]violation[/]: {safe(violation)}")
     status = outcome.report()
@@ -619,11 +624,24 @@ def check_command(
             "violations": totals.violations,
             "ok": not totals.violations and status == EXIT_OK,
         }
-        sys.stdout.buffer.write(orjson.dumps({"episodes": records, "total": total}) + b"\n")
+        opening = b"" if totals.episodes else b'{"episodes":['
+        sys.stdout.buffer.write(opening + b'],"total":' + orjson.dumps(total) + b"}\n")
     else:
         out.print(table)
         out.print(f"total: {totals.check_line()}")
     raise typer.Exit(EXIT_FAILED if totals.violations else status)
+
+
+# `check` prints its table in blocks of this many episodes as it goes.
+CHECK_BLOCK = 1000
+
+
+def _check_table(first: bool) -> Table:
+    title = "row invariants" if first else None
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, show_header=first)
+    for name in ("episode", "kept calls", "rows", "check"):
+        table.add_column(name, justify="right" if name in ("kept calls", "rows") else "left")
+    return table
 
 
 def _check_record(summary: CheckSummary) -> dict[str, object]:
