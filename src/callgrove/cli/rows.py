@@ -304,7 +304,7 @@ def _print_jsonl(result: EpisodeRows, tokens: bool) -> None:
 
 # Rows are buffered up to this many tokens, then written as one Parquet row group: groups big
 # enough to read fast, memory bounded by one group whatever the input's size.
-ROW_GROUP_TOKENS = 4_000_000
+ROW_GROUP_TOKENS = 1_000_000
 
 
 class _RowSink:
