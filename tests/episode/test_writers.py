@@ -221,9 +221,11 @@ def test_temporaries_of_a_killed_writer_are_removed_by_the_next_write(tmp_path, 
     _run_and_kill(path, append=False, after=0)
     _run_and_kill(path, append=False, after=0)
     leftovers = _temporaries(tmp_path)
-    assert len(leftovers) == 2  # what a SIGKILL leaves: nothing could remove them
+    # what a SIGKILL leaves; the second writer may already have removed the first one's, once
+    # it was old enough (a binary writer touches its file only when a batch is full)
+    assert 1 <= len(leftovers) <= 2
     _age(leftovers)
-    with pytest.warns(output.LeftoverWarning, match="removed 2 temporary file"):
+    with pytest.warns(output.LeftoverWarning, match=f"removed {len(leftovers)} temporary file"):
         if then == "save":
             save(path, [*load(path), healthy("after")])
         else:
