@@ -150,8 +150,8 @@ def sft_figures(model, model_name: str, steps: int, max_len: int, max_rows: int)
     )
     learner = HFLearner(
         model,
-        LearnerSettings(learning_rate=2e-4, batching="tree", tree_scope="episode"),
-        HFOptions(objective="sft", lora=LoraSettings(rank=16)),
+        LearnerSettings(learning_rate=2e-4, batching="tree", tree_scope="episode", objective="sft"),
+        HFOptions(lora=LoraSettings(rank=16)),
     )
     losses = []
     for step in range(steps):

@@ -52,9 +52,9 @@ def assert_same_parameters(a, b):
 @pytest.mark.parametrize("objective", ["rl", "sft"])
 def test_packed_micro_batches_step_like_the_tree_packed_step(objective):
     samples = group_samples(supervised=objective == "sft")
-    tree = learner(LearnerSettings(learning_rate=1e-2), objective=objective)
+    tree = learner(LearnerSettings(learning_rate=1e-2, objective=objective))
     packed = learner(
-        LearnerSettings(learning_rate=1e-2, batching="packed", seq_len=80), objective=objective
+        LearnerSettings(learning_rate=1e-2, batching="packed", seq_len=80, objective=objective)
     )
     assert len(packed.model_batches(samples)) > 1
     tree_report, packed_report = tree.train_step(samples), packed.train_step(samples)
@@ -75,11 +75,11 @@ def test_supervised_samples_have_no_advantages_and_their_loss_falls():
     samples = group_samples(supervised=True)
     assert all(s.advantages is None for s in samples)
     assert sum(s.num_loss_tokens for s in samples) > 0
-    sft = learner(LearnerSettings(learning_rate=3e-2), objective="sft")
+    sft = learner(LearnerSettings(learning_rate=3e-2, objective="sft"))
     losses = [sft.train_step(samples).loss for _ in range(8)]
     assert losses[-1] < 0.8 * losses[0], losses
     with pytest.raises(ValueError, match="advantages"):
-        learner(LearnerSettings(), objective="rl").train_step(samples)
+        learner(LearnerSettings(objective="rl")).train_step(samples)
 
 
 def test_finalize_group_refuses_supervised_episodes():

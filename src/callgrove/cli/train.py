@@ -25,7 +25,8 @@ def train_command(
     ] = None,
     quiet: Annotated[bool, typer.Option(help="no live display")] = False,
 ) -> None:
-    """Train: episodes of the configured environment, scored by groups, tree-packed steps.
+    """Train: episodes of the configured environment, scored by groups, tree-packed steps
+    (or, with train.objective=sft, cross-entropy on the sessions and episodes of [data]).
 
     Writes OUT/step_N/{train,eval}/traces.jsonl, metrics.jsonl, config.toml, a checkpoint and
     rewards.png; run the same command again after a crash to continue from the checkpoint.
@@ -56,9 +57,12 @@ def train_command(
         if "train/all/episode/reward/mean" in m
     ]
     reward = rewards[-1] if rewards else None
+    sft = resolved.train.objective == "sft"
+    losses = [m["train/loss"] for m in summary.metrics if sft and "train/loss" in m]
     out.print(
         f"trained steps {summary.first_step + 1}..{summary.last_step} into {summary.out}"
         + (f" · last reward {reward:.3f}" if reward is not None else "")
+        + (f" · loss {losses[0]:.3f} -> {losses[-1]:.3f}" if losses else "")
         + (f" · plot {summary.plot}" if summary.plot else ""),
         markup=False,
     )

@@ -93,6 +93,20 @@ class RaySection(_Section):
     env_workers: int = 2
 
 
+class DataSection(_Section):
+    """`[data]`: what `[train] objective = "sft"` trains on instead of episodes of `[env]`."""
+
+    paths: list[str] = []
+    """Folders or files of Claude Code sessions, Codex rollouts or callgrove episode files
+    (JSON Lines; each file's kind is read from its first lines)."""
+    rows_per_step: int = 8
+    max_row_tokens: int = 0
+    """Cut each row to its first this many tokens (0: whole rows)."""
+    allow_dropped_content: bool = False
+    """Train even where the model's chat template leaves message content (such as tool calls)
+    out of the tokens; counted and reported. By default that is an error."""
+
+
 class TrainConfig(_Section):
     run: RunSection = msgspec.field(default_factory=RunSection)
     env: EnvSection = msgspec.field(default_factory=EnvSection)
@@ -104,6 +118,7 @@ class TrainConfig(_Section):
     degeneracy: DegeneracySection = msgspec.field(default_factory=DegeneracySection)
     monitor: MonitorSection = msgspec.field(default_factory=MonitorSection)
     ray: RaySection = msgspec.field(default_factory=RaySection)
+    data: DataSection = msgspec.field(default_factory=DataSection)
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from callgrove.orchestrator.config import Resolved, TrainConfig, resolve, to_tom
 from callgrove.orchestrator.dispatcher import Dispatcher
 from callgrove.orchestrator.envs import make_env
 from callgrove.orchestrator.step import make_algorithm, prepare_step
+from callgrove.orchestrator.supervised import SupervisedSummary, train_supervised
 from callgrove.policy.backends import PolicyBackend, build_policy
 
 
@@ -36,9 +37,13 @@ class RunSummary:
     unused_episodes: int = 0
 
 
-def train(config: TrainConfig, console: Console | None = None) -> RunSummary:
-    """Run (or resume) the training described by `config`; returns where it wrote what."""
-    return asyncio.run(train_async(config, console or Console(stderr=True)))
+def train(config: TrainConfig, console: Console | None = None) -> RunSummary | SupervisedSummary:
+    """Run (or resume) the training described by `config`; returns where it wrote what.
+    `[train] objective = "sft"` trains on `[data]` (`callgrove.orchestrator.supervised`)."""
+    console = console or Console(stderr=True)
+    if config.train.objective == "sft":
+        return train_supervised(config, console)
+    return asyncio.run(train_async(config, console))
 
 
 async def train_async(config: TrainConfig, console: Console) -> RunSummary:

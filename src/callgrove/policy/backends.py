@@ -9,12 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from callgrove.policy.learner import Learner, TrainableSampler
 from callgrove.policy.render import CharRenderer, Renderer
+
+if TYPE_CHECKING:
+    from callgrove.train.learner import LearnerSettings
 
 
 class ModelSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -42,6 +46,26 @@ class LearnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     clip_low: float = 0.2
     clip_high: float = 0.2
     normalisation: str = "token"
+    objective: str = "rl"
+    """`rl` (episodes of `[env]`, the clipped policy-gradient loss) or `sft` (the episodes of
+    `[data]`, cross-entropy on their assistant tokens)."""
+
+
+def learner_settings(learner: LearnerConfig) -> LearnerSettings:
+    """The learner's settings (`callgrove.train.learner.LearnerSettings`) from `[train]`."""
+    from callgrove.train import LossSettings
+    from callgrove.train.learner import LearnerSettings
+
+    return LearnerSettings(
+        learning_rate=learner.learning_rate,
+        weight_decay=learner.weight_decay,
+        max_grad_norm=learner.max_grad_norm,
+        batching=learner.batching,
+        tree_scope=learner.tree_scope,
+        seq_len=learner.seq_len,
+        loss=LossSettings(learner.clip_low, learner.clip_high, learner.normalisation),
+        objective=learner.objective,
+    )
 
 
 @dataclass
@@ -49,6 +73,9 @@ class PolicyBackend:
     learner: Learner
     sampler: TrainableSampler
     renderer: Renderer
+    model_folder: Path | None = None
+    """The model's checkpoint folder (its tokenizer and chat template render imported
+    transcripts for supervised training); None for a model without one."""
 
 
 BackendFactory = Callable[[ModelSettings, LearnerConfig, int], PolicyBackend]
@@ -70,8 +97,8 @@ def build_policy(model: ModelSettings, learner: LearnerConfig, seed: int) -> Pol
 def _tiny(model: ModelSettings, learner: LearnerConfig, seed: int) -> PolicyBackend:
     """The reference decoder over the character vocabulary of the built-in environments."""
     from callgrove.policy.local import LocalSampler
-    from callgrove.train import LossSettings, TinyConfig
-    from callgrove.train.learner import LearnerSettings, TinyLearner
+    from callgrove.train import TinyConfig
+    from callgrove.train.learner import TinyLearner
 
     renderer = CharRenderer()
     config = TinyConfig(
@@ -81,16 +108,7 @@ def _tiny(model: ModelSettings, learner: LearnerConfig, seed: int) -> PolicyBack
         n_layers=model.n_layers,
         d_ff=model.d_ff,
     )
-    settings = LearnerSettings(
-        learning_rate=learner.learning_rate,
-        weight_decay=learner.weight_decay,
-        max_grad_norm=learner.max_grad_norm,
-        batching=learner.batching,
-        tree_scope=learner.tree_scope,
-        seq_len=learner.seq_len,
-        loss=LossSettings(learner.clip_low, learner.clip_high, learner.normalisation),
-    )
-    trainer = TinyLearner(config, settings, seed)
+    trainer = TinyLearner(config, learner_settings(learner), seed)
     from callgrove.train import TinyDecoder
 
     sampler_model = TinyDecoder(config)

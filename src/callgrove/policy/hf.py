@@ -17,7 +17,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from callgrove.episode import TOKEN_DTYPE
-from callgrove.policy.backends import LearnerConfig, ModelSettings, PolicyBackend
+from callgrove.policy.backends import (
+    LearnerConfig,
+    ModelSettings,
+    PolicyBackend,
+    learner_settings,
+)
 from callgrove.policy.local import LocalSampler
 from callgrove.policy.render import ROLES
 from callgrove.train.decode import Decoded, DecodeRequest
@@ -29,7 +34,6 @@ if TYPE_CHECKING:
 HF_OPTIONS = {
     "attention": "sdpa",
     "dtype": "float32",
-    "objective": "rl",
     "lora_rank": 0,
     "lora_alpha": 32.0,
     "gradient_checkpointing": False,
@@ -118,10 +122,8 @@ def hf_backend(model: ModelSettings, learner: LearnerConfig, seed: int) -> Polic
     packaged name); `model.options` as in `HF_OPTIONS`."""
     import torch
 
-    from callgrove.train import LossSettings
-    from callgrove.train.hf_model import load_model
+    from callgrove.train.hf_model import checkpoint_folder, load_model, resolve_model
     from callgrove.train.hf_trainer import HFLearner, HFOptions, LoraSettings
-    from callgrove.train.learner import LearnerSettings
 
     unknown = sorted(set(model.options) - set(HF_OPTIONS))
     if unknown:
@@ -136,20 +138,12 @@ def hf_backend(model: ModelSettings, learner: LearnerConfig, seed: int) -> Polic
         if options["lora_rank"]
         else None
     )
-    settings = LearnerSettings(
-        learning_rate=learner.learning_rate,
-        weight_decay=learner.weight_decay,
-        max_grad_norm=learner.max_grad_norm,
-        batching=learner.batching,
-        tree_scope=learner.tree_scope,
-        seq_len=learner.seq_len,
-        loss=LossSettings(learner.clip_low, learner.clip_high, learner.normalisation),
-    )
     trainer = HFLearner(
         hf_model,
-        settings,
-        HFOptions(options["objective"], lora, bool(options["gradient_checkpointing"])),
+        learner_settings(learner),
+        HFOptions(lora, bool(options["gradient_checkpointing"])),
     )
     sampler_model = copy.deepcopy(trainer.hf_model)
     sampler = HFSampler(sampler_model, tokenizer, seed, model.max_batch)
-    return PolicyBackend(trainer, sampler, ChatTemplateRenderer(tokenizer))
+    folder = checkpoint_folder(resolve_model(model.name))
+    return PolicyBackend(trainer, sampler, ChatTemplateRenderer(tokenizer), folder)

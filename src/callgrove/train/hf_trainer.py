@@ -2,17 +2,14 @@
 
 The step's rows are tree-packed (a trie per group: every distinct token forwarded once) or laid
 end to end in packed micro-batches of at most `seq_len` tokens; either way the loss has one
-denominator over the whole step, so the accumulated gradient is the step's gradient. The
-objective is the clipped policy-gradient loss (`rl`: sampling logprobs and advantages on the
-loss tokens) or cross-entropy on the loss tokens (`sft`: imported transcripts, no advantages).
-LoRA adapters (peft) and gradient checkpointing are options; `save` and `load` keep everything
+denominator over the whole step, so the accumulated gradient is the step's gradient; the
+objective (`rl` or `sft`) is the learner settings' (`callgrove.train.learner`). LoRA adapters (peft) and gradient checkpointing are options; `save` and `load` keep everything
 needed to continue: the trained weights, the optimizer, the version and the random state.
 """
 
 from __future__ import annotations
 
 import shutil
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,13 +17,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from callgrove.batch import Sample
-from callgrove.train.batches import ModelBatch
 from callgrove.train.hf_model import HFPolicyModel
 from callgrove.train.learner import LearnerSettings, ModelLearner
-from callgrove.train.loss import supervised_loss
 
-OBJECTIVES = ("rl", "sft")
 _TRAINER_STATE = "trainer.pt"
 _WEIGHTS = "weights.safetensors"
 
@@ -45,13 +38,8 @@ class LoraSettings:
 class HFOptions:
     """What a Hugging Face model adds to the learner settings."""
 
-    objective: str = "rl"
     lora: LoraSettings | None = None
     gradient_checkpointing: bool = False
-
-    def __post_init__(self) -> None:
-        if self.objective not in OBJECTIVES:
-            raise ValueError(f"objective must be one of {OBJECTIVES}, not {self.objective!r}")
 
 
 class HFLearner(ModelLearner):
@@ -76,16 +64,6 @@ class HFLearner(ModelLearner):
     def hf_model(self) -> nn.Module:
         """The trained Hugging Face module (a peft model with LoRA)."""
         return self.model.model
-
-    def loss(self, batch: ModelBatch, denominator: float) -> torch.Tensor:
-        if self.options.objective == "sft":
-            return supervised_loss(self.model, batch, denominator)
-        return super().loss(batch, denominator)
-
-    def _denominator(self, samples: Sequence[Sample], loss_tokens: int) -> float:
-        if self.options.objective == "sft":  # cross-entropy is a mean over tokens
-            return float(max(loss_tokens, 1))
-        return super()._denominator(samples, loss_tokens)
 
     def weights(self) -> dict[str, torch.Tensor]:
         """The trained parameters (the adapters alone with LoRA), detached copies named as in

@@ -5,7 +5,9 @@ It satisfies `callgrove.policy.Learner` (see there for the contract). Tree packi
 each distinct token of the step's rows once, a trie per group of episodes (a group's episodes
 share their task prompt); packing lays rows end to end in micro-batches of `seq_len` tokens.
 Either way the loss of a step has one denominator over all its micro-batches, so gradient
-accumulation gives the gradient of the whole step.
+accumulation gives the gradient of the whole step. The objective is the clipped policy-gradient
+loss (`rl`: sampling logprobs and advantages on the loss tokens) or cross-entropy on the loss
+tokens (`sft`: imported transcripts, no advantages; a mean over the step's loss tokens).
 """
 
 from __future__ import annotations
@@ -21,10 +23,11 @@ from torch import nn
 from callgrove.batch import PackSettings, Sample, pack
 from callgrove.batch.tree import TreeSettings, pack_samples
 from callgrove.train.batches import ModelBatch, micro_batch_model_batch, tree_model_batch
-from callgrove.train.loss import LossSettings, policy_loss
+from callgrove.train.loss import LossSettings, policy_loss, supervised_loss
 from callgrove.train.model import TinyConfig, TinyDecoder
 
 BATCHINGS = ("tree", "packed")
+OBJECTIVES = ("rl", "sft")
 
 
 @dataclass(slots=True)
@@ -56,10 +59,13 @@ class LearnerSettings:
     tree_scope: str = "group"
     seq_len: int = 4096
     loss: LossSettings = field(default_factory=LossSettings)
+    objective: str = "rl"
 
     def __post_init__(self) -> None:
         if self.batching not in BATCHINGS:
             raise ValueError(f"batching must be one of {BATCHINGS}, not {self.batching!r}")
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"objective must be one of {OBJECTIVES}, not {self.objective!r}")
 
 
 class ModelLearner:
@@ -91,6 +97,8 @@ class ModelLearner:
         return [micro_batch_model_batch(mb) for mb in packed.ranks[0] if mb.num_tokens]
 
     def loss(self, batch: ModelBatch, denominator: float) -> torch.Tensor:
+        if self.settings.objective == "sft":
+            return supervised_loss(self.model, batch, denominator)
         return policy_loss(self.model, batch, self.settings.loss, denominator)
 
     def train_step(self, samples: Sequence[Sample]) -> StepReport:
@@ -123,7 +131,7 @@ class ModelLearner:
         )
 
     def _denominator(self, samples: Sequence[Sample], loss_tokens: int) -> float:
-        if self.settings.loss.normalisation == "token":
+        if self.settings.objective == "sft" or self.settings.loss.normalisation == "token":
             return float(max(loss_tokens, 1))
         return float(max(sum(1 for s in samples if s.num_loss_tokens), 1))
 

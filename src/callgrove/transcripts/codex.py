@@ -14,6 +14,7 @@ of the files read) is one transcript.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -418,10 +419,14 @@ def _where(line: Line) -> str:
 
 
 def import_codex(
-    path: str | os.PathLike[str], report: ImportReport | None = None
+    path: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    report: ImportReport | None = None,
 ) -> list[Transcript]:
-    """Every thread under `path` (a rollout file or a folder), subagents joined to their parents."""
+    """Every thread under `path` (a rollout file, a folder, or a list of rollout files read
+    together), subagents joined to their parents."""
     report = report if report is not None else ImportReport()
+    if isinstance(path, list | tuple):
+        return _read_threads([Path(p) for p in path], report)
     root = Path(path)
     if root.is_dir():
         files = sorted(root.rglob("*.jsonl"))
@@ -430,6 +435,10 @@ def import_codex(
     else:
         report.problem("no such file or folder", str(root))
         return []
+    return _read_threads(files, report)
+
+
+def _read_threads(files: list[Path], report: ImportReport) -> list[Transcript]:
     reader = RolloutReader(report)
     with collector_paused():
         for rank, file in enumerate(files):

@@ -6,9 +6,14 @@ from collections.abc import Callable
 from typing import Any
 
 from callgrove.orchestrator.env import Environment
+from callgrove.orchestrator.envs.arithmetic import Arithmetic
 from callgrove.orchestrator.envs.digits import Copy, Relay
 
-ENVIRONMENTS: dict[str, Callable[..., Environment]] = {"relay": Relay, "copy": Copy}
+ENVIRONMENTS: dict[str, Callable[..., Environment]] = {
+    "relay": Relay,
+    "copy": Copy,
+    "arithmetic": Arithmetic,
+}
 
 
 def make_env(name: str, options: dict[str, Any] | None = None) -> Environment:
@@ -26,4 +31,4 @@ def make_env(name: str, options: dict[str, Any] | None = None) -> Environment:
     return factory(**(options or {}))
 
 
-__all__ = ["ENVIRONMENTS", "Copy", "Relay", "make_env"]
+__all__ = ["ENVIRONMENTS", "Arithmetic", "Copy", "Relay", "make_env"]
