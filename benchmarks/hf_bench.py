@@ -1,8 +1,11 @@
 """A Hugging Face model through callgrove's batches: tree-packed against row-wise step time, and
 supervised fine-tuning on the bundled real transcripts.
 
-    python benchmarks/hf_bench.py [--model smollm2-135m] [--repeat 2] [--sft-steps 6]
-        [--only step|sft]
+    python benchmarks/hf_bench.py [--full] [--model smollm2-135m] [--repeat 2]
+        [--sft-steps 3] [--only step|sft]
+
+The defaults take a few minutes on two idle cores (a 256-token leader, 3 SFT steps of 4 rows of
+128 tokens); `--full` runs the large sizes (tens of minutes on two cores).
 
 1. Step time: a fork-heavy episode (`packing_bench.fork_heavy_episode`, scaled down so that a
    135M model steps in seconds on CPU: a leader of 12 calls reaching about 1k tokens, forking
@@ -30,6 +33,8 @@ import torch
 from callgrove.batch import PackSettings, build_samples, pack
 from callgrove.batch.tree import TreeSettings, pack_samples
 from callgrove.credit import GRPO, finalize_group
+from callgrove.orchestrator.config import DataSection
+from callgrove.orchestrator.supervised import SupervisedData, load_data
 from callgrove.rows import build_rows
 from callgrove.train import (
     LossSettings,
@@ -110,42 +115,23 @@ def step_time_figures(learner: HFLearner, vocab: int, repeats: int, history: int
     return meets
 
 
-def transcript_samples(model_name: str, max_len: int):
-    from callgrove.transcripts import JinjaFormat, Renderer, import_claude_code
-
+def transcript_samples(model_name: str, max_len: int, vocab: int) -> SupervisedData:
+    """The bundled sessions as `callgrove train` with objective sft reads them."""
     folder = checkpoint_folder(resolve_model(model_name))
-    # SmolLM2's template renders no tool calls: they are dropped, counted and printed.
-    chat_format = JinjaFormat(
-        folder / "tokenizer.json", folder / "chat_template.jinja", allow_dropped=True
-    )
-    renderer = Renderer(chat_format)
-    sessions = sorted(REAL.rglob("*.jsonl"))
-    episodes = []
-    for path in sessions:
-        try:
-            transcripts = import_claude_code(path)
-        except Exception:  # not a Claude Code session (Codex files, fixtures of other tools)
-            continue
-        episodes += [renderer.episode(t) for t in transcripts]
-    samples = [s for e in episodes for s in build_samples(build_rows(e))]
-    for sample in samples:  # cut to the first max_len tokens: a CPU-sized batch
-        sample.token_ids = sample.token_ids[:max_len]
-        sample.loss_mask = sample.loss_mask[:max_len]
-        sample.position_ids = sample.position_ids[:max_len]
-        sample.policy_versions = sample.policy_versions[:max_len]
-        if sample.logprobs is not None:
-            sample.logprobs = sample.logprobs[:max_len]
-    trained = [s for s in samples if s.num_loss_tokens and s.duplicate_of is None]
-    dropped = sum(chat_format.dropped.values())
-    print(f"  the chat template dropped {dropped} pieces of message content (tool calls)")
-    return episodes, trained
+    # SmolLM2's template renders no tool calls: they are left out, counted and printed.
+    settings = DataSection(paths=[str(REAL)], max_row_tokens=max_len, allow_dropped_content=True)
+    data = load_data(settings, folder, vocab)
+    dropped = sum(data.dropped_content.values())
+    print(f"  the chat template left out {dropped} pieces of message content (tool calls)")
+    return data
 
 
 def sft_figures(model, model_name: str, steps: int, max_len: int, max_rows: int) -> bool:
-    episodes, samples = transcript_samples(model_name, max_len)
-    samples = samples[:max_rows]
+    vocab = model.get_input_embeddings().weight.shape[0]
+    data = transcript_samples(model_name, max_len, vocab)
+    samples = data.samples[:max_rows]
     print(
-        f"SFT: {len(episodes)} imported sessions, {len(samples)} rows of at most {max_len} "
+        f"SFT: {data.episodes} imported episodes, {len(samples)} rows of at most {max_len} "
         f"tokens, {sum(s.num_loss_tokens for s in samples)} loss tokens"
     )
     learner = HFLearner(
@@ -172,12 +158,19 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--sft-steps", type=int, default=6)
-    parser.add_argument("--sft-len", type=int, default=384)
-    parser.add_argument("--sft-rows", type=int, default=8)
+    parser.add_argument("--sft-steps", type=int, default=3)
+    parser.add_argument("--sft-len", type=int, default=128)
+    parser.add_argument("--sft-rows", type=int, default=4)
     parser.add_argument("--only", choices=["step", "sft"], help="run one part")
-    parser.add_argument("--history", type=int, default=1024, help="the leader's tokens")
+    parser.add_argument("--history", type=int, default=256, help="the leader's tokens")
+    parser.add_argument(
+        "--full",
+        action="store_true",
+        help="the large sizes: a 1024-token leader, 6 SFT steps of 8 rows of 384 tokens",
+    )
     args = parser.parse_args()
+    if args.full:
+        args.history, args.sft_steps, args.sft_len, args.sft_rows = 1024, 6, 384, 8
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     ok = True

@@ -107,12 +107,7 @@ def _run_import(
     report = ImportReport()
     transcripts = importer(path, report)
     renderer = Renderer(chat_format)
-    episodes: list[Episode] = []
-    for transcript in transcripts:
-        try:
-            episodes.append(renderer.episode(transcript))
-        except InputError as error:
-            report.diagnostics.add(error.located(episode=transcript.id).problem)
+    episodes = renderer.episodes(transcripts, report.diagnostics)
     for what, count in sorted(getattr(chat_format, "dropped", {}).items()):
         report.problem(
             f"chat template drops content ({what}) in {count} message(s); kept as allowed by "

@@ -25,8 +25,9 @@ def train_command(
     ] = None,
     quiet: Annotated[bool, typer.Option(help="no live display")] = False,
 ) -> None:
-    """Train: episodes of the configured environment, scored by groups, tree-packed steps
-    (or, with train.objective=sft, cross-entropy on the sessions and episodes of [data]).
+    """Train: episodes of the configured environment, scored by groups, tree-packed steps.
+
+    With train.objective=sft: cross-entropy on the sessions and episode files of data.paths.
 
     Writes OUT/step_N/{train,eval}/traces.jsonl, metrics.jsonl, config.toml, a checkpoint and
     rewards.png; run the same command again after a crash to continue from the checkpoint.

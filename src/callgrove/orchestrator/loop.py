@@ -175,15 +175,8 @@ async def _step(
     if evaluated:
         metrics |= monitors.seat_metrics("eval", evaluated)
     metrics |= {k: float(v) for k, v in dispatcher.counters.items()}
+    metrics |= monitors.learner_metrics(report, backend.learner.version)
     metrics |= {
-        "train/loss": report.loss,
-        "train/grad_norm": report.grad_norm,
-        "train/samples": float(report.samples),
-        "train/loss_tokens": float(report.loss_tokens),
-        "train/forwarded_tokens": float(report.forwarded_tokens),
-        "train/row_tokens": float(report.row_tokens),
-        "train/forwarded_token_ratio": report.forwarded_token_ratio,
-        "policy/version": float(backend.learner.version),
         "throughput/tokens_per_s": tokens / max(elapsed, 1e-9),
         "throughput/episodes_per_s": len(episodes) / max(elapsed, 1e-9),
         "time/step_s": elapsed,

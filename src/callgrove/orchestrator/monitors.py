@@ -233,3 +233,17 @@ def _smooth(values: Sequence[float], window: int = 5) -> np.ndarray:
     kernel = np.ones(window) / window
     padded = np.concatenate([np.full(window - 1, array[0]), array])
     return np.convolve(padded, kernel, mode="valid")
+
+
+def learner_metrics(report: Any, version: int) -> dict[str, float]:
+    """An optimizer step's report (`callgrove.train.learner.StepReport`) as metrics."""
+    return {
+        "train/loss": report.loss,
+        "train/grad_norm": report.grad_norm,
+        "train/samples": float(report.samples),
+        "train/loss_tokens": float(report.loss_tokens),
+        "train/forwarded_tokens": float(report.forwarded_tokens),
+        "train/row_tokens": float(report.row_tokens),
+        "train/forwarded_token_ratio": report.forwarded_token_ratio,
+        "policy/version": float(version),
+    }

@@ -33,8 +33,8 @@ from rich.console import Console
 
 from callgrove.batch import Sample, build_samples
 from callgrove.episode import Episode, load
-from callgrove.formats.problems import Diagnostics, InputError, Problem
-from callgrove.orchestrator import sinks
+from callgrove.formats.problems import Diagnostics, Problem
+from callgrove.orchestrator import monitors, sinks
 from callgrove.orchestrator.config import ConfigError, DataSection, TrainConfig, to_toml
 from callgrove.policy.backends import PolicyBackend, build_policy
 from callgrove.rows import build_rows
@@ -103,12 +103,7 @@ def load_data(data: DataSection, model_folder: Path | None, vocab_size: int) -> 
     codex = [p for p in files if kinds[p] == CODEX]
     if codex:
         transcripts += import_codex(codex, report)
-    episodes: list[Episode] = []
-    for transcript in transcripts:
-        try:
-            episodes.append(renderer.episode(transcript))
-        except InputError as error:
-            report.diagnostics.add(error.located(episode=transcript.id).problem)
+    episodes = renderer.episodes(transcripts, report.diagnostics)
     diagnostics = report.diagnostics
     for path in (p for p in files if kinds[p] == EPISODES):
         episodes += _episode_file(path, diagnostics)
@@ -285,15 +280,7 @@ def _step(
     started = time.perf_counter()
     report = backend.learner.train_step(samples)
     elapsed = time.perf_counter() - started
-    return {
-        "train/loss": report.loss,
-        "train/grad_norm": report.grad_norm,
-        "train/samples": float(report.samples),
-        "train/loss_tokens": float(report.loss_tokens),
-        "train/forwarded_tokens": float(report.forwarded_tokens),
-        "train/row_tokens": float(report.row_tokens),
-        "train/forwarded_token_ratio": report.forwarded_token_ratio,
-        "policy/version": float(backend.learner.version),
+    return monitors.learner_metrics(report, backend.learner.version) | {
         "data/epoch": float(epoch),
         "throughput/row_tokens_per_s": report.row_tokens / max(elapsed, 1e-9),
         "throughput/forwarded_tokens_per_s": report.forwarded_tokens / max(elapsed, 1e-9),

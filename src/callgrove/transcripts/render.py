@@ -26,7 +26,7 @@ import numpy as np
 import orjson
 
 from callgrove.episode import TOKEN_DTYPE, Agent, Call, Episode
-from callgrove.formats.problems import InputError, Problem
+from callgrove.formats.problems import Diagnostics, InputError, Problem
 from callgrove.transcripts.ledger import collector_paused
 from callgrove.transcripts.model import (
     Message,
@@ -419,6 +419,17 @@ class Renderer:
     def episode(self, transcript: Transcript) -> Episode:
         with collector_paused():
             return self._episode(transcript)
+
+    def episodes(self, transcripts: list[Transcript], diagnostics: Diagnostics) -> list[Episode]:
+        """Each transcript rendered; one that cannot be is an error in `diagnostics` naming
+        its episode, and the rest are still rendered."""
+        episodes = []
+        for transcript in transcripts:
+            try:
+                episodes.append(self.episode(transcript))
+            except InputError as error:
+                diagnostics.add(error.located(episode=transcript.id).problem)
+        return episodes
 
     def _episode(self, transcript: Transcript) -> Episode:
         agents = {
