@@ -404,6 +404,49 @@ def test_codex_compaction(tmp_path):
     check_cli(ledger)
 
 
+def test_codex_subagent_compaction(tmp_path):
+    """A subagent whose tool output passes the compaction limit compacts and goes on from the
+    summary, while its leader (whose context stays under the limit) does not."""
+    step = {
+        "tool_calls": [
+            {
+                "name": "exec_command",
+                "arguments": {"cmd": "python3 -c \"print('z' * 9000)\"; echo child-step-output"},
+            }
+        ]
+    }
+    rules = [
+        {"when": "seamlessly continue the work", "reply": "CHILD-SUMMARY of the steps"},
+        {"when": "CHILD-TASK", "reply": step, "times": 1},
+        {"when": "child-step-output", "reply": step, "times": 3},
+        {"when": "START-CODEX", "reply": spawn("CHILD-TASK: do steps", False), "times": 1},
+        SPAWN_WAIT,
+        {"when": "child says 9", "reply": "leader done after child", "times": 1},
+    ]
+    run, ledger = scripted_run(
+        tmp_path,
+        rules,
+        "child says 9",
+        "codex",
+        "START-CODEX please",
+        "cx-subcompact",
+        timeout=150,
+        extra_args=["-c", "model_auto_compact_token_limit=45000"],
+    )
+    assert "leader done after child" in run.stdout
+    leader, child = run.record["agents"]
+    assert [c["purpose"] for c in leader["calls"]] == ["turn"] * 3
+    assert (child["start"], child["parent"]) == ("fresh", leader["id"])
+    calls = child["calls"]
+    assert [c["purpose"] for c in calls] == ["turn"] * 3 + ["compaction", "turn"]
+    # Each step continues the one before; the compaction continues the last step; the call
+    # after it starts from the summary, a new tree.
+    assert [c["prompt_from"] for c in calls[1:4]] == [c["id"] for c in calls[:3]]
+    assert "prompt_from" not in calls[0] and "prompt_from" not in calls[4]
+    assert "CHILD-SUMMARY" in " ".join(m["content"] or "" for m in calls[4]["content"]["prompt"])
+    check_cli(ledger)
+
+
 def test_claude_code_fork(tmp_path):
     rules = [
         {"when": "FORK-DIRECTIVE", "reply": "fork result 3"},
