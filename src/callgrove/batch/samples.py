@@ -13,7 +13,7 @@ tensors (torch is the optional `train` extra and is imported only when asked for
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,9 +21,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from callgrove.episode import TOKEN_DTYPE, Call
+from callgrove.episode import TOKEN_DTYPE
 from callgrove.formats.problems import InputError, Problem
 from callgrove.rows import EpisodeRows, Row
+from callgrove.rows.columns import RowColumns
 
 if TYPE_CHECKING:
     import torch
@@ -117,145 +118,85 @@ def build_samples(episode_rows: EpisodeRows | Sequence[EpisodeRows]) -> list[Sam
     """One sample per row, episode by episode and row by row.
 
     Raises `InputError` naming the episode, row and call if a call with loss tokens in a row
-    has no advantage. All the rows given are built together: per-call values are laid out once,
-    each per-token field is computed for every row in a few numpy operations into one array,
-    and each sample holds views into it. Passing a whole step's episodes at once is fastest
-    (large arrays, few allocations).
+    has no advantage. All the rows given are laid out together (`RowColumns`): each per-token
+    field is computed for every row in a few numpy operations into one array, and each sample
+    holds views into it. Passing a whole step's episodes at once is fastest (large arrays, few
+    allocations).
     """
     parts = [episode_rows] if isinstance(episode_rows, EpisodeRows) else list(episode_rows)
-    calls = [call for part in parts for call in part.forest.calls]
-    episode_ids = [part.episode.id for part in parts for _ in part.forest.calls]
     rows = [row for part in parts for row in part.rows]
-    # The table holds every part's forest calls end to end: a row's calls are its walk's forest
-    # indices shifted by where its part starts.
-    pairs: list[int] = []
-    first = 0
-    for part in parts:
-        for row in part.rows:
-            pairs += (first + i for i in row.path_index)
-        first += len(part.forest.calls)
-    return _build(rows, _CallTable(calls, episode_ids), pairs)
+    if not rows:
+        return []
+    return _build(rows, RowColumns.of(parts))
 
 
 def sample_from_row(row: Row) -> Sample:
     """The sample of one row (`build_samples` is faster for all rows of an episode)."""
-    table = _CallTable(row.path, [row.episode.id] * len(row.path))
-    (sample,) = _build([row], table, list(range(len(row.path))))
+    if row.episode_rows is None:
+        raise ValueError(f"{row!r} was not made by build_rows")
+    (sample,) = _build([row], RowColumns.of([replace(row.episode_rows, rows=[row])]))
     return sample
 
 
-def _build(rows: Sequence[Row], table: _CallTable, walks: list[int]) -> list[Sample]:
-    """`walks`: every (row, call) pair of the rows' walks, row by row, root first, as the
-    call's place in `table`."""
-    if not rows:
-        return []
-    masks = [row.loss_mask for row in rows]
-    row_lengths = np.fromiter((len(m) for m in masks), np.int64, len(rows))
-    row_starts = _exclusive_cumsum(row_lengths)
-    loss_mask = np.concatenate(masks)
-    depths = np.fromiter((len(row.path) for row in rows), np.int64, len(rows))
-    pairs = np.asarray(walks, dtype=np.int64)
-    prompt_end = table.prompt_len[pairs]
-    end = table.full_len[pairs]
-    start = np.concatenate(([0], end[:-1]))
-    start[_exclusive_cumsum(depths)] = 0  # each walk starts its row at token 0
-    # A call's loss covers its whole completion (docs/episode-format.md, rows), so its first
-    # token decides.
-    carries_loss = loss_mask[np.repeat(row_starts, depths) + prompt_end].astype(bool)
+def _build(rows: Sequence[Row], columns: RowColumns) -> list[Sample]:
+    depths = np.diff(columns.walk_bounds)
     supervised = np.fromiter((row.episode.supervised for row in rows), bool, len(rows))
-    needs_advantage = carries_loss & ~np.repeat(supervised, depths)
-    unassigned = np.flatnonzero(needs_advantage & table.missing_advantage[pairs])
+    walk_call = columns.walk_call
+    needs_advantage = columns.walk_loss & ~np.repeat(supervised, depths)
+    calls = columns.calls
+    missing = np.fromiter((c.advantages is None for c in calls), bool, len(calls))
+    unassigned = np.flatnonzero(needs_advantage & missing[walk_call])
     if unassigned.size:
-        row_number = int(np.searchsorted(np.cumsum(depths), unassigned[0], side="right"))
-        call = rows[row_number].path[unassigned[0] - int(depths[:row_number].sum())]
-        raise _missing_advantage(rows[row_number], call.id)
+        row_number = int(np.searchsorted(columns.walk_bounds, unassigned[0], side="right")) - 1
+        raise _missing_advantage(rows[row_number], calls[int(walk_call[unassigned[0]])].id)
+    advantages = columns.values("advantages", VALUE_DTYPE)
+    logprobs = columns.values("logprobs", VALUE_DTYPE)
+    no_logprobs = columns.owned_without("logprobs")
     # Each call adds two segments to its row: its new prompt tokens, then its completion.
-    segment_lengths = np.empty(2 * len(pairs), dtype=np.int64)
-    segment_lengths[0::2] = prompt_end - start
-    segment_lengths[1::2] = end - prompt_end
-    segment_versions = np.full(2 * len(pairs), NO_VERSION, dtype=VERSION_DTYPE)
-    segment_versions[1::2] = table.version[pairs]
+    versions = np.fromiter(
+        (NO_VERSION if c.policy_version is None else c.policy_version for c in calls),
+        VERSION_DTYPE,
+        len(calls),
+    )
+    segment_lengths = np.empty(2 * len(walk_call), dtype=np.int64)
+    segment_lengths[0::2] = columns.prompt_len[walk_call]
+    segment_lengths[1::2] = columns.completion_len[walk_call]
+    segment_versions = np.full(2 * len(walk_call), NO_VERSION, dtype=VERSION_DTYPE)
+    segment_versions[1::2] = versions[walk_call]
     policy_versions = np.repeat(segment_versions, segment_lengths)
-    trained = pairs[carries_loss]
-    flat = _ranges(table.completion_offset[trained], table.completion_len[trained])
-    on_mask = loss_mask.view(bool)
-    advantages = np.zeros(len(loss_mask), dtype=VALUE_DTYPE)
-    advantages[on_mask] = table.advantages[flat]
-    logprobs = np.zeros(len(loss_mask), dtype=VALUE_DTYPE)
-    logprobs[on_mask] = table.logprobs[flat]
-    positions = _positions(int(row_lengths.max()))
+    bounds = columns.row_bounds
+    positions = _positions(int(np.diff(bounds).max()))
     samples = []
-    for row, mask, first, length, is_supervised in zip(
-        rows, masks, row_starts.tolist(), row_lengths.tolist(), supervised.tolist(), strict=True
+    for row, first, last, is_supervised, without_logprobs in zip(
+        rows,
+        bounds[:-1].tolist(),
+        bounds[1:].tolist(),
+        supervised.tolist(),
+        no_logprobs.tolist(),
+        strict=True,
     ):
-        where = slice(first, first + length)
         episode = row.episode
+        leaf = row.path[-1]
         samples.append(
             Sample(
-                token_ids=row.token_ids,
-                loss_mask=mask,
-                # The rule of `Row.logprobs()`: none when a call the row trains has none.
-                logprobs=logprobs[where]
-                if all(c.logprobs is not None for c in row.trains)
-                else None,
-                advantages=None if is_supervised else advantages[where],
-                position_ids=positions[:length],
-                policy_versions=policy_versions[where],
+                token_ids=columns.token_ids[first:last],
+                loss_mask=columns.loss_mask[first:last],
+                logprobs=None if without_logprobs else logprobs[first:last],
+                advantages=None if is_supervised else advantages[first:last],
+                position_ids=positions[: last - first],
+                policy_versions=policy_versions[first:last],
                 episode=episode.id,
                 group=episode.group,
-                agent=row.agent.id,
-                seat=row.agent.name,
+                agent=leaf.agent.id,  # type: ignore[union-attr]
+                seat=leaf.agent.name,  # type: ignore[union-attr]
                 row=row.index,
-                leaf=row.leaf.id,
+                leaf=leaf.id,
                 root=row.path[0].id,
                 reward=float(row.reward),
                 duplicate_of=row.duplicate_of,
             )
         )
     return samples
-
-
-class _CallTable:
-    """Per-call values of an episode as arrays: lengths, versions, and every completion token's
-    advantage and logprob laid end to end (0.0 where a call has none; `missing_advantage` and
-    `Row.trains` say where that matters)."""
-
-    def __init__(self, calls: Sequence[Call], episode_ids: Sequence[str]):
-        count = len(calls)
-        self.episode_ids = episode_ids
-        self.prompt_len = np.fromiter((c.prompt_len for c in calls), np.int64, count)
-        self.completion_len = np.fromiter((len(c.completion_ids) for c in calls), np.int64, count)
-        self.full_len = self.prompt_len + self.completion_len
-        self.completion_offset = _exclusive_cumsum(self.completion_len)
-        self.version = np.fromiter(
-            (NO_VERSION if c.policy_version is None else c.policy_version for c in calls),
-            VERSION_DTYPE,
-            count,
-        )
-        self.missing_advantage = np.fromiter((c.advantages is None for c in calls), bool, count)
-        self.advantages = self._per_token(calls, "advantages")
-        self.logprobs = self._per_token(calls, "logprobs")
-
-    def _per_token(self, calls: Sequence[Call], name: str) -> np.ndarray:
-        """Each call's value per completion token: a scalar repeated, an array as is, or 0.0."""
-        values = [getattr(call, name) for call in calls]
-        scalars = np.fromiter(
-            (0.0 if v is None or isinstance(v, np.ndarray) else float(v) for v in values),
-            np.float64,
-            len(values),
-        )
-        per_token = np.repeat(scalars.astype(VALUE_DTYPE), self.completion_len)
-        for i, value in enumerate(values):
-            if isinstance(value, np.ndarray):
-                if value.shape != (self.completion_len[i],):
-                    raise self._wrong_length(calls[i], name, value.size, i)
-                first = self.completion_offset[i]
-                per_token[first : first + len(value)] = value
-        return per_token
-
-    def _wrong_length(self, call: Call, name: str, size: int, i: int) -> InputError:
-        message = f"{name} has {size} values for {self.completion_len[i]} completion tokens"
-        return InputError(Problem(message, episode=self.episode_ids[i], call=call.id))
 
 
 _position_buffer = np.zeros(0, dtype=POSITION_DTYPE)
@@ -268,18 +209,6 @@ def _positions(length: int) -> np.ndarray:
         _position_buffer = np.arange(max(length, 2 * len(_position_buffer)), dtype=POSITION_DTYPE)
         _position_buffer.flags.writeable = False
     return _position_buffer[:length]
-
-
-def _exclusive_cumsum(values: np.ndarray) -> np.ndarray:
-    sums = np.zeros(len(values), dtype=np.int64)
-    np.cumsum(values[:-1], out=sums[1:])
-    return sums
-
-
-def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """The concatenation of `arange(s, s + n)` for each start `s` and length `n`."""
-    shifts = starts - _exclusive_cumsum(lengths)
-    return np.arange(int(lengths.sum()), dtype=np.int64) + np.repeat(shifts, lengths)
 
 
 def _missing_advantage(row: Row, call_id: str) -> InputError:

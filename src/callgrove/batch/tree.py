@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from callgrove.batch.samples import Sample
+from callgrove.rows.columns import RowColumns
 
 if TYPE_CHECKING:
     from callgrove.rows import EpisodeRows
@@ -205,16 +206,22 @@ def pack_episode_rows(
 ) -> TreeBatch:
     """Tree-pack the rows of episodes (rows of `callgrove.rows`), carrying their sampling
     logprobs onto the targets when every row has them."""
-    tokens, masks, logprobs, keys, names = [], [], [], [], []
-    for er in episode_rows:
-        for row in er.rows:
-            names.append(f"episode {er.episode.id} row {row.index} (root call {row.path[0].id})")
-            tokens.append(row.token_ids)
-            masks.append(row.loss_mask)
-            logprobs.append(row.logprobs())
-            root = row.path[0].id if settings.scope == "tree" else None
-            keys.append(_scope_key(settings.scope, er.episode.id, er.episode.group, root))
-    values = {} if any(lp is None for lp in logprobs) else {"logprobs": logprobs}
+    parts = list(episode_rows)
+    columns = RowColumns.of(parts)
+    rows = [row for part in parts for row in part.rows]
+    where = columns.row_slices()
+    values = {}
+    if not columns.owned_without("logprobs").any():
+        logprobs = columns.values("logprobs")
+        values["logprobs"] = [logprobs[w] for w in where]
+    names, keys = [], []
+    for row in rows:
+        episode = row.episode
+        names.append(f"episode {episode.id} row {row.index} (root call {row.path[0].id})")
+        root = row.path[0].id if settings.scope == "tree" else None
+        keys.append(_scope_key(settings.scope, episode.id, episode.group, root))
+    tokens = [columns.token_ids[w] for w in where]
+    masks = [columns.loss_mask[w] for w in where]
     return pack_tree(tokens, masks, values, keys, names)
 
 

@@ -63,8 +63,7 @@ class Forest:
         return None if parent < 0 else self.calls[parent]
 
     def new_tokens(self) -> NewTokens:
-        """Per call, the tokens it adds to its parent's full sequence (all of it for a root),
-        with completion marks over them; a row is their concatenation along its walk."""
+        """Per call, the tokens it adds to its parent's full sequence (all of it for a root)."""
         if self._new_tokens is None:
             self._new_tokens = NewTokens.of(self)
         return self._new_tokens
@@ -80,35 +79,41 @@ class Forest:
 
 @dataclass(slots=True)
 class NewTokens:
-    """Each call's new tokens and a 0/1 mark per token (1 on its completion), as views.
+    """What each kept call adds to its parent's full sequence (all of it for a root), columnar.
 
-    Where a call's prompt is held on its parent (the usual case), both are one contiguous slice
-    of the pool, so a row is assembled by concatenating views, with no per-token work.
+    Call i's new tokens are `tokens[start[i] : start[i] + length[i]]`: its new prompt tokens
+    (`prompt_length[i]` of them), then its completion. Where the call's own prompt suffix covers
+    everything past its parent (the usual case) that is a slice of the pool; only the other
+    calls' new tokens are copied, once, behind the pool's. A row is its walk's slices end to end.
     """
 
-    tokens: list[np.ndarray]
-    completion_marks: list[np.ndarray]
-    blank: np.ndarray  # zeros, as long as the longest new-token run: marks of a context call
+    tokens: np.ndarray  # int32: the pool's tokens, then the copied new tokens
+    start: np.ndarray  # int64 (K,)
+    length: np.ndarray  # int64 (K,)
+    prompt_length: np.ndarray  # int64 (K,)
 
     @classmethod
     def of(cls, forest: Forest) -> NewTokens:
         pool = forest.pool
-        tokens, marks = [], []
-        for index, parent in zip(forest.ledger_index, forest.parent, strict=True):
-            start = pool.full_len[forest.ledger_index[parent]] if parent >= 0 else 0
-            full_len, prompt_len = pool.full_len[index], pool.prompt_len[index]
-            if pool.base_len[index] == start:
-                begin = pool.suffix_start[index]
-                end = begin + full_len - start
-                tokens.append(pool.tokens[begin:end])
-                marks.append(pool.completion_marks[begin:end])
+        count = len(forest.calls)
+        start = np.empty(count, dtype=np.int64)
+        length = np.empty(count, dtype=np.int64)
+        prompt_length = np.empty(count, dtype=np.int64)
+        copied: list[np.ndarray] = []
+        cursor = len(pool.tokens)
+        for i, (index, parent) in enumerate(zip(forest.ledger_index, forest.parent, strict=True)):
+            begin = pool.full_len[forest.ledger_index[parent]] if parent >= 0 else 0
+            full_len = pool.full_len[index]
+            length[i] = full_len - begin
+            prompt_length[i] = pool.prompt_len[index] - begin
+            if pool.base_len[index] <= begin:
+                start[i] = pool.suffix_start[index] + begin - pool.base_len[index]
             else:
-                tokens.append(np.concatenate(pool.pieces(index, start, full_len)))
-                mark = np.zeros(full_len - start, dtype=np.uint8)
-                mark[prompt_len - start :] = 1
-                marks.append(mark)
-        longest = max((len(t) for t in tokens), default=0)
-        return cls(tokens, marks, np.zeros(longest, dtype=np.uint8))
+                copied += pool.pieces(index, begin, full_len)
+                start[i] = cursor
+                cursor += int(length[i])
+        tokens = np.concatenate([pool.tokens, *copied]) if copied else pool.tokens
+        return cls(tokens, start, length, prompt_length)
 
 
 def build_forest(episode: Episode) -> Forest:

@@ -37,6 +37,7 @@ import orjson
 from msgspec import UNSET, UnsetType
 
 from callgrove.episode import Agent, Call, Episode, episode_from_wire
+from callgrove.episode.spread import spread_over_completions
 from callgrove.forest import build_forest
 from callgrove.formats.jsonl import JsonlWriter, iter_lines, read_rows, report
 from callgrove.formats.problems import Diagnostics, InputError, Problem
@@ -148,6 +149,7 @@ class VfEpisode(msgspec.Struct, kw_only=True):
 _episode_decoder = msgspec.json.Decoder(VfEpisode)
 _trace_decoder = msgspec.json.Decoder(VfTrace)
 _CALL_ID = re.compile(r"t(\d+)\.n(\d+)")
+_NO_TOKENS = np.zeros(0, dtype=np.int32)  # closes a concatenation that may have no pieces
 
 
 def call_id(trace_index: int, node_index: int) -> str:
@@ -405,12 +407,9 @@ def node_advantages(episode: Episode) -> dict[tuple[int, int], list[float] | Non
 
 def compact_advantages(call: Call) -> list[float] | None:
     """A call's credit over its sampled tokens; a scalar is spread, None stays None."""
-    value = call.advantages
-    if value is None:
+    if call.advantages is None:
         return None
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    return [float(value)] * len(call.completion_ids)
+    return spread_over_completions([call], "advantages").tolist()
 
 
 def set_advantages(target: Any, episode: Episode) -> int:
@@ -589,7 +588,7 @@ def _agent_trace(
             )
             continue
         link, start = _parent_node(call, agent, parent_of, node_of)
-        added = call.prompt_ids()[start:].tolist()
+        added = np.concatenate([*call.segments(call.prompt_len, start), _NO_TOKENS]).tolist()
         if added or link is None:
             nodes.append(_node(link, "user", added, sampled=False))
             link = len(nodes) - 1

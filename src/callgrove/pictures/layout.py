@@ -433,7 +433,7 @@ def _boxes(
         for call in row.path:
             marks.setdefault(call.index, []).append(RowMark(row.index, call.index in trained))
     leaf_of = {row.leaf.index: row.index for row in result.rows}
-    new_tokens = forest.new_tokens().tokens
+    new_tokens = forest.new_tokens().length
     turns: dict[int, int] = {}
     boxes = []
     for call in calls:
@@ -453,7 +453,7 @@ def _boxes(
         if call.kept:
             index = forest.index_of(call)
             box.parent = forest.parent_of(call)
-            box.new_tokens = len(new_tokens[index])
+            box.new_tokens = int(new_tokens[index])
             box.owner = owner[call.index]
             box.loss = call.index in lossy
             box.rows = marks[call.index]

@@ -9,7 +9,9 @@ from typing import NamedTuple
 import numpy as np
 
 from callgrove.episode import Agent, Call, Episode
+from callgrove.episode.spread import spread_over_completions
 from callgrove.forest import Forest, build_forest
+from callgrove.rows.columns import RowColumns
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +47,7 @@ class Row:
     duplicate_of: int | None = None
     forest: Forest | None = field(default=None, repr=False)
     path_index: list[int] = field(default_factory=list, repr=False)
+    episode_rows: EpisodeRows | None = field(default=None, repr=False)
 
     @property
     def leaf(self) -> Call:
@@ -68,10 +71,8 @@ class Row:
 
     @property
     def loss_calls(self) -> list[Call]:
-        """The trained calls whose completion tokens carry loss in this row."""
-        if self.duplicate_of is not None:
-            return []
-        return [c for c in self.trains if c.agent is None or c.agent.trainable]
+        """The trained calls whose completion tokens carry loss in this row (`RowColumns`)."""
+        return self._columns.loss_calls(self.index)
 
     @property
     def num_loss_tokens(self) -> int:
@@ -79,42 +80,29 @@ class Row:
 
     @property
     def token_ids(self) -> np.ndarray:
-        """The leaf's full sequence (int32)."""
-        return self._materialized[0]
+        """The leaf's full sequence (int32), a view into the episode's `RowColumns`."""
+        columns = self._columns
+        return columns.token_ids[columns.row(self.index)]
 
     @property
     def loss_mask(self) -> np.ndarray:
-        """1 on the completion tokens of the calls with loss here, 0 elsewhere (uint8)."""
-        return self._materialized[1]
-
-    @cached_property
-    def _materialized(self) -> tuple[np.ndarray, np.ndarray]:
-        if self.forest is None:
-            tokens = self.leaf.full_ids()
-            mask = np.zeros(len(tokens), dtype=np.uint8)
-            for call in self.loss_calls:
-                mask[call.prompt_len : call.full_len] = 1
-            return tokens, mask
-        new = self.forest.new_tokens()
-        loss = {c.index for c in self.loss_calls}
-        blank = new.blank
-        tokens = np.concatenate([new.tokens[i] for i in self.path_index])
-        mask = np.concatenate(
-            [
-                new.completion_marks[i] if call.index in loss else blank[: len(new.tokens[i])]
-                for i, call in zip(self.path_index, self.path, strict=True)
-            ]
-        )
-        return tokens, mask
+        """1 on the completion tokens of the calls with loss here, 0 elsewhere (uint8, a view)."""
+        columns = self._columns
+        return columns.loss_mask[columns.row(self.index)]
 
     def logprobs(self) -> np.ndarray | None:
         """Sampling logprobs on the loss tokens, 0.0 elsewhere; None if a trained call has none."""
         if any(c.logprobs is None for c in self.trains):
             return None
         values = np.zeros(self.num_tokens, dtype=np.float64)
-        for call in self.loss_calls:
-            values[call.prompt_len : call.full_len] = call.logprobs
+        values[self.loss_mask.view(bool)] = spread_over_completions(self.loss_calls, "logprobs")
         return values
+
+    @property
+    def _columns(self) -> RowColumns:
+        if self.episode_rows is None:
+            raise ValueError(f"{self!r} was not made by build_rows: it has no token columns")
+        return self.episode_rows.columns
 
     def spans(self) -> list[CallSpan]:
         spans = []
@@ -133,6 +121,13 @@ class EpisodeRows:
     forest: Forest
     rows: list[Row] = field(default_factory=list)
     settings: RowSettings = field(default_factory=RowSettings)
+    owner: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)
+    """The row that trains each of the forest's calls."""
+
+    @cached_property
+    def columns(self) -> RowColumns:
+        """The rows' tokens, loss mask and call of every token, laid out once for all rows."""
+        return RowColumns.of([self])
 
     def __repr__(self) -> str:
         return f"EpisodeRows(episode={self.episode.id!r}, rows={len(self.rows)})"
@@ -168,7 +163,16 @@ def build_rows(
             )
         )
     _mark_duplicates(rows, forest, settings)
-    return EpisodeRows(episode=episode, forest=forest, rows=rows, settings=settings)
+    result = EpisodeRows(
+        episode=episode,
+        forest=forest,
+        rows=rows,
+        settings=settings,
+        owner=np.asarray(owners, dtype=np.int64),
+    )
+    for row in rows:
+        row.episode_rows = result
+    return result
 
 
 def _owners(forest: Forest, paths: list[list[int]]) -> list[int]:
