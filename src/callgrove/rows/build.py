@@ -124,6 +124,16 @@ class EpisodeRows:
     owner: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)
     """The row that trains each of the forest's calls."""
 
+    def __post_init__(self) -> None:
+        if len(self.owner) != len(self.forest.calls):  # rows given without it: read it off them
+            owner = np.full(len(self.forest.calls), -1, dtype=np.int64)
+            for row in self.rows:
+                trained = {c.id for c in row.trains}
+                for index, call in zip(row.path_index, row.path, strict=True):
+                    if call.id in trained:
+                        owner[index] = row.index
+            self.owner = owner
+
     @cached_property
     def columns(self) -> RowColumns:
         """The rows' tokens, loss mask and call of every token, laid out once for all rows."""
