@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from callgrove.transcripts.claude_records import CompactMetadata, PreservedMessages
 from callgrove.transcripts.compaction import (
     adopt_as_compaction,
     answered_with_summary,
@@ -10,7 +11,15 @@ from callgrove.transcripts.compaction import (
     summary_in_replacement,
 )
 from callgrove.transcripts.ledger import CallIds, parse_timestamp
-from callgrove.transcripts.model import Message, ToolCall, TranscriptAgent, TranscriptCall, Turn
+from callgrove.transcripts.model import (
+    CallRecord,
+    Message,
+    Source,
+    ToolCall,
+    TranscriptAgent,
+    TranscriptCall,
+    Turn,
+)
 
 PREAMBLE = "Another language model started to solve this problem ... summary:\n"
 
@@ -23,7 +32,7 @@ def _call(text: str, tools: tuple[ToolCall, ...] = ()) -> TranscriptCall:
         None,
         Message("assistant", text, tool_calls=tools),
         (0,),
-        content={"source": {"file": "f", "lines": [3]}},
+        content=CallRecord(source=Source("f", [3])),
     )
 
 
@@ -31,7 +40,7 @@ def test_the_response_that_wrote_the_summary_is_the_compaction_call():
     call = _call("Summary: printed hi.")
     assert answered_with_summary(call, PREAMBLE + "Summary: printed hi.\n")
     adopt_as_compaction(call, 7)
-    assert call.purpose == "compaction" and call.content["source"]["lines"] == [3, 7]
+    assert call.purpose == "compaction" and call.content.source.lines == [3, 7]
     assert not answered_with_summary(call, PREAMBLE + "Summary: printed hi.")  # adopted once
 
 
@@ -47,8 +56,9 @@ def test_other_responses_are_not_the_compaction_call():
 def test_a_compaction_call_continues_what_it_summarised():
     agent = TranscriptAgent("a", "agent")
     history = Turn(Message("user", "long task"), None)
-    call = compaction_call(agent, "a/compact-9", history, "the gist", (1.0, 0, 9), {"x": 1})
-    assert agent.calls == [call] and call.purpose == "compaction"
+    record = CallRecord(source=Source("f", [9]), trigger="auto")
+    call = compaction_call(agent, "a/compact-9", history, "the gist", (1.0, 0, 9), record)
+    assert call.agent is agent and call.purpose == "compaction" and call.content is record
     assert call.context is history and call.response.text == "the gist"
     assert call.answer.previous is history
 
@@ -65,11 +75,10 @@ def test_summary_from_the_replacement_history():
 
 
 def test_preserved_messages_of_a_partial_compaction():
-    boundary = {
-        "compactMetadata": {"preservedMessages": {"anchorUuid": "S", "uuids": ["p1", "p2", "p3"]}}
-    }
+    kept = PreservedMessages(uuids=["p1", "p2", "p3"], anchor_uuid="S")
+    boundary = CompactMetadata(trigger="manual", preserved_messages=kept)
     assert preserved_links(boundary) == {"p2": ("S", "p1"), "p3": ("S", "p2")}
-    assert preserved_links({"compactMetadata": {"trigger": "auto"}}) == {}
+    assert preserved_links(CompactMetadata(trigger="auto")) == preserved_links(None) == {}
 
 
 def test_shared_helpers_timestamps_and_call_ids():

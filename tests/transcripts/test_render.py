@@ -25,7 +25,7 @@ from callgrove.transcripts import (
     TranscriptCall,
     import_claude_code,
 )
-from callgrove.transcripts.model import Turn, extend
+from callgrove.transcripts.model import CallRecord, Source, Turn, extend
 
 from .helpers import KIMUSON, assert_prefix_stable
 
@@ -67,7 +67,9 @@ def transcripts(draw) -> Transcript:
         tip = draw(st.sampled_from(tips))
         context = extend(tip, draw(inputs) or [Message("user", "go")])
         agent = draw(st.sampled_from(agents))
-        call = TranscriptCall(f"c{n}", agent, context, draw(answers), order=(n,))
+        call = TranscriptCall(
+            f"c{n}", agent, context, draw(answers), (n,), CallRecord(source=Source("drawn", [n]))
+        )
         agent.calls.append(call)
         tips.append(call.answer)
     return Transcript("t", agents)
@@ -172,7 +174,12 @@ def test_template_that_rewrites_history_is_rendered_newest_first(tmp_path, chatm
     fmt = JinjaFormat(folder / "tokenizer.json", path)
     agent = TranscriptAgent("a", "agent")
     first = TranscriptCall(
-        "c1", agent, Turn(Message("user", "hi"), None), Message("assistant", "yo", "think"), (1,)
+        "c1",
+        agent,
+        Turn(Message("user", "hi"), None),
+        Message("assistant", "yo", "think"),
+        (1,),
+        CallRecord(source=Source("made", [1])),
     )
     second = TranscriptCall(
         "c2",
@@ -180,6 +187,7 @@ def test_template_that_rewrites_history_is_rendered_newest_first(tmp_path, chatm
         extend(first.answer, [Message("user", "more")]),
         Message("assistant", "ok"),
         (2,),
+        CallRecord(source=Source("made", [2])),
     )
     agent.calls += [first, second]
     episode = Renderer(fmt).episode(Transcript("t", [agent]))

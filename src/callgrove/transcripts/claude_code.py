@@ -17,6 +17,10 @@ One API response is written as several assistant lines (one per content block) s
 (`compact_boundary` record, then the `isCompactSummary` user line) becomes a `compaction` call
 of the agent that compacted: it continues the history it summarises and answers with the
 summary; the history after it starts from the summary, so the next call is a new root.
+
+Each line is decoded once into a typed record (`claude_records`); each agent's lines become an
+immutable graph from which its histories and calls are derived (`claude_history`); this module
+finds the files, splits the session file into agents, and links subagents to their spawns.
 """
 
 from __future__ import annotations
@@ -26,17 +30,31 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import orjson
 
 from callgrove.episode import Gap, Spawn
-from callgrove.transcripts.compaction import compaction_call, preserved_links
+from callgrove.transcripts.claude_history import (
+    AgentHistory,
+    Entry,
+    LineGraph,
+    build_graph,
+    derive_history,
+    fork_context,
+)
+from callgrove.transcripts.claude_history import user_messages as _user_messages
+from callgrove.transcripts.claude_records import (
+    AssistantLine,
+    OtherLine,
+    SystemLine,
+    UserLine,
+    decode_content,
+    decode_line,
+)
 from callgrove.transcripts.ledger import (
     CLAUDE_CODE,
-    CallIds,
     ImportReport,
-    Line,
     collector_paused,
-    parse_timestamp,
     read_json_lines,
     refuse_file,
     sniff,
@@ -48,10 +66,9 @@ from callgrove.transcripts.model import (
     TranscriptAgent,
     TranscriptCall,
     Turn,
-    extend,
+    parent_unavailable,
 )
 
-SPAWN_TOOLS = frozenset({"Task", "Agent"})
 BACKGROUND_STATUSES = frozenset({"async_launched", "running_in_background", "backgrounded"})
 LEADER_ID = "main"
 
@@ -123,117 +140,32 @@ def _peek_session_id(path: Path, limit: int = 20) -> str | None:
                     data = orjson.loads(raw)
                 except orjson.JSONDecodeError:
                     continue
-                if isinstance(data, dict) and isinstance(data.get("sessionId"), str):
-                    return data["sessionId"]
+                if isinstance(data, dict) and (found := decode_line(data).session_id):
+                    return found
     except OSError:
         return None
     return None
 
 
 # ---------------------------------------------------------------------------------------------
-# Message content
-
-
-def _text_of(content: Any) -> str:
-    """Plain text of a tool result's or a message's content (string or list of blocks)."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "\n".join(_block_text(block) for block in content)
-    return orjson.dumps(content).decode()
-
-
-def _block_text(block: Any) -> str:
-    if not isinstance(block, dict):
-        return str(block)
-    kind = block.get("type")
-    if kind == "text":
-        return str(block.get("text", ""))
-    if kind in ("image", "document"):
-        return f"[{kind}]"
-    return f"[{kind}]"
+# Messages API content (also read by the gateway)
 
 
 def user_messages(content: Any) -> list[Message]:
-    """A user line's messages: one `tool` message per tool result, then the user's own text."""
-    if isinstance(content, str):
-        return [Message("user", content)] if content else []
-    if not isinstance(content, list):
-        return []
-    results: list[Message] = []
-    texts: list[str] = []
-    for block in content:
-        if isinstance(block, dict) and block.get("type") == "tool_result":
-            results.append(
-                Message(
-                    "tool",
-                    _text_of(block.get("content")),
-                    tool_call_id=str(block.get("tool_use_id") or ""),
-                    is_error=bool(block.get("is_error")),
-                )
-            )
-        else:
-            texts.append(_block_text(block))
-    return results + ([Message("user", "\n".join(texts))] if texts else [])
-
-
-def assistant_message(lines: list[Line]) -> Message:
-    """One API response from its lines, blocks in file order."""
-    thinking: list[str] = []
-    texts: list[str] = []
-    calls: list[ToolCall] = []
-    for line in lines:
-        content = line.data["message"].get("content")
-        blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
-        for block in blocks if isinstance(blocks, list) else []:
-            if not isinstance(block, dict):
-                texts.append(str(block))
-                continue
-            kind = block.get("type")
-            if kind == "thinking":
-                thinking.append(str(block.get("thinking", "")))
-            elif kind == "redacted_thinking":
-                thinking.append("[redacted thinking]")
-            elif kind == "text":
-                texts.append(str(block.get("text", "")))
-            elif kind in ("tool_use", "server_tool_use"):
-                name = str(block.get("name", ""))
-                calls.append(ToolCall(str(block.get("id") or ""), name, block.get("input")))
-            else:
-                texts.append(f"[{kind}]")
-    return Message("assistant", "\n".join(texts), "\n".join(thinking), tuple(calls))
+    """A user message's content (a string or a list of blocks) as normal-form messages."""
+    return _user_messages(decode_content(content))
 
 
 # ---------------------------------------------------------------------------------------------
-# One agent's lines (a file, or one tree of the session file) into calls
+# One agent: its lines, then what they became
 
 
-def _is_tool_results(data: dict[str, Any]) -> bool:
-    content = (
-        data.get("message", {}).get("content") if isinstance(data.get("message"), dict) else None
-    )
-    return (
-        isinstance(content, list)
-        and bool(content)
-        and all(isinstance(b, dict) and b.get("type") == "tool_result" for b in content)
-    )
+class SubagentMeta(msgspec.Struct, kw_only=True, rename="camel"):
+    """The `agent-<id>.meta.json` beside a nested subagent's file."""
 
-
-def _is_synthetic(data: dict[str, Any]) -> bool:
-    message = data["message"]
-    return bool(data.get("isApiErrorMessage")) or message.get("model") == "<synthetic>"
-
-
-@dataclass(eq=False)
-class _Response:
-    lines: list[int]
-    key: str | None
-    call: TranscriptCall | None = None
-    tool_tail: int | None = None  # latest tool-result line answering this response
-    copied: bool = False  # an earlier agent's response, repeated in this agent's history
-    turn: Turn | None = None  # the history ending with a copied response
+    agent_type: str | None = None
+    is_fork: bool = False
+    fork: bool = False  # its name in earlier releases
 
 
 @dataclass(eq=False)
@@ -241,318 +173,44 @@ class Unit:
     """The lines of one agent, with what is needed to link it to its parent."""
 
     agent: TranscriptAgent
-    lines: list[Line]
+    entries: list[Entry]
     file_rank: int
     layout: str
     claude_agent_id: str | None = None
-    first_prompt: str | None = None
-    spawns: list[tuple[TranscriptCall, ToolCall]] = field(default_factory=list)
-    results: dict[str, tuple[str, str | None]] = field(default_factory=dict)  # agentId -> use
-    failed_uses: set[str] = field(default_factory=set)  # tool calls whose result is an error
-    copied_responses: int = 0  # responses of earlier agents its history repeats (a fork)
+    meta: SubagentMeta | None = None
 
 
-class UnitBuilder:
-    """Turns one agent's lines into calls with their histories, accounting for each line."""
+@dataclass(frozen=True, eq=False)
+class Built:
+    unit: Unit
+    graph: LineGraph
+    history: AgentHistory
 
-    def __init__(self, unit: Unit, report: ImportReport, earlier_responses: set[str]):
-        self.unit = unit
-        self.report = report
-        self.earlier_responses = earlier_responses  # message ids already made into calls
-        self.lines = unit.lines
-        count = len(self.lines)
-        self.parent: list[int | None] = [None] * count
-        self.response_of: list[_Response | None] = [None] * count
-        self.tool_owner: list[_Response | None] = [None] * count
-        self.turns: list[Turn | None] = [None] * count
-        self.order: list[tuple[Any, ...]] = []
-        self.not_kept: set[str] = set()
-        self.call_ids = CallIds(unit.agent.id)
-        self.seen: dict[str, int] = {}  # uuid -> latest line so far, during the history pass
-        self.open_boundaries: list[int] = []
-        self.summaries: list[tuple[int, int | None]] = []
-        # Partial compaction: preserved message uuid -> (anchor uuid, uuid before it), and the
-        # post-compaction history at each preserved message.
-        self.preserved_before: dict[str, tuple[str, str]] = {}
-        self.preserved_turns: dict[str, Turn] = {}
 
-    # -- passes --------------------------------------------------------------------------------
-
-    def build(self) -> None:
-        self._resolve_parents()
-        self._group_responses()
-        for i, line in enumerate(self.lines):
-            self._history(i, line)
-            uuid = line.data.get("uuid")
-            if isinstance(uuid, str):
-                self.seen[uuid] = i
-        for s, boundary in self.summaries:
-            self._compaction_call(s, boundary)
-        for b in self.open_boundaries:
-            line = self.lines[b]
-            self.report.used[line.file].pop(line.number, None)
-            self.report.problem(
-                "compact boundary without a summary line; no compaction call made",
-                line.file,
-                line.number,
-                severity="warning",
-            )
-
-    def _resolve_parents(self) -> None:
-        """Each line's parent: the latest earlier line with that uuid (append-only log)."""
-        latest: dict[str, int] = {}
-        last_time: float | None = None
-        for i, line in enumerate(self.lines):
-            data = line.data
-            time = parse_timestamp(data.get("timestamp"))
-            last_time = time if time is not None else last_time
-            self.order.append((last_time or 0.0, self.unit.file_rank, line.number))
-            for uuid in data.get("supersedesUuids") or ():
-                self.not_kept.add(str(uuid))
-            for uuid in data.get("retractedMessageUuids") or ():
-                self.not_kept.add(str(uuid))
-            parent = data.get("parentUuid")
-            if isinstance(parent, str):
-                found = latest.get(parent)
-                if found is None:
-                    self.report.problem(
-                        f"parentUuid {parent!r} names no earlier line of this agent; "
-                        "its history starts here",
-                        line.file,
-                        line.number,
-                        severity="warning",
-                    )
-                self.parent[i] = found
-            uuid = data.get("uuid")
-            if isinstance(uuid, str):
-                latest[uuid] = i
-
-    def _group_responses(self) -> None:
-        open_by_key: dict[str, _Response] = {}
-        for i, line in enumerate(self.lines):
-            data = line.data
-            if data.get("type") != "assistant" or not isinstance(data.get("message"), dict):
-                continue
-            if _is_synthetic(data):
-                continue
-            message_id = data["message"].get("id")
-            key = message_id or data.get("requestId")
-            key = key if isinstance(key, str) else None
-            current = open_by_key.get(key) if key else None
-            parent = self.parent[i]
-            joins = current is not None and (
-                isinstance(message_id, str)
-                or (parent is not None and self.response_of[parent] is current)
-            )
-            if joins:
-                current.lines.append(i)  # type: ignore[union-attr]
-                self.response_of[i] = current
-                continue
-            response = _Response([i], key, copied=message_id in self.earlier_responses)
-            self.response_of[i] = response
-            if key:
-                open_by_key[key] = response
-
-    def _effective_parent(self, i: int) -> int | None:
-        """Parallel tool results hang off different lines of one response; chain them."""
-        parent = self.parent[i]
-        uuid = self.lines[i].data.get("uuid")
-        if parent is not None and uuid in self.preserved_before:
-            anchor, before = self.preserved_before[uuid]  # relinked to the summary on compaction
-            if self.lines[parent].data.get("uuid") == anchor:
-                parent = self.seen.get(before, parent)
-        if parent is None:
-            return None
-        owner = self.tool_owner[parent] or self.response_of[parent]
-        if owner is not None and owner.tool_tail is not None:
-            parent = owner.tool_tail
-        if _is_tool_results(self.lines[i].data):
-            owner = self.tool_owner[parent] or self.response_of[parent]
-            if owner is not None:
-                self.tool_owner[i] = owner
-                owner.tool_tail = i
-        return parent
-
-    def _history(self, i: int, line: Line) -> None:
-        data = line.data
-        parent = self._effective_parent(i)
-        before = self.turns[parent] if parent is not None else None
-        parent_uuid = self.lines[parent].data.get("uuid") if parent is not None else None
-        if parent_uuid in self.preserved_turns and data.get("uuid") not in self.preserved_before:
-            before = self.preserved_turns[parent_uuid]
-        kind = data.get("type")
-        response = self.response_of[i]
-        if response is not None and response.copied:
-            if response.turn is None:
-                lines = [self.lines[j] for j in response.lines]
-                response.turn = Turn(assistant_message(lines), before)
-                self.unit.copied_responses += 1
-            self.turns[i] = response.turn
-            self.report.use(line, "message (an earlier agent's response, repeated)")
-            return
-        if response is not None:
-            if response.call is None:
-                response.call = self._make_call(response, before)
-                self.report.use(line, "call")
-            else:
-                self.report.use(line, "call (further block)")
-            self.turns[i] = response.call.answer
-            return
-        self.turns[i] = before
-        if kind == "user" and isinstance(data.get("message"), dict):
-            if data.get("isCompactSummary"):
-                self._summary(i, line)
-                return
-            messages = user_messages(data["message"].get("content"))
-            if not messages:
-                self.report.skip(line, "user line with no content")
-                return
-            self.turns[i] = extend(before, messages)
-            self._note_result(data)
-            self.unit.failed_uses.update(m.tool_call_id or "" for m in messages if m.is_error)
-            if self.unit.first_prompt is None and messages[-1].role == "user":
-                self.unit.first_prompt = messages[-1].text
-            self.report.use(line, "message")
-        elif kind == "assistant":
-            self.report.skip(
-                line,
-                "assistant line that is not a model response (synthetic API error message)"
-                if isinstance(data.get("message"), dict)
-                else "assistant line without a message",
-            )
-        elif kind == "system" and data.get("subtype") == "compact_boundary":
-            self.open_boundaries.append(i)
-            self.preserved_before.update(preserved_links(data))
-            self.report.use(line, "compaction boundary")
-        elif kind == "system":
-            self.report.skip(line, f"system record ({data.get('subtype')}) is not a model message")
+def _build(unit: Unit, report: ImportReport, responses: set[str], turns: dict) -> Built:
+    """The unit's graph and history; every line accounted for in `report`."""
+    graph = build_graph(unit.entries, unit.file_rank, responses)
+    context = fork_context(graph)
+    history = derive_history(graph, unit.agent, turns.get(context) if context else None)
+    unit.agent.calls = list(history.calls)
+    for i in graph.dangling:
+        entry = graph.entries[i]
+        report.problem(
+            f"parentUuid {entry.record.parent_uuid!r} names no earlier line of this agent; "
+            "its history starts here",
+            entry.file,
+            entry.number,
+            severity="warning",
+        )
+    for outcome in history.outcomes:
+        entry = graph.entries[outcome.line]
+        if outcome.used is not None:
+            report.use(entry, outcome.used)
+        elif outcome.skipped is not None:
+            report.skip(entry, outcome.skipped)
         else:
-            self.report.skip(line, f"{kind or 'untyped'} record is not a model message")
-
-    def _note_result(self, data: dict[str, Any]) -> None:
-        """A Task/Agent result names the subagent it ran (`toolUseResult.agentId`)."""
-        result = data.get("toolUseResult")
-        if not isinstance(result, dict) or not isinstance(result.get("agentId"), str):
-            return
-        content = data["message"].get("content")
-        use_id = (
-            next(
-                (
-                    b.get("tool_use_id")
-                    for b in content
-                    if isinstance(b, dict) and b.get("type") == "tool_result"
-                ),
-                None,
-            )
-            if isinstance(content, list)
-            else None
-        )
-        status = result.get("status") if isinstance(result.get("status"), str) else None
-        if isinstance(use_id, str):
-            self.unit.results[result["agentId"]] = (use_id, status)
-
-    def _make_call(self, response: _Response, context: Turn | None) -> TranscriptCall:
-        lines = [self.lines[j] for j in response.lines]
-        first, last = lines[0].data, lines[-1].data
-        message = assistant_message(lines)
-        agent = self.unit.agent
-        call = TranscriptCall(
-            id=self.call_ids.new(response.key or f"line{lines[0].number}"),
-            agent=agent,
-            context=context,
-            response=message,
-            order=self.order[response.lines[0]],
-            kept=not any(
-                self.lines[j].data.get("uuid") in self.not_kept
-                or self.lines[j].data.get("isAbortedMidStream")
-                for j in response.lines
-            ),
-            content=_call_content(lines, first, last),
-        )
-        agent.calls.append(call)
-        for tool in message.tool_calls:
-            if tool.name in SPAWN_TOOLS:
-                self.unit.spawns.append((call, tool))
-        return call
-
-    # -- compaction ----------------------------------------------------------------------------
-
-    def _summary(self, i: int, line: Line) -> None:
-        """The summary restarts the history (then any messages a partial compaction kept)."""
-        boundary = self.open_boundaries.pop() if self.open_boundaries else None
-        self.summaries.append((i, boundary))
-        text = _text_of(line.data["message"].get("content"))
-        turn = Turn(Message("user", text), None)
-        meta = (
-            (self.lines[boundary].data.get("compactMetadata") or {}) if boundary is not None else {}
-        )
-        for uuid in (meta.get("preservedMessages") or {}).get("uuids") or ():
-            index = self._find(str(uuid))
-            if index is not None:
-                turn = extend(turn, self._messages_at(index))  # type: ignore[assignment]
-                self.preserved_turns[str(uuid)] = turn
-        self.turns[i] = turn
-        self.report.use(line, "compaction summary")
-
-    def _compaction_call(self, s: int, boundary: int | None) -> None:
-        summary_line = self.lines[s]
-        anchor = boundary if boundary is not None else s
-        compaction_call(
-            self.unit.agent,
-            self.call_ids.new(f"compact-{self.lines[anchor].number}"),
-            self._compacted_history(s, boundary),
-            _text_of(summary_line.data["message"].get("content")),
-            self.order[anchor],
-            {
-                "source": {
-                    "file": summary_line.file,
-                    "lines": sorted({self.lines[anchor].number, summary_line.number}),
-                },
-                "trigger": (self.lines[anchor].data.get("compactMetadata") or {}).get("trigger"),
-            },
-        )
-
-    def _compacted_history(self, s: int, boundary: int | None) -> Turn | None:
-        """What the compaction summarised: up to `logicalParentUuid`, else the summary's parent."""
-        if boundary is not None:
-            logical = self.lines[boundary].data.get("logicalParentUuid")
-            index = self._find(logical, boundary) if isinstance(logical, str) else None
-            if index is not None:
-                return self.turns[index]
-        parent = self.parent[s]
-        if parent is not None and parent != boundary:
-            return self.turns[parent]
-        return None
-
-    def _find(self, uuid: str, before: int | None = None) -> int | None:
-        """The latest line with `uuid` before `before`, else the first one after it."""
-        limit = len(self.lines) if before is None else before
-        for i in range(limit - 1, -1, -1):
-            if self.lines[i].data.get("uuid") == uuid:
-                return i
-        for i in range(limit, len(self.lines)):
-            if self.lines[i].data.get("uuid") == uuid:
-                return i
-        return None
-
-    def _messages_at(self, index: int) -> list[Message]:
-        response = self.response_of[index]
-        if response is not None:
-            return [assistant_message([self.lines[j] for j in response.lines])]
-        message = self.lines[index].data.get("message")
-        return user_messages(message.get("content")) if isinstance(message, dict) else []
-
-
-def _call_content(lines: list[Line], first: dict[str, Any], last: dict[str, Any]) -> dict[str, Any]:
-    message = last["message"]
-    return {
-        "source": {"file": lines[0].file, "lines": [line.number for line in lines]},
-        "message_id": first["message"].get("id"),
-        "request_id": first.get("requestId"),
-        "model": message.get("model"),
-        "stop_reason": message.get("stop_reason"),
-        "usage": message.get("usage"),
-    }
+            report.problem(outcome.problem or "", entry.file, entry.number, severity="warning")
+    return Built(unit, graph, history)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -576,24 +234,29 @@ def _is_session_file(path: Path, report: ImportReport) -> bool:
     return found == CLAUDE_CODE
 
 
+def _entries(path: Path, report: ImportReport) -> list[Entry]:
+    return [
+        Entry(line.file, line.number, decode_line(line.data))
+        for line in read_json_lines(path, report)
+    ]
+
+
 def _session(files: SessionFiles, report: ImportReport) -> Transcript | None:
     if not _is_session_file(files.main, report):
         return None
     files.subagents = [(p, how) for p, how in files.subagents if _is_session_file(p, report)]
-    main_lines = list(read_json_lines(files.main, report))
-    session_id = next(
-        (ln.data["sessionId"] for ln in main_lines if isinstance(ln.data.get("sessionId"), str)),
-        files.main.stem,
-    )
-    units = _split_main(main_lines)
+    main = _entries(files.main, report)
+    units = _split_main(main)
     for rank, (path, layout) in enumerate(files.subagents, start=1):
         units.append(_file_unit(path, layout, rank, report))
     responses: set[str] = set()
+    turns: dict[str, Turn | None] = {}  # uuid -> history there, of the agents built so far
+    built: list[Built] = []
     for unit in units:
-        UnitBuilder(unit, report, responses).build()
-        responses.update(
-            c.content["message_id"] for c in unit.agent.calls if c.content.get("message_id")
-        )
+        done = _build(unit, report, responses, turns)
+        built.append(done)
+        responses.update(c.content.message_id for c in done.history.calls if c.content.message_id)
+        turns.update(done.history.turn_at(done.graph))
     if not any(unit.agent.calls for unit in units):
         report.problem(
             "no model response in this session: nothing to train on, no episode written",
@@ -601,83 +264,82 @@ def _session(files: SessionFiles, report: ImportReport) -> Transcript | None:
             severity="warning",
         )
         return None
-    gaps = _link(units, report)
+    gaps = _link(built, report)
     leader = units[0].agent
     others = sorted(
         (u.agent for u in units[1:]), key=lambda a: a.calls[0].order if a.calls else (1e300,)
     )
+    first_prompt = built[0].history.first_prompt
     return Transcript(
-        id=session_id,
+        id=next((e.record.session_id for e in main if e.record.session_id), files.main.stem),
         agents=[leader, *others],
         gaps=gaps,
-        task={"prompt": units[0].first_prompt} if units[0].first_prompt else None,
+        task={"prompt": first_prompt} if first_prompt else None,
         meta={
             "source": "claude-code",
             "files": [str(files.main)] + [str(p) for p, _ in files.subagents],
-            "version": next(
-                (
-                    ln.data["version"]
-                    for ln in main_lines
-                    if isinstance(ln.data.get("version"), str)
-                ),
-                None,
-            ),
+            "version": next((e.record.version for e in main if e.record.version), None),
         },
     )
 
 
-def _split_main(lines: list[Line]) -> list[Unit]:
+def _split_main(entries: list[Entry]) -> list[Unit]:
     """The leader's lines and each inline sidechain's, by the tree each line belongs to."""
     root_of: list[int] = []
     latest: dict[str, int] = {}
     last_of_side: dict[bool, int] = {}  # a dangling parent (a lost line) keeps its side's tree
-    for i, line in enumerate(lines):
-        parent = line.data.get("parentUuid")
-        side = line.data.get("isSidechain") is True
-        found = latest.get(parent) if isinstance(parent, str) else None
-        if found is None and line.data.get("subtype") == "compact_boundary":
-            logical = line.data.get("logicalParentUuid")
-            found = latest.get(logical) if isinstance(logical, str) else None
-        elif found is None and isinstance(parent, str):
-            found = last_of_side.get(side)
+    for i, entry in enumerate(entries):
+        record = entry.record
+        parent = record.parent_uuid
+        found = latest.get(parent) if parent is not None else None
+        if found is None and isinstance(record, SystemLine) and record.is_compact_boundary:
+            logical = record.logical_parent_uuid
+            found = latest.get(logical) if logical is not None else None
+        elif found is None and parent is not None:
+            found = last_of_side.get(record.is_sidechain)
         root_of.append(root_of[found] if found is not None else i)
-        if isinstance(line.data.get("uuid"), str):
-            latest[line.data["uuid"]] = i
-            last_of_side[side] = i
-    has_main_messages = any(
-        ln.data.get("type") in ("user", "assistant") and not ln.data.get("isSidechain")
-        for ln in lines
-    )
+        if record.uuid is not None:
+            latest[record.uuid] = i
+            last_of_side[record.is_sidechain] = i
+    has_main_messages = any(_is_message(e.record) and not e.record.is_sidechain for e in entries)
     leader = Unit(TranscriptAgent(LEADER_ID, "leader"), [], 0, "main")
     sidechains: dict[int, Unit] = {}
-    for i, line in enumerate(lines):
-        root = lines[root_of[i]].data
+    for i, entry in enumerate(entries):
+        root = entries[root_of[i]].record
         inline = (
             has_main_messages
-            and root.get("isSidechain") is True
-            and root.get("type") == "user"
-            and root.get("parentUuid") is None
-            and not root.get("agentId")
+            and root.is_sidechain
+            and isinstance(root, UserLine)
+            and root.parent_uuid is None
+            and not root.agent_id
         )
         if not inline:
-            leader.lines.append(line)
+            leader.entries.append(entry)
             continue
         unit = sidechains.get(root_of[i])
         if unit is None:
             agent = TranscriptAgent(f"sidechain-{len(sidechains) + 1}", "subagent", start="fresh")
             unit = sidechains[root_of[i]] = Unit(agent, [], 0, "inline")
-            agent.meta = {"layout": "inline", "file": line.file}
-        unit.lines.append(line)
+            agent.meta = {"layout": "inline", "file": entry.file}
+        unit.entries.append(entry)
     return [leader, *sidechains.values()]
 
 
+def _is_message(record: Any) -> bool:
+    """A user or assistant line, readable or not."""
+    return isinstance(record, UserLine | AssistantLine) or (
+        isinstance(record, OtherLine) and record.kind in ("user", "assistant")
+    )
+
+
 def _file_unit(path: Path, layout: str, rank: int, report: ImportReport) -> Unit:
-    lines = list(read_json_lines(path, report))
+    entries = _entries(path, report)
     claude_id = next(
-        (ln.data["agentId"] for ln in lines if isinstance(ln.data.get("agentId"), str)),
+        (e.record.agent_id for e in entries if e.record.agent_id),
         path.stem.removeprefix("agent-"),
     )
     meta: dict[str, Any] = {"layout": layout, "file": str(path), "claude_agent_id": claude_id}
+    found: SubagentMeta | None = None
     meta_path = path.with_suffix(".meta.json")
     if meta_path.is_file():
         try:
@@ -687,37 +349,43 @@ def _file_unit(path: Path, layout: str, rank: int, report: ImportReport) -> Unit
         else:
             if isinstance(extra, dict):
                 meta["meta_json"] = extra
+                try:
+                    found = msgspec.convert(extra, SubagentMeta)
+                except msgspec.ValidationError as error:
+                    report.problem(f"not a subagent description ({error})", str(meta_path))
             else:
                 report.problem(
                     f"not a JSON object (a {type(extra).__name__}); ignored", str(meta_path)
                 )
-    agent_type = (meta.get("meta_json") or {}).get("agentType")
+    agent_type = found.agent_type if found else None
     agent = TranscriptAgent(
         f"agent-{claude_id}", str(agent_type or "subagent"), start="fresh", meta=meta
     )
-    return Unit(agent, lines, rank, layout, claude_agent_id=claude_id)
+    return Unit(agent, entries, rank, layout, claude_agent_id=claude_id, meta=found)
 
 
-def _link(units: list[Unit], report: ImportReport) -> list[Gap]:
+def _link(built: list[Built], report: ImportReport) -> list[Gap]:
     """Each subagent's parent agent and spawning call; unlinkable ones become gaps."""
-    spawns = [(call, tool) for unit in units for call, tool in unit.spawns]
-    by_use_id = {tool.id: (call, tool) for call, tool in spawns if tool.id}
-    results = {key: value for unit in units for key, value in unit.results.items()}
-    claimed: set[int] = set()
+    spawns = [spawn for b in built for spawn in b.history.spawns]
+    by_use_id = {tool.id: k for k, (_, tool) in enumerate(spawns) if tool.id}
+    results = {key: value for b in built for key, value in b.history.results.items()}
+    claimed: set[int] = set()  # spawning tool calls linked so far (places in `spawns`)
     gaps: list[Gap] = []
-    for unit in units[1:]:
-        found, how, status = None, None, None
+    for b in built[1:]:
+        unit, first_prompt = b.unit, b.history.first_prompt
+        found: int | None = None
+        how, status = None, None
         if unit.claude_agent_id and unit.claude_agent_id in results:
             use_id, status = results[unit.claude_agent_id]
             found, how = by_use_id.get(use_id), "toolUseResult.agentId"
-        if found is None and unit.first_prompt is not None:
+        if found is None and first_prompt is not None:
             found = next(
                 (
-                    (call, tool)
-                    for call, tool in spawns
-                    if id(tool) not in claimed
+                    k
+                    for k, (_, tool) in enumerate(spawns)
+                    if k not in claimed
                     and isinstance(tool.arguments, dict)
-                    and tool.arguments.get("prompt") == unit.first_prompt
+                    and tool.arguments.get("prompt") == first_prompt
                 ),
                 None,
             )
@@ -726,20 +394,18 @@ def _link(units: list[Unit], report: ImportReport) -> list[Gap]:
         if found is None:
             agent.parent = None
             gaps.append(
-                Gap(
-                    kind="subagent_parent_unavailable",
-                    agent=agent.id,
-                    file=agent.meta.get("file"),
-                    reason="no Task/Agent call names this subagent (no toolUseResult.agentId "
+                parent_unavailable(
+                    agent,
+                    "no Task/Agent call names this subagent (no toolUseResult.agentId "
                     "and no Task prompt equal to its first prompt)",
                 )
             )
             continue
-        call, tool = found
-        claimed.add(id(tool))
+        call, tool = spawns[found]
+        claimed.add(found)
         arguments = tool.arguments if isinstance(tool.arguments, dict) else {}
         agent.parent = call.agent.id
-        agent.start = _start_of(arguments, status, agent.meta, unit.copied_responses)
+        agent.start = _start_of(arguments, status, unit.meta, b.history.copied_responses)
         if arguments.get("subagent_type"):
             agent.name = str(arguments["subagent_type"])
         description = arguments.get("description")
@@ -749,38 +415,38 @@ def _link(units: list[Unit], report: ImportReport) -> list[Gap]:
             link=how,
             description=description if isinstance(description, str) else None,
         )
-    gaps += _missing_subagents(units, spawns, claimed, report)
+    gaps += _missing_subagents(built, spawns, claimed, report)
     return gaps
 
 
 def _start_of(
-    arguments: dict[str, Any], status: str | None, meta: dict[str, Any], copied: int
+    arguments: dict[str, Any], status: str | None, meta: SubagentMeta | None, copied: int
 ) -> str:
     """`background` when it ran alongside its parent; `fork` when it started from the parent's
     conversation (its history repeats the parent's responses); else `fresh`."""
     if arguments.get("run_in_background") is True or status in BACKGROUND_STATUSES:
         return "background"
-    extra = meta.get("meta_json") or {}
-    if copied or arguments.get("subagent_type") == "fork" or extra.get("fork") is True:
+    said_fork = meta is not None and (meta.is_fork or meta.fork)
+    if copied or arguments.get("subagent_type") == "fork" or said_fork:
         return "fork"
     return "fresh"
 
 
 def _missing_subagents(
-    units: list[Unit],
+    built: list[Built],
     spawns: list[tuple[TranscriptCall, ToolCall]],
     claimed: set[int],
     report: ImportReport,
 ) -> list[Gap]:
     """Spawn calls whose subagent has no transcript among the files read: gaps and warnings."""
-    present = {u.claude_agent_id for u in units if u.claude_agent_id}
-    named = {use_id: agent for u in units for agent, (use_id, _) in u.results.items()}
-    failed = {use_id for u in units for use_id in u.failed_uses}
+    present = {b.unit.claude_agent_id for b in built if b.unit.claude_agent_id}
+    named = {use_id: agent for b in built for agent, (use_id, _) in b.history.results.items()}
+    failed = {use_id for b in built for use_id in b.history.failed_uses}
     # an unlinked subagent may be the one an unnamed spawn started: its own gap says so
-    unlinked = any(u.agent.spawn is None for u in units[1:])
+    unlinked = any(b.unit.agent.spawn is None for b in built[1:])
     gaps: list[Gap] = []
-    for call, tool in spawns:
-        if id(tool) in claimed or tool.id in failed:  # a failed spawn started no subagent
+    for k, (call, tool) in enumerate(spawns):
+        if k in claimed or tool.id in failed:  # a failed spawn started no subagent
             continue
         agent = named.get(tool.id)
         if (agent is not None and agent in present) or (agent is None and unlinked):
@@ -794,7 +460,7 @@ def _missing_subagents(
         else:
             kind = "subagent_transcript_missing"
             reason = "the call started a subagent whose transcript is not among the files read"
-        file = call.content.get("source", {}).get("file")
+        file = call.content.source.file
         gaps.append(
             Gap(
                 kind=kind,

@@ -44,19 +44,22 @@ from callgrove.transcripts.ledger import (
     ImportReport,
     Line,
     collector_paused,
-    parse_timestamp,
     read_json_lines,
     refuse_file,
+    running_times,
     sniff,
 )
 from callgrove.transcripts.model import (
+    CallRecord,
     Message,
+    Source,
     ToolCall,
     Transcript,
     TranscriptAgent,
     TranscriptCall,
     Turn,
     extend,
+    parent_unavailable,
 )
 
 OUTPUT_ITEMS = frozenset(
@@ -228,9 +231,10 @@ class RolloutReader:
             and ln.data["payload"].get("type") == "token_count"
             for ln in lines
         )
-        for line in lines:
-            time = parse_timestamp(line.data.get("timestamp"))
-            self.time = time if time is not None else self.time
+        for line, time in zip(
+            lines, running_times([ln.data.get("timestamp") for ln in lines]), strict=True
+        ):
+            self.time = time
             self._line(line)
         self._close()
 
@@ -331,7 +335,7 @@ class RolloutReader:
         if kind == "token_count":  # written after each response, sometimes after its turn ends
             self._close()
             if self.last_call is not None:
-                self.last_call.content["usage"] = (event.get("info") or {}).get("last_token_usage")
+                self.last_call.content.usage = (event.get("info") or {}).get("last_token_usage")
                 self.last_call = None
                 self.report.use(line, "usage")
             else:
@@ -371,9 +375,9 @@ class RolloutReader:
             context=thread.history,
             response=response_message([item for _, item in self.pending]),
             order=self._order(first_line),
-            content={
-                "source": {"file": first_line.file, "lines": [ln.number for ln, _ in self.pending]}
-            },
+            content=CallRecord(
+                source=Source(first_line.file, [ln.number for ln, _ in self.pending])
+            ),
         )
         thread.agent.calls.append(call)
         thread.tool_calls.update((tool.id, call) for tool in call.response.tool_calls if tool.id)
@@ -391,14 +395,15 @@ class RolloutReader:
             adopt_as_compaction(thread.latest_answer, line.number)  # type: ignore[arg-type]
             self.report.use(line, "compaction (its summary is the response before it)")
         else:
-            compaction_call(
+            call = compaction_call(
                 thread.agent,
                 thread.call_ids.new(f"compact-{line.number}"),
                 thread.history,
                 summary,
                 self._order(line),
-                {"source": {"file": line.file, "lines": [line.number]}},
+                CallRecord(source=Source(line.file, [line.number])),
             )
+            thread.agent.calls.append(call)
             self.report.use(line, "compaction")
         thread.latest_answer = None
         history = Turn(thread.system, None) if thread.system else None
@@ -459,14 +464,9 @@ def _episodes(threads: list[Thread], report: ImportReport) -> list[Transcript]:
         roots.append(thread)
         if parent is not None:
             thread.agent.start = "fresh"
+            where = "this thread itself" if parent == thread.id else "not among the files read"
             gaps_of[thread.id] = [
-                Gap(
-                    kind="subagent_parent_unavailable",
-                    agent=thread.id,
-                    file=thread.agent.meta.get("file"),
-                    reason=f"parent thread {parent!r} is "
-                    + ("this thread itself" if parent == thread.id else "not among the files read"),
-                )
+                parent_unavailable(thread.agent, f"parent thread {parent!r} is {where}")
             ]
     transcripts = []
     reached: set[str] = set()

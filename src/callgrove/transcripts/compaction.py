@@ -19,7 +19,8 @@ from __future__ import annotations
 from itertools import pairwise
 from typing import Any
 
-from callgrove.transcripts.model import Message, TranscriptAgent, TranscriptCall, Turn
+from callgrove.transcripts.claude_records import CompactMetadata
+from callgrove.transcripts.model import CallRecord, Message, TranscriptAgent, TranscriptCall, Turn
 
 
 def compaction_call(
@@ -28,10 +29,10 @@ def compaction_call(
     summarised: Turn | None,
     summary: str,
     order: tuple[Any, ...],
-    content: dict[str, Any],
+    content: CallRecord,
 ) -> TranscriptCall:
-    """The call that wrote `summary` from the history `summarised`, added to its agent."""
-    call = TranscriptCall(
+    """The call of `agent` that wrote `summary` from the history `summarised`."""
+    return TranscriptCall(
         id=call_id,
         agent=agent,
         context=summarised,
@@ -40,8 +41,6 @@ def compaction_call(
         purpose="compaction",
         content=content,
     )
-    agent.calls.append(call)
-    return call
 
 
 def answered_with_summary(call: TranscriptCall | None, summary: str) -> bool:
@@ -56,7 +55,7 @@ def answered_with_summary(call: TranscriptCall | None, summary: str) -> bool:
 def adopt_as_compaction(call: TranscriptCall, line: int) -> None:
     """Mark a recorded response as the compaction call whose record is at `line`."""
     call.purpose = "compaction"
-    call.content["source"]["lines"].append(line)
+    call.content.source.lines.append(line)
 
 
 def summary_in_replacement(replacement: list[dict[str, Any]], text_of: Any) -> str:
@@ -67,12 +66,11 @@ def summary_in_replacement(replacement: list[dict[str, Any]], text_of: Any) -> s
     return ""
 
 
-def preserved_links(boundary: dict[str, Any]) -> dict[str, tuple[str, str]]:
+def preserved_links(meta: CompactMetadata | None) -> dict[str, tuple[str, str]]:
     """A partial compaction's kept messages: each kept uuid -> (the anchor the file links it
     to, the kept message it follows after the summary)."""
-    preserved = (boundary.get("compactMetadata") or {}).get("preservedMessages") or {}
-    uuids = [str(u) for u in preserved.get("uuids") or ()]
-    anchor = preserved.get("anchorUuid")
-    if not isinstance(anchor, str):
+    preserved = meta.preserved_messages if meta is not None else None
+    if preserved is None or preserved.anchor_uuid is None:
         return {}
-    return {uuid: (anchor, before) for before, uuid in pairwise(uuids)}
+    anchor = preserved.anchor_uuid
+    return {uuid: (anchor, before) for before, uuid in pairwise(preserved.uuids)}

@@ -10,11 +10,11 @@ from __future__ import annotations
 import gc
 import os
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -30,6 +30,18 @@ def parse_timestamp(value: Any) -> float | None:
         return datetime.fromisoformat(value).timestamp()
     except ValueError:
         return None
+
+
+def running_times(stamps: Sequence[Any]) -> list[float]:
+    """Each line's time for the ledger order: its own timestamp, else the latest one before it
+    (0.0 before any)."""
+    times: list[float] = []
+    last = 0.0
+    for stamp in stamps:
+        time = parse_timestamp(stamp)
+        last = time if time is not None else last
+        times.append(last)
+    return times
 
 
 class CallIds:
@@ -58,6 +70,16 @@ class Line:
     data: dict[str, Any]
 
 
+class Located(Protocol):
+    """Anything read from a line of a file."""
+
+    @property
+    def file(self) -> str: ...
+
+    @property
+    def number(self) -> int: ...
+
+
 @dataclass
 class ImportReport:
     """What happened to every input line, and what could not be used."""
@@ -67,10 +89,10 @@ class ImportReport:
     used: dict[str, dict[int, str]] = field(default_factory=dict)  # file -> line -> what
     skipped: list[Problem] = field(default_factory=list)
 
-    def use(self, line: Line, what: str) -> None:
+    def use(self, line: Located, what: str) -> None:
         self.used.setdefault(line.file, {})[line.number] = what
 
-    def skip(self, line: Line, reason: str) -> None:
+    def skip(self, line: Located, reason: str) -> None:
         self.skipped.append(
             Problem(reason, file=line.file, line=line.number, severity="warning", kind="skipped")
         )

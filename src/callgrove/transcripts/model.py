@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import orjson
 
 from callgrove.episode import Gap, Spawn
@@ -121,6 +122,29 @@ def extend(turn: Turn | None, messages: list[Message]) -> Turn | None:
     return turn
 
 
+class Source(msgspec.Struct):
+    """The file and line numbers a call was read from."""
+
+    file: str
+    lines: list[int]
+
+
+class CallRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """What the transcript recorded about a call besides its messages; it becomes the
+    episode call's `content` (with the rendered prompt and response)."""
+
+    source: Source
+    message_id: str | None = None  # the API response's id (Claude Code `message.id`)
+    request_id: str | None = None
+    model: str | None = None
+    stop_reason: str | None = None
+    usage: dict[str, Any] | None = None  # token counts as the harness recorded them
+    trigger: str | None = None  # a compaction's: `auto` or `manual`
+
+    def as_dict(self) -> dict[str, Any]:
+        return msgspec.to_builtins(self)
+
+
 @dataclass(slots=True, eq=False)
 class TranscriptCall:
     """One model call (one API response) with the history it was given."""
@@ -130,9 +154,9 @@ class TranscriptCall:
     context: Turn | None
     response: Message
     order: tuple[Any, ...]  # ledger sort key: (time, file rank, line)
+    content: CallRecord
     purpose: str = "turn"
     kept: bool = True
-    content: dict[str, Any] = field(default_factory=dict)
     answer: Turn = field(init=False)
 
     def __post_init__(self) -> None:
@@ -146,6 +170,16 @@ class TranscriptCall:
                 return turn.call
             turn = turn.previous
         return None
+
+
+def parent_unavailable(agent: TranscriptAgent, reason: str) -> Gap:
+    """The gap of a subagent whose parent is not among the files read: it is kept as a root."""
+    return Gap(
+        kind="subagent_parent_unavailable",
+        agent=agent.id,
+        file=agent.meta.get("file"),
+        reason=reason,
+    )
 
 
 @dataclass(slots=True, eq=False)

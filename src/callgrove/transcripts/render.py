@@ -470,7 +470,7 @@ class Renderer:
                 purpose=call.purpose,
                 kept=call.kept,
                 content={
-                    **call.content,
+                    **call.content.as_dict(),
                     "prompt": [m.as_dict() for m in new],
                     "response": call.response.as_dict(),
                 },

@@ -1,0 +1,226 @@
+"""Claude Code session lines as typed records, decoded once where a line is read.
+
+Every line is a JSON object tagged by `type`. `user`, `assistant`, `system` and
+`fork-context-ref` lines are Structs of a tagged union; message content is a list of typed
+blocks (a block of a kind not listed here is an `OtherBlock` naming its kind, so nothing of it
+goes unseen). Any other kind (attachments, queue operations, request logs...) is an
+`OtherLine`: it is no model message, but its `uuid`/`parentUuid` still link the tree. A line of
+a known kind whose fields have unexpected types is an `OtherLine` carrying the reason.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+# ---------------------------------------------------------------------------------------------
+# Content blocks
+
+
+class TextBlock(msgspec.Struct, tag_field="type", tag="text"):
+    text: str = ""
+
+
+class ThinkingBlock(msgspec.Struct, tag_field="type", tag="thinking"):
+    thinking: str = ""
+
+
+class RedactedThinkingBlock(msgspec.Struct, tag_field="type", tag="redacted_thinking"):
+    pass
+
+
+class ToolUseBlock(msgspec.Struct, tag_field="type", tag="tool_use"):
+    id: str | None = None
+    name: str = ""
+    input: Any = None
+
+
+class ServerToolUseBlock(ToolUseBlock, tag="server_tool_use"):
+    """A tool the API ran itself (web search); written like a tool call."""
+
+
+class ToolResultBlock(msgspec.Struct, tag_field="type", tag="tool_result"):
+    tool_use_id: str | None = None
+    content: Any = None  # a string or a list of blocks
+    is_error: bool | None = None
+
+
+class OtherBlock(msgspec.Struct, tag_field="type", tag="other"):
+    """A block of another kind (image, document, a result of a server tool...)."""
+
+    kind: str
+
+
+Block = (
+    TextBlock
+    | ThinkingBlock
+    | RedactedThinkingBlock
+    | ToolUseBlock
+    | ServerToolUseBlock
+    | ToolResultBlock
+    | OtherBlock
+)
+_BLOCK_KINDS = frozenset(
+    {"text", "thinking", "redacted_thinking", "tool_use", "server_tool_use", "tool_result"}
+)
+
+
+def decode_block(value: Any) -> Block:
+    """A content block as its typed record; a string is text."""
+    if isinstance(value, str):
+        return TextBlock(value)
+    if not isinstance(value, dict):
+        return OtherBlock(type(value).__name__)
+    kind = value.get("type")
+    if kind in _BLOCK_KINDS:
+        try:
+            return msgspec.convert(value, Block)  # type: ignore[arg-type]
+        except msgspec.ValidationError:
+            pass
+    return OtherBlock(str(kind or "untyped"))
+
+
+def decode_content(content: Any) -> list[Block]:
+    """Message content (a string or a list of blocks) as typed blocks; an empty string or a
+    missing content is no block."""
+    if isinstance(content, list):
+        return [decode_block(block) for block in content]
+    return [TextBlock(content)] if isinstance(content, str) and content else []
+
+
+def block_text(block: Block) -> str:
+    """What a block reads as in plain text (a tool result's text or a user message)."""
+    if isinstance(block, TextBlock):
+        return block.text
+    if isinstance(block, OtherBlock):
+        return f"[{block.kind}]"
+    return f"[{block.__struct_config__.tag}]"
+
+
+def content_text(content: Any) -> str:
+    """Plain text of message or tool-result content; anything but a string or a list of
+    blocks is written as JSON."""
+    if content is None or isinstance(content, str | list):
+        return "\n".join(block_text(block) for block in decode_content(content))
+    return msgspec.json.encode(content).decode()
+
+
+# ---------------------------------------------------------------------------------------------
+# Lines
+
+
+class UserMessage(msgspec.Struct, kw_only=True):
+    content: list[Block] = []  # a string is one text block
+
+
+class AssistantMessage(msgspec.Struct, kw_only=True):
+    id: str | None = None
+    model: str | None = None
+    content: list[Block] = []
+    stop_reason: str | None = None
+    usage: dict[str, Any] | None = None
+
+
+class PreservedMessages(msgspec.Struct, kw_only=True, rename="camel"):
+    uuids: list[str] = []
+    anchor_uuid: str | None = None
+
+
+class CompactMetadata(msgspec.Struct, kw_only=True, rename="camel"):
+    trigger: str | None = None
+    preserved_messages: PreservedMessages | None = None
+
+
+class Link(msgspec.Struct, kw_only=True, rename="camel"):
+    """What every line may carry: its place in the tree, its time, and what it retracts."""
+
+    uuid: str | None = None
+    parent_uuid: str | None = None
+    timestamp: str | None = None
+    is_sidechain: bool = False
+    session_id: str | None = None
+    agent_id: str | None = None
+    version: str | None = None
+    supersedes_uuids: list[str] = []
+    retracted_message_uuids: list[str] = []
+
+
+class UserLine(Link, tag_field="type", tag="user"):
+    message: UserMessage | None = None
+    is_compact_summary: bool = False
+    tool_use_result: Any = None  # the tool's own result; a subagent's names `agentId`
+
+    def spawned_agent(self) -> tuple[str, str | None] | None:
+        """(the subagent's id, its launch status) when this is a Task/Agent tool's result."""
+        result = self.tool_use_result
+        if not isinstance(result, dict) or not isinstance(result.get("agentId"), str):
+            return None
+        status = result.get("status")
+        return result["agentId"], status if isinstance(status, str) else None
+
+
+class AssistantLine(Link, tag_field="type", tag="assistant"):
+    message: AssistantMessage | None = None
+    request_id: str | None = None
+    is_api_error_message: bool = False
+    is_aborted_mid_stream: bool = False
+
+    def is_synthetic(self) -> bool:
+        """An error the CLI wrote itself, not a model response."""
+        return self.is_api_error_message or (
+            self.message is not None and self.message.model == "<synthetic>"
+        )
+
+
+class SystemLine(Link, tag_field="type", tag="system"):
+    subtype: str | None = None
+    logical_parent_uuid: str | None = None  # a compact boundary: the line it summarised up to
+    compact_metadata: CompactMetadata | None = None
+
+    @property
+    def is_compact_boundary(self) -> bool:
+        return self.subtype == "compact_boundary"
+
+
+class ForkContextRef(Link, tag_field="type", tag="fork-context-ref"):
+    """A fork's first line: its history is its parent's, up to `parentLastUuid`."""
+
+    parent_session_id: str | None = None
+    parent_last_uuid: str | None = None
+
+
+class OtherLine(Link, kw_only=True):
+    """A line of another kind, or of a known kind with fields of unexpected types."""
+
+    kind: str
+    problem: str | None = None  # why a line of a known kind could not be read as one
+
+
+SessionLine = UserLine | AssistantLine | SystemLine | ForkContextRef
+_LINE_KINDS = frozenset({"user", "assistant", "system", "fork-context-ref"})
+
+
+def decode_line(data: dict[str, Any]) -> SessionLine | OtherLine:
+    """The typed record of one session line."""
+    kind = data.get("type")
+    label = kind if isinstance(kind, str) and kind else "untyped"
+    problem = None
+    if kind in _LINE_KINDS:
+        message = data.get("message")
+        if isinstance(message, dict) and "content" in message:
+            data = {**data, "message": {**message, "content": decode_content(message["content"])}}
+        try:
+            return msgspec.convert(data, SessionLine)  # type: ignore[arg-type]
+        except msgspec.ValidationError as error:
+            problem = f"{label} line of an unexpected shape ({error})"
+    link = {k: v for k, v in data.items() if k in _LINK_KEYS}
+    try:
+        return msgspec.convert({**link, "kind": label, "problem": problem}, OtherLine)
+    except msgspec.ValidationError as error:  # even its links are unreadable
+        return OtherLine(
+            kind=label, problem=problem or f"{label} line with unreadable links ({error})"
+        )
+
+
+_LINK_KEYS = frozenset(f.encode_name for f in msgspec.structs.fields(Link))
