@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from pathlib import Path
 
 from callgrove.episode import Episode
 from callgrove.forest import build_forest
 from callgrove.rows import build_rows, check_rows
-from callgrove.transcripts import ImportReport
+from callgrove.transcripts import ImportReport, Transcript
 
 REAL = Path(__file__).resolve().parent.parent / "data" / "real"
 KIMUSON = REAL / (
@@ -24,6 +26,30 @@ STAGE0_SMALL = STAGE0 / "claude/small.jsonl"
 STAGE0_SUBAGENT = STAGE0 / "claude/subagent/0a1b2c3d-4e5f-4061-8071-2a3b4c5d6e7f.jsonl"
 CODEX_SMALL = STAGE0 / "codex/small.jsonl"
 CODEX_SAMPLE = REAL / "simonw__claude-code-transcripts/tests/sample_codex_session.jsonl"
+
+
+DATA = Path(__file__).resolve().parent.parent / "data"
+
+
+class Generated:
+    """Sessions a real harness CLI wrote against a scripted server (`tests/data/<harness>/`):
+    one folder per scenario, with `sessions/` and the server's `requests.jsonl`."""
+
+    def __init__(self, harness: str, importer: Callable[..., list[Transcript]]):
+        self.folder = DATA / harness
+        self.importer = importer
+        self.scenarios = sorted(
+            p.name for p in self.folder.iterdir() if (p / "requests.jsonl").is_file()
+        )
+
+    def requests(self, scenario: str) -> list[dict]:
+        lines = (self.folder / scenario / "requests.jsonl").read_text().splitlines()
+        return [json.loads(line) for line in lines]
+
+    def imported(self, scenario: str) -> tuple[Transcript, ImportReport]:
+        report = ImportReport()
+        (transcript,) = self.importer(self.folder / scenario / "sessions", report)
+        return transcript, report
 
 
 def assert_every_line_accounted(report: ImportReport) -> None:

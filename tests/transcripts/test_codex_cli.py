@@ -8,29 +8,18 @@ with the purpose the request had, and nothing else may be a call.
 
 from __future__ import annotations
 
-import json
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
-from callgrove.transcripts import ImportReport, Renderer, import_codex
+from callgrove.transcripts import Renderer, import_codex
 
-from .helpers import assert_every_line_accounted, assert_prefix_stable
+from .helpers import Generated, assert_every_line_accounted, assert_prefix_stable
 
-GENERATED = Path(__file__).resolve().parent.parent / "data" / "codex"
-SCENARIOS = sorted(p.name for p in GENERATED.iterdir() if (p / "requests.jsonl").is_file())
-
-
-def requests(scenario: str) -> list[dict]:
-    lines = (GENERATED / scenario / "requests.jsonl").read_text().splitlines()
-    return [json.loads(line) for line in lines]
-
-
-def imported(scenario: str):
-    report = ImportReport()
-    (transcript,) = import_codex(GENERATED / scenario / "sessions", report)
-    return transcript, report
+GENERATED = Generated("codex", import_codex)
+SCENARIOS = GENERATED.scenarios
+requests = GENERATED.requests
+imported = GENERATED.imported
 
 
 def test_the_generated_scenarios_are_all_there():

@@ -17,21 +17,28 @@ of requests, and stops with its scenario.
 
 from __future__ import annotations
 
-import argparse
-import http.server
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
-import threading
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from scripted import Answer, fresh_scenario, generate, run_cli, serve, sse
+
 HERE = Path(__file__).resolve().parent
 PORT = 18431
-MAX_REQUESTS = 40
+LOGGED_METADATA = (
+    "thread_id",
+    "agent_name",
+    "request_kind",
+    "window_number",
+    "history_initialization",
+    "parent_thread_id",
+    "subagent_kind",
+)
 USAGE_SMALL = 200
 AGENT_TOOLS = "multi_agent_v1"  # the tool namespace of subagent tools in 0.169
 USAGE_LARGE = 50_000  # above the compaction limit: the CLI compacts before its next call
@@ -141,99 +148,58 @@ class Script:
         return [message("The helper finished; all done.")], USAGE_SMALL
 
 
-def serve(script: Script, log: Path) -> http.server.HTTPServer:
-    count = {"n": 0}
-    lock = threading.Lock()
+def answer(script: Script) -> Answer:
+    """The server's answers for one scenario: Responses API streams, logged with the thread
+    headers and turn metadata of each request."""
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))) or b"{}")
-            meta = json.loads(self.headers.get("x-codex-turn-metadata") or "{}")
-            with lock:
-                count["n"] += 1
-                number = count["n"]
-                if number > MAX_REQUESTS:
-                    self.send_error(429, "request budget of the scripted server spent")
-                    return
-                items, input_tokens = script.answer(meta, body)
-            for index, item in enumerate(items):
-                item["id"] = (
-                    f"{'fc' if item['type'] == 'function_call' else 'msg'}_{script.name}_r{number}_{index}"
-                )
-            record = {
-                "request": number,
-                "path": self.path,
-                "thread_id": self.headers.get("thread-id"),
-                "session_id": self.headers.get("session-id"),
-                "parent_thread_id": self.headers.get("x-codex-parent-thread-id"),
-                "subagent": self.headers.get("x-openai-subagent"),
-                "window_id": self.headers.get("x-codex-window-id"),
-                "metadata": {
-                    k: meta.get(k)
-                    for k in (
-                        "thread_id",
-                        "agent_name",
-                        "request_kind",
-                        "window_number",
-                        "history_initialization",
-                        "parent_thread_id",
-                        "subagent_kind",
-                    )
-                    if k in meta
-                },
-                "input": [
-                    {k: i.get(k) for k in ("type", "role", "id", "call_id", "name") if k in i}
-                    for i in body.get("input", [])
-                ],
-                "tools": len(body.get("tools", [])),
-                "output": items,
-            }
-            with lock, open(log, "a", encoding="utf-8") as stream:
-                stream.write(json.dumps(record) + "\n")
-            self.send_response(200)
-            self.send_header("content-type", "text/event-stream")
-            self.end_headers()
-            response_id = f"resp_{script.name}_r{number}"
-            usage = {
-                "input_tokens": input_tokens,
-                "output_tokens": 20,
-                "total_tokens": input_tokens + 20,
-                "input_tokens_details": {"cached_tokens": 0},
-                "output_tokens_details": {"reasoning_tokens": 0},
-            }
-            events = [
-                ("response.created", {"type": "response.created", "response": {"id": response_id}})
-            ]
-            for index, item in enumerate(items):
-                events.append(
-                    (
-                        "response.output_item.done",
-                        {"type": "response.output_item.done", "output_index": index, "item": item},
-                    )
-                )
-            events.append(
-                (
-                    "response.completed",
-                    {"type": "response.completed", "response": {"id": response_id, "usage": usage}},
-                )
-            )
-            for name, data in events:
-                self.wfile.write(f"event: {name}\ndata: {json.dumps(data)}\n\n".encode())
-            self.wfile.flush()
+    def respond(number: int, path: str, headers: Any, body: dict[str, Any]):
+        meta = json.loads(headers.get("x-codex-turn-metadata") or "{}")
+        items, input_tokens = script.answer(meta, body)
+        for index, item in enumerate(items):
+            kind = "fc" if item["type"] == "function_call" else "msg"
+            item["id"] = f"{kind}_{script.name}_r{number}_{index}"
+        record = {
+            "request": number,
+            "path": path,
+            "thread_id": headers.get("thread-id"),
+            "session_id": headers.get("session-id"),
+            "parent_thread_id": headers.get("x-codex-parent-thread-id"),
+            "subagent": headers.get("x-openai-subagent"),
+            "window_id": headers.get("x-codex-window-id"),
+            "metadata": {k: meta.get(k) for k in LOGGED_METADATA if k in meta},
+            "input": [
+                {k: i.get(k) for k in ("type", "role", "id", "call_id", "name") if k in i}
+                for i in body.get("input", [])
+            ],
+            "tools": len(body.get("tools", [])),
+            "output": items,
+        }
+        response_id = f"resp_{script.name}_r{number}"
+        usage = {
+            "input_tokens": input_tokens,
+            "output_tokens": 20,
+            "total_tokens": input_tokens + 20,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": 0},
+        }
+        events = [
+            sse("response.created", {"type": "response.created", "response": {"id": response_id}})
+        ]
+        for index, item in enumerate(items):
+            done = {"type": "response.output_item.done", "output_index": index, "item": item}
+            events.append(sse("response.output_item.done", done))
+        completed = {"id": response_id, "usage": usage}
+        events.append(
+            sse("response.completed", {"type": "response.completed", "response": completed})
+        )
+        return record, events
 
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = http.server.HTTPServer(("127.0.0.1", PORT), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
+    return respond
 
 
 def run_scenario(codex: str, name: str, spec: dict[str, Any]) -> None:
     target = HERE / name
-    shutil.rmtree(target, ignore_errors=True)
-    (target / "sessions").mkdir(parents=True)
-    log = target / "requests.jsonl"
+    log = fresh_scenario(target)
     with tempfile.TemporaryDirectory(dir=os.environ.get("CODEX_GEN_TMP")) as scratch:
         home = Path(scratch)
         (home / "codex").mkdir()
@@ -245,7 +211,7 @@ def run_scenario(codex: str, name: str, spec: dict[str, Any]) -> None:
             "CODEX_HOME": str(home / "codex"),
             "LOCAL_KEY": "offline",
         }
-        server = serve(Script(name, spec), log)
+        server = serve(PORT, log, answer(Script(name, spec)))
         try:
             command = [
                 codex,
@@ -255,16 +221,7 @@ def run_scenario(codex: str, name: str, spec: dict[str, Any]) -> None:
                 *spec["args"],
                 spec["prompt"],
             ]
-            done = subprocess.run(
-                command,
-                cwd=home / "work",
-                env=env,
-                stdin=subprocess.DEVNULL,
-                capture_output=True,
-                text=True,
-                timeout=90,
-                check=False,
-            )
+            done = run_cli(command, home / "work", env, 90)
             (target / "exec.jsonl").write_text(done.stdout)
             print(f"{name}: exit {done.returncode}", file=sys.stderr)
         finally:
@@ -274,17 +231,5 @@ def run_scenario(codex: str, name: str, spec: dict[str, Any]) -> None:
             shutil.copy(rollout, target / "sessions" / rollout.name)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("codex", help="path of the codex executable (0.169.0)")
-    parser.add_argument("scenarios", nargs="*", default=list(SCENARIOS))
-    args = parser.parse_args()
-    if os.environ.get("CODEX_GEN_INSIDE") != "1":  # re-run inside a loopback-only namespace
-        inner = f"ip link set lo up && CODEX_GEN_INSIDE=1 {sys.executable} {__file__} {args.codex} {' '.join(args.scenarios)}"
-        raise SystemExit(subprocess.call(["timeout", "600", "unshare", "-n", "bash", "-c", inner]))
-    for name in args.scenarios:
-        run_scenario(args.codex, name, SCENARIOS[name])
-
-
 if __name__ == "__main__":
-    main()
+    generate(__file__, __doc__.splitlines()[0], SCENARIOS, run_scenario, 600)

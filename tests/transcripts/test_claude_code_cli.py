@@ -1,0 +1,134 @@
+"""Sessions written by Claude Code 2.1.332 itself, checked against the scripted server's log.
+
+`tests/data/claude_code/generate.py` ran the real CLI offline against a scripted Messages
+server; each scenario folder holds the session files the CLI wrote and the log of every request
+the server answered (with the agent headers the CLI sent). The log is the truth: the imported
+agents, their parents and starts, and each agent's calls must be exactly what it shows.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from callgrove.transcripts import Renderer, import_claude_code
+
+from .helpers import Generated, assert_every_line_accounted, assert_prefix_stable
+
+GENERATED = Generated("claude_code", import_claude_code)
+SCENARIOS = GENERATED.scenarios
+requests = GENERATED.requests
+imported = GENERATED.imported
+
+
+def agent_of(request: dict) -> str:
+    """The imported agent id of the agent that sent a request (no agent header: the leader)."""
+    return "main" if request["agent_id"] is None else f"agent-{request['agent_id']}"
+
+
+def expected_agents(log: list[dict]) -> dict[str, tuple[str | None, str, str | None]]:
+    """Each agent in the log -> (parent, start, spawning call id), from the spawn calls the
+    server answered with and the task each subagent's first request carried."""
+    spawns = {  # the marker of a spawned task -> (spawning agent, its call, the tool input)
+        tool["input"]["prompt"].split(":")[0]: (
+            agent_of(r),
+            f"{agent_of(r)}/{r['message_id']}",
+            tool["input"],
+        )
+        for r in log
+        for tool in r["tool_calls"]
+        if tool["name"] == "Agent"
+    }
+    agents: dict[str, tuple[str | None, str, str | None]] = {"main": (None, "root", None)}
+    for request in log:
+        agent = agent_of(request)
+        if agent in agents:
+            continue
+        parent, call, tool = spawns[request["rule"].split(":")[0]]
+        if request["parent_agent_id"] is not None:  # a nested subagent names its parent
+            assert parent == f"agent-{request['parent_agent_id']}"
+        start = "fork" if tool["subagent_type"] == "fork" else "fresh"
+        agents[agent] = (parent, "background" if tool["run_in_background"] else start, call)
+    return agents
+
+
+def api_messages(call) -> int:
+    """How many Messages API messages a call's history is: tool results and user text that
+    follow each other travel as one user message."""
+    roles = ["user" if m.role == "tool" else m.role for m in call.context.messages_since(None)]
+    return sum(1 for i, role in enumerate(roles) if i == 0 or role != roles[i - 1])
+
+
+def test_the_generated_scenarios_are_all_there():
+    assert SCENARIOS == [
+        "background_subagent",
+        "fork_subagent",
+        "fresh_subagent",
+        "leader_compaction",
+        "nested_subagent",
+    ]
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_agents_starts_and_parents_are_those_of_the_request_log(scenario):
+    transcript, report = imported(scenario)
+    found = {
+        a.id: (a.parent, a.start, a.spawn.call if a.spawn else None) for a in transcript.agents
+    }
+    assert found == expected_agents(requests(scenario))
+    assert transcript.agents[0].id == "main" and transcript.gaps == []
+    assert report.diagnostics.problems == []
+    assert_every_line_accounted(report)
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_each_request_is_one_call_of_the_agent_that_sent_it(scenario):
+    transcript, _ = imported(scenario)
+    log = requests(scenario)
+    expected = Counter((agent_of(r), "compaction" if r["compaction"] else "turn") for r in log)
+    found = Counter((a.id, c.purpose) for a in transcript.agents for c in a.calls)
+    assert found == expected
+    # An answered turn keeps the message id the server gave it; in each agent, the calls in
+    # ledger order are the agent's requests in the order the server answered them.
+    for agent in transcript.agents:
+        sent = [r for r in log if agent_of(r) == agent.id]
+        calls = sorted(agent.calls, key=lambda c: c.order)
+        assert [c.purpose for c in calls] == [
+            "compaction" if r["compaction"] else "turn" for r in sent
+        ]
+        for call, request in zip(calls, sent, strict=True):
+            if call.purpose == "turn":
+                assert call.id == f"{agent.id}/{request['message_id']}"
+                assert call.response.text == request["reply"]
+                assert api_messages(call) == request["messages"]
+            else:  # the CLI records the summary inside its own continuation text
+                summary = request["reply"].removeprefix("<summary>").removesuffix("</summary>")
+                assert summary in call.response.text
+
+
+def test_the_compaction_call_summarises_the_history_and_the_next_call_starts_from_it():
+    transcript, _ = imported("leader_compaction")
+    (leader,) = transcript.agents
+    first, compaction, last = sorted(leader.calls, key=lambda c: c.order)
+    assert compaction.purpose == "compaction"
+    assert compaction.base_call() is first  # it continues the history it summarised
+    assert last.base_call() is None  # the history after it starts from the summary
+    texts = [m.text for m in last.context.messages_since(None)]
+    assert any("The user asked for a number" in text for text in texts)
+    assert not any(text == "One." for text in texts)
+
+
+def test_a_fork_starts_from_the_leaders_history_and_a_fresh_subagent_from_its_task():
+    fork = imported("fork_subagent")[0].agents[1]
+    fresh = imported("fresh_subagent")[0].agents[1]
+    fork_prompt = " ".join(m.text for m in fork.calls[0].context.messages_since(None))
+    fresh_prompt = " ".join(m.text for m in fresh.calls[0].context.messages_since(None))
+    assert "START: fork a helper." in fork_prompt and "FORK-1: report" in fork_prompt
+    assert "START: ask one helper." not in fresh_prompt and "FRESH-1: report" in fresh_prompt
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_generated_sessions_render_to_clean_rows(scenario):
+    transcript, _ = imported(scenario)
+    assert_prefix_stable(Renderer().episode(transcript))
