@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import orjson
 import pytest
 
 from callgrove.transcripts.claude_history import Entry, build_graph, derive_history
@@ -19,8 +20,12 @@ from callgrove.transcripts.claude_records import (
     UserLine,
     content_text,
     decode_line,
+    decode_raw,
 )
+from callgrove.transcripts.ledger import CLAUDE_CODE, sniff
 from callgrove.transcripts.model import TranscriptAgent
+
+from .helpers import DATA
 
 
 def test_each_line_kind_decodes_to_its_record():
@@ -160,3 +165,25 @@ def test_a_response_an_earlier_agent_made_a_call_is_history_here():
     history = derive_history(graph, TranscriptAgent("fork", "fork"))
     assert [c.id for c in history.calls] == ["fork/m2"] and history.copied_responses == 1
     assert history.calls[0].base_call() is None
+
+
+def test_reading_a_line_from_its_bytes_gives_the_record_of_its_json_object():
+    """`decode_raw` (the fast path) and `decode_line` agree on every line of every Claude
+    Code file in the test data; lines the fast path leaves to the slow one are few."""
+    files = [p for p in DATA.rglob("*.jsonl") if sniff(p) == CLAUDE_CODE]
+    assert len(files) >= 20
+    fast = slow = 0
+    for path in files:
+        for raw in path.read_bytes().splitlines():
+            try:
+                data = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                assert decode_raw(raw) is None
+                continue
+            record = decode_raw(raw)
+            if record is None:
+                slow += 1
+                continue
+            fast += 1
+            assert record == decode_line(data), (path, raw[:200])
+    assert fast > 10 * slow

@@ -50,12 +50,13 @@ from callgrove.transcripts.claude_records import (
     UserLine,
     decode_content,
     decode_line,
+    decode_raw,
 )
 from callgrove.transcripts.ledger import (
     CLAUDE_CODE,
     ImportReport,
     collector_paused,
-    read_json_lines,
+    read_records,
     refuse_file,
     sniff,
 )
@@ -235,9 +236,10 @@ def _is_session_file(path: Path, report: ImportReport) -> bool:
 
 
 def _entries(path: Path, report: ImportReport) -> list[Entry]:
+    file = str(path)
     return [
-        Entry(line.file, line.number, decode_line(line.data))
-        for line in read_json_lines(path, report)
+        Entry(file, number, record)
+        for number, record in read_records(path, report, decode_raw, decode_line)
     ]
 
 

@@ -111,15 +111,23 @@ def content_text(content: Any) -> str:
 
 
 class UserMessage(msgspec.Struct, kw_only=True):
-    content: list[Block] = []  # a string is one text block
+    content: str | list[Block] = []  # always blocks once decoded (a string: one text block)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.content, str):
+            self.content = decode_content(self.content)
 
 
 class AssistantMessage(msgspec.Struct, kw_only=True):
     id: str | None = None
     model: str | None = None
-    content: list[Block] = []
+    content: str | list[Block] = []  # always blocks once decoded
     stop_reason: str | None = None
     usage: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.content, str):
+            self.content = decode_content(self.content)
 
 
 class PreservedMessages(msgspec.Struct, kw_only=True, rename="camel"):
@@ -201,8 +209,35 @@ SessionLine = UserLine | AssistantLine | SystemLine | ForkContextRef
 _LINE_KINDS = frozenset({"user", "assistant", "system", "fork-context-ref"})
 
 
+class _Kind(Link, kw_only=True):
+    type: Any = None
+
+
+_TYPED = msgspec.json.Decoder(SessionLine)
+_LINKS = msgspec.json.Decoder(_Kind)
+
+
+def decode_raw(raw: bytes) -> SessionLine | OtherLine | None:
+    """The typed record of one line, straight from its bytes; None when the line needs the
+    slower reading of `decode_line` (a block of another kind, fields of other types, a line
+    that is not a JSON object)."""
+    try:
+        return _TYPED.decode(raw)
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        pass
+    try:
+        found = _LINKS.decode(raw)
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return None
+    if found.type in _LINE_KINDS:
+        return None
+    kind = found.type if isinstance(found.type, str) and found.type else "untyped"
+    links = {f: getattr(found, f) for f in Link.__struct_fields__}
+    return OtherLine(kind=kind, **links)
+
+
 def decode_line(data: dict[str, Any]) -> SessionLine | OtherLine:
-    """The typed record of one session line."""
+    """The typed record of one session line read as a JSON object."""
     kind = data.get("type")
     label = kind if isinstance(kind, str) and kind else "untyped"
     problem = None

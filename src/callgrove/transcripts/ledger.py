@@ -10,16 +10,18 @@ from __future__ import annotations
 import gc
 import os
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import orjson
 
 from callgrove.formats.jsonl import iter_lines
 from callgrove.formats.problems import Diagnostics, InputError, Problem
+
+R = TypeVar("R")
 
 
 def parse_timestamp(value: Any) -> float | None:
@@ -127,6 +129,21 @@ def read_json_lines(path: str | os.PathLike[str], report: ImportReport) -> Itera
     still imports.
     """
     file = str(path)
+    for number, data in read_records(path, report, _no_record, _as_object):
+        yield Line(file, number, data)
+
+
+def read_records(
+    path: str | os.PathLike[str],
+    report: ImportReport,
+    decode: Callable[[bytes], R | None],
+    from_object: Callable[[dict[str, Any]], R],
+) -> Iterator[tuple[int, R]]:
+    """Yield (line number, record) for each line: `decode` reads the line's bytes straight
+    into its record (fast); where it gives None, the line is read as a JSON object and
+    `from_object` makes the record of it. Lines that are not JSON objects are reported, as in
+    `read_json_lines`."""
+    file = str(path)
     try:
         lines = list(iter_lines(path))
     except OSError as error:
@@ -135,6 +152,10 @@ def read_json_lines(path: str | os.PathLike[str], report: ImportReport) -> Itera
     last = lines[-1][0] if lines else 0
     for number, raw, complete in lines:
         report.lines_read[file] += 1
+        record = decode(raw)
+        if record is not None:
+            yield number, record
+            continue
         try:
             data = orjson.loads(raw)
         except orjson.JSONDecodeError as error:
@@ -151,7 +172,15 @@ def read_json_lines(path: str | os.PathLike[str], report: ImportReport) -> Itera
         if not isinstance(data, dict):
             report.problem(f"expected a JSON object, found {type(data).__name__}", file, number)
             continue
-        yield Line(file, number, data)
+        yield number, from_object(data)
+
+
+def _no_record(raw: bytes) -> None:
+    return None
+
+
+def _as_object(data: dict[str, Any]) -> dict[str, Any]:
+    return data
 
 
 CLAUDE_CODE = "Claude Code session"
