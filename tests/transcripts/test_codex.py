@@ -178,6 +178,9 @@ def test_threads_whose_parents_form_a_cycle_are_reported_not_dropped(tmp_path):
 def test_each_rollout_line_is_decoded_once_into_its_record_kind():
     from callgrove.transcripts.codex_records import (
         Compacted,
+        EventMsg,
+        FunctionCall,
+        OtherItem,
         ResponseItem,
         SessionMeta,
         Unreadable,
@@ -188,8 +191,19 @@ def test_each_rollout_line_is_decoded_once_into_its_record_kind():
     meta = decode_record({"type": "session_meta", "payload": {"id": "t", "source": spawn}})
     assert isinstance(meta, SessionMeta) and meta.payload.parent() == "p"
     assert meta.payload.thread_id("fallback") == "t"
-    item = decode_record({"type": "response_item", "payload": {"type": "message"}})
-    assert isinstance(item, ResponseItem) and item.payload == {"type": "message"}
+    item = decode_record(
+        {"type": "response_item", "payload": {"type": "function_call", "call_id": "c", "name": "x"}}
+    )
+    assert isinstance(item, ResponseItem) and item.payload == FunctionCall(call_id="c", name="x")
+    other = decode_record({"type": "response_item", "payload": {"type": "ghost", "a": 1}})
+    assert other.payload == OtherItem(kind="ghost")
+    event = decode_record(
+        {
+            "type": "event_msg",
+            "payload": {"type": "x_spawned", "call_id": "c", "new_thread_id": "t"},
+        }
+    )
+    assert isinstance(event, EventMsg) and event.payload.spawned_thread() == "t"
     compacted = decode_record({"type": "compacted", "payload": {"message": "gist"}})
     assert isinstance(compacted, Compacted) and compacted.payload.replacement_history == []
     assert decode_record({"type": "world_state", "payload": {}}) == Unreadable(

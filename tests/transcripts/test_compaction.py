@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from callgrove.transcripts.claude_records import CompactMetadata, PreservedMessages
+from callgrove.transcripts.codex_records import decode_item
 from callgrove.transcripts.compaction import (
     adopt_as_compaction,
     answered_with_summary,
@@ -65,10 +66,13 @@ def test_a_compaction_call_continues_what_it_summarised():
 
 def test_summary_from_the_replacement_history():
     items = [
-        {"type": "message", "role": "user", "content": "task"},
-        {"type": "message", "role": "assistant", "content": "ok"},
-        {"type": "message", "role": "user", "content": "the summary"},
-        {"type": "compaction", "encrypted_content": "..."},
+        decode_item(item)
+        for item in (
+            {"type": "message", "role": "user", "content": "task"},
+            {"type": "message", "role": "assistant", "content": "ok"},
+            {"type": "message", "role": "user", "content": "the summary"},
+            {"type": "compaction", "encrypted_content": "..."},
+        )
     ]
     assert summary_in_replacement(items, str) == "the summary"
     assert summary_in_replacement([], str) == ""

@@ -46,6 +46,7 @@ from callgrove.transcripts.claude_history import user_messages as _user_messages
 from callgrove.transcripts.claude_records import (
     AssistantLine,
     OtherLine,
+    SpawnArguments,
     SystemLine,
     UserLine,
     decode_content,
@@ -385,9 +386,7 @@ def _link(built: list[Built], report: ImportReport) -> list[Gap]:
                 (
                     k
                     for k, (_, tool) in enumerate(spawns)
-                    if k not in claimed
-                    and isinstance(tool.arguments, dict)
-                    and tool.arguments.get("prompt") == first_prompt
+                    if k not in claimed and SpawnArguments.of(tool.arguments).prompt == first_prompt
                 ),
                 None,
             )
@@ -405,31 +404,26 @@ def _link(built: list[Built], report: ImportReport) -> list[Gap]:
             continue
         call, tool = spawns[found]
         claimed.add(found)
-        arguments = tool.arguments if isinstance(tool.arguments, dict) else {}
+        arguments = SpawnArguments.of(tool.arguments)
         agent.parent = call.agent.id
         agent.start = _start_of(arguments, status, unit.meta, b.history.copied_responses)
-        if arguments.get("subagent_type"):
-            agent.name = str(arguments["subagent_type"])
-        description = arguments.get("description")
+        agent.name = arguments.subagent_type or agent.name
         agent.spawn = Spawn(
-            call=call.id,
-            tool_call_id=tool.id or None,
-            link=how,
-            description=description if isinstance(description, str) else None,
+            call=call.id, tool_call_id=tool.id or None, link=how, description=arguments.description
         )
     gaps += _missing_subagents(built, spawns, claimed, report)
     return gaps
 
 
 def _start_of(
-    arguments: dict[str, Any], status: str | None, meta: SubagentMeta | None, copied: int
+    arguments: SpawnArguments, status: str | None, meta: SubagentMeta | None, copied: int
 ) -> str:
     """`background` when it ran alongside its parent; `fork` when it started from the parent's
     conversation (its history repeats the parent's responses); else `fresh`."""
-    if arguments.get("run_in_background") is True or status in BACKGROUND_STATUSES:
+    if arguments.run_in_background is True or status in BACKGROUND_STATUSES:
         return "background"
     said_fork = meta is not None and (meta.is_fork or meta.fork)
-    if copied or arguments.get("subagent_type") == "fork" or said_fork:
+    if copied or arguments.subagent_type == "fork" or said_fork:
         return "fork"
     return "fresh"
 

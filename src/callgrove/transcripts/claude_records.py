@@ -106,6 +106,28 @@ def content_text(content: Any) -> str:
     return msgspec.json.encode(content).decode()
 
 
+class SpawnArguments(msgspec.Struct, kw_only=True):
+    """The input of a Task/Agent tool call: the subagent it asks for."""
+
+    prompt: str | None = None
+    description: str | None = None
+    subagent_type: str | None = None
+    run_in_background: bool | None = None
+
+    @classmethod
+    def of(cls, arguments: Any) -> SpawnArguments:
+        """The arguments as the model wrote them; fields of other types count as absent."""
+        if not isinstance(arguments, dict):
+            return cls()
+        texts = {
+            name: value
+            for name in ("prompt", "description", "subagent_type")
+            if isinstance(value := arguments.get(name), str)
+        }
+        background = arguments.get("run_in_background")
+        return cls(**texts, run_in_background=background if isinstance(background, bool) else None)
+
+
 # ---------------------------------------------------------------------------------------------
 # Lines
 

@@ -23,13 +23,27 @@ import orjson
 
 from callgrove.episode import Gap, Spawn
 from callgrove.transcripts.codex_records import (
+    OUTPUT_ITEMS,
+    AgentMessageItem,
+    BuiltinCall,
     CompactedPayload,
+    CompactionItem,
+    CustomToolCall,
+    Event,
     EventMsg,
+    FunctionCall,
+    MessageItem,
+    OtherItem,
+    ReasoningItem,
     ResponseItem,
+    ResponseItemPayload,
+    RolloutRecord,
     SessionMeta,
     SessionMetaPayload,
+    ToolOutput,
     TurnContext,
     Unreadable,
+    decode_item,
     decode_record,
 )
 from callgrove.transcripts.compaction import (
@@ -62,28 +76,8 @@ from callgrove.transcripts.model import (
     parent_unavailable,
 )
 
-OUTPUT_ITEMS = frozenset(
-    {
-        "reasoning",
-        "function_call",
-        "custom_tool_call",
-        "local_shell_call",
-        "web_search_call",
-        "tool_search_call",
-        "image_generation_call",
-    }
-)
-TOOL_OUTPUT_ITEMS = frozenset(
-    {
-        "function_call_output",
-        "custom_tool_call_output",
-        "local_shell_call_output",
-        "tool_search_output",
-    }
-)
 TURN_EVENTS = frozenset({"task_started", "task_complete", "turn_aborted"})
 DUPLICATE_EVENTS = frozenset({"user_message", "agent_message", "agent_reasoning"})
-SPAWN_EVENT_FIELDS = ("new_thread_id", "receiver_thread_id", "thread_id")
 
 
 def _text(value: Any) -> str:
@@ -114,57 +108,54 @@ def _arguments(raw: Any) -> Any:
     return raw
 
 
-def input_messages(item: dict[str, Any]) -> list[Message] | None:
+def _typed(item: dict[str, Any] | ResponseItemPayload) -> ResponseItemPayload:
+    """An item as its typed record (the capture gateway passes Responses API JSON)."""
+    return decode_item(item) if isinstance(item, dict) else item
+
+
+def input_messages(item: dict[str, Any] | ResponseItemPayload) -> list[Message] | None:
     """The messages an input item adds to the history; None when it is not an input."""
-    kind = item.get("type")
-    if kind == "message" and item.get("role") in ("user", "developer", "system"):
-        return [Message(str(item["role"]), _text(item.get("content")))]
-    if kind in TOOL_OUTPUT_ITEMS:
-        return [
-            Message("tool", _text(item.get("output")), tool_call_id=str(item.get("call_id") or ""))
-        ]
-    if kind == "agent_message":  # a message from another agent, read as input
-        return [Message("user", _text(item.get("content")))]
+    item = _typed(item)
+    if isinstance(item, MessageItem) and item.role in ("user", "developer", "system"):
+        return [Message(item.role, _text(item.content))]  # type: ignore[arg-type]
+    if isinstance(item, ToolOutput):
+        return [Message("tool", _text(item.output), tool_call_id=item.call_id or "")]
+    if isinstance(item, AgentMessageItem):
+        return [Message("user", _text(item.content))]
     return None
 
 
-def response_message(items: list[dict[str, Any]]) -> Message:
+def is_output(item: ResponseItemPayload) -> bool:
+    """Whether the item is part of a model response."""
+    return isinstance(item, OUTPUT_ITEMS) or (
+        isinstance(item, MessageItem) and item.role == "assistant"
+    )
+
+
+def response_message(items: list[dict[str, Any]] | list[ResponseItemPayload]) -> Message:
     """One API response from its output items."""
     thinking: list[str] = []
     texts: list[str] = []
     calls: list[ToolCall] = []
-    for item in items:
-        kind = item.get("type")
-        if kind == "reasoning":
-            summary = _text(
-                [s.get("text", "") for s in item.get("summary") or [] if isinstance(s, dict)]
-            )
-            thinking.append(summary or _text(item.get("content")))
-        elif kind == "message":
-            for block in item.get("content") or []:
-                if isinstance(block, dict) and block.get("type") == "reasoning":
-                    thinking.append(_text(block.get("text")))
+    for item in map(_typed, items):
+        if isinstance(item, ReasoningItem):
+            summary = _text([s.get("text", "") for s in item.summary if isinstance(s, dict)])
+            thinking.append(summary or _text(item.content))
+        elif isinstance(item, MessageItem):
+            parts = item.content if isinstance(item.content, list) else [item.content]
+            for part in parts:
+                if isinstance(part, dict) and part.get("type") == "reasoning":
+                    thinking.append(_text(part.get("text")))
                 else:
-                    texts.append(_text(block))
-        elif kind == "function_call":
-            calls.append(
-                ToolCall(
-                    str(item.get("call_id") or ""),
-                    str(item.get("name") or ""),
-                    _arguments(item.get("arguments")),
-                )
-            )
-        elif kind == "custom_tool_call":
-            calls.append(
-                ToolCall(
-                    str(item.get("call_id") or ""), str(item.get("name") or ""), item.get("input")
-                )
-            )
-        else:
-            arguments = item.get("action") or item.get("arguments") or item.get("revised_prompt")
-            calls.append(
-                ToolCall(str(item.get("call_id") or item.get("id") or ""), str(kind), arguments)
-            )
+                    texts.append(_text(part))
+        elif isinstance(item, FunctionCall):
+            calls.append(ToolCall(item.call_id or "", item.name or "", _arguments(item.arguments)))
+        elif isinstance(item, CustomToolCall):
+            calls.append(ToolCall(item.call_id or "", item.name or "", item.input))
+        elif isinstance(item, BuiltinCall):
+            arguments = item.action or item.arguments or item.revised_prompt
+            kind = item.__struct_config__.tag
+            calls.append(ToolCall(item.call_id or item.id or "", str(kind), arguments))
     return Message("assistant", "\n".join(texts), "\n".join(t for t in thinking if t), tuple(calls))
 
 
@@ -197,7 +188,7 @@ class RolloutReader:
         self.report = report
         self.threads: dict[str, Thread] = {}
         self.thread: Thread | None = None
-        self.pending: list[tuple[Line, dict[str, Any]]] = []
+        self.pending: list[tuple[Line, ResponseItemPayload]] = []
         self.queued: list[Message] = []
         self.last_call: TranscriptCall | None = None
         self.closes_on_count = False
@@ -214,9 +205,10 @@ class RolloutReader:
             refuse_file(path, CODEX, found, self.report)
             return
         lines = list(read_json_lines(path, self.report))
+        records = [decode_record(line.data) for line in lines]
         self.rank, self.thread, self.time, self.last_call = rank, None, 0.0, None
         self.copying_from = None
-        if lines and not any(ln.data.get("type") == "session_meta" for ln in lines):
+        if lines and not any(isinstance(r, SessionMeta) for r in records):
             self.report.problem(
                 "no session_meta record: not a Codex rollout; its lines are skipped",
                 str(path),
@@ -226,23 +218,18 @@ class RolloutReader:
                 self.report.skip(line, "not in a Codex rollout (the file has no session_meta)")
             return
         self.closes_on_count = any(
-            ln.data.get("type") == "event_msg"
-            and isinstance(ln.data.get("payload"), dict)
-            and ln.data["payload"].get("type") == "token_count"
-            for ln in lines
+            isinstance(r, EventMsg) and r.payload.type == "token_count" for r in records
         )
-        for line, time in zip(
-            lines, running_times([ln.data.get("timestamp") for ln in lines]), strict=True
-        ):
+        times = running_times([r.timestamp for r in records])
+        for line, record, time in zip(lines, records, times, strict=True):
             self.time = time
-            self._line(line)
+            self._line(line, record)
         self._close()
 
     def _order(self, line: Line) -> tuple[Any, ...]:
         return (self.time, self.rank, line.number)
 
-    def _line(self, line: Line) -> None:
-        record = decode_record(line.data)
+    def _line(self, line: Line, record: RolloutRecord | Unreadable) -> None:
         if isinstance(record, Unreadable):
             self.report.skip(line, record.reason)
             return
@@ -255,16 +242,13 @@ class RolloutReader:
             else:
                 self._session(line, meta)
             return
-        payload = record.payload
-        if (
-            self.copying_from is not None
-            and isinstance(payload, dict)
-            and payload.get("thread_id") == getattr(self.thread, "id", None)
+        if self.copying_from is not None and _thread_named(record) == getattr(
+            self.thread, "id", None
         ):
             self._close()
             self.copying_from = None  # the fork's own records begin
         if self.thread is None:
-            kind = line.data["type"]
+            kind = record.__struct_config__.tag
             self.report.problem(
                 f"{kind} record before any session_meta; ignored", line.file, line.number
             )
@@ -301,9 +285,8 @@ class RolloutReader:
         self.thread, self.last_call = thread, None
         self.report.use(line, "session meta")
 
-    def _item(self, line: Line, item: dict[str, Any]) -> None:
-        kind = item.get("type")
-        if kind in OUTPUT_ITEMS or (kind == "message" and item.get("role") == "assistant"):
+    def _item(self, line: Line, item: ResponseItemPayload) -> None:
+        if is_output(item):
             self.pending.append((line, item))
             if self.copying_from is not None:
                 self.report.use(line, "message (the forked thread's response, repeated)")
@@ -312,11 +295,12 @@ class RolloutReader:
             return
         messages = input_messages(item)
         if messages is None:
+            kind = item.kind if isinstance(item, OtherItem) else item.__struct_config__.tag
             self.report.skip(line, f"response item {kind} is not sent to the model")
             return
         thread = self.thread
         assert thread is not None
-        if self.pending and (kind == "message" or not self.closes_on_count):
+        if self.pending and (isinstance(item, MessageItem) or not self.closes_on_count):
             self._close()
         if self.pending:
             self.queued.extend(messages)
@@ -330,12 +314,12 @@ class RolloutReader:
             thread.first_prompt = messages[0].text
         self.report.use(line, "message")
 
-    def _event(self, line: Line, event: dict[str, Any]) -> None:
-        kind = event.get("type")
+    def _event(self, line: Line, event: Event) -> None:
+        kind = event.type
         if kind == "token_count":  # written after each response, sometimes after its turn ends
             self._close()
             if self.last_call is not None:
-                self.last_call.content.usage = (event.get("info") or {}).get("last_token_usage")
+                self.last_call.content.usage = event.info.last_token_usage if event.info else None
                 self.last_call = None
                 self.report.use(line, "usage")
             else:
@@ -345,14 +329,12 @@ class RolloutReader:
             self.report.use(line, "turn boundary")
         elif kind in DUPLICATE_EVENTS:
             self.report.skip(line, f"{kind} event repeats a response item")
-        elif "spawn" in str(kind) and isinstance(event.get("call_id"), str):
-            child = next(
-                (event[k] for k in SPAWN_EVENT_FIELDS if isinstance(event.get(k), str)), None
-            )
+        elif "spawn" in str(kind) and isinstance(event.call_id, str):
+            child = event.spawned_thread()
             if child is None:
                 self.report.skip(line, f"{kind} event names no thread")
                 return
-            self.thread.spawned[child] = event["call_id"]  # type: ignore[union-attr]
+            self.thread.spawned[child] = event.call_id  # type: ignore[union-attr]
             self.report.use(line, "subagent link")
         else:
             self.report.skip(line, f"{kind} event is not a model message")
@@ -370,7 +352,7 @@ class RolloutReader:
             self.pending, self.queued = [], []
             return
         call = TranscriptCall(
-            id=thread.call_ids.new(first_item.get("id") or f"line{first_line.number}"),
+            id=thread.call_ids.new(first_item.id or f"line{first_line.number}"),
             agent=thread.agent,
             context=thread.history,
             response=response_message([item for _, item in self.pending]),
@@ -389,7 +371,7 @@ class RolloutReader:
     def _compaction(self, line: Line, payload: CompactedPayload) -> None:
         thread = self.thread
         assert thread is not None
-        replacement = [i for i in payload.replacement_history if isinstance(i, dict)]
+        replacement = payload.replacement_history
         summary = _text(payload.message) or summary_in_replacement(replacement, _text)
         if answered_with_summary(thread.latest_answer, summary):
             adopt_as_compaction(thread.latest_answer, line.number)  # type: ignore[arg-type]
@@ -408,14 +390,24 @@ class RolloutReader:
         thread.latest_answer = None
         history = Turn(thread.system, None) if thread.system else None
         for item in replacement:
-            kind = item.get("type")
-            if kind == "message" and item.get("role") == "assistant":
+            if isinstance(item, MessageItem) and item.role == "assistant":
                 history = Turn(response_message([item]), history)
-            elif kind == "compaction":
+            elif isinstance(item, CompactionItem):
                 history = Turn(Message("user", "[compaction summary, encrypted]"), history)
             else:
                 history = extend(history, input_messages(item) or [])
         thread.history = history
+
+
+def _thread_named(record: RolloutRecord) -> str | None:
+    """The thread a record says it belongs to (a forked thread's own records name it)."""
+    if isinstance(record, EventMsg):
+        found = record.payload.thread_id
+    elif isinstance(record, TurnContext):
+        found = record.payload.get("thread_id")
+    else:
+        return None
+    return found if isinstance(found, str) else None
 
 
 def _where(line: Line) -> str:

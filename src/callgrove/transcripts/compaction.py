@@ -16,10 +16,12 @@ never none:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from itertools import pairwise
 from typing import Any
 
 from callgrove.transcripts.claude_records import CompactMetadata
+from callgrove.transcripts.codex_records import MessageItem
 from callgrove.transcripts.model import CallRecord, Message, TranscriptAgent, TranscriptCall, Turn
 
 
@@ -58,11 +60,11 @@ def adopt_as_compaction(call: TranscriptCall, line: int) -> None:
     call.content.source.lines.append(line)
 
 
-def summary_in_replacement(replacement: list[dict[str, Any]], text_of: Any) -> str:
+def summary_in_replacement(replacement: Sequence[object], text_of: Any) -> str:
     """With no summary `message`, Codex's summary is the last user message it goes on from."""
     for item in reversed(replacement):
-        if item.get("type") == "message" and item.get("role") == "user":
-            return str(text_of(item.get("content")))
+        if isinstance(item, MessageItem) and item.role == "user":
+            return str(text_of(item.content))
     return ""
 
 
