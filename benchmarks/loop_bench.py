@@ -4,12 +4,16 @@ no-op environment and a no-op policy (so only callgrove's own work is timed).
 Each episode is one leader call (a 16-token prompt, a 4-token answer). Steps run as in
 `callgrove train`: the dispatcher launches groups and hands them to the step, whose credit,
 rows, degeneracy and samples are built, and the step's episodes are written one per line.
+
+Prints episodes per wall-clock second, and per second of this process's CPU time: on a
+machine shared with other jobs the first falls with the load, the second measures the loop.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -50,7 +54,9 @@ class NoopEnv:
         return 1.0
 
 
-async def run(steps: int, group_size: int, groups_per_step: int, out: Path) -> tuple[int, float]:
+async def run(
+    steps: int, group_size: int, groups_per_step: int, out: Path
+) -> tuple[int, float, float]:
     policy = NoopPolicy()
     settings = DispatchSettings(
         group_size=group_size,
@@ -64,7 +70,7 @@ async def run(steps: int, group_size: int, groups_per_step: int, out: Path) -> t
     algorithm = GRPO()
     dispatcher.start()
     episodes = 0
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     for step in range(1, steps + 1):
         collected = await dispatcher.collect(step)
         groups = [g.episodes for g in collected.trained]
@@ -74,9 +80,9 @@ async def run(steps: int, group_size: int, groups_per_step: int, out: Path) -> t
         episodes += len(flat)
         policy.version = step
         await dispatcher.notify()
-    elapsed = time.perf_counter() - started
+    elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu_started
     await dispatcher.stop()
-    return episodes, elapsed
+    return episodes, elapsed, cpu
 
 
 def main() -> None:
@@ -86,12 +92,15 @@ def main() -> None:
     parser.add_argument("--groups-per-step", type=int, default=32)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
-        episodes, elapsed = asyncio.run(
+        episodes, elapsed, cpu = asyncio.run(
             run(args.steps, args.group_size, args.groups_per_step, Path(folder))
         )
+    load = os.getloadavg()[0]
     print(
         f"loop overhead: {episodes} no-op episodes in {elapsed:.2f} s = "
-        f"{episodes / elapsed:,.0f} episodes/s (dispatch, recording, credit, rows, samples, writing)"
+        f"{episodes / elapsed:,.0f} episodes/s (dispatch, recording, credit, rows, samples, "
+        f"writing); {cpu:.2f} s of CPU = {episodes / cpu:,.0f} episodes per CPU-second; "
+        f"load average {load:.1f}"
     )
 
 

@@ -90,6 +90,7 @@ def test_faults_are_counted_recorded_and_nothing_is_lost_or_invented():
     assert metrics["train/all/helper/errors/mean"] == 0
     assert metrics["train/all/leader/reward/mean"] == 1.0  # only the completed episode
     assert metrics["train/all/episode/ok/mean"] == 1 / 4
+    assert metrics["train/all/helper/surprisal/mean"] == 0.5  # every token sampled at -0.5
 
 
 def test_stop_cancels_what_is_in_flight_and_hands_it_back():

@@ -10,6 +10,7 @@ import torch
 
 from callgrove.policy import SamplingParams
 from callgrove.policy.local import LocalSampler
+from callgrove.policy.render import CharRenderer
 from callgrove.train import TinyConfig, TinyDecoder, VarlenLayout
 from callgrove.train.decode import DecodeRequest, decode, sampling_distribution
 
@@ -66,6 +67,46 @@ def test_stop_tokens_and_max_tokens_end_each_sequence_on_its_own():
     )
     assert not short.stopped and list(short.completion_ids) == list(greedy[0].completion_ids[:2])
     np.testing.assert_allclose(stopped.logprobs, 0.0)  # greedy: all mass on the argmax
+
+
+def letters(ids) -> str:
+    """A text for every token: one letter each."""
+    return "".join(chr(ord("a") + int(i)) for i in ids)
+
+
+def test_stop_strings_end_a_sequence_on_the_token_that_completes_them():
+    net = model()
+    prompt = np.array([1, 2, 3])
+    greedy = decode(net, [DecodeRequest(prompt, 8, temperature=0.0)], torch.Generator())[0]
+    text = letters(greedy.completion_ids)
+    stop = text[2:4]  # two tokens: it is complete only once the second is sampled
+    end = text.index(stop) + len(stop)
+    requests = [
+        DecodeRequest(prompt, 8, temperature=0.0, stop=("zzzz", stop)),
+        DecodeRequest(prompt, 8, temperature=0.0, stop=("zzzz",)),  # never met
+        DecodeRequest(prompt, 8, temperature=0.0),
+    ]
+    stopped, unmet, plain = decode(net, requests, torch.Generator(), text_of=letters)
+    assert stopped.stopped and letters(stopped.completion_ids) == text[:end]
+    np.testing.assert_allclose(stopped.logprobs, greedy.logprobs[:end])
+    assert not unmet.stopped and letters(unmet.completion_ids) == text
+    assert not plain.stopped and letters(plain.completion_ids) == text
+    with pytest.raises(ValueError, match="text_of"):
+        decode(net, requests[:1], torch.Generator())
+
+
+def test_local_sampler_with_a_renderer_s_text_takes_stop_strings():
+    renderer = CharRenderer("abcdefghijklmnopqrst")
+    net = model()
+    sampler = LocalSampler(net, seed=0, text_of=renderer.parse)
+    prompt = np.array([1, 5, 6])
+    greedy = decode(net, [DecodeRequest(prompt, 6, temperature=0.0)], torch.Generator())[0]
+    text = renderer.parse(greedy.completion_ids)
+    stop = text[1:3]
+    params = SamplingParams(max_tokens=6, temperature=0.0, stop=(stop,))
+    sample = asyncio.run(sampler.sample(prompt, params))
+    assert sample.finish_reason == "stop"
+    assert renderer.parse(sample.completion_ids) == text[: text.index(stop) + len(stop)]
 
 
 def test_top_p_keeps_the_smallest_nucleus():

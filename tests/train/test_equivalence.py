@@ -44,6 +44,11 @@ from .helpers import (
 )
 
 TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-5}
+LOSS_SETTINGS = [
+    LossSettings(normalisation=normalisation, entropy_coef=entropy_coef)
+    for normalisation in NORMALISATIONS
+    for entropy_coef in (0.0, 0.1)  # 0.1: an entropy bonus on every trained token
+]
 
 
 def loss_and_gradients(model, batch: ModelBatch, loss_settings: LossSettings):
@@ -109,12 +114,13 @@ def assert_same_training(
         in_row = rowwise_logprobs[row_number][call.prompt_len : call.full_len]
         assert_close(alone[call.prompt_len :], in_row, tolerance, f"logprobs of call {call.id}")
 
-    for normalisation in NORMALISATIONS:
-        loss_settings = LossSettings(normalisation=normalisation)
+    for loss_settings in LOSS_SETTINGS:
+        normalisation = f"{loss_settings.normalisation} (entropy {loss_settings.entropy_coef})"
         tree_loss, tree_grads = loss_and_gradients(model, tree, loss_settings)
         row_loss, row_grads = loss_and_gradients(model, rows, loss_settings)
         references = [("row-wise", row_loss, row_grads)]
-        if normalisation == "token":  # a row's own mean differs from its calls' own means
+        # a row's own mean differs from its calls' own means
+        if loss_settings.normalisation == "token":
             references.append(("per-call", *loss_and_gradients(model, calls, loss_settings)))
         terms_loss, terms_grads = (
             unsigned_loss_and_gradients(model, rows, loss_settings)
@@ -159,8 +165,11 @@ def test_random_forests_train_the_same_tree_packed_row_wise_and_per_call(
         assert_same_training(episode_rows, dtype, "episode", seed, expect_gradient=False)
 
 
+@pytest.mark.parametrize("entropy_coef", [0.0, 0.1])
 @pytest.mark.parametrize("normalisation", NORMALISATIONS)
-def test_micro_batches_with_the_step_denominator_add_up_to_the_tree_loss(normalisation):
+def test_micro_batches_with_the_step_denominator_add_up_to_the_tree_loss(
+    normalisation, entropy_coef
+):
     episode_rows = [build_rows(e) for e in load(EXAMPLES / "login_group.jsonl")]
     give_advantages(episode_rows, seed=2)
     model = tiny_model(torch.float64)
@@ -172,7 +181,7 @@ def test_micro_batches_with_the_step_denominator_add_up_to_the_tree_loss(normali
         denominator = sum(s.num_loss_tokens for s in samples)
     else:
         denominator = sum(1 for s in samples if s.num_loss_tokens)
-    loss_settings = LossSettings(normalisation=normalisation)
+    loss_settings = LossSettings(normalisation=normalisation, entropy_coef=entropy_coef)
     model.zero_grad()
     for micro_batch in micro_batches:
         batch = micro_batch_model_batch(micro_batch)

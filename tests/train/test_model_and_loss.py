@@ -105,6 +105,33 @@ def test_token_and_sequence_normalisation():
     assert sequence.item() == pytest.approx((-2 + -1) / 2, rel=1e-12)
 
 
+def test_entropy_bonus_is_the_mean_entropy_of_each_trained_token_s_distribution():
+    tokens = np.array([5, 6, 7, 5, 6, 7, 8])
+    cu_seqlens = np.array([0, 3, 7])
+    mask = np.array([0, 0, 1, 0, 1, 1, 1])
+    model = tiny_model(torch.float64)
+    plain = packed_model_batch(tokens, cu_seqlens, mask)
+    with torch.no_grad():
+        own = token_logprobs(model, plain).numpy()
+        logits = model(plain.token_ids, plain.position_ids, plain.layout)
+    values = {"logprobs": own, "advantages": np.zeros(len(tokens))}  # no policy-gradient term
+    batch = packed_model_batch(tokens, cu_seqlens, mask, None, values)
+    # token t is predicted by position t - 1 of its own sequence
+    predicting = [1, 3, 4, 5]
+    by_hand = [
+        -(torch.softmax(logits[p], -1) * torch.log_softmax(logits[p], -1)).sum().item()
+        for p in predicting
+    ]
+    loss = policy_loss(model, batch, LossSettings(entropy_coef=0.5))
+    assert loss.item() == pytest.approx(-0.5 * np.mean(by_hand), rel=1e-12)
+    loss.backward()  # a step against the loss raises the entropy
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter -= 0.05 * parameter.grad
+    assert policy_loss(model, batch, LossSettings(entropy_coef=0.5)).item() < loss.item()
+    assert policy_loss(model, batch, LossSettings()).item() == pytest.approx(0.0, abs=1e-12)
+
+
 def test_missing_sampling_logprobs_and_bad_settings_are_refused():
     model = tiny_model(torch.float64)
     batch = packed_model_batch(np.array([5, 6]), np.array([0, 2]), np.array([0, 1]))
@@ -112,5 +139,7 @@ def test_missing_sampling_logprobs_and_bad_settings_are_refused():
         policy_loss(model, batch)
     with pytest.raises(ValueError, match="normalisation"):
         LossSettings(normalisation="row")
+    with pytest.raises(ValueError, match="entropy_coef"):
+        LossSettings(entropy_coef=-0.1)
     with pytest.raises(ValueError, match="first token"):
         packed_model_batch(np.array([5, 6]), np.array([0, 2]), np.array([1, 0]))

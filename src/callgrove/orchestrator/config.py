@@ -52,6 +52,8 @@ class SamplingSection(_Section):
     max_tokens: int = 4
     temperature: float = 1.0
     top_p: float = 1.0
+    stop: list[str] = msgspec.field(default_factory=list)
+    """Stop strings: a completion ends once its text ends one (the renderer reads it)."""
 
 
 class DispatchSection(_Section):
@@ -148,6 +150,7 @@ def resolve(config: TrainConfig, stop_token_ids: tuple[int, ...]) -> Resolved:
                 temperature=config.sampling.temperature,
                 top_p=config.sampling.top_p,
                 stop_token_ids=stop_token_ids,
+                stop=tuple(config.sampling.stop),
             ),
             AlgorithmSettings(
                 name=config.algorithm.name,

@@ -157,8 +157,9 @@ class Dispatcher:
 
     async def _run_group(self, group: Group) -> Group:
         tasks = []
+        launch = uuid.uuid4().hex[:8]  # tells this launch of the group from one after a restart
         for number in range(self.settings.group_size):
-            episode = Episode(id=f"{group.id}-{number}-{uuid.uuid4().hex[:8]}", group=group.id)
+            episode = Episode(id=f"{group.id}-{number}-{launch}", group=group.id)
             tasks.append(self._spawn(episode, group.task, "train"))
         group.episodes = list(await asyncio.gather(*tasks))
         self._live.pop(group.index, None)

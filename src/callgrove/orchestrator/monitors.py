@@ -31,7 +31,9 @@ def is_cancelled(episode: Episode) -> bool:
 
 
 def seat_metrics(scope: str, episodes: Sequence[Episode]) -> dict[str, float]:
-    """Per seat: reward, tokens, calls, rows, errors and degeneracy rates; episode totals."""
+    """Per seat: reward, tokens, calls, rows, errors, degeneracy rates and surprisal (the mean
+    negative sampling logprob of a call's tokens: an estimate of the policy's entropy, which
+    falls towards 0 when the policy collapses onto one answer); episode totals."""
     values: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     totals: dict[str, list[float]] = defaultdict(list)
     for episode in episodes:
@@ -56,6 +58,8 @@ def seat_metrics(scope: str, episodes: Sequence[Episode]) -> dict[str, float]:
             if episode.ok:
                 seat["rows"].append(rows_of[agent.id])
             for call in agent.calls:
+                if call.logprobs is not None and len(call.logprobs):
+                    seat["surprisal"].append(-float(np.mean(call.logprobs)))
                 flags = calls_meta.get(call.id, {}).get("flags")
                 if flags is not None:
                     for detector in DETECTORS:

@@ -46,6 +46,8 @@ class LearnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     clip_low: float = 0.2
     clip_high: float = 0.2
     normalisation: str = "token"
+    entropy_coef: float = 0.0
+    """Weight of the entropy bonus on every trained token (see `LossSettings`)."""
     objective: str = "rl"
     """`rl` (episodes of `[env]`, the clipped policy-gradient loss) or `sft` (the episodes of
     `[data]`, cross-entropy on their assistant tokens)."""
@@ -63,7 +65,9 @@ def learner_settings(learner: LearnerConfig) -> LearnerSettings:
         batching=learner.batching,
         tree_scope=learner.tree_scope,
         seq_len=learner.seq_len,
-        loss=LossSettings(learner.clip_low, learner.clip_high, learner.normalisation),
+        loss=LossSettings(
+            learner.clip_low, learner.clip_high, learner.normalisation, learner.entropy_coef
+        ),
         objective=learner.objective,
     )
 
@@ -113,7 +117,8 @@ def _tiny(model: ModelSettings, learner: LearnerConfig, seed: int) -> PolicyBack
 
     sampler_model = TinyDecoder(config)
     sampler_model.load_state_dict(trainer.weights())
-    return PolicyBackend(trainer, LocalSampler(sampler_model, seed, model.max_batch), renderer)
+    sampler = LocalSampler(sampler_model, seed, model.max_batch, text_of=renderer.parse)
+    return PolicyBackend(trainer, sampler, renderer)
 
 
 register_backend("tiny", _tiny)

@@ -10,6 +10,7 @@ loaded between rounds, so every call samples from one version.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -22,8 +23,16 @@ from callgrove.train.model import TinyDecoder
 class LocalSampler:
     """A `TrainableSampler` over a `TinyDecoder` held in this process."""
 
-    def __init__(self, model: TinyDecoder, seed: int = 0, max_batch: int = 512):
+    def __init__(
+        self,
+        model: TinyDecoder,
+        seed: int = 0,
+        max_batch: int = 512,
+        text_of: Callable[[Sequence[int]], str] | None = None,
+    ):
+        """`text_of`: a completion's text (a renderer's `parse`), for stop strings."""
         self.model = model.eval()
+        self.text_of = text_of
         self.generator = new_generator(seed)
         self.max_batch = max_batch
         self._version = 0
@@ -36,16 +45,18 @@ class LocalSampler:
     def version(self) -> int:
         return self._version
 
-    # Whether `decode` can tell stop strings (it needs a tokenizer).
-    decodes_text = False
+    @property
+    def decodes_text(self) -> bool:
+        """Whether `decode` can tell stop strings (it needs the completions' text)."""
+        return self.text_of is not None
 
     def decode(self, requests: list[DecodeRequest]) -> list[Decoded]:
         """One round: every request decoded together (other models' samplers override it)."""
-        return decode(self.model, requests, self.generator)
+        return decode(self.model, requests, self.generator, self.text_of)
 
     async def sample(self, prompt_ids: np.ndarray, params: SamplingParams) -> Sample:
         if params.stop and not self.decodes_text:
-            raise ValueError("this decoder has no tokenizer: use stop_token_ids")
+            raise ValueError("this sampler cannot read its completions' text: use stop_token_ids")
         request = DecodeRequest(
             prompt_ids=np.asarray(prompt_ids, dtype=np.int32),
             max_tokens=params.max_tokens,

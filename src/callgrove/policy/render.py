@@ -61,6 +61,8 @@ class CharRenderer:
         self._shown = np.array(
             ["\n[system] ", "\n[user] ", "\n[assistant] ", "⏎", *alphabet], dtype=object
         )
+        self._generation_prompt = np.array([ROLES.index("assistant")], dtype=TOKEN_DTYPE)
+        self._generation_prompt.flags.writeable = False  # handed out shared, never copied
 
     @property
     def vocab_size(self) -> int:
@@ -87,7 +89,7 @@ class CharRenderer:
         return out
 
     def generation_prompt(self) -> np.ndarray:
-        return np.array([ROLES.index("assistant")], dtype=TOKEN_DTYPE)
+        return self._generation_prompt
 
     def parse(self, completion_ids: np.ndarray) -> str:
         """The completion's characters; an end token before the last reads as nothing, a

@@ -11,11 +11,15 @@ hidden top-k. The log-probability returned for a token is the one under that fin
 distribution, which is the behaviour policy the importance ratio divides by. Draws are inverse
 CDF over one uniform per token, taken from the sequence's own generator when its request has a
 seed and from the shared one otherwise.
+
+Stop strings need the text of a completion, so `decode` takes `text_of` (token ids to text, a
+renderer's `parse`): a sequence ends once the text its latest token added completes one of its
+request's stop strings, and that token is kept.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,7 +47,26 @@ class DecodeRequest:
 class Decoded:
     completion_ids: np.ndarray  # int32
     logprobs: np.ndarray  # float64, one per completion token
-    stopped: bool  # a stop token ended it (it is the last completion token)
+    stopped: bool  # a stop token or string ended it (its last token is kept)
+
+
+class StopStrings:
+    """Tells, token by token, whether a completion's text has reached a stop string."""
+
+    def __init__(self, text_of: Callable[[Sequence[int]], str], stops: tuple[str, ...]):
+        self.text_of = text_of
+        self.stops = stops
+        self.longest = max((len(s) for s in stops), default=0)
+        self.text_length = 0
+
+    def reached(self, completion_ids: Sequence[int]) -> bool:
+        if not self.stops:
+            return False
+        text = self.text_of(completion_ids)
+        # A stop string may straddle the previous text and what the latest token added.
+        window = text[max(0, self.text_length - self.longest + 1) :]
+        self.text_length = len(text)
+        return any(stop in window for stop in self.stops)
 
 
 class KVCache:
@@ -118,11 +141,17 @@ def sampling_distribution(
 
 @torch.no_grad()
 def decode(
-    model: TinyDecoder, requests: Sequence[DecodeRequest], generator: torch.Generator
+    model: TinyDecoder,
+    requests: Sequence[DecodeRequest],
+    generator: torch.Generator,
+    text_of: Callable[[Sequence[int]], str] | None = None,
 ) -> list[Decoded]:
-    """Sample a completion for every request, all of them decoding together."""
+    """Sample a completion for every request, all of them decoding together; `text_of` reads
+    completions for stop strings (without it, a request with stop strings is refused)."""
     if not requests:
         return []
+    if text_of is None and any(r.stop for r in requests):
+        raise ValueError("stop strings need the completion's text: decode with text_of")
     device = next(model.parameters()).device
     lengths = torch.tensor([len(r.prompt_ids) for r in requests], device=device)
     if int(lengths.min()) < 1:
@@ -153,6 +182,9 @@ def decode(
     for i, r in enumerate(requests):
         stops[i, [t for t in r.stop_token_ids if 0 <= t < vocab]] = True
     own = request_generators(requests)
+    stop_strings = {
+        i: (StopStrings(text_of, r.stop), []) for i, r in enumerate(requests) if r.stop and text_of
+    }
 
     tokens, logprobs = [], []
     running = torch.ones(batch, dtype=torch.bool, device=device)
@@ -164,6 +196,10 @@ def decode(
         tokens.append(torch.where(running, chosen, -1))
         logprobs.append(logp.gather(1, chosen[:, None])[:, 0])
         hit = stops[torch.arange(batch), chosen] & running
+        for i, (stop, completion) in stop_strings.items():
+            if bool(running[i]):
+                completion.append(int(chosen[i]))
+                hit[i] |= stop.reached(completion)
         stopped |= hit
         running &= ~hit & (max_tokens > step + 1)
         if not bool(running.any()):

@@ -12,6 +12,7 @@ one in the text its latest token added; that token is kept.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 
 import numpy as np
 import torch
@@ -20,29 +21,11 @@ from torch import nn
 from callgrove.train.decode import (
     Decoded,
     DecodeRequest,
+    StopStrings,
     draw,
     request_generators,
     sampling_distribution,
 )
-
-
-class StopStrings:
-    """Tells, token by token, whether a completion's text has reached a stop string."""
-
-    def __init__(self, tokenizer, stops: tuple[str, ...]):
-        self.tokenizer = tokenizer
-        self.stops = stops
-        self.longest = max((len(s) for s in stops), default=0)
-        self.text_length = 0
-
-    def reached(self, completion_ids: list[int]) -> bool:
-        if not self.stops:
-            return False
-        text = self.tokenizer.decode(completion_ids, skip_special_tokens=False)
-        # A stop string may straddle the previous text and what the latest token added.
-        window = text[max(0, self.text_length - self.longest + 1) :]
-        self.text_length = len(text)
-        return any(stop in window for stop in self.stops)
 
 
 @torch.no_grad()
@@ -85,7 +68,8 @@ def hf_decode(
     stop_ids = torch.zeros(batch, vocab, dtype=torch.bool, device=device)
     for i, r in enumerate(requests):
         stop_ids[i, [t for t in r.stop_token_ids if 0 <= t < vocab]] = True
-    stop_strings = [StopStrings(tokenizer, r.stop) for r in requests]
+    text_of = partial(tokenizer.decode, skip_special_tokens=False)
+    stop_strings = [StopStrings(text_of, r.stop) for r in requests]
     own = request_generators(requests)
 
     tokens: list[list[int]] = [[] for _ in requests]
