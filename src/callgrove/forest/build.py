@@ -94,24 +94,21 @@ class NewTokens:
 
     @classmethod
     def of(cls, forest: Forest) -> NewTokens:
-        pool = forest.pool
-        count = len(forest.calls)
-        start = np.empty(count, dtype=np.int64)
-        length = np.empty(count, dtype=np.int64)
-        prompt_length = np.empty(count, dtype=np.int64)
+        pool, kept = forest.pool, np.asarray(forest.ledger_index, dtype=np.int64)
+        layout = pool.layout
+        full_len = layout.full_len[kept]
+        parent = np.asarray(forest.parent, dtype=np.int64)
+        begin = np.where(parent >= 0, full_len[np.maximum(parent, 0)], 0)
+        length = full_len - begin
+        prompt_length = layout.prompt_len[kept] - begin
+        base_len = layout.base_len[kept]
+        start = layout.suffix_start[kept] + begin - base_len
         copied: list[np.ndarray] = []
         cursor = len(pool.tokens)
-        for i, (index, parent) in enumerate(zip(forest.ledger_index, forest.parent, strict=True)):
-            begin = pool.full_len[forest.ledger_index[parent]] if parent >= 0 else 0
-            full_len = pool.full_len[index]
-            length[i] = full_len - begin
-            prompt_length[i] = pool.prompt_len[index] - begin
-            if pool.base_len[index] <= begin:
-                start[i] = pool.suffix_start[index] + begin - pool.base_len[index]
-            else:
-                copied += pool.pieces(index, begin, full_len)
-                start[i] = cursor
-                cursor += int(length[i])
+        for i in np.flatnonzero(base_len > begin).tolist():  # the base holds some new tokens
+            copied += pool.pieces(forest.ledger_index[i], int(begin[i]), int(full_len[i]))
+            start[i] = cursor
+            cursor += int(length[i])
         tokens = np.concatenate([pool.tokens, *copied]) if copied else pool.tokens
         return cls(tokens, start, length, prompt_length)
 
@@ -120,29 +117,65 @@ def build_forest(episode: Episode) -> Forest:
     """Parents, roots, leaves and trees of the episode's kept calls."""
     ledger = episode.ledger()
     pool = TokenPool.build(ledger)
-    kept = [call.index for call in ledger if call.kept]
-    position = [-1] * len(ledger)
-    for place, index in enumerate(kept):
-        position[index] = place
-    finder = _ParentFinder(pool, kept)
-    parents = [-1 if (p := finder.parent_of(index)) < 0 else position[p] for index in kept]
-    calls = [ledger[index] for index in kept]
-    return Forest(episode=episode, calls=calls, parent=parents, pool=pool, ledger_index=kept)
+    kept = np.flatnonzero(np.fromiter((c.kept for c in ledger), bool, len(ledger)))
+    parents = _ParentFinder(pool, kept).parents()
+    return Forest(
+        episode=episode,
+        calls=[ledger[index] for index in kept.tolist()],
+        parent=parents,
+        pool=pool,
+        ledger_index=kept.tolist(),
+    )
 
 
 class _ParentFinder:
-    """Parents by ledger index (-1 for none)."""
+    """Parents of the kept calls (given by ledger index), as places among the kept calls."""
 
-    def __init__(self, pool: TokenPool, kept: list[int]):
+    def __init__(self, pool: TokenPool, kept: np.ndarray):
         self.pool = pool
+        self.kept = kept
+        layout = pool.layout
+        full_hashes = pool.hashes[layout.locate(kept, layout.full_len[kept] - 1)]
         self.by_hash: dict[int, list[int]] = defaultdict(list)
-        full_hashes = np.empty(len(kept), dtype=np.uint64)
-        for i, index in enumerate(kept):
-            full_hashes[i] = pool.full_hash(index)
-            self.by_hash[int(full_hashes[i])].append(index)
+        for index, value in zip(kept.tolist(), full_hashes.tolist(), strict=True):
+            self.by_hash[value].append(index)
+        self.full_hashes = full_hashes
         self.marked = _positions_of_known(pool.hashes, full_hashes)
 
+    def parents(self) -> list[int]:
+        """Each kept call's parent (its place among the kept calls), -1 for a root.
+
+        Most calls are settled with array operations: a call whose own prompt suffix holds no
+        candidate end either has no candidate at all (its prompt references nothing) or its
+        longest candidate is the referenced call's full sequence (when the prompt resends a
+        whole kept call), which is then the parent if no other kept call has the same full
+        hash. Every other call is searched and confirmed token by token (`parent_of`).
+        """
+        layout, kept = self.pool.layout, self.kept
+        place_of = np.full(len(layout.base), -1, dtype=np.int64)
+        place_of[kept] = np.arange(len(kept))
+        start = layout.suffix_start[kept]
+        stop = start + layout.suffix_len[kept]
+        quiet = np.searchsorted(self.marked, start) == np.searchsorted(self.marked, stop)
+        base = layout.base[kept]
+        base_place = np.where(base >= 0, place_of[base], -1)
+        whole = base_place >= 0
+        whole[whole] = layout.base_len[kept[whole]] == layout.full_len[base[whole]]
+        unique = np.zeros(len(kept), dtype=bool)
+        if len(kept):
+            sorted_hashes = np.sort(self.full_hashes)
+            counts = np.searchsorted(sorted_hashes, self.full_hashes, side="right")
+            counts -= np.searchsorted(sorted_hashes, self.full_hashes)
+            unique[whole] = counts[base_place[whole]] == 1
+        parents = np.where(quiet & whole & unique, base_place, -1)
+        settled = quiet & ((base < 0) | (whole & unique))
+        for i in np.flatnonzero(~settled).tolist():
+            found = self.parent_of(int(kept[i]))
+            parents[i] = -1 if found < 0 else place_of[found]
+        return parents.tolist()
+
     def parent_of(self, index: int) -> int:
+        """The parent's ledger index (-1 for none), searched from the prompt's end."""
         for start, stop in self.pool.ranges(index, self.pool.prompt_len[index]):
             k = int(np.searchsorted(self.marked, stop)) - 1
             while k >= 0 and self.marked[k] >= start:

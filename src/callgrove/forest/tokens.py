@@ -35,6 +35,44 @@ def _mix64(values: np.ndarray) -> np.ndarray:
 
 
 @dataclass(slots=True)
+class PoolLayout:
+    """Where each ledger call's pieces lie in the pool, as arrays by ledger index.
+
+    Array operations over many calls read these (prefix offsets, full hashes, parents, new
+    tokens); the walks that follow one call's references read the same values as lists.
+    """
+
+    base: np.ndarray  # int64: ledger index of its prompt base, -1 for none
+    base_len: np.ndarray  # int64: how much of the base its prompt resends
+    suffix_start: np.ndarray  # int64: pool index of its prompt suffix; the completion follows
+    suffix_len: np.ndarray  # int64
+    completion_len: np.ndarray  # int64
+
+    @property
+    def prompt_len(self) -> np.ndarray:
+        return self.base_len + self.suffix_len
+
+    @property
+    def full_len(self) -> np.ndarray:
+        return self.base_len + self.suffix_len + self.completion_len
+
+    def locate(self, calls: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """Pool index of the token at `positions[i]` of call `calls[i]`'s full sequence,
+        following prompt references for all at once (as many rounds as the deepest)."""
+        calls = np.array(calls, dtype=np.int64)
+        found = np.empty(len(calls), dtype=np.int64)
+        pending = np.arange(len(calls))
+        while pending.size:
+            call, position = calls[pending], positions[pending]
+            offset = position - self.base_len[call]
+            here = offset >= 0
+            found[pending[here]] = self.suffix_start[call[here]] + offset[here]
+            pending = pending[~here]
+            calls[pending] = self.base[call[~here]]
+        return found
+
+
+@dataclass(slots=True)
 class TokenPool:
     """Pooled tokens of an episode's ledger and where each call's pieces lie in the pool.
 
@@ -47,8 +85,8 @@ class TokenPool:
     tokens: np.ndarray  # int32, every call's suffix then completion, in call order
     positions: np.ndarray  # int64, the position of each pooled token in its sequences
     hashes: np.ndarray  # uint64, the hash of the prefix ending at (and including) each token
-    completion_marks: np.ndarray  # uint8, 1 on completion tokens, 0 on prompt suffixes
-    # Per call, by ledger index (lists: the walks below read them one value at a time).
+    layout: PoolLayout
+    # The layout as lists, by ledger index: the walks below read them one value at a time.
     suffix_start: list[int]  # pool index of its prompt suffix
     completion_start: list[int]  # pool index of its completion
     base: list[int]  # ledger index of its prompt base, -1 for none
@@ -61,77 +99,41 @@ class TokenPool:
         """`calls` is an episode's ledger (`Episode.ledger()`): every call a prompt refers to,
         in `seq` order, each at its `index`."""
         count = len(calls)
-        base = np.full(count, -1, dtype=np.int64)
-        for i, call in enumerate(calls):
-            if call.index != i:
-                raise ValueError(f"call {call.id} is not at its ledger index ({call.index})")
-            referenced = call.prompt_base
-            if referenced is not None:
-                b = referenced.index
-                if not (0 <= b < i and calls[b] is referenced):
-                    raise ValueError(
-                        f"call {call.id}: its prompt refers to {referenced.id}, which is not an "
-                        "earlier call of the same episode"
-                    )
-                base[i] = b
+        base = np.fromiter(
+            (_base_index(i, call, calls) for i, call in enumerate(calls)), np.int64, count
+        )
         base_len = np.fromiter((c.prompt_base_len for c in calls), np.int64, count)
         suffix_len = np.fromiter((len(c.prompt_suffix) for c in calls), np.int64, count)
         completion_len = np.fromiter((len(c.completion_ids) for c in calls), np.int64, count)
         prompt_len = base_len + suffix_len
-        lengths = np.empty(2 * count, dtype=np.int64)
+        lengths = np.empty(2 * count, dtype=np.int64)  # pieces: suffix, completion, call by call
         lengths[0::2], lengths[1::2] = suffix_len, completion_len
         piece_starts = np.cumsum(lengths) - lengths
-        cursor = int(lengths.sum())
         pieces = [piece for c in calls for piece in (c.prompt_suffix, c.completion_ids)]
         tokens = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int32)
         piece_positions = np.empty(2 * count, dtype=np.int64)
         piece_positions[0::2], piece_positions[1::2] = base_len, prompt_len
-        positions = np.arange(cursor, dtype=np.int64) + np.repeat(
+        positions = np.arange(len(tokens), dtype=np.int64) + np.repeat(
             piece_positions - piece_starts, lengths
         )
         values = _mix64((positions.astype(np.uint64) << np.uint64(32)) | tokens.astype(np.uint64))
         running = np.cumsum(values, dtype=np.uint64)
-        marks = np.repeat(np.tile(np.array([0, 1], dtype=np.uint8), count), lengths)
-        pool = cls(
+        suffix_start = piece_starts[0::2]
+        layout = PoolLayout(base, base_len, suffix_start, suffix_len, completion_len)
+        offsets = _prefix_offsets(layout, running, piece_starts, piece_positions)
+        return cls(
             calls,
             tokens,
             positions,
-            running,
-            marks,
-            suffix_start=piece_starts[0::2].tolist(),
+            running + np.repeat(offsets, lengths),
+            layout,
+            suffix_start=suffix_start.tolist(),
             completion_start=piece_starts[1::2].tolist(),
             base=base.tolist(),
             base_len=base_len.tolist(),
             prompt_len=prompt_len.tolist(),
             full_len=(prompt_len + completion_len).tolist(),
         )
-        offsets = pool._prefix_offsets(piece_starts)
-        pool.hashes = running + np.repeat(offsets, lengths)
-        return pool
-
-    def _prefix_offsets(self, piece_starts: np.ndarray) -> np.ndarray:
-        """What turns each piece's slice of the pool-wide running sum into prefix hashes.
-
-        A piece's prefix hash is its base prefix's hash plus its own running sum; pieces are
-        visited in `seq` order, so every base prefix is already final when it is read.
-        """
-        running = self.hashes
-        offsets = np.zeros(len(piece_starts), dtype=np.uint64)
-
-        def prefix_hash(i: int, length: int) -> int:
-            index = self.index_at(i, length - 1)
-            piece = int(np.searchsorted(piece_starts, index, side="right")) - 1
-            return (int(running[index]) + int(offsets[piece])) & _MASK64
-
-        for i, (base_len, prompt_len) in enumerate(
-            zip(self.base_len, self.prompt_len, strict=True)
-        ):
-            for piece, position in ((2 * i, base_len), (2 * i + 1, prompt_len)):
-                start = int(piece_starts[piece])
-                before = int(running[start - 1]) if start else 0
-                base = prefix_hash(i, position) if position else 0
-                offsets[piece] = (base - before) & _MASK64
-        return offsets
 
     def at(self, call: Call) -> int:
         """The call's place in this pool's ledger (its `index`, checked to be this call)."""
@@ -208,3 +210,47 @@ class TokenPool:
             if r_end == r_start:
                 r_start, r_end = next(right, (0, 0))
         return True  # both walks covered `length` tokens, all equal
+
+
+def _base_index(i: int, call: Call, calls: list[Call]) -> int:
+    """The ledger index of the call's prompt base (-1 for none), checked to be an earlier call
+    of the same ledger; the call itself checked to be at its index."""
+    if call.index != i:
+        raise ValueError(f"call {call.id} is not at its ledger index ({call.index})")
+    referenced = call.prompt_base
+    if referenced is None:
+        return -1
+    b = referenced.index
+    if not (0 <= b < i and calls[b] is referenced):
+        raise ValueError(
+            f"call {call.id}: its prompt refers to {referenced.id}, which is not an "
+            "earlier call of the same episode"
+        )
+    return b
+
+
+def _prefix_offsets(
+    layout: PoolLayout, running: np.ndarray, piece_starts: np.ndarray, piece_positions: np.ndarray
+) -> np.ndarray:
+    """What turns each piece's slice of the pool-wide running sum into prefix hashes.
+
+    A piece's prefix hash is its base prefix's hash (the running sum at the base's last token,
+    plus that token's own piece offset) plus its own running sum. So each offset is a constant
+    plus the offset of an earlier piece; the chains are summed by pointer jumping.
+    """
+    owner = np.repeat(np.arange(len(layout.base)), 2)
+    has_base = piece_positions > 0
+    last = np.zeros(len(piece_starts), dtype=np.int64)
+    last[has_base] = layout.locate(owner[has_base], piece_positions[has_base] - 1)
+    before = np.zeros(len(piece_starts), dtype=np.uint64)
+    started = piece_starts > 0
+    before[started] = running[piece_starts[started] - 1]
+    total = np.where(has_base, running[last], np.uint64(0)) - before
+    depends = np.where(has_base, np.searchsorted(piece_starts, last, side="right") - 1, -1)
+    while True:
+        linked = np.flatnonzero(depends >= 0)
+        if not linked.size:
+            return total
+        target = depends[linked]
+        total[linked] += total[target]
+        depends[linked] = depends[target]
