@@ -37,14 +37,14 @@ def dense_ledger(episode: cg.Episode) -> None:
     ordered = sorted(episode.calls(), key=lambda c: c.seq)
     assert [c.index for c in ordered] == list(range(len(ordered)))
     assert [a.index for a in episode.agents] == list(range(len(episode.agents)))
+    for agent in episode.agents:
+        assert all(episode.agent_of(call) is agent for call in agent.calls)
 
 
 def same_record(a: cg.Episode, b: cg.Episode) -> None:
     dense_ledger(b)
     assert cg.episode.encode_episode(a) == cg.episode.encode_episode(b)
     assert [c.full_ids().tolist() for c in a.calls()] == [c.full_ids().tolist() for c in b.calls()]
-    for agent in b.agents:
-        assert all(call.agent is agent for call in agent.calls)
     for call in b.calls():
         assert call.prompt_base is None or any(call.prompt_base is c for c in b.calls())
 
@@ -99,6 +99,14 @@ def test_calls_are_numbered_in_ledger_order_and_renumbered_on_demand():
     assert [c.id for c in episode.ledger()] == [f"C{n}" for n in range(1, 13)]
     late = episode.agents[1].add(cg.Call.make("C0", 0, [1], [2]))  # the earliest seq of all
     assert late.index == -1  # not numbered until the ledger is rebuilt
+    assert episode.agent_of(late) is episode.agents[1]  # its agent's place is known at once
+    stray = cg.Call.make("X", 99, [1], [2])
+    try:
+        episode.agent_of(stray)
+    except ValueError as error:
+        assert "call X has no agent here" in str(error)
+    else:
+        raise AssertionError("a call of no agent was given one")
     assert episode.ledger()[0] is late
     dense_ledger(episode)
     forest = cg.build_forest(episode)
@@ -113,7 +121,7 @@ def test_calls_are_numbered_in_ledger_order_and_renumbered_on_demand():
 
 def test_filtering_by_agent_keeps_every_agent_in_place():
     original = login_bug()
-    leader_only = original.filter(lambda call: call.agent.id == "L")
+    leader_only = original.filter(lambda call: original.agent_of(call).id == "L")
     assert [a.id for a in leader_only.agents] == [a.id for a in original.agents]
     assert [len(a.calls) for a in leader_only.agents] == [6, 0, 0, 0]
     dense_ledger(leader_only)

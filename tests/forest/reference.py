@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from callgrove.episode import Call, Episode
+from callgrove.episode import Agent, Call, Episode
+
+
+def agent_by_call(episode: Episode) -> dict[str, Agent]:
+    return {call.id: agent for agent in episode.agents for call in agent.calls}
 
 
 def reference_parents(episode: Episode) -> dict[str, str | None]:
     kept = [c for c in episode.calls() if c.kept]
+    agent_of = agent_by_call(episode)
     parents: dict[str, str | None] = {}
     for call in kept:
         prompt = call.prompt_ids()
@@ -24,8 +29,8 @@ def reference_parents(episode: Episode) -> dict[str, str | None]:
             continue
         longest = max(p.full_len for p in prefixes)
         tied = [p for p in prefixes if p.full_len == longest]
-        own = [p for p in tied if p.agent is call.agent]
-        named = [p for p in tied if p.agent.id == call.agent.parent]
+        own = [p for p in tied if agent_of[p.id] is agent_of[call.id]]
+        named = [p for p in tied if agent_of[p.id].id == agent_of[call.id].parent]
         parents[call.id] = max(own or named or tied, key=lambda p: p.seq).id
     return parents
 
@@ -33,6 +38,7 @@ def reference_parents(episode: Episode) -> dict[str, str | None]:
 def reference_rows(episode: Episode, max_identical: int = 1) -> list[dict]:
     """Rows as dicts: leaf, path, trains, context, duplicate_of, tokens, mask."""
     parents = reference_parents(episode)
+    agent_of = agent_by_call(episode)
     kept = {c.id: c for c in episode.calls() if c.kept}
     has_child = {p for p in parents.values() if p is not None}
     leaves = sorted((c for c in kept.values() if c.id not in has_child), key=lambda c: c.seq)
@@ -45,7 +51,7 @@ def reference_rows(episode: Episode, max_identical: int = 1) -> list[dict]:
     owner: dict[str, int] = {}
     for call in kept.values():
         holders = [i for i, path in enumerate(paths) if call.id in path]
-        own = [i for i in holders if leaves[i].agent is call.agent]
+        own = [i for i in holders if agent_of[leaves[i].id] is agent_of[call.id]]
         owner[call.id] = min(own or holders, key=lambda i: leaves[i].seq)
     rows = []
     for i, (leaf, path) in enumerate(zip(leaves, paths, strict=True)):
@@ -59,7 +65,7 @@ def reference_rows(episode: Episode, max_identical: int = 1) -> list[dict]:
         if duplicate_of is None:
             for call_id in trains:
                 call: Call = kept[call_id]
-                if call.agent.trainable:
+                if agent_of[call_id].trainable:
                     mask[call.prompt_len : call.full_len] = 1
         rows.append(
             {

@@ -133,7 +133,7 @@ def test_forests_and_rows_built_before_compaction_stay_valid(episode):
     for row in result.rows:
         assert np.array_equal(row.token_ids, full[row.leaf.id])
         for call in row.trains if row.duplicate_of is None else []:
-            trains = call.agent is None or call.agent.trainable
+            trains = episode.agent_of(call).trainable
             assert row.loss_mask[call.prompt_len : call.full_len].all() == trains
 
 

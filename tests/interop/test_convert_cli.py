@@ -73,7 +73,7 @@ def test_credit_onto_the_original_verifiers_file(tmp_path: Path) -> None:
     source = write_with_verifiers(tmp_path, [multi_agent_episode(0)])
     [episode] = read_verifiers(source)
     for call in episode.calls():
-        call.advantages = 0.25 if call.agent.name == "solver" else None
+        call.advantages = 0.25 if episode.agent_of(call).name == "solver" else None
     credited = tmp_path / "credited.jsonl"
     save(credited, [episode])
     out = tmp_path / "out.jsonl"

@@ -18,7 +18,7 @@ from .helpers import RENDERER, ScriptedPolicy, run
 def parents(episode):
     forest = build_forest(episode)
     return {
-        call.id: (call.agent.id, call.purpose, None if p < 0 else forest.calls[p].id)
+        call.id: (episode.agent_of(call).id, call.purpose, None if p < 0 else forest.calls[p].id)
         for call, p in zip(forest.calls, forest.parent, strict=True)
     }
 

@@ -59,7 +59,9 @@ def test_the_forest_sees_forks_compactions_and_twins_as_built():
         first_parent = forest.parent_of(agent.calls[0])
         if agent.start == "fork":
             # a fork's first call resends its parent agent's history: a child of its call
-            assert first_parent is not None and first_parent.agent is by_id[agent.parent]
+            assert (
+                first_parent is not None and episode.agent_of(first_parent) is by_id[agent.parent]
+            )
         else:
             assert first_parent is None
         for before, after in zip(agent.calls, agent.calls[1:], strict=False):
@@ -71,7 +73,7 @@ def test_the_forest_sees_forks_compactions_and_twins_as_built():
     result = build_rows(episode)
     assert check_rows(result).ok
     duplicates = [row for row in result.rows if row.duplicate_of is not None]
-    assert duplicates and all(row.leaf.agent.id.startswith("T") for row in duplicates)
+    assert duplicates and all(row.agent.id.startswith("T") for row in duplicates)
 
 
 def test_histories_reach_about_the_context():

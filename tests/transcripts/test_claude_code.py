@@ -148,7 +148,7 @@ def test_compaction_after_a_rewind(name):
         "msg_p1a": None,  # the next call starts from the summary: a new root
     }
     compaction = calls["compaction"]
-    assert compaction.agent.id == "main"
+    assert episode.agent_of(compaction).id == "main"
     assert "Summary: the user asked for a plan." in compaction.content["response"]["content"]
     after = calls["msg_p1a"].content["prompt"]
     assert after[0]["content"].startswith("This session is being continued")
@@ -288,5 +288,5 @@ def test_seq_follows_the_ledger_across_agents():
     times = [stamps[c.content["source"]["lines"][0] - 1] for c in calls]
     assert times == sorted(times)
     assert [c.seq for c in calls] == list(range(1, len(calls) + 1))
-    agents = [c.agent.id for c in calls]
+    agents = [episode.agent_of(c).id for c in calls]
     assert agents.index("sidechain-2") < max(i for i, a in enumerate(agents) if a == "main")

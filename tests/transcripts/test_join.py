@@ -49,7 +49,7 @@ def test_join_takes_capture_tokens_with_transcript_structure():
     assert len(result.matched) == len(list(episode.calls())) - 1
     for transcript_id, capture_id in result.matched:
         call = joined.call(capture_id)
-        assert call.agent.id == episode.call(transcript_id).agent.id
+        assert joined.agent_of(call).id == episode.agent_of(episode.call(transcript_id)).id
         assert call.full_ids().tolist() == captured[capture_id][0]
         assert call.logprobs is captured[capture_id][1]
         assert call.content["transcript_call"] == transcript_id

@@ -187,8 +187,8 @@ def _build(rows: Sequence[Row], columns: RowColumns) -> list[Sample]:
                 policy_versions=policy_versions[first:last],
                 episode=episode.id,
                 group=episode.group,
-                agent=leaf.agent.id,  # type: ignore[union-attr]
-                seat=leaf.agent.name,  # type: ignore[union-attr]
+                agent=row.agent.id,
+                seat=row.agent.name,
                 row=row.index,
                 leaf=leaf.id,
                 root=row.path[0].id,

@@ -165,8 +165,8 @@ def forest_view(result: EpisodeRows) -> Tree:
 
     def label(index: int) -> str:
         call = forest.calls[index]
-        agent = call.agent
-        who = f"{clip_middle(agent.id, ID_CHARS)}·{agent.name}" if agent else "?"
+        agent = episode.agent_of(call)
+        who = f"{clip_middle(agent.id, ID_CHARS)}·{agent.name}"
         parts = [f"[bold]{safe(clip_middle(call.id, ID_CHARS))}[/]", safe(who)]
         if call.purpose != "turn":
             parts.append(f"[magenta]{safe(call.purpose)}[/]")
@@ -185,7 +185,7 @@ def forest_view(result: EpisodeRows) -> Tree:
     def chain_label(chain: list[int]) -> str:
         calls = [forest.calls[i] for i in chain]
         agents = ", ".join(
-            dict.fromkeys(clip_middle(c.agent.id, ID_CHARS) for c in calls if c.agent is not None)
+            dict.fromkeys(clip_middle(episode.agent_of(c).id, ID_CHARS) for c in calls)
         )
         ids = [clip_middle(c.id, ID_CHARS) for c in calls]
         compactions = sum(c.purpose == "compaction" for c in calls)

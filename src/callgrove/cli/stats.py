@@ -137,10 +137,10 @@ class Learning:
         else:
             self.unscored += 1
         for call in episode.calls():
-            if call.advantages is not None and call.agent is not None:
+            if call.advantages is not None:
                 value = float(np.mean(call.advantages))
                 self.advantages.setdefault("all", Moments()).add(value)
-                self.advantages.setdefault(call.agent.name, Moments()).add(value)
+                self.advantages.setdefault(episode.agent_of(call).name, Moments()).add(value)
         if not episode.agents:
             return
         try:

@@ -211,7 +211,7 @@ def _checked_value(value: Advantage, episode: Episode, call: Call) -> Advantage:
 def _why_unassigned(episode: Episode, call: Call) -> str:
     if not episode.ok:
         return "errored episode"
-    if call.agent is not None and not call.agent.trainable:
+    if not episode.agent_of(call).trainable:
         return "untrainable agent"
     if not call.kept:
         return "not kept"

@@ -54,10 +54,12 @@ class Call:
     kept: bool = True
     advantages: float | np.ndarray | None = None
     content: Any = None
-    agent: Agent | None = field(default=None, repr=False)
     # The call's place in its episode's ledger (every call, kept or not, in `seq` order), set by
     # `Episode.ledger()`: what per-call arrays and tables of the later stages are indexed by.
     index: int = field(default=-1, repr=False)
+    # Its agent's place in `Episode.agents` (`Episode.agent_of`), set with the ledger: a call
+    # holds no reference to its agent, so copies, pickles and filters carry no hidden cycle.
+    agent_index: int = field(default=-1, repr=False)
 
     @classmethod
     def make(
@@ -150,10 +152,10 @@ class Agent:
 
     def __post_init__(self) -> None:
         for call in self.calls:
-            call.agent = self
+            call.agent_index = self.index
 
     def add(self, call: Call) -> Call:
-        call.agent = self
+        call.agent_index = self.index
         self.calls.append(call)
         return call
 
@@ -192,6 +194,8 @@ class Episode:
         construction; call it again after adding agents or calls."""
         for number, agent in enumerate(self.agents):
             agent.index = number
+            for call in agent.calls:
+                call.agent_index = number
         ordered = sorted(self.calls(), key=lambda c: c.seq)
         for index, call in enumerate(ordered):
             call.index = index
@@ -238,6 +242,15 @@ class Episode:
     def kept_calls(self) -> list[Call]:
         """The kept calls, in ledger (`seq`) order."""
         return sorted((c for c in self.calls() if c.kept), key=lambda c: c.seq)
+
+    def agent_of(self, call: Call) -> Agent:
+        """The agent that made `call` (by `Call.agent_index`)."""
+        if not 0 <= call.agent_index < len(self.agents):
+            raise ValueError(
+                f"episode {self.id}: call {call.id} has no agent here; "
+                "call ledger() after adding agents or calls"
+            )
+        return self.agents[call.agent_index]
 
     def agent(self, agent_id: str) -> Agent:
         for agent in self.agents:

@@ -118,7 +118,7 @@ def build_forest(episode: Episode) -> Forest:
     ledger = episode.ledger()
     pool = TokenPool.build(ledger)
     kept = np.flatnonzero(np.fromiter((c.kept for c in ledger), bool, len(ledger)))
-    parents = _ParentFinder(pool, kept).parents()
+    parents = _ParentFinder(pool, kept, episode.agents).parents()
     return Forest(
         episode=episode,
         calls=[ledger[index] for index in kept.tolist()],
@@ -131,9 +131,10 @@ def build_forest(episode: Episode) -> Forest:
 class _ParentFinder:
     """Parents of the kept calls (given by ledger index), as places among the kept calls."""
 
-    def __init__(self, pool: TokenPool, kept: np.ndarray):
+    def __init__(self, pool: TokenPool, kept: np.ndarray, agents: list[Agent]):
         self.pool = pool
         self.kept = kept
+        self.agents = agents
         layout = pool.layout
         full_hashes = pool.hashes[layout.locate(kept, layout.full_len[kept] - 1)]
         self.by_hash: dict[int, list[int]] = defaultdict(list)
@@ -199,7 +200,7 @@ class _ParentFinder:
         ]
         if not matches:
             return -1
-        return max(matches, key=lambda p: _tie_rank(pool.calls[p], call))
+        return max(matches, key=lambda p: _tie_rank(pool.calls[p], call, self.agents))
 
 
 def _positions_of_known(hashes: np.ndarray, known: np.ndarray) -> np.ndarray:
@@ -220,14 +221,12 @@ def _positions_of_known(hashes: np.ndarray, known: np.ndarray) -> np.ndarray:
     return candidates[known[slot] == hashes[candidates]]
 
 
-def _tie_rank(candidate: Call, call: Call) -> tuple[bool, bool, int]:
+def _tie_rank(candidate: Call, call: Call, agents: list[Agent]) -> tuple[bool, bool, int]:
     """The tie-break (docs/episode-format.md, section 2): the call's own agent, then its agent's
     parent agent, then the highest seq."""
-    own: Agent | None = call.agent
-    candidate_agent = candidate.agent
     return (
-        candidate_agent is own,
-        own is not None and candidate_agent is not None and candidate_agent.id == own.parent,
+        candidate.agent_index == call.agent_index,
+        agents[candidate.agent_index].id == agents[call.agent_index].parent,
         candidate.seq,
     )
 

@@ -131,6 +131,7 @@ class Recorded:
     previous: Message | None
     history: bytes
     tools: bytes
+    agent: Agent  # the agent that made it (a call holds only its agent's index in an episode)
 
 
 @dataclass(eq=False)
@@ -152,7 +153,7 @@ class EpisodeState:
         self.by_history.setdefault(recorded.history, []).append(recorded)
         self.by_id[recorded.call.id] = recorded
         self.prompt_keys[recorded.call.id] = prompt_key
-        self.spawns.extend(spawns_in(recorded.call.agent.id, recorded.response))  # type: ignore[union-attr]
+        self.spawns.extend(spawns_in(recorded.agent.id, recorded.response))
 
     def agent_for(self, who: Identity, messages: list[Message]) -> Agent:
         agent = self.agents.get(who.agent)
@@ -193,7 +194,7 @@ class EpisodeState:
                 r for r in self.by_history.get(hashes[index], ()) if compaction or r.tools == tools
             ]
             if found:
-                own = [r for r in found if r.call.agent is agent]
+                own = [r for r in found if r.agent is agent]
                 return (own or found)[-1], index + 1
         return None, 0
 
@@ -269,6 +270,7 @@ class Gateway:
             previous,
             bytes.fromhex(line["history"]),
             bytes.fromhex(line["tools"]),
+            agent,
         )
         state.remember(recorded, line["prompt_key"])
         state.seq = max(state.seq, call.seq)
@@ -350,7 +352,7 @@ class Gateway:
         agent.add(call)
         history = chain_hashes([response], hashes[-1] if hashes else b"")[0]
         prompt_key = hashes[-1].hex() if hashes else ""
-        state.remember(Recorded(call, response, previous, history, tools_hash), prompt_key)
+        state.remember(Recorded(call, response, previous, history, tools_hash, agent), prompt_key)
         line = call_line(
             call,
             agent,

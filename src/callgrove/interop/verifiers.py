@@ -644,7 +644,7 @@ def _parent_node(
         parent = call.prompt_base
     else:
         parent = None
-    if parent is None or parent.agent is not agent or parent.index not in node_of:
+    if parent is None or parent.agent_index != agent.index or parent.index not in node_of:
         return None, 0
     return node_of[parent.index], parent.full_len
 

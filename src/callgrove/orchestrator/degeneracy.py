@@ -167,7 +167,7 @@ def apply(
         calls_meta = {}
         for call, record in zip(er.forest.calls, measured, strict=True):
             calls_meta[call.id] = record
-            seat = call.agent.name if call.agent else ""
+            seat = er.episode.agent_of(call).name
             report.calls += 1
             report.seat_calls[seat] = report.seat_calls.get(seat, 0) + 1
             for flag in record["flags"]:

@@ -361,7 +361,7 @@ def _columns(
     last_kept: dict[int, Call] = {}
     for call in calls:
         if call.kept:
-            last_kept[call.agent.index] = call  # type: ignore[union-attr]  # seq order: the last one wins
+            last_kept[call.agent_index] = call  # seq order: the last one wins
     answers_read_by: dict[int, list[Call]] = {}
     for agent_key, reader in readers.items():
         if reader is not None and agent_key in last_kept:
@@ -369,7 +369,7 @@ def _columns(
     column: dict[int, int] = {}
     previous: dict[int, Call] = {}
     for call in calls:
-        agent_key = call.agent.index  # type: ignore[union-attr]
+        agent_key = call.agent_index
         causes = [previous.get(agent_key) or spawner.get(agent_key), parent_of.get(call.index)]
         causes += answers_read_by.get(call.index, [])
         column[call.index] = max(
@@ -384,7 +384,7 @@ def _bands(agents: list[Agent], calls: list[Call], columns: dict[int, int], top:
     (the first band also holds agents that made no call, so every agent is shown)."""
     in_band: dict[int, set[int]] = {}
     for call in calls:
-        in_band.setdefault(columns[call.index] // COLUMNS_PER_BAND, set()).add(call.agent.index)  # type: ignore[union-attr]
+        in_band.setdefault(columns[call.index] // COLUMNS_PER_BAND, set()).add(call.agent_index)
     lane_index = {agent.index: i for i, agent in enumerate(agents)}
     lane_of_id: dict[str, int] = {}
     for i, agent in enumerate(agents):
@@ -437,7 +437,7 @@ def _boxes(
     turns: dict[int, int] = {}
     boxes = []
     for call in calls:
-        agent_index = call.agent.index  # type: ignore[union-attr]
+        agent_index = call.agent_index
         column = columns[call.index]
         lane = lane_at[(column // COLUMNS_PER_BAND, lane_of_agent[agent_index])]
         turns[agent_index] = turns.get(agent_index, 0) + 1

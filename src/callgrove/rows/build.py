@@ -63,7 +63,7 @@ class Row:
 
     @property
     def agent(self) -> Agent:
-        return self.leaf.agent  # type: ignore[return-value]
+        return self.episode.agent_of(self.leaf)
 
     @property
     def num_tokens(self) -> int:
@@ -167,7 +167,7 @@ def build_rows(
                 path=calls,
                 trains=[c for c, i in zip(calls, path, strict=True) if owners[i] == number],
                 context=[c for c, i in zip(calls, path, strict=True) if owners[i] != number],
-                reward=episode.reward_of(forest.calls[leaf].agent),
+                reward=episode.reward_of(episode.agent_of(forest.calls[leaf])),
                 forest=forest,
                 path_index=path,
             )
@@ -193,11 +193,11 @@ def _owners(forest: Forest, paths: list[list[int]]) -> list[int]:
     any_leaf = [-1] * len(forest.calls)
     own_leaf = [-1] * len(forest.calls)
     for number, path in enumerate(paths):
-        leaf_agent = forest.calls[path[-1]].agent
+        leaf_agent = forest.calls[path[-1]].agent_index
         for i in path:
             if any_leaf[i] < 0:
                 any_leaf[i] = number
-            if own_leaf[i] < 0 and forest.calls[i].agent is leaf_agent:
+            if own_leaf[i] < 0 and forest.calls[i].agent_index == leaf_agent:
                 own_leaf[i] = number
     return [own if own >= 0 else first for own, first in zip(own_leaf, any_leaf, strict=True)]
 

@@ -79,7 +79,7 @@ def check_rows(result: EpisodeRows) -> CheckSummary:
         rows=len(result.rows),
         trained_once=len(kept) - sum(len(r.trains) for r in duplicate_rows),
         duplicates=sum(len(r.trains) for r in duplicate_rows),
-        untrainable=sum(1 for c in kept if c.agent is not None and not c.agent.trainable),
+        untrainable=sum(1 for c in kept if not result.episode.agent_of(c).trainable),
         violations=violations,
     )
 
@@ -133,7 +133,7 @@ def _check_tokens(row: Row, result: EpisodeRows) -> list[Violation]:
     expected = np.zeros(row.leaf.full_len, dtype=np.uint8)
     if row.duplicate_of is None:
         for call in row.trains:
-            if call.agent is None or call.agent.trainable:
+            if result.episode.agent_of(call).trainable:
                 expected[call.prompt_len : call.full_len] = 1
     if row.loss_mask.shape != expected.shape or not np.array_equal(row.loss_mask, expected):
         bad.append(
@@ -175,7 +175,7 @@ def _check_ownership(result: EpisodeRows, kept: list[Call]) -> list[Violation]:
             )
             continue
         holders = held_by[call.index]
-        own = [r for r in holders if r.leaf.agent is call.agent]
+        own = [r for r in holders if r.leaf.agent_index == call.agent_index]
         expected = min(own or holders, key=lambda r: r.leaf.seq)
         if owners[0] is not expected:
             bad.append(

@@ -115,7 +115,7 @@ def _layout(parts: Sequence[EpisodeRows]) -> RowColumns:
             chain.from_iterable(row.path_index for row in rows), np.int64, int(depth.sum())
         )
         trainable = np.fromiter(
-            (c.agent is None or c.agent.trainable for c in forest.calls), bool, len(forest.calls)
+            (part.episode.agent_of(c).trainable for c in forest.calls), bool, len(forest.calls)
         )
         trains = np.fromiter((row.duplicate_of is None for row in rows), bool, len(rows))
         number = np.fromiter((row.index for row in rows), np.int64, len(rows))

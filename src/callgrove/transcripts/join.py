@@ -86,7 +86,7 @@ def join_capture(
         free.discard(chosen)
         taken = captured[chosen]
         taken.content = {**content, **(taken.content or {}), "transcript_call": call.id}
-        agents[call.agent.id].add(taken)  # type: ignore[union-attr]
+        agents[transcript.agent_of(call).id].add(taken)
         result.matched.append((call.id, taken.id))
     leftover = [captured[i] for i in sorted(free)]
     result.unmatched_capture = [c.id for c in leftover]
