@@ -263,7 +263,7 @@ def test_dropped_content_allowed_is_counted(tmp_path, chatml):
     (transcript,) = import_claude_code(KIMUSON)
     fmt = JinjaFormat(tokenizer, template, allow_dropped=True)
     Renderer(fmt).episode(transcript)
-    with_tools = {id(c.response) for c in transcript.calls() if c.response.tool_calls and c.kept}
+    with_tools = {c.id for c in transcript.calls() if c.response.tool_calls and c.kept}
     dropped = {w: n for w, n in fmt.dropped.items() if w.startswith("assistant message: tool call")}
     assert dropped and max(dropped.values()) >= 1
     assert sum(n for w, n in dropped.items() if "arguments" not in w) >= len(with_tools) > 0
@@ -332,3 +332,23 @@ def test_a_model_folder_without_a_template_is_an_error(tmp_path, chatml):
         app, ["import", "codex", str(KIMUSON), "--tokenizer", str(tmp_path)]
     )
     assert result.exit_code == 2 and "no chat template" in result.output
+
+
+def test_a_call_id_or_agent_id_that_repeats_is_an_error_naming_it():
+    def transcript(agent_ids: list[str], call_ids: list[str]) -> Transcript:
+        agents = [TranscriptAgent(a, "agent") for a in agent_ids]
+        for n, call_id in enumerate(call_ids):
+            agent = agents[n % len(agents)]
+            context = extend(None, [Message("user", f"go {n}")])
+            answer = Message("assistant", f"done {n}")
+            record = CallRecord(source=Source("made", [n]))
+            agent.calls.append(TranscriptCall(call_id, agent, context, answer, (n,), record))
+        return Transcript("t", agents)
+
+    with pytest.raises(InputError, match="call id 'c1' appears twice") as raised:
+        Renderer().episode(transcript(["a"], ["c1", "c2", "c1"]))
+    assert raised.value.problem.call == "c1"
+    with pytest.raises(InputError, match="agent id 'a' appears twice"):
+        Renderer().episode(transcript(["a", "a"], ["c1", "c2"]))
+    episode = Renderer().episode(transcript(["a", "b"], ["c1", "c2"]))
+    assert [c.id for agent in episode.agents for c in agent.calls] == ["c1", "c2"]

@@ -60,6 +60,14 @@ class Message:
             out["is_error"] = True
         return out
 
+    def key(self) -> tuple[Any, ...]:
+        """What the message's tokens depend on: messages with equal keys render alike, so
+        renderings are cached by it (never by where the message lives in memory)."""
+        calls = tuple(
+            (c.id, c.name, orjson.dumps(c.arguments, default=repr)) for c in self.tool_calls
+        )
+        return (self.role, self.text, self.thinking, calls, self.tool_call_id, self.is_error)
+
 
 @dataclass(slots=True, eq=False)
 class Turn:

@@ -197,7 +197,7 @@ class JinjaFormat:
         )  # (previous role, role) not prefix-stable
         self._generation_text = self._delta(_CONTEXTS["user"], None, generation=True)
         self._generation = self._encode(self._generation_text)
-        self._assistant: dict[tuple[int, str | None], tuple[Message, np.ndarray, np.ndarray]] = {}
+        self._assistant: dict[tuple[Any, str | None], tuple[np.ndarray, np.ndarray]] = {}
 
     def _render(self, messages: list[dict[str, Any]], generation: bool = False) -> str:
         try:
@@ -310,9 +310,9 @@ class JinjaFormat:
         self, message: Message, previous: Message | None
     ) -> tuple[np.ndarray, np.ndarray]:
         """Completion up to and including the last special token (end of turn); the rest trails."""
-        key = (id(message), None if previous is None else previous.role)
+        key = (message.key(), None if previous is None else previous.role)
         hit = self._assistant.get(key)
-        if hit is None or hit[0] is not message:  # the message is held, so its id stays its own
+        if hit is None:
             text = self._delta(self._context(previous), message)
             if text.startswith(self._generation_text):
                 text = text[len(self._generation_text) :]
@@ -331,8 +331,8 @@ class JinjaFormat:
             self._check_content(message, body)
             special = np.flatnonzero(np.isin(body, list(self.special_ids)))
             cut = int(special[-1]) + 1 if special.size else len(body)
-            hit = self._assistant[key] = (message, body[:cut], body[cut:])
-        return hit[1], hit[2]
+            hit = self._assistant[key] = (body[:cut], body[cut:])
+        return hit
 
     def decode(self, ids: np.ndarray) -> str:
         return self.tokenizer.decode(np.asarray(ids).tolist(), skip_special_tokens=False)
@@ -432,8 +432,11 @@ class Renderer:
         return episodes
 
     def _episode(self, transcript: Transcript) -> Episode:
-        agents = {
-            id(a): Agent(
+        agents: dict[str, Agent] = {}  # agent id -> its episode agent
+        for a in transcript.agents:
+            if a.id in agents:
+                raise InputError(Problem(f"agent id {a.id!r} appears twice in the transcript"))
+            agents[a.id] = Agent(
                 id=a.id,
                 name=a.name,
                 parent=a.parent,
@@ -441,10 +444,8 @@ class Renderer:
                 meta=a.meta or None,
                 spawn=a.spawn,
             )
-            for a in transcript.agents
-        }
         segment = _cached(self.format.segment)
-        rendered: dict[int, Call] = {}
+        rendered: dict[str, Call] = {}  # call id -> its rendering
         for seq, call in enumerate(ledger_order(transcript), start=1):
             base = call.base_call()
             new = call.context.messages_since(base.answer if base else None) if call.context else []
@@ -458,7 +459,7 @@ class Renderer:
                 parts.append(segment(message, previous))
                 previous = message
             parts.append(self.format.generation_prompt())
-            base_call = rendered[id(base)] if base else None
+            base_call = rendered[base.id] if base else None
             result = Call(
                 id=call.id,
                 seq=seq,
@@ -475,13 +476,13 @@ class Renderer:
                     "response": call.response.as_dict(),
                 },
             )
-            rendered[id(call)] = result
-            agents[id(call.agent)].add(result)
+            rendered[call.id] = result
+            agents[call.agent.id].add(result)
         meta = dict(transcript.meta)
         meta["renderer"] = self.format.name
         return Episode(
             id=transcript.id,
-            agents=[agents[id(a)] for a in transcript.agents],
+            agents=list(agents.values()),
             task=transcript.task,
             objective="supervised",
             gaps=transcript.gaps or None,
@@ -492,30 +493,38 @@ class Renderer:
 def _cached(
     function: Callable[[Message, Message | None], np.ndarray],
 ) -> Callable[[Message, Message | None], np.ndarray]:
-    """Memoise a segment function on (message, previous role); messages are shared objects."""
-    cache: dict[tuple[int, str | None], tuple[Message, np.ndarray]] = {}
+    """Memoise a segment function on (message content, previous role): histories share
+    messages, and a message's tokens depend on nothing else."""
+    cache: dict[tuple[Any, str | None], np.ndarray] = {}
 
     def cached(message: Message, previous: Message | None) -> np.ndarray:
-        key = (id(message), None if previous is None else previous.role)
+        key = (message.key(), None if previous is None else previous.role)
         hit = cache.get(key)
         if hit is None:
-            hit = cache[key] = (message, function(message, previous))
-        return hit[1]
+            hit = cache[key] = function(message, previous)
+        return hit
 
     return cached
 
 
 def ledger_order(transcript: Transcript) -> list[TranscriptCall]:
-    """Calls by their ledger key, each after the call its history continues (its base)."""
+    """Calls by their ledger key, each after the call its history continues (its base).
+    Call ids are unique in a transcript; one that repeats is an error naming it."""
     ordered: list[TranscriptCall] = []
-    placed: set[int] = set()
+    placed: set[str] = set()
+    seen_ids: set[str] = set()
     for call in sorted(transcript.calls(), key=lambda c: c.order):
+        if call.id in seen_ids:
+            raise InputError(
+                Problem(f"call id {call.id!r} appears twice in the transcript", call=call.id)
+            )
+        seen_ids.add(call.id)
         chain: list[TranscriptCall] = []
         current: TranscriptCall | None = call
-        while current is not None and id(current) not in placed:
+        while current is not None and current.id not in placed:
             chain.append(current)
             current = current.base_call()
         for pending in reversed(chain):
-            placed.add(id(pending))
+            placed.add(pending.id)
             ordered.append(pending)
     return ordered
