@@ -8,11 +8,12 @@ agents, their parents and starts, and each agent's calls must be exactly what it
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 
 import pytest
 
-from callgrove.transcripts import Renderer, import_claude_code
+from callgrove.transcripts import ImportReport, Renderer, import_claude_code
 
 from .helpers import Generated, assert_every_line_accounted, assert_prefix_stable
 
@@ -131,4 +132,72 @@ def test_a_fork_starts_from_the_leaders_history_and_a_fresh_subagent_from_its_ta
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_generated_sessions_render_to_clean_rows(scenario):
     transcript, _ = imported(scenario)
+    assert_prefix_stable(Renderer().episode(transcript))
+
+
+# A subagent that compacts: captured through the capture gateway (tests/data/claude_code/
+# subagent_compaction/README.md). The gateway's calls are the truth: each agent's calls, their
+# purposes, which earlier call each prompt extends, and the tool calls in every prompt.
+
+CAPTURED = GENERATED.folder / "subagent_compaction"
+
+
+def gateway_calls() -> list[dict]:
+    lines = (CAPTURED / "gateway_calls.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def gateway_history(call: dict, by_seq: dict[int, dict]) -> list[tuple[str, tuple[str, ...]]]:
+    """The tool-call trail of everything a gateway call was sent: its base call's history and
+    answer, then its own new messages; system messages and text-only user messages (reminders
+    the CLI adds from outside the transcript) left out."""
+    base = by_seq.get(call["prompt_from"])
+    trail = [*gateway_history(base, by_seq), _trail(base["response"])] if base else []
+    return trail + [_trail(m) for m in call["prompt"] if m["role"] in ("assistant", "tool")]
+
+
+def _trail(message: dict) -> tuple[str, tuple[str, ...]]:
+    ids = message["tool_calls"] or [message["tool_call_id"]]
+    return message["role"], tuple(i for i in ids if i)
+
+
+def imported_history(call) -> list[tuple[str, tuple[str, ...]]]:
+    return [
+        (m.role, tuple(t.id for t in m.tool_calls) or ((m.tool_call_id,) if m.tool_call_id else ()))
+        for m in call.context.messages_since(None)
+        if m.role in ("assistant", "tool")
+    ]
+
+
+def test_a_captured_subagent_compaction_is_what_the_gateway_saw():
+    report = ImportReport()
+    (transcript,) = import_claude_code(CAPTURED / "sessions", report)
+    sent = gateway_calls()
+    by_seq = {c["seq"]: c for c in sent}
+    leader, sub = transcript.agents
+    gateway_sub = next(c for c in sent if c["parent"] is not None)
+    assert sub.id == f"agent-{gateway_sub['agent']}"
+    assert (sub.parent, sub.start, sub.name) == ("main", gateway_sub["start"], "general-purpose")
+    spawned = next(c for c in sent if c["response"]["tool_calls"] and c["parent"] is None)
+    assert sub.spawn.tool_call_id == spawned["response"]["tool_calls"][0]
+    for agent, truth_agent in ((leader, None), (sub, gateway_sub["agent"])):
+        truth = [c for c in sent if (c["parent"] is None) == (truth_agent is None)]
+        calls = sorted(agent.calls, key=lambda c: c.order)
+        assert [c.purpose for c in calls] == [c["purpose"] for c in truth]
+        place = {c["seq"]: k for k, c in enumerate(truth)}
+        for call, expected in zip(calls, truth, strict=True):
+            base = call.base_call()
+            assert (calls.index(base) if base else None) == place.get(expected["prompt_from"])
+            assert imported_history(call) == gateway_history(expected, by_seq)
+            text = expected["response"]["text"]
+            if call.purpose == "compaction":  # recorded inside the CLI's continuation text
+                assert (
+                    text.removeprefix("<summary>").removesuffix("</summary>") in call.response.text
+                )
+            else:
+                assert call.response.text == text
+    after = sorted(sub.calls, key=lambda c: c.order)[-1]
+    assert "SUB SUMMARY" in after.context.messages_since(None)[0].text
+    assert report.diagnostics.problems == []
+    assert_every_line_accounted(report)
     assert_prefix_stable(Renderer().episode(transcript))

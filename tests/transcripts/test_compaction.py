@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from callgrove.transcripts.claude_records import CompactMetadata, PreservedMessages
+from callgrove.transcripts.claude_records import (
+    CompactMetadata,
+    PreservedMessages,
+    PreservedSegment,
+)
 from callgrove.transcripts.codex_records import decode_item
 from callgrove.transcripts.compaction import (
     adopt_as_compaction,
@@ -83,6 +87,14 @@ def test_preserved_messages_of_a_partial_compaction():
     boundary = CompactMetadata(trigger="manual", preserved_messages=kept)
     assert preserved_links(boundary) == {"p2": ("S", "p1"), "p3": ("S", "p2")}
     assert preserved_links(CompactMetadata(trigger="auto")) == preserved_links(None) == {}
+
+
+def test_the_first_kept_message_is_the_segments_head_else_the_first_preserved():
+    kept = PreservedMessages(anchor_uuid="S", uuids=["p1", "p2"])
+    segment = PreservedSegment(head_uuid="h", tail_uuid="p2")
+    assert CompactMetadata(preserved_messages=kept).first_kept() == "p1"
+    assert CompactMetadata(preserved_messages=kept, preserved_segment=segment).first_kept() == "h"
+    assert CompactMetadata(trigger="auto").first_kept() is None
 
 
 def test_shared_helpers_timestamps_and_call_ids():

@@ -364,13 +364,19 @@ def derive_history(
                 turn = Turn(Message("user", _summary_text(record)), None)
                 meta = _boundary(graph, boundary)
                 kept = meta.compact_metadata if meta and meta.compact_metadata else None
+                kept_responses: set[int] = set()  # a response's lines are one message
                 for uuid in (
                     kept.preserved_messages.uuids if kept and kept.preserved_messages else ()
                 ):
                     index = graph.latest.get(uuid)
-                    if index is not None:
+                    if index is None:
+                        continue
+                    response = graph.response_of[index]
+                    if response is None or response not in kept_responses:
                         turn = extend(turn, messages_at(index))  # type: ignore[assignment]
-                        preserved_turns[uuid] = turn
+                    if response is not None:
+                        kept_responses.add(response)
+                    preserved_turns[uuid] = turn
                 turns[i] = turn
                 outcomes.append(Outcome(i, used="compaction summary"))
                 continue
@@ -511,7 +517,11 @@ def _compaction(
     meta = _boundary(graph, boundary)
     summarised: Turn | None = None
     logical = _find(graph, meta.logical_parent_uuid, boundary) if meta else None
-    if logical is not None:
+    head = _kept_head(graph, meta, boundary)
+    if head is not None:  # the messages kept after the summary were not summarised
+        up = graph.history_parent[head]
+        summarised = turns[up] if up is not None else None
+    elif logical is not None:
         summarised = turns[logical]
     elif graph.parent[s] is not None and graph.parent[s] != boundary:
         summarised = turns[graph.parent[s]]  # type: ignore[index]
@@ -527,6 +537,14 @@ def _compaction(
             trigger=meta.compact_metadata.trigger if meta and meta.compact_metadata else None,
         ),
     )
+
+
+def _kept_head(graph: LineGraph, meta: SystemLine | None, boundary: int | None) -> int | None:
+    """The line of the first message a compaction kept after its summary, when the file has
+    it before the boundary (Claude Code 2.1.332 leaves kept messages in place)."""
+    first = meta.compact_metadata.first_kept() if meta and meta.compact_metadata else None
+    index = graph.latest.get(first) if first is not None else None
+    return index if index is not None and boundary is not None and index < boundary else None
 
 
 def _find(graph: LineGraph, uuid: str | None, before: int | None) -> int | None:

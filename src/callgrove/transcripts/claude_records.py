@@ -157,9 +157,25 @@ class PreservedMessages(msgspec.Struct, kw_only=True, rename="camel"):
     anchor_uuid: str | None = None
 
 
+class PreservedSegment(msgspec.Struct, kw_only=True, rename="camel"):
+    """The newest messages a compaction kept verbatim after its summary: from `head` to
+    `tail`. The summary was written without them."""
+
+    head_uuid: str | None = None
+    tail_uuid: str | None = None
+
+
 class CompactMetadata(msgspec.Struct, kw_only=True, rename="camel"):
     trigger: str | None = None
     preserved_messages: PreservedMessages | None = None
+    preserved_segment: PreservedSegment | None = None
+
+    def first_kept(self) -> str | None:
+        """The first message kept after the summary, if any was."""
+        if self.preserved_segment is not None and self.preserved_segment.head_uuid:
+            return self.preserved_segment.head_uuid
+        kept = self.preserved_messages.uuids if self.preserved_messages is not None else []
+        return kept[0] if kept else None
 
 
 class Link(msgspec.Struct, kw_only=True, rename="camel"):

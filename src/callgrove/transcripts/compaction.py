@@ -7,7 +7,8 @@ never none:
 * Claude Code writes a `compact_boundary` system record (with `compactMetadata`: the trigger,
   and for a partial compaction the `preservedMessages` kept after the summary) and then an
   `isCompactSummary` user line holding the summary. The call's prompt is the history it
-  summarised; the history after it starts from the summary, then any preserved messages.
+  summarised, which ends before the first preserved message (those are kept verbatim, not
+  summarised); the history after it starts from the summary, then the preserved messages.
 * Codex writes a `compacted` record (the summary `message` and the `replacement_history` the
   thread goes on from). Codex 0.169 first records the compaction request's answer as an
   ordinary assistant message: that response is the compaction call, and the `compacted`
