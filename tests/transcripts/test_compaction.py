@@ -9,7 +9,6 @@ from callgrove.transcripts.claude_records import (
 )
 from callgrove.transcripts.codex_records import decode_item
 from callgrove.transcripts.compaction import (
-    adopt_as_compaction,
     answered_with_summary,
     compaction_call,
     preserved_links,
@@ -43,19 +42,16 @@ def _call(text: str, tools: tuple[ToolCall, ...] = ()) -> TranscriptCall:
 
 def test_the_response_that_wrote_the_summary_is_the_compaction_call():
     call = _call("Summary: printed hi.")
-    assert answered_with_summary(call, PREAMBLE + "Summary: printed hi.\n")
-    adopt_as_compaction(call, 7)
-    assert call.purpose == "compaction" and call.content.source.lines == [3, 7]
-    assert not answered_with_summary(call, PREAMBLE + "Summary: printed hi.")  # adopted once
+    assert answered_with_summary(call.response, PREAMBLE + "Summary: printed hi.\n")
 
 
 def test_other_responses_are_not_the_compaction_call():
     summary = PREAMBLE + "Summary: printed hi."
     assert not answered_with_summary(None, summary)
-    assert not answered_with_summary(_call("Done: printed hi."), summary)
-    assert not answered_with_summary(_call(""), summary)
+    assert not answered_with_summary(_call("Done: printed hi.").response, summary)
+    assert not answered_with_summary(_call("").response, summary)
     tool = ToolCall("c1", "exec_command", {"cmd": "echo"})
-    assert not answered_with_summary(_call("Summary: printed hi.", (tool,)), summary)
+    assert not answered_with_summary(_call("Summary: printed hi.", (tool,)).response, summary)
 
 
 def test_a_compaction_call_continues_what_it_summarised():

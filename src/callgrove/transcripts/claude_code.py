@@ -205,13 +205,7 @@ def _build(unit: Unit, report: ImportReport, responses: set[str], turns: dict) -
             severity="warning",
         )
     for outcome in history.outcomes:
-        entry = graph.entries[outcome.line]
-        if outcome.used is not None:
-            report.use(entry, outcome.used)
-        elif outcome.skipped is not None:
-            report.skip(entry, outcome.skipped)
-        else:
-            report.problem(outcome.problem or "", entry.file, entry.number, severity="warning")
+        report.account(graph.entries[outcome.line], outcome)
     return Built(unit, graph, history)
 
 

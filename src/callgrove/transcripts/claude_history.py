@@ -35,7 +35,7 @@ from callgrove.transcripts.claude_records import (
     content_text,
 )
 from callgrove.transcripts.compaction import compaction_call, preserved_links
-from callgrove.transcripts.ledger import CallIds, running_times
+from callgrove.transcripts.ledger import CallIds, Outcome, running_times
 from callgrove.transcripts.model import (
     CallRecord,
     Message,
@@ -269,16 +269,6 @@ def _history_parents(
 
 # ---------------------------------------------------------------------------------------------
 # Histories
-
-
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    """What a line became: used (`what`), skipped (`reason`), or a problem (`problem`)."""
-
-    line: int
-    used: str | None = None
-    skipped: str | None = None
-    problem: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

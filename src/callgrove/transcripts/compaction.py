@@ -11,8 +11,8 @@ never none:
   summarised); the history after it starts from the summary, then the preserved messages.
 * Codex writes a `compacted` record (the summary `message` and the `replacement_history` the
   thread goes on from). Codex 0.169 first records the compaction request's answer as an
-  ordinary assistant message: that response is the compaction call, and the `compacted`
-  record only closes it.
+  ordinary assistant message: that response is the compaction call (its lines and the
+  `compacted` record's are its source), and the `compacted` record only closes it.
 """
 
 from __future__ import annotations
@@ -46,19 +46,13 @@ def compaction_call(
     )
 
 
-def answered_with_summary(call: TranscriptCall | None, summary: str) -> bool:
-    """Whether `call` is the one that wrote the summary: a text answer (no tool calls) that
-    the summary ends with (Codex puts its own preamble before the model's words)."""
-    if call is None or call.purpose != "turn" or call.response.tool_calls:
+def answered_with_summary(response: Message | None, summary: str) -> bool:
+    """Whether `response` is the one that wrote the summary: a text answer (no tool calls)
+    that the summary ends with (Codex puts its own preamble before the model's words)."""
+    if response is None or response.tool_calls:
         return False
-    text = call.response.text.strip()
+    text = response.text.strip()
     return bool(text) and summary.rstrip().endswith(text)
-
-
-def adopt_as_compaction(call: TranscriptCall, line: int) -> None:
-    """Mark a recorded response as the compaction call whose record is at `line`."""
-    call.purpose = "compaction"
-    call.content.source.lines.append(line)
 
 
 def summary_in_replacement(replacement: Sequence[object], text_of: Any) -> str:

@@ -82,6 +82,17 @@ class Located(Protocol):
     def number(self) -> int: ...
 
 
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What a line became: used (`what`), skipped (`reason`), or a problem (`problem`); `line`
+    is its place in the importer's list of lines."""
+
+    line: int
+    used: str | None = None
+    skipped: str | None = None
+    problem: str | None = None
+
+
 @dataclass
 class ImportReport:
     """What happened to every input line, and what could not be used."""
@@ -114,6 +125,15 @@ class ImportReport:
             p.line for p in self.diagnostics.problems if p.file == file and p.line is not None
         )
         return numbers
+
+    def account(self, line: Located, outcome: Outcome) -> None:
+        """Record what `line` became; a problem here is a warning (the rest still imports)."""
+        if outcome.used is not None:
+            self.use(line, outcome.used)
+        elif outcome.skipped is not None:
+            self.skip(line, outcome.skipped)
+        else:
+            self.problem(outcome.problem or "", line.file, line.number, severity="warning")
 
     def skipped_reasons(self) -> Counter[str]:
         return Counter(p.message for p in self.skipped)
