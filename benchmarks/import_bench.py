@@ -6,14 +6,26 @@ k-1 ended and starts its own subagent, with every id made unique per copy. Each 
 imported and rendered with the built-in tokenizer, best of a few runs, all in one process so
 the ratios are comparable.
 
+With `--against REF` it compares this tree's importer with the one at git revision REF instead:
+each round imports every size once with each version, in alternation, each in a fresh process
+(best of 3 there), and reports CPU time beside wall time: on a shared machine the wall time of
+one run mostly measures how long the process waited for a core.
+
     .venv/bin/python benchmarks/import_bench.py [--sizes 2.5 5 10 20] [--repeat 3]
+    .venv/bin/python benchmarks/import_bench.py --against REF [--sizes 2.5 10] [--repeat 8]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tarfile
 import tempfile
 import time
+from io import BytesIO
 from pathlib import Path
 from typing import Any
 
@@ -84,10 +96,69 @@ def run_once(folder: Path) -> tuple[float, int, int]:
     return seconds, calls, tokens
 
 
+ROOT = Path(__file__).resolve().parent.parent
+# One measurement in a child process: its importer is the one on its PYTHONPATH.
+CHILD = """
+import sys, time
+sys.path.insert(0, sys.argv[2])
+from import_bench import run_once
+best = None
+for _ in range(3):
+    cpu, wall = time.process_time(), time.perf_counter()
+    run_once(sys.argv[1])
+    found = (time.process_time() - cpu, time.perf_counter() - wall)
+    best = found if best is None else (min(best[0], found[0]), min(best[1], found[1]))
+print(*best)
+"""
+
+
+def measure(folder: Path, src: str) -> tuple[float, float]:
+    """(CPU seconds, wall seconds), best of 3, of importing `folder` with the code in `src`."""
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, str(folder), str(Path(__file__).parent)],
+        env={**os.environ, "PYTHONPATH": src},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    cpu, wall = map(float, done.stdout.split())
+    return cpu, wall
+
+
+def compare(folders: list[tuple[Path, float]], against: str, repeat: int, tmp: Path) -> None:
+    """This tree's importer against the one at git revision `against`, interleaved."""
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", against, "src"], capture_output=True, check=True
+    ).stdout
+    with tarfile.open(fileobj=BytesIO(archive)) as sources:
+        sources.extractall(tmp / "against", filter="data")
+    versions = {"this tree": str(ROOT / "src"), against: str(tmp / "against" / "src")}
+    found: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    for _ in range(repeat):
+        for i, (folder, _mb) in enumerate(folders):
+            for name, src in versions.items():
+                found.setdefault((name, i), []).append(measure(folder, src))
+    print(f"{'MB':>6} {'version':>12} {'CPU s':>7} {'median':>7} {'wall s':>7} {'median':>7}")
+    for i, (_, megabytes) in enumerate(folders):
+        for name in versions:
+            cpu = [c for c, _ in found[name, i]]
+            wall = [w for _, w in found[name, i]]
+            print(
+                f"{megabytes:6.1f} {name[:12]:>12} {min(cpu):7.3f} {statistics.median(cpu):7.3f}"
+                f" {min(wall):7.3f} {statistics.median(wall):7.3f}"
+            )
+        mine, theirs = (sorted(c for c, _ in found[name, i]) for name in versions)
+        print(
+            f"{megabytes:6.1f} CPU time, this tree / {against}: best {mine[0] / theirs[0]:.3f},"
+            f" median {statistics.median(mine) / statistics.median(theirs):.3f}"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", type=float, nargs="+", default=[2.5, 5, 10, 20])
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--against", metavar="REF", help="compare with the importer at REF")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         folders = []
@@ -95,6 +166,9 @@ def main() -> None:
             folder = Path(tmp) / str(size)
             folder.mkdir()
             folders.append((folder, build_session(folder, size) / 1e6))
+        if args.against:
+            compare(folders, args.against, args.repeat, Path(tmp))
+            return
         best = [float("inf")] * len(folders)
         counts = [(0, 0)] * len(folders)
         for _ in range(args.repeat):  # rounds over all sizes, so noise hits each size alike

@@ -52,6 +52,7 @@ from callgrove.transcripts.claude_records import (
     decode_content,
     decode_line,
     decode_raw,
+    session_of,
 )
 from callgrove.transcripts.ledger import (
     CLAUDE_CODE,
@@ -138,11 +139,7 @@ def _peek_session_id(path: Path, limit: int = 20) -> str | None:
     try:
         with open(path, "rb") as stream:
             for _, raw in zip(range(limit), stream, strict=False):
-                try:
-                    data = orjson.loads(raw)
-                except orjson.JSONDecodeError:
-                    continue
-                if isinstance(data, dict) and (found := decode_line(data).session_id):
+                if found := session_of(raw):
                     return found
     except OSError:
         return None

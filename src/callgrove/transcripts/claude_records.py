@@ -255,6 +255,15 @@ _TYPED = msgspec.json.Decoder(SessionLine)
 _LINKS = msgspec.json.Decoder(_Kind)
 
 
+def session_of(raw: bytes) -> str | None:
+    """The `sessionId` a line names, read without decoding the rest of it."""
+    try:
+        found = _LINKS.decode(raw).session_id
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return None
+    return found if isinstance(found, str) and found else None
+
+
 def decode_raw(raw: bytes) -> SessionLine | OtherLine | None:
     """The typed record of one line, straight from its bytes; None when the line needs the
     slower reading of `decode_line` (a block of another kind, fields of other types, a line

@@ -170,8 +170,8 @@ def read_records(
         report.problem(f"cannot read: {error.strerror or error}", file)
         return
     last = lines[-1][0] if lines else 0
+    report.lines_read[file] += len(lines)
     for number, raw, complete in lines:
-        report.lines_read[file] += 1
         record = decode(raw)
         if record is not None:
             yield number, record
