@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol, TypeVar
 
+import msgspec
 import orjson
 
 from callgrove.formats.jsonl import iter_lines
@@ -82,8 +83,7 @@ class Located(Protocol):
     def number(self) -> int: ...
 
 
-@dataclass(frozen=True, slots=True)
-class Outcome:
+class Outcome(msgspec.Struct, frozen=True):
     """What a line became: used (`what`), skipped (`reason`), or a problem (`problem`); `line`
     is its place in the importer's list of lines."""
 
