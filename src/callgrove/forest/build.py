@@ -118,7 +118,10 @@ def build_forest(episode: Episode) -> Forest:
     ledger = episode.ledger()
     pool = TokenPool.build(ledger)
     kept = np.flatnonzero(np.fromiter((c.kept for c in ledger), bool, len(ledger)))
-    parents = _ParentFinder(pool, kept, episode.agents).parents()
+    # A parent is an earlier kept call: a lone kept call is a root, found without hashing.
+    parents = (
+        _ParentFinder(pool, kept, episode.agents).parents() if len(kept) > 1 else [-1] * len(kept)
+    )
     return Forest(
         episode=episode,
         calls=[ledger[index] for index in kept.tolist()],

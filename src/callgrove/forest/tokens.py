@@ -83,8 +83,6 @@ class TokenPool:
 
     calls: list[Call]  # the ledger: every call in `seq` order, call.index == its place here
     tokens: np.ndarray  # int32, every call's suffix then completion, in call order
-    positions: np.ndarray  # int64, the position of each pooled token in its sequences
-    hashes: np.ndarray  # uint64, the hash of the prefix ending at (and including) each token
     layout: PoolLayout
     # The layout as lists, by ledger index: the walks below read them one value at a time.
     suffix_start: list[int]  # pool index of its prompt suffix
@@ -93,47 +91,84 @@ class TokenPool:
     base_len: list[int]  # how much of the base its prompt resends
     prompt_len: list[int]
     full_len: list[int]
+    # Made on first use (`positions`, `hashes`): a lone kept call's forest never needs them.
+    _positions: np.ndarray | None = None
+    _hashes: np.ndarray | None = None
 
     @classmethod
     def build(cls, calls: list[Call]) -> TokenPool:
         """`calls` is an episode's ledger (`Episode.ledger()`): every call a prompt refers to,
         in `seq` order, each at its `index`."""
-        count = len(calls)
-        base = np.fromiter(
-            (_base_index(i, call, calls) for i, call in enumerate(calls)), np.int64, count
-        )
-        base_len = np.fromiter((c.prompt_base_len for c in calls), np.int64, count)
-        suffix_len = np.fromiter((len(c.prompt_suffix) for c in calls), np.int64, count)
-        completion_len = np.fromiter((len(c.completion_ids) for c in calls), np.int64, count)
-        prompt_len = base_len + suffix_len
-        lengths = np.empty(2 * count, dtype=np.int64)  # pieces: suffix, completion, call by call
-        lengths[0::2], lengths[1::2] = suffix_len, completion_len
-        piece_starts = np.cumsum(lengths) - lengths
-        pieces = [piece for c in calls for piece in (c.prompt_suffix, c.completion_ids)]
+        # One pass over the calls into lists (cheap for the many small episodes of a step),
+        # then the same values as arrays for the operations over many calls.
+        base, base_len, suffix_len, completion_len = [], [], [], []
+        suffix_start, completion_start, prompt_len, full_len = [], [], [], []
+        pieces: list[np.ndarray] = []
+        cursor = 0
+        for i, call in enumerate(calls):
+            suffix, completion = call.prompt_suffix, call.completion_ids
+            base.append(_base_index(i, call, calls))
+            base_len.append(call.prompt_base_len)
+            suffix_len.append(len(suffix))
+            completion_len.append(len(completion))
+            prompt_len.append(call.prompt_base_len + len(suffix))
+            full_len.append(prompt_len[-1] + len(completion))
+            suffix_start.append(cursor)
+            completion_start.append(cursor + len(suffix))
+            cursor += len(suffix) + len(completion)
+            pieces += (suffix, completion)
         tokens = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int32)
-        piece_positions = np.empty(2 * count, dtype=np.int64)
-        piece_positions[0::2], piece_positions[1::2] = base_len, prompt_len
-        positions = np.arange(len(tokens), dtype=np.int64) + np.repeat(
-            piece_positions - piece_starts, lengths
+        layout = PoolLayout(
+            np.array(base, dtype=np.int64),
+            np.array(base_len, dtype=np.int64),
+            np.array(suffix_start, dtype=np.int64),
+            np.array(suffix_len, dtype=np.int64),
+            np.array(completion_len, dtype=np.int64),
         )
-        values = _mix64((positions.astype(np.uint64) << np.uint64(32)) | tokens.astype(np.uint64))
-        running = np.cumsum(values, dtype=np.uint64)
-        suffix_start = piece_starts[0::2]
-        layout = PoolLayout(base, base_len, suffix_start, suffix_len, completion_len)
-        offsets = _prefix_offsets(layout, running, piece_starts, piece_positions)
         return cls(
             calls,
             tokens,
-            positions,
-            running + np.repeat(offsets, lengths),
             layout,
-            suffix_start=suffix_start.tolist(),
-            completion_start=piece_starts[1::2].tolist(),
-            base=base.tolist(),
-            base_len=base_len.tolist(),
-            prompt_len=prompt_len.tolist(),
-            full_len=(prompt_len + completion_len).tolist(),
+            suffix_start=suffix_start,
+            completion_start=completion_start,
+            base=base,
+            base_len=base_len,
+            prompt_len=prompt_len,
+            full_len=full_len,
         )
+
+    @property
+    def positions(self) -> np.ndarray:
+        """int64: the position of each pooled token in the sequences that hold it."""
+        if self._positions is None:
+            self._hash()
+        return self._positions  # type: ignore[return-value]
+
+    @property
+    def hashes(self) -> np.ndarray:
+        """uint64: the hash of the prefix ending at (and including) each pooled token."""
+        if self._hashes is None:
+            self._hash()
+        return self._hashes  # type: ignore[return-value]
+
+    def _hash(self) -> None:
+        """Every pooled token's position and prefix hash (the module docstring)."""
+        layout = self.layout
+        count = len(layout.base)
+        lengths = np.empty(2 * count, dtype=np.int64)  # pieces: suffix, completion, call by call
+        lengths[0::2], lengths[1::2] = layout.suffix_len, layout.completion_len
+        piece_starts = np.empty(2 * count, dtype=np.int64)
+        piece_starts[0::2] = layout.suffix_start
+        piece_starts[1::2] = layout.suffix_start + layout.suffix_len
+        piece_positions = np.empty(2 * count, dtype=np.int64)
+        piece_positions[0::2], piece_positions[1::2] = layout.base_len, layout.prompt_len
+        positions = np.arange(len(self.tokens), dtype=np.int64) + np.repeat(
+            piece_positions - piece_starts, lengths
+        )
+        tokens = self.tokens.astype(np.uint64)
+        running = np.cumsum(_mix64((positions.astype(np.uint64) << np.uint64(32)) | tokens))
+        offsets = _prefix_offsets(layout, running, piece_starts, piece_positions)
+        self._positions, self._hashes = positions, running + np.repeat(offsets, lengths)
 
     def at(self, call: Call) -> int:
         """The call's place in this pool's ledger (its `index`, checked to be this call)."""

@@ -204,6 +204,8 @@ def _owners(forest: Forest, paths: list[list[int]]) -> list[int]:
 
 def _mark_duplicates(rows: list[Row], forest: Forest, settings: RowSettings) -> None:
     """Rows with identical token sequences: the first `max_identical_trained` train, the rest not."""
+    if len(rows) <= settings.max_identical_trained:
+        return  # every row may train
     pool = forest.pool
     trained_copies: dict[tuple[int, int], list[tuple[int, Row]]] = {}
     for row in rows:
