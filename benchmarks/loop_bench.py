@@ -2,11 +2,17 @@
 no-op environment and a no-op policy (so only callgrove's own work is timed).
 
 Each episode is one leader call (a 16-token prompt, a 4-token answer). Steps run as in
-`callgrove train`: the dispatcher launches groups and hands them to the step, whose credit,
-rows, degeneracy and samples are built, and the step's episodes are written one per line.
+`callgrove train` (under the same collector settings, `steady_heap`): the dispatcher launches
+groups and hands each step its groups, the step gives credit and builds rows, degeneracy
+measurements and samples, and the step's episodes are written one per line, atomically.
+Only the optimizer step is missing.
 
-Prints episodes per wall-clock second, and per second of this process's CPU time: on a
-machine shared with other jobs the first falls with the load, the second measures the loop.
+The figure aimed at is episodes per wall-clock second; the command runs the whole measurement
+`--runs` times and prints the best and the median, each run's CPU time (this process's) and
+the load average. On a machine shared with other jobs the wall-clock figure falls with the
+load while the CPU figure does not: episodes per CPU-second say what the loop itself costs.
+
+    python benchmarks/loop_bench.py [--runs 5] [--steps 10] [--group-size 16] [--groups-per-step 32]
 """
 
 from __future__ import annotations
@@ -14,8 +20,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import statistics
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -23,11 +31,13 @@ import numpy as np
 from callgrove.credit import GRPO
 from callgrove.orchestrator.degeneracy import DegeneracySettings
 from callgrove.orchestrator.dispatcher import Dispatcher, DispatchSettings
+from callgrove.orchestrator.loop import steady_heap
 from callgrove.orchestrator.sinks import write_episodes_atomically
 from callgrove.orchestrator.step import prepare_step
 from callgrove.policy import Sample, SamplingParams
 from callgrove.policy.render import CharRenderer
 
+TARGET = 2_000  # episodes per wall-clock second
 RENDERER = CharRenderer()
 ANSWER = np.array([5, 6, 7, RENDERER.END], dtype=np.int32)
 LOGPROBS = np.full(4, -0.5)
@@ -54,9 +64,24 @@ class NoopEnv:
         return 1.0
 
 
-async def run(
-    steps: int, group_size: int, groups_per_step: int, out: Path
-) -> tuple[int, float, float]:
+@dataclass(frozen=True)
+class Run:
+    episodes: int
+    seconds: float
+    cpu_seconds: float
+    samples: int
+    written_lines: int
+
+    @property
+    def per_second(self) -> float:
+        return self.episodes / self.seconds
+
+    @property
+    def per_cpu_second(self) -> float:
+        return self.episodes / self.cpu_seconds
+
+
+async def run(steps: int, group_size: int, groups_per_step: int, out: Path) -> Run:
     policy = NoopPolicy()
     settings = DispatchSettings(
         group_size=group_size,
@@ -68,40 +93,68 @@ async def run(
     dispatcher = Dispatcher(NoopEnv(), policy, RENDERER, params, settings, run_id="bench")
     degeneracy = DegeneracySettings(stop_token_ids=RENDERER.stop_token_ids)
     algorithm = GRPO()
-    dispatcher.start()
-    episodes = 0
+    episodes = samples = 0
     started, cpu_started = time.perf_counter(), time.process_time()
+    dispatcher.start()
     for step in range(1, steps + 1):
         collected = await dispatcher.collect(step)
         groups = [g.episodes for g in collected.trained]
-        prepare_step(groups, algorithm, degeneracy)
-        flat = [e for g in groups for e in g]
-        write_episodes_atomically(out / f"step_{step}.jsonl", flat)
-        episodes += len(flat)
+        prepared = prepare_step(groups, algorithm, degeneracy)
+        written = [e for g in [*collected.trained, *collected.stale] for e in g.episodes]
+        write_episodes_atomically(out / f"step_{step}.jsonl", written)
+        episodes += len(written)
+        samples += len(prepared.samples)
         policy.version = step
         await dispatcher.notify()
     elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu_started
     await dispatcher.stop()
-    return episodes, elapsed, cpu
+    lines = sum(
+        len((out / f"step_{s}.jsonl").read_bytes().splitlines()) for s in range(1, steps + 1)
+    )
+    return Run(episodes, elapsed, cpu, samples, lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--group-size", type=int, default=16)
     parser.add_argument("--groups-per-step", type=int, default=32)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as folder:
-        episodes, elapsed, cpu = asyncio.run(
-            run(args.steps, args.group_size, args.groups_per_step, Path(folder))
+    runs = []
+    for number in range(1, args.runs + 1):
+        with tempfile.TemporaryDirectory() as folder, steady_heap():
+            result = asyncio.run(
+                run(args.steps, args.group_size, args.groups_per_step, Path(folder))
+            )
+        if result.written_lines != result.episodes or result.samples != result.episodes:
+            raise SystemExit(
+                f"run {number}: {result.episodes} episodes, {result.written_lines} lines "
+                f"written, {result.samples} samples: every episode must be written and train"
+            )
+        runs.append(result)
+        print(
+            f"run {number}: {result.episodes} no-op episodes in {result.seconds:.2f} s = "
+            f"{result.per_second:,.0f} episodes/s; {result.cpu_seconds:.2f} s of CPU = "
+            f"{result.per_cpu_second:,.0f} episodes per CPU-second; "
+            f"load average {os.getloadavg()[0]:.1f}"
         )
-    load = os.getloadavg()[0]
+    wall = sorted(r.per_second for r in runs)
+    cpu = sorted(r.per_cpu_second for r in runs)
+    best, median = wall[-1], statistics.median(wall)
     print(
-        f"loop overhead: {episodes} no-op episodes in {elapsed:.2f} s = "
-        f"{episodes / elapsed:,.0f} episodes/s (dispatch, recording, credit, rows, samples, "
-        f"writing); {cpu:.2f} s of CPU = {episodes / cpu:,.0f} episodes per CPU-second; "
-        f"load average {load:.1f}"
+        f"loop overhead (dispatch, recording, credit, rows, degeneracy, samples, writing) over "
+        f"{len(runs)} runs: best {best:,.0f}, median {median:,.0f} episodes per wall-clock "
+        f"second; best {cpu[-1]:,.0f}, median {statistics.median(cpu):,.0f} episodes per "
+        f"CPU-second; load average (1, 5, 15 min) "
+        + ", ".join(f"{load:.1f}" for load in os.getloadavg())
+        + f"; on {os.cpu_count()} cores"
     )
+    verdicts = ", ".join(
+        f"{name} {'met' if value >= TARGET else 'MISSED'}"
+        for name, value in (("median", median), ("best", best))
+    )
+    print(f"target {TARGET:,} episodes per wall-clock second: {verdicts}")
 
 
 if __name__ == "__main__":

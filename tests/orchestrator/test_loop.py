@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import weakref
 from pathlib import Path
 
 from callgrove.episode import load
 from callgrove.orchestrator.config import config_from_dict
-from callgrove.orchestrator.loop import train
+from callgrove.orchestrator.loop import steady_heap, train
 from callgrove.rows import build_rows, check_rows
 
 TINY = {
@@ -25,6 +27,28 @@ TINY = {
 
 def tiny_config(out: Path, **run) -> dict:
     return {**TINY, "run": {"out": str(out), **run}}
+
+
+class _Node:
+    """An object in a reference cycle: only the collector frees it."""
+
+    def __init__(self):
+        self.me = self
+
+
+def test_steady_heap_still_frees_cycles_and_restores_the_collector():
+    before = gc.get_threshold()
+    with steady_heap(young_threshold=1_000):
+        assert gc.get_threshold() == (1_000, *before[1:])
+        assert gc.get_freeze_count() > 0  # what existed before is out of the passes
+        node = _Node()
+        freed = weakref.ref(node)
+        del node
+        for _ in range(2_000):  # enough new objects for a young pass on its own
+            _Node()
+        assert freed() is None
+    assert gc.get_threshold() == before
+    assert gc.get_freeze_count() == 0
 
 
 def test_a_few_steps_end_to_end(tmp_path):
