@@ -178,5 +178,10 @@ def apply(
             **(episode.meta or {}),
             "degeneracy": {"rows": rows_meta, "calls": calls_meta},
         }
-        kept.append(EpisodeRows(episode=episode, forest=er.forest, rows=keep, settings=er.settings))
+        if len(keep) == len(er.rows):
+            kept.append(er)
+        else:
+            kept.append(
+                EpisodeRows(episode=episode, forest=er.forest, rows=keep, settings=er.settings)
+            )
     return kept

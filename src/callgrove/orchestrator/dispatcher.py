@@ -112,7 +112,8 @@ class Dispatcher:
         self.taken = 0  # groups handed to steps (trained); dropped ones free their room
         self.in_flight_episodes = 0
         self._live: dict[int, asyncio.Task[Group]] = {}
-        self._episode_tasks: set[asyncio.Task[Episode]] = set()
+        # The episode tasks of each group (or evaluation) still gathering, for `stop`.
+        self._episode_tasks: dict[str, list[asyncio.Task[Episode]]] = {}
         self._done: asyncio.Queue[Group] = asyncio.Queue()
         self._changed = asyncio.Condition()
         self._producer: asyncio.Task[None] | None = None
@@ -156,22 +157,32 @@ class Dispatcher:
         self._live[index] = asyncio.create_task(self._run_group(group))
 
     async def _run_group(self, group: Group) -> Group:
-        tasks = []
         launch = uuid.uuid4().hex[:8]  # tells this launch of the group from one after a restart
-        for number in range(self.settings.group_size):
-            episode = Episode(id=f"{group.id}-{number}-{launch}", group=group.id)
-            tasks.append(self._spawn(episode, group.task, "train"))
-        group.episodes = list(await asyncio.gather(*tasks))
+        episodes = [
+            Episode(id=f"{group.id}-{number}-{launch}", group=group.id)
+            for number in range(self.settings.group_size)
+        ]
+        group.episodes = await self._run_all(
+            group.id, episodes, [group.task] * len(episodes), "train"
+        )
         self._live.pop(group.index, None)
         await self._done.put(group)
         await self.notify()
         return group
 
-    def _spawn(self, episode: Episode, task: Any, subset: str) -> asyncio.Task[Episode]:
-        future = asyncio.create_task(self._run_one(episode, task, subset))
-        self._episode_tasks.add(future)
-        future.add_done_callback(self._episode_tasks.discard)
-        return future
+    async def _run_all(
+        self, key: str, episodes: list[Episode], tasks: list[Any], subset: str
+    ) -> list[Episode]:
+        """Run the episodes side by side, each as its own asyncio task (`stop` cancels them)."""
+        running = [
+            asyncio.create_task(self._run_one(episode, task, subset))
+            for episode, task in zip(episodes, tasks, strict=True)
+        ]
+        self._episode_tasks[key] = running
+        try:
+            return list(await asyncio.gather(*running))
+        finally:
+            del self._episode_tasks[key]
 
     async def _run_one(self, episode: Episode, task: Any, subset: str) -> Episode:
         start = self.policy.version
@@ -240,12 +251,14 @@ class Dispatcher:
     async def evaluate(self, step: int, repeats: int = 1) -> list[Episode]:
         """Each evaluation task `repeats` times, all at once, on the current policy version."""
         version = self.policy.version
-        tasks = []
+        episodes, tasks = [], []
         for number, task in enumerate(self.env.eval_tasks()):
             for repeat in range(repeats):
-                episode = Episode(id=f"eval{step}-{number}-{repeat}", group=f"eval{step}-{number}")
-                tasks.append(self._spawn(episode, task, "eval"))
-        episodes = list(await asyncio.gather(*tasks))
+                episodes.append(
+                    Episode(id=f"eval{step}-{number}-{repeat}", group=f"eval{step}-{number}")
+                )
+                tasks.append(task)
+        episodes = await self._run_all(f"eval{step}", episodes, tasks, "eval")
         for episode in episodes:
             episode.run.step = step  # type: ignore[union-attr]
             span = episode.run.policy  # type: ignore[union-attr]
@@ -262,8 +275,9 @@ class Dispatcher:
             self._producer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._producer
-        for task in list(self._episode_tasks):
-            task.cancel()
+        for running in list(self._episode_tasks.values()):
+            for task in running:
+                task.cancel()
         await asyncio.gather(*self._live.values())  # each finished group joins the queue
         groups = []
         while not self._done.empty():
