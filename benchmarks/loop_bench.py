@@ -66,7 +66,8 @@ class NoopEnv:
 
 @dataclass(frozen=True)
 class Run:
-    episodes: int
+    episodes: int  # written: trained, and stale ones dropped
+    trained: int
     seconds: float
     cpu_seconds: float
     samples: int
@@ -93,7 +94,7 @@ async def run(steps: int, group_size: int, groups_per_step: int, out: Path) -> R
     dispatcher = Dispatcher(NoopEnv(), policy, RENDERER, params, settings, run_id="bench")
     degeneracy = DegeneracySettings(stop_token_ids=RENDERER.stop_token_ids)
     algorithm = GRPO()
-    episodes = samples = 0
+    episodes = trained = samples = 0
     started, cpu_started = time.perf_counter(), time.process_time()
     dispatcher.start()
     for step in range(1, steps + 1):
@@ -103,6 +104,7 @@ async def run(steps: int, group_size: int, groups_per_step: int, out: Path) -> R
         written = [e for g in [*collected.trained, *collected.stale] for e in g.episodes]
         write_episodes_atomically(out / f"step_{step}.jsonl", written)
         episodes += len(written)
+        trained += sum(len(g) for g in groups)
         samples += len(prepared.samples)
         policy.version = step
         await dispatcher.notify()
@@ -111,7 +113,7 @@ async def run(steps: int, group_size: int, groups_per_step: int, out: Path) -> R
     lines = sum(
         len((out / f"step_{s}.jsonl").read_bytes().splitlines()) for s in range(1, steps + 1)
     )
-    return Run(episodes, elapsed, cpu, samples, lines)
+    return Run(episodes, trained, elapsed, cpu, samples, lines)
 
 
 def main() -> None:
@@ -127,10 +129,11 @@ def main() -> None:
             result = asyncio.run(
                 run(args.steps, args.group_size, args.groups_per_step, Path(folder))
             )
-        if result.written_lines != result.episodes or result.samples != result.episodes:
+        if result.written_lines != result.episodes or result.samples != result.trained:
             raise SystemExit(
-                f"run {number}: {result.episodes} episodes, {result.written_lines} lines "
-                f"written, {result.samples} samples: every episode must be written and train"
+                f"run {number}: {result.episodes} episodes ({result.trained} trained), "
+                f"{result.written_lines} lines written, {result.samples} samples: every "
+                "episode must be written, and every one trained must give its sample"
             )
         runs.append(result)
         print(
