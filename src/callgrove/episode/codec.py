@@ -171,8 +171,8 @@ def _agent_from_wire(wire: WireAgent, episode: str) -> Agent:
 
 
 # The call fields every form copies as they are: those of `WireCall` that `Call` has too, but
-# for the ones each form spells its own way. A new such field is a line in `WireCall` and in
-# `Call` (and its docs): the JSON and binary paths pick it up from here.
+# for the ones each form spells its own way. A new such field is a line in `CallFields` (and its
+# docs), which both inherit: the JSON and binary paths pick it up from here.
 _SHAPED_CALL_FIELDS = {
     "id",
     "seq",
@@ -187,7 +187,7 @@ _SHAPED_CALL_FIELDS = {
 PLAIN_CALL_FIELDS: tuple[msgspec.structs.FieldInfo, ...] = tuple(
     f
     for f in msgspec.structs.fields(WireCall)
-    if f.name not in _SHAPED_CALL_FIELDS and f.name in Call.__dataclass_fields__
+    if f.name not in _SHAPED_CALL_FIELDS and f.name in Call.__struct_fields__
 )
 
 

@@ -13,10 +13,11 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, get_args
 
+import msgspec
 import numpy as np
 
 from callgrove.episode.provenance import Gap, Spawn
-from callgrove.formats.wire import WireEnv, WireError, WirePolicy, WireRun
+from callgrove.formats.wire import CallFields, WireEnv, WireError, WirePolicy, WireRun
 
 # The episode's small parts are the wire structs themselves, under the names a user builds with.
 Env = WireEnv
@@ -38,28 +39,28 @@ PURPOSES: tuple[str, ...] = get_args(Purpose)
 RUN_TYPES: tuple[str, ...] = get_args(RunType)
 
 
-@dataclass(slots=True, eq=False)
-class Call:
-    """One model call: what the model was given and what it sampled."""
+class Call(CallFields, kw_only=True, eq=False):
+    """One model call: what the model was given and what it sampled.
 
-    id: str
-    seq: int
+    The fields the file holds as they are (`id`, `seq`, `policy_version`, `purpose`, `kept`)
+    come from `formats.wire.CallFields`, shared with the wire form; here are those the record
+    holds its own way.
+    """
+
     completion_ids: np.ndarray
-    prompt_suffix: np.ndarray = field(default_factory=lambda: EMPTY_TOKENS)
+    prompt_suffix: np.ndarray = msgspec.field(default_factory=lambda: EMPTY_TOKENS)
     prompt_base: Call | None = None
     prompt_base_len: int = 0
     logprobs: np.ndarray | None = None
-    policy_version: int | None = None
-    purpose: Purpose = "turn"
-    kept: bool = True
+    purpose: Purpose = "turn"  # the wire's `str`, narrowed once checked
     advantages: float | np.ndarray | None = None
     content: Any = None
     # The call's place in its episode's ledger (every call, kept or not, in `seq` order), set by
     # `Episode.ledger()`: what per-call arrays and tables of the later stages are indexed by.
-    index: int = field(default=-1, repr=False)
+    index: int = -1
     # Its agent's place in `Episode.agents` (`Episode.agent_of`), set with the ledger: a call
     # holds no reference to its agent, so copies, pickles and filters carry no hidden cycle.
-    agent_index: int = field(default=-1, repr=False)
+    agent_index: int = -1
 
     @classmethod
     def make(
@@ -295,11 +296,11 @@ class Episode:
         for call in sorted((c for c in self.calls() if keep(c)), key=lambda c: c.seq):
             base = call.prompt_base
             if base is None:
-                copies[call.id] = replace(call)
+                copies[call.id] = msgspec.structs.replace(call)
             elif base.id in copies:
-                copies[call.id] = replace(call, prompt_base=copies[base.id])
+                copies[call.id] = msgspec.structs.replace(call, prompt_base=copies[base.id])
             else:
-                copies[call.id] = replace(
+                copies[call.id] = msgspec.structs.replace(
                     call, prompt_suffix=call.prompt_ids(), prompt_base=None, prompt_base_len=0
                 )
         agents = [

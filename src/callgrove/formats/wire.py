@@ -16,18 +16,28 @@ from msgspec import UNSET, UnsetType
 FORMAT = "callgrove.episode/1"
 
 
-class WireCall(msgspec.Struct, kw_only=True):
+class CallFields(msgspec.Struct, kw_only=True):
+    """The call's fields that the file and the in-memory record hold alike: `WireCall` and
+    `callgrove.episode.Call` both inherit them. A new such field is one line here (and its
+    docs): the JSON codec, the Arrow schema, the binary writer and reader take it from here
+    (`episode.codec.PLAIN_CALL_FIELDS`)."""
+
     id: str
     seq: int
+    policy_version: int | None = None  # the policy that sampled it
+    purpose: str = "turn"  # `turn`, or `compaction` for a summary of the agent's history
+    kept: bool = True  # False: sampled but not continued (a dropped compaction attempt)
+
+
+class WireCall(CallFields, kw_only=True):
+    """A call as the file holds it: tokens as lists, the prompt in one of its two forms."""
+
     prompt_ids: list[int] | UnsetType = UNSET
     prompt_from: str | UnsetType = UNSET
     prompt_from_len: int | UnsetType = UNSET
     prompt_suffix_ids: list[int] | UnsetType = UNSET
     completion_ids: list[int]
     logprobs: list[float] | None = None
-    policy_version: int | None = None
-    purpose: str = "turn"
-    kept: bool = True
     # Project extras: credit written back onto the call (a scalar or one value per completion
     # token), and message-level content kept by transcript importers for display.
     advantages: float | list[float] | UnsetType | None = UNSET

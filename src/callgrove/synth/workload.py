@@ -16,8 +16,9 @@ give the same episodes, token for token, on every machine (numpy's PCG64 stream)
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
+import msgspec
 import numpy as np
 
 from callgrove.episode import LOGPROB_DTYPE, TOKEN_DTYPE, Agent, Call, Episode
@@ -232,7 +233,9 @@ def _twin(plan: _Plan, agent_id: str, shift: float) -> _Plan:
     copies: dict[str, Call] = {}  # by the source call's id
     for call in source.calls:
         base = None if call.prompt_base is None else copies[call.prompt_base.id]
-        copy = replace(call, id=f"{agent_id}{call.id[len(source.id) :]}", prompt_base=base)
+        copy = msgspec.structs.replace(
+            call, id=f"{agent_id}{call.id[len(source.id) :]}", prompt_base=base
+        )
         copies[call.id] = twin.add(copy)
     return _Plan(twin, [t + shift for t in plan.times])
 
