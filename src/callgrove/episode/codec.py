@@ -7,6 +7,7 @@ share. Errors name the file, line, episode and call.
 
 from __future__ import annotations
 
+from itertools import chain
 from typing import Any
 
 import msgspec
@@ -15,6 +16,7 @@ from msgspec import UNSET
 
 from callgrove.episode.checks import (
     CallColumns,
+    ListColumn,
     call_problems,
     check_agents,
     check_present,
@@ -123,10 +125,15 @@ def episode_from_wire(wire: WireEpisode) -> Episode:
     check_present(wire)
     check_run(wire.id, wire.run, wire.rewards)
     check_agents(wire.agents, wire.id)
-    agents = [_agent_from_wire(a, wire.id) for a in wire.agents]
+    read = _calls_in_one_buffer(wire)
+    if read is None:  # a call the one-buffer path cannot take: built one by one, named exactly
+        calls_of = [[_call_from_wire(c, wire.id) for c in a.calls] for a in wire.agents]
+        columns = CallColumns.of_calls([call for calls in calls_of for call in calls])
+    else:
+        calls_of, columns = read
+    agents = [_agent_from_wire(a, calls) for a, calls in zip(wire.agents, calls_of, strict=True)]
     calls = [call for agent in agents for call in agent.calls]
     check_unique_calls(calls, wire.id)
-    columns = CallColumns.of_calls(calls)
     raise_first(call_problems(columns), columns.ids, 0, len(calls), wire.id)
     prompt_from = [
         None if c.prompt_from is UNSET else c.prompt_from for a in wire.agents for c in a.calls
@@ -155,7 +162,7 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _agent_from_wire(wire: WireAgent, episode: str) -> Agent:
+def _agent_from_wire(wire: WireAgent, calls: list[Call]) -> Agent:
     spawn, meta = split_spawn(None if wire.meta is UNSET else wire.meta)
     return Agent(
         id=wire.id,
@@ -163,7 +170,7 @@ def _agent_from_wire(wire: WireAgent, episode: str) -> Agent:
         parent=wire.parent,
         start=wire.start,  # type: ignore[arg-type]  # checked by check_agents
         trainable=wire.trainable,
-        calls=[_call_from_wire(c, episode) for c in wire.calls],
+        calls=calls,
         rewards=None if wire.rewards is UNSET else dict(wire.rewards),
         meta=meta,
         spawn=spawn,
@@ -198,6 +205,144 @@ def plain_call_values(call: Call) -> dict[str, Any]:
         for f in PLAIN_CALL_FIELDS
         for value in (getattr(call, f.name),)
     }
+
+
+def _calls_in_one_buffer(wire: WireEpisode) -> tuple[list[list[Call]], CallColumns] | None:
+    """Every call of the episode with its token ids and logprobs as views into one buffer each,
+    parsed in one pass, and the columns the rules are checked on (no copy of either).
+
+    None when some call holds anything the buffers cannot take as it is (both prompt forms, a
+    prompt form incomplete, or a token list with more than plain non-negative int32 ids): the
+    call-by-call path then builds the episode and names the call and field that is wrong.
+    """
+    calls = [call for agent in wire.agents for call in agent.calls]
+    prompts = [_compact_prompt(call) for call in calls]
+    if None in prompts:
+        return None
+    count = len(calls)
+    token_lists = [prompt for _base_len, prompt in prompts]  # type: ignore[misc]
+    token_lists += [call.completion_ids for call in calls]
+    parsed = _token_lists(token_lists)
+    if parsed is None:
+        return None
+    tokens, offsets = parsed
+    logprobs = _float_lists([None if c.logprobs is UNSET else c.logprobs for c in calls])
+    advantages = [None if c.advantages is UNSET else c.advantages for c in calls]
+    per_token = _float_lists([a if isinstance(a, list) else None for a in advantages])
+    split, no_nulls = offsets[count], np.zeros(count, dtype=bool)
+    prompt_column = ListColumn(tokens[:split], offsets[: count + 1], no_nulls)
+    completion_column = ListColumn(tokens[split:], offsets[count:] - split, no_nulls)
+    logprob_views, per_token_views = logprobs.views(), per_token.views()
+    plain = [
+        {
+            f.name: None if (value := getattr(call, f.name)) is UNSET else value
+            for f in PLAIN_CALL_FIELDS
+        }
+        for call in calls
+    ]
+    built = [
+        Call(
+            id=call.id,
+            seq=call.seq,
+            completion_ids=completion,
+            prompt_suffix=prompt,
+            prompt_base_len=base_len,  # type: ignore[arg-type]
+            logprobs=logprob,
+            advantages=_advantage(value, per_token_view),
+            **values,
+        )
+        for call, (base_len, _), prompt, completion, logprob, value, per_token_view, values in zip(
+            calls,
+            prompts,
+            prompt_column.views(),
+            completion_column.views(),
+            logprob_views,
+            advantages,
+            per_token_views,
+            plain,
+            strict=True,
+        )
+    ]
+    calls_of, first = [], 0
+    for agent in wire.agents:
+        calls_of.append(built[first : first + len(agent.calls)])
+        first += len(agent.calls)
+    columns = CallColumns(
+        ids=[c.id for c in built],
+        seqs=[c.seq for c in built],
+        policy_versions=[c.policy_version for c in built],
+        purposes=[c.purpose for c in built],
+        kept=[c.kept for c in built],
+        advantage=[a if isinstance(a, float) else None for a in (c.advantages for c in built)],
+        prompt_suffix_ids=prompt_column,
+        completion_ids=completion_column,
+        logprobs=logprobs,
+        advantages=per_token,
+    )
+    return calls_of, columns
+
+
+def _compact_prompt(call: WireCall) -> tuple[int, msgspec.Raw] | None:
+    """The prompt's reference length and its token list as given (either form), or None when
+    the call holds both forms or an incomplete one."""
+    if call.prompt_ids is not UNSET:
+        complete = call.prompt_from is call.prompt_from_len is call.prompt_suffix_ids is UNSET
+        return (0, call.prompt_ids) if complete else None  # type: ignore[return-value]
+    if UNSET in (call.prompt_from, call.prompt_from_len, call.prompt_suffix_ids):
+        return None
+    return call.prompt_from_len, call.prompt_suffix_ids  # type: ignore[return-value]
+
+
+def _advantage(value: float | list[float] | None, per_token: np.ndarray | None) -> Any:
+    """A call's advantages as the record holds them: a float, its per-token view, or None."""
+    if isinstance(value, list):
+        return per_token
+    return None if value is None else float(value)
+
+
+def _token_lists(lists: list[msgspec.Raw]) -> tuple[np.ndarray, np.ndarray] | None:
+    """JSON lists of token ids (raw text) parsed by numpy into one int32 buffer and offsets
+    (list i is `values[offsets[i]:offsets[i + 1]]`). None when any list holds more than
+    non-negative int32 ids written plainly, or is not raw text.
+
+    msgspec has checked each list is valid JSON; numpy refuses anything but numbers between
+    the commas, and a list opening with a digit holds at least one (a list of blanks would
+    read as a zero).
+    """
+    arrays = []
+    try:
+        for raw in lists:
+            if type(raw) is not msgspec.Raw:  # lists built in code rather than read
+                return None
+            text = bytes(raw)
+            if len(text) == 2:
+                arrays.append(_NO_IDS)
+            elif 48 <= text[1] <= 57:  # a digit
+                arrays.append(np.fromstring(text[1:-1], dtype=np.int64, sep=","))
+            else:
+                return None
+    except ValueError:  # anything but plain ids
+        return None
+    values = np.concatenate(arrays) if arrays else _NO_IDS
+    if values.size and (values.min() < 0 or values.max() > _TOKEN_MAX):
+        return None
+    offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
+    np.cumsum(np.fromiter(map(len, arrays), np.int64, len(arrays)), out=offsets[1:])
+    return values.astype(TOKEN_DTYPE), offsets
+
+
+_NO_IDS = np.zeros(0, dtype=np.int64)
+
+
+def _float_lists(lists: list[list[float] | None]) -> ListColumn:
+    """Lists of floats (None for a missing one) as one float64 buffer with offsets."""
+    lengths = np.fromiter((0 if v is None else len(v) for v in lists), np.int64, len(lists))
+    offsets = np.zeros(len(lists) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    present = chain.from_iterable(v for v in lists if v is not None)
+    values = np.fromiter(present, LOGPROB_DTYPE, int(offsets[-1]))
+    null = np.fromiter((v is None for v in lists), bool, len(lists))
+    return ListColumn(values, offsets, null)
 
 
 def _call_from_wire(wire: WireCall, episode: str) -> Call:
