@@ -10,9 +10,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from callgrove.episode import encode_episode, load, save
-from callgrove.formats import Diagnostics, InputError, open_binary
+from callgrove.formats import Diagnostics, InputError, jsonl, open_binary
 
 from .helpers import healthy
 
@@ -146,3 +148,26 @@ def test_gzip_cut_inside_a_member_keeps_complete_lines(tmp_path):
     ids, diagnostics = _read(path)
     assert ids == IDS[: len(ids)] and len(ids) >= 2
     assert [p.kind for p in diagnostics.problems] == ["truncated"]
+
+
+@settings(
+    max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    text=st.lists(st.sampled_from([b"a", b"bb", b"\n", b" ", b"{}", b"\t"]), max_size=40).map(
+        b"".join
+    ),
+    block=st.integers(1, 9),
+)
+def test_plain_files_read_in_blocks_give_every_line_as_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: bytes, block: int
+) -> None:
+    monkeypatch.setattr(jsonl, "_BLOCK_BYTES", block)
+    path = tmp_path / "lines.jsonl"
+    path.write_bytes(text)
+    expected = [
+        (number, line, line.endswith(b"\n"))
+        for number, line in enumerate(text.splitlines(keepends=True), start=1)
+        if not line.isspace()
+    ]
+    assert list(jsonl.iter_lines(path)) == expected

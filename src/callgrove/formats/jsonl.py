@@ -73,7 +73,10 @@ def iter_lines(
     try:
         with open_binary(path) as raw:
             stream = raw if isinstance(raw, io.BufferedIOBase) else io.BufferedReader(raw)  # type: ignore[arg-type]
-            for number, line in enumerate(stream, start=1):
+            # A plain file is read in blocks; a compressed one line by line, so that when its
+            # data ends early every line before the cut has been handed out.
+            plain = isinstance(raw, io.BufferedReader)
+            for number, line in enumerate(_block_lines(stream) if plain else stream, start=1):
                 if not line.isspace():  # JSON decoders skip the trailing newline: no copy
                     yield number, line, line.endswith(b"\n")
     except EOFError:
@@ -99,6 +102,29 @@ def iter_lines(
                 kind="malformed",
             )
         ) from None
+
+
+_BLOCK_BYTES = 1 << 16  # small enough that a progress bar following the offset moves smoothly
+
+
+def _block_lines(stream: IO[bytes]) -> Iterator[bytes]:
+    """The stream's lines, newline kept, read a block at a time: episode lines are long, and
+    one large read and one slice per line is several times quicker than reading line by line.
+    Memory holds one block plus the line being put together."""
+    pending: list[bytes] = []  # the start of a line that runs past its block
+    while block := stream.read(_BLOCK_BYTES):
+        start = 0
+        while (end := block.find(b"\n", start)) >= 0:
+            line = block[start : end + 1]
+            if pending:
+                line = b"".join([*pending, line])
+                pending.clear()
+            yield line
+            start = end + 1
+        if start < len(block):
+            pending.append(block[start:])
+    if pending:
+        yield b"".join(pending)
 
 
 class _Named(msgspec.Struct):
