@@ -588,3 +588,121 @@ plot = false
     assert {t["id"] for t in refused} <= {e["id"] for e in closed}
     assert all(len(e["agents"][0]["calls"]) == 1 for e in closed)
     check_cli(ledger)
+
+
+@pytest.fixture(scope="module")
+def smollm2_vocabulary_llama(tmp_path_factory) -> Path:
+    """A randomly initialised small Llama over SmolLM2's tokenizer and chat template (read from
+    the packaged GGUF without its weights), saved as a Hugging Face checkpoint folder."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from callgrove.train.hf_model import resolve_model
+
+    source = resolve_model("smollm2-135m")
+    tokenizer = AutoTokenizer.from_pretrained(source.folder, gguf_file=source.gguf_file)
+    folder = tmp_path_factory.mktemp("smollm2-vocabulary-llama")
+    tokenizer.save_pretrained(folder)
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=65536,
+        tie_word_embeddings=True,
+    )
+    LlamaForCausalLM(config).save_pretrained(folder)
+    return folder
+
+
+def test_callgrove_train_trains_on_a_harness_environment(tmp_path, smollm2_vocabulary_llama):
+    """`callgrove train` over real Codex: the environment's in-process gateway renders Codex's
+    requests with the trained model's tokenizer and chat template and samples them from the
+    loop's own policy, so the step trains on the harness's calls and the weights change."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoTokenizer
+
+    folder = smollm2_vocabulary_llama
+    runs, out = tmp_path / "runs", tmp_path / "out"
+    # Episode ids are GROUP-NUMBER-LAUNCH and the work folder RUNS/EPISODE/work: the group's
+    # first episode scores 1, the second 0, so the group has an advantage to learn from.
+    check = 'case "$(basename "$(dirname "$PWD")")" in *-0-????????) exit 0;; esac; exit 1'
+    config = tmp_path / "train.toml"
+    config.write_text(
+        f"""
+[run]
+steps = 1
+out = "{out}"
+[env]
+name = "callgrove.gateway.harness:HarnessEnvironment"
+[env.options]
+harness = "codex"
+tasks = [{{prompt = "START-CODEX please", check = {json.dumps(check)}}}]
+folder = "{runs}"
+timeout = 240
+cli = "{cli("codex")}"
+[model]
+name = "hf:{folder}"
+[sampling]
+max_tokens = 8
+[dispatch]
+group_size = 2
+groups_per_step = 1
+max_in_flight = 2
+[algorithm]
+name = "grpo"
+[train]
+learning_rate = 0.01
+[degeneracy]
+drop = []  # an untrained random model samples gibberish, which would otherwise be dropped
+[monitor]
+live = false
+plot = false
+"""
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", "from callgrove.cli import main; main()", "train", str(config)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": SRC},
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    traces = [
+        json.loads(line) for line in (out / "step_1/train/traces.jsonl").read_text().splitlines()
+    ]
+    assert len(traces) == 2 and all(t["ok"] for t in traces), traces
+    assert sorted(t["rewards"]["check"] for t in traces) == [0.0, 1.0]
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    completion_tokens = 0
+    for trace in traces:
+        (leader,) = trace["agents"]
+        (call,) = leader["calls"]
+        # The trained call is Codex's request in the model's own chat format, sampled by the
+        # loop's policy (version 0, before the step).
+        prompt = tokenizer.decode(call["prompt_ids"])
+        assert prompt.startswith("<|im_start|>system") and "START-CODEX please" in prompt
+        assert call["policy_version"] == 0 and len(call["logprobs"]) == len(call["completion_ids"])
+        completion_tokens += len(call["completion_ids"])
+    # The same calls are in the in-process gateway's ledger, closed into its episodes.jsonl.
+    closed = {
+        json.loads(line)["id"]
+        for line in (runs / "ledger" / EPISODES_FILE).read_text().splitlines()
+    }
+    assert {t["id"] for t in traces} <= closed
+    (metrics,) = [
+        json.loads(line)
+        for line in (out / "metrics.jsonl").read_text().splitlines()
+        if '"final"' not in line
+    ]
+    assert metrics["train/samples"] == 2 and metrics["train/loss_tokens"] == completion_tokens
+    assert metrics["train/row_tokens"] > 4000  # Codex's whole request in each row
+    trained = torch.load(out / "checkpoint.pt", weights_only=False)["learner"]["weights"]
+    initial = load_file(folder / "model.safetensors")
+    changed = [n for n, w in trained.items() if not torch.equal(w, initial[n])]
+    assert "model.embed_tokens.weight" in changed and len(changed) == len(initial), changed
+    check_cli(runs / "ledger")

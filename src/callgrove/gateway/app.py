@@ -21,7 +21,7 @@ import asyncio
 import hashlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -212,6 +212,7 @@ class Gateway:
         body_limit: int = DEFAULT_BODY_LIMIT,
         max_tokens: int = 4096,
         passthrough: bool = False,
+        sampling: SamplingParams | None = None,
     ):
         self.policy = policy
         self.chat = chat
@@ -222,6 +223,9 @@ class Gateway:
         self.max_tokens = max_tokens
         # The upstream applies its own chat template: its reported token ids are recorded.
         self.passthrough = passthrough
+        # A training loop's own sampling (temperature, top-p, seed, stop strings; its
+        # max_tokens caps the request's): the calls are sampled as the loop samples its own.
+        self.sampling = sampling
         self.episodes: dict[str, EpisodeState] = {}
         self._in_flight = 0  # calls being handled now
 
@@ -311,13 +315,7 @@ class Gateway:
         tools_hash = hashlib.blake2b(message_key(tools) if tools else b"", digest_size=16).digest()
         hashes = chain_hashes(messages)
         base, cut = state.base_for(agent, hashes, messages, tools_hash, who.purpose == "compaction")
-        params = SamplingParams(
-            max_tokens=min(chat_request.max_tokens, self.max_tokens),
-            temperature=chat_request.temperature,
-            top_p=chat_request.top_p,
-            stop_token_ids=self.chat.stop_token_ids,
-            stop=chat_request.stop,
-        )
+        params = self._params(chat_request)
         try:
             if self.passthrough:
                 prompt, sample, response, base = await self._passthrough(chat_request, params, base)
@@ -373,6 +371,23 @@ class Gateway:
             len(sample.completion_ids),
             sample.policy_version,
             call_id=call.id,
+        )
+
+    def _params(self, chat_request: ChatRequest) -> SamplingParams:
+        max_tokens = min(chat_request.max_tokens, self.max_tokens)
+        if self.sampling is None:
+            return SamplingParams(
+                max_tokens=max_tokens,
+                temperature=chat_request.temperature,
+                top_p=chat_request.top_p,
+                stop_token_ids=self.chat.stop_token_ids,
+                stop=chat_request.stop,
+            )
+        return replace(
+            self.sampling,
+            max_tokens=min(max_tokens, self.sampling.max_tokens),
+            stop_token_ids=self.chat.stop_token_ids,
+            stop=tuple(dict.fromkeys((*self.sampling.stop, *chat_request.stop))),
         )
 
     async def _alone(self) -> bool:

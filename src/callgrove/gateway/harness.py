@@ -9,11 +9,14 @@ episode is closed with that reward; the closed record comes back.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +28,7 @@ import orjson
 
 import callgrove
 from callgrove.gateway.attribution import valid_episode
+from callgrove.gateway.local import LocalGateway, model_chat_of
 from callgrove.gateway.relay import UnixToTcp
 
 HARNESSES = ("claude-code", "codex")
@@ -125,12 +129,14 @@ def run_harness(
     task: Any = None,
     close: bool = True,
     env: dict[str, str] | None = None,
+    stop: threading.Event | None = None,
 ) -> HarnessRun:
     """Run HARNESS on PROMPT against GATEWAY as EPISODE, check the result, close the episode.
 
     With `close=False` the episode stays open (the record is empty): a later run in the same
     folder and episode continues the session (`--continue`, `resume`) and closes it. `env` adds
     variables to the CLI's environment (the harness's own settings, such as when to compact).
+    Setting `stop` kills the CLI and raises `Stopped` (the episode is left open).
     """
     if harness not in HARNESSES:
         raise ValueError(f"unknown harness {harness!r}; known: {', '.join(HARNESSES)}")
@@ -165,9 +171,7 @@ def run_harness(
     started = time.monotonic()
     try:
         with UnixToTcp(socket_path, address.hostname or "127.0.0.1", address.port or 80):
-            done = subprocess.run(
-                argv, cwd=work, env=env, capture_output=True, text=True, timeout=timeout + 30
-            )
+            returncode, stdout, stderr = _run_cli(argv, work, env, timeout + 30, stop)
     finally:
         shutil.rmtree(socket_dir, ignore_errors=True)
     seconds = time.monotonic() - started
@@ -176,12 +180,10 @@ def run_harness(
         checked = subprocess.run(["bash", "-c", check], cwd=work, capture_output=True, timeout=120)
         reward = 1.0 if checked.returncode == 0 else 0.0
     if not close:
-        return HarnessRun(
-            harness, episode, done.returncode, done.stdout, done.stderr, reward, {}, seconds
-        )
+        return HarnessRun(harness, episode, returncode, stdout, stderr, reward, {}, seconds)
     body = {
         "rewards": {"check": reward},
-        "ok": done.returncode == 0,
+        "ok": returncode == 0,
         "task": task if task is not None else {"harness": harness, "prompt": prompt},
     }
     closed = httpx.post(
@@ -191,31 +193,69 @@ def run_harness(
         timeout=60,
     )
     closed.raise_for_status()
-    return HarnessRun(
-        harness, episode, done.returncode, done.stdout, done.stderr, reward, closed.json(), seconds
+    return HarnessRun(harness, episode, returncode, stdout, stderr, reward, closed.json(), seconds)
+
+
+class Stopped(RuntimeError):
+    """The harness run was stopped from outside (its episode was cancelled)."""
+
+
+def _run_cli(
+    argv: list[str], work: Path, env: dict[str, str], timeout: float, stop: threading.Event | None
+) -> tuple[int, str, str]:
+    """Run the CLI bounded by `timeout`; killed (its whole process group) once `stop` is set."""
+    process = subprocess.Popen(
+        argv,
+        cwd=work,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
     )
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            stdout, stderr = process.communicate(timeout=0.25)
+            return process.returncode, stdout, stderr
+        except subprocess.TimeoutExpired:
+            stopped = stop is not None and stop.is_set()
+            if not stopped and time.monotonic() < deadline:
+                continue
+            os.killpg(process.pid, signal.SIGKILL)
+            stdout, stderr = process.communicate()
+            if stopped:
+                raise Stopped("the harness CLI was stopped before it finished") from None
+            raise subprocess.TimeoutExpired(argv, timeout, stdout, stderr) from None
 
 
 class HarnessEnvironment:
     """A real harness CLI as an orchestrator environment (`callgrove.orchestrator.Environment`).
 
     Each task is `{"prompt": ..., "check": ...}` (the check optional). The harness runs through
-    the gateway at `gateway`, which records every call; the episode the gateway closes becomes
-    the orchestrator's episode (its agents and calls replace the leader the run started with),
-    and the check's reward is the episode's reward. Point the gateway's upstream at the policy
-    being trained (`serve-policy` over its sampler) so the calls are on-policy.
+    a gateway that records every call; the episode the gateway closes becomes the orchestrator's
+    episode (its agents and calls replace the leader the run started with), and the check's
+    reward is the episode's reward.
+
+    Without `gateway` the environment runs its own gateway in this process
+    (`callgrove.gateway.local`) over the policy being trained (`EpisodeRun.policy`), rendering
+    with that policy's tokenizer and chat template and sampling as the loop samples: the
+    harness's calls are on-policy and their token ids are the learner's, so `callgrove train`
+    trains on them. Its ledger is `FOLDER/ledger`. With `gateway` (a URL) the calls go to that
+    gateway instead, whose upstream must then serve the policy being trained.
     """
 
     def __init__(
         self,
         harness: str,
         tasks: list[dict[str, Any]],
-        gateway: str,
-        folder: str | os.PathLike[str],
+        gateway: str | None = None,
+        folder: str | os.PathLike[str] = "harness-runs",
         *,
         timeout: float = 300.0,
         cli: str | None = None,
         extra_args: list[str] | None = None,
+        parser: str = "hermes",
     ):
         if harness not in HARNESSES:
             raise ValueError(f"unknown harness {harness!r}; known: {', '.join(HARNESSES)}")
@@ -229,6 +269,9 @@ class HarnessEnvironment:
         self.timeout = timeout
         self.cli = cli
         self.extra_args = extra_args or []
+        self.parser = parser
+        self.local: LocalGateway | None = None
+        self._starting: asyncio.Lock | None = None
 
     def task(self, rng: Any) -> dict[str, Any]:
         return self.tasks[int(rng.integers(len(self.tasks)))]
@@ -236,26 +279,57 @@ class HarnessEnvironment:
     def eval_tasks(self) -> list[dict[str, Any]]:
         return list(self.tasks)
 
-    async def run(self, episode: Any, task: dict[str, Any]) -> dict[str, float]:
-        import asyncio
+    async def _gateway_for(self, episode: Any) -> str:
+        """The gateway's URL: the one given, or this process's over the episode's policy."""
+        if self.gateway is not None:
+            return self.gateway
+        self._starting = self._starting or asyncio.Lock()
+        async with self._starting:
+            if self.local is None:
+                chat = model_chat_of(episode.renderer, self.parser)
+                self.local = await asyncio.to_thread(
+                    LocalGateway,
+                    episode.policy,
+                    asyncio.get_running_loop(),
+                    chat,
+                    self.folder / "ledger",
+                    sampling=episode.params,
+                )
+        if self.local.policy is not episode.policy:
+            raise RuntimeError("the in-process gateway serves one policy; this episode has another")
+        return self.local.url
 
+    def close(self) -> None:
+        """Stop the in-process gateway, if one was started."""
+        if self.local is not None:
+            self.local.close()
+            self.local = None
+
+    async def run(self, episode: Any, task: dict[str, Any]) -> dict[str, float]:
         from callgrove.episode import episode_from_wire
         from callgrove.formats.jsonl import decode_episode_line
 
         record = episode.episode
-        run = await asyncio.to_thread(
-            run_harness,
-            self.harness,
-            task["prompt"],
-            self.gateway,
-            record.id,
-            self.folder,
-            check=task.get("check"),
-            timeout=self.timeout,
-            cli=self.cli,
-            extra_args=self.extra_args,
-            task=task,
-        )
+        gateway = await self._gateway_for(episode)
+        stop = threading.Event()
+        try:
+            run = await asyncio.to_thread(
+                run_harness,
+                self.harness,
+                task["prompt"],
+                gateway,
+                record.id,
+                self.folder,
+                check=task.get("check"),
+                timeout=self.timeout,
+                cli=self.cli,
+                extra_args=self.extra_args,
+                task=task,
+                stop=stop,
+            )
+        except asyncio.CancelledError:
+            stop.set()  # the CLI dies with the episode instead of running on in its thread
+            raise
         if run.returncode != 0:
             raise RuntimeError(f"{self.harness} exited {run.returncode}: {run.stderr[-500:]}")
         closed = episode_from_wire(decode_episode_line(orjson.dumps(run.record)))

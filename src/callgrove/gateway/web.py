@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hmac
+import socket
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
@@ -85,21 +86,30 @@ def sse_response(events: Iterable[bytes] | AsyncIterator[bytes]) -> StreamingRes
     )
 
 
-def serve(app: Any, host: str, port: int, on_ready: Callable[[int], None] | None = None) -> None:
-    """Run `app` on uvicorn until interrupted; `on_ready` gets the bound port (0 picks one)."""
-    import socket
-
-    import uvicorn
-
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket on HOST:PORT (0 picks a free port)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     sock.listen(2048)
-    if on_ready is not None:
-        on_ready(sock.getsockname()[1])
+    return sock
+
+
+def server(app: Any) -> Any:
+    """A uvicorn server for `app` (run it on a bound socket)."""
+    import uvicorn
+
     # uvloop and httptools when installed (the `serve` extra): most of a call's cost is HTTP.
     config = uvicorn.Config(
         app, log_level="warning", access_log=False, timeout_keep_alive=30, backlog=2048
     )
-    uvicorn.Server(config).run(sockets=[sock])
+    return uvicorn.Server(config)
+
+
+def serve(app: Any, host: str, port: int, on_ready: Callable[[int], None] | None = None) -> None:
+    """Run `app` on uvicorn until interrupted; `on_ready` gets the bound port (0 picks one)."""
+    sock = bind(host, port)
+    if on_ready is not None:
+        on_ready(sock.getsockname()[1])
+    server(app).run(sockets=[sock])

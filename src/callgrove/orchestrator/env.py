@@ -10,6 +10,9 @@ An environment is an object with a `name`, a way to draw tasks, and one coroutin
             answer = await episode.leader.ask(f"reverse {task}")
             return float(answer == task[::-1])
 
+An environment may also have `close()`, called once when the run ends (one that holds a server
+or worker processes stops them there).
+
 `run` gets the episode's leader and starts subagents from any agent: `spawn` (a fresh agent:
 its own system prompt and task, nothing else), `fork` (a new agent that starts from a copy of
 its parent's whole history), and `background` (a fresh agent run as a task next to the

@@ -142,6 +142,8 @@ async def train_async(config: TrainConfig, console: Console) -> RunSummary:
             display.update(step, metrics, dispatcher.in_flight_episodes)
     finally:
         leftovers = await dispatcher.stop()
+        if callable(getattr(env, "close", None)):  # an environment holding a server or workers
+            env.close()
         unused = sinks.append_episodes(out / "unused" / "train" / "traces.jsonl", leftovers)
         final = {"final": True, **{k: float(v) for k, v in dispatcher.counters.items()}}
         for sink in metric_sinks:

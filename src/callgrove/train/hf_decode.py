@@ -58,7 +58,12 @@ def hf_decode(
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     cache = DynamicCache(config=model.config)
     output = model(
-        input_ids=prompts, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True
+        input_ids=prompts,
+        attention_mask=mask,
+        position_ids=positions,
+        cache=cache,
+        use_cache=True,
+        logits_to_keep=1,  # the prompt's last position alone: a long prompt's logits are huge
     )
     last = output.logits[:, -1]
 

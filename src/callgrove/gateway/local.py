@@ -1,0 +1,99 @@
+"""A gateway inside a training process, sampling from the policy being trained.
+
+A harness run by the training loop must call the policy the loop trains, rendered with that
+policy's tokenizer and chat template: only then are its calls on-policy and their token ids the
+learner's. `LocalGateway` serves a `Gateway` on loopback from a thread of its own (an event
+loop of its own: the harness CLI's requests never wait on the loop's work but for sampling),
+and hands each call's sampling to the loop's policy client on the loop's event loop
+(`LoopPolicy`), where concurrent calls batch with the loop's own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from callgrove.gateway.app import Gateway
+from callgrove.gateway.chat import Chat
+from callgrove.gateway.web import bind, server
+from callgrove.policy import PolicyClient, Sample, SamplingParams
+
+
+class LoopPolicy:
+    """A policy client that lives on another event loop, called from this one."""
+
+    def __init__(self, policy: PolicyClient, loop: asyncio.AbstractEventLoop):
+        self.policy = policy
+        self.loop = loop
+
+    @property
+    def version(self) -> int:
+        return self.policy.version
+
+    async def sample(self, prompt_ids: np.ndarray, params: SamplingParams) -> Sample:
+        future = asyncio.run_coroutine_threadsafe(self.policy.sample(prompt_ids, params), self.loop)
+        return await asyncio.wrap_future(future)  # cancelling this cancels the sampling
+
+
+class LocalGateway:
+    """A `Gateway` over `policy` (a client of `loop`) served on 127.0.0.1 from a thread."""
+
+    def __init__(
+        self,
+        policy: PolicyClient,
+        loop: asyncio.AbstractEventLoop,
+        chat: Chat,
+        ledger: str | Path,
+        *,
+        sampling: SamplingParams | None = None,
+        startup_timeout: float = 30.0,
+    ):
+        self.policy = policy
+        self.gateway = Gateway(LoopPolicy(policy, loop), chat, ledger, sampling=sampling)
+        self.gateway.recover()
+        sock = bind("127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        self._server = server(self.gateway.app())
+        self._thread = threading.Thread(
+            target=self._server.run,
+            kwargs={"sockets": [sock]},
+            name="callgrove-gateway",
+            daemon=True,
+        )
+        self._thread.start()
+        deadline = time.monotonic() + startup_timeout
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.close()
+                raise RuntimeError(f"the in-process gateway did not start on {self.url}")
+            time.sleep(0.01)
+
+    def close(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(30)
+
+    def __enter__(self) -> LocalGateway:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def model_chat_of(renderer: Any, parser: str = "hermes") -> Chat:
+    """The chat format of the policy being trained, from its renderer's Hugging Face tokenizer."""
+    from callgrove.gateway.serve import model_chat
+
+    tokenizer = getattr(renderer, "tokenizer", None)
+    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+        raise ValueError(
+            "a harness run against the policy being trained renders with that policy's tokenizer "
+            f"and chat template, and {type(renderer).__name__} has none: train a Hugging Face "
+            "model (model.name = 'hf:PATH' or 'smollm2-135m'), or give the environment a "
+            "`gateway` URL whose upstream serves the policy"
+        )
+    return model_chat(tokenizer, parser)
