@@ -293,6 +293,10 @@ SPAWN_WAIT = {
 }
 
 
+def exec_command(command: str) -> dict:
+    return {"tool_calls": [{"name": "exec_command", "arguments": {"cmd": command}}]}
+
+
 def spawn(message: str, fork: bool) -> dict:
     return {
         "tool_calls": [
@@ -333,6 +337,49 @@ def test_codex_subagent_fresh_and_forked(tmp_path, fork):
         leader["calls"][0]["id"],
         leader["calls"][1]["id"],
     ]
+    check_cli(ledger)
+
+
+def test_codex_background_subagent_never_waited_for(tmp_path):
+    """Codex runs every `spawn_agent` child next to its parent; a child the leader never waits
+    for is a background subagent. The leader spawns, goes on with a command (8 s) that outlasts
+    the child's work (a 2 s command between two calls), and ends its turn without `wait_agent`:
+    the child's calls are recorded under the leader, and its answer reaches the leader only as
+    Codex's `<subagent_notification>`, in the call after the leader's command."""
+    rules = [
+        {"when": "BG-TASK", "reply": exec_command("sleep 2; echo child-work"), "times": 1},
+        {"when": "child-work", "reply": "background child says 5", "times": 1},
+        {"when": "START-CODEX", "reply": spawn("BG-TASK: work quietly", False)},
+        {
+            "when": "agent_id",
+            "reply": exec_command("sleep 8; echo leader-work"),
+            "times": 1,
+        },
+        {"when": "leader-work", "reply": "leader done without waiting", "times": 1},
+    ]
+    run, ledger = scripted_run(
+        tmp_path, rules, "idle", "codex", "START-CODEX please", "cx-background", timeout=90
+    )
+    assert "leader done without waiting" in run.stdout
+    leader, child = run.record["agents"]
+    assert (leader["start"], len(leader["calls"])) == ("root", 3)
+    # Codex's requests do not say whether the parent will wait, so the child is recorded as a
+    # fresh start (its own context), with the leader as its parent.
+    assert (child["start"], child["parent"], len(child["calls"])) == ("fresh", leader["id"], 2)
+    assert child["calls"][1]["prompt_from"] == child["calls"][0]["id"]
+    assert child["calls"][1]["content"]["response"]["content"] == "background child says 5"
+    calls = leader["calls"]
+    assert [c.get("prompt_from") for c in calls] == [None, calls[0]["id"], calls[1]["id"]]
+    tools_called = [
+        t["function"]["name"]
+        for c in calls
+        for t in c["content"]["response"].get("tool_calls") or []
+    ]
+    assert tools_called == ["spawn_agent", "exec_command"]  # never wait_agent
+    # The child's answer arrives while the leader's command runs: in its last prompt.
+    notified = [json.dumps(c["content"]["prompt"]) for c in calls]
+    assert "background child says 5" not in notified[0] + notified[1]
+    assert "subagent_notification" in notified[2] and "background child says 5" in notified[2]
     check_cli(ledger)
 
 
