@@ -537,6 +537,17 @@ def test_claude_code_fork(tmp_path):
     check_cli(ledger)
 
 
+def callgrove_train(config: Path, timeout: float) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", "from callgrove.cli import main; main()", "train", str(config)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": SRC},
+        timeout=timeout,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+
+
 def test_a_harness_is_an_orchestrator_environment(tmp_path):
     from callgrove.episode import Episode
     from callgrove.gateway.chat import Chat
@@ -610,14 +621,7 @@ live = false
 plot = false
 """
         )
-        done = subprocess.run(
-            [sys.executable, "-c", "from callgrove.cli import main; main()", "train", str(config)],
-            capture_output=True,
-            text=True,
-            env={**os.environ, "PYTHONPATH": SRC},
-            timeout=600,
-        )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+        callgrove_train(config, timeout=600)
     traces = [
         json.loads(line)
         for path in (tmp_path / "out").rglob("traces.jsonl")
@@ -711,14 +715,7 @@ live = false
 plot = false
 """
     )
-    done = subprocess.run(
-        [sys.executable, "-c", "from callgrove.cli import main; main()", "train", str(config)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": SRC},
-        timeout=900,
-    )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    callgrove_train(config, timeout=900)
     traces = [
         json.loads(line) for line in (out / "step_1/train/traces.jsonl").read_text().splitlines()
     ]
