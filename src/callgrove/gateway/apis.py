@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -304,7 +305,7 @@ def reply_json(request: ChatRequest, reply: Reply) -> dict[str, Any]:
 
 
 def reply_events(request: ChatRequest, reply: Reply) -> list[bytes]:
-    return {"chat": _chat_events, "messages": _anthropic_events, "responses": _responses_events}[
+    return {"chat": _chat_events, "messages": _whole_events, "responses": _whole_events}[
         request.api
     ](request, reply)
 
@@ -470,45 +471,48 @@ def _anthropic_json(request: ChatRequest, reply: Reply) -> dict[str, Any]:
     }
 
 
-def _anthropic_events(request: ChatRequest, reply: Reply) -> list[bytes]:
-    start = _anthropic_json(request, reply)
-    start.update(
-        content=[], stop_reason=None, usage={**_anthropic_usage(reply), "output_tokens": 0}
+def _whole_events(request: ChatRequest, reply: Reply) -> list[bytes]:
+    """A whole reply as its API's event sequence (nothing streamed before it)."""
+    stream = ReplyStream(request, reply.prompt_tokens, reply.policy_version)
+    return stream.opening() + stream.closing(reply)
+
+
+def _anthropic_block_events(index: int, block: dict[str, Any]) -> list[bytes]:
+    """A content block's start, deltas and stop."""
+    kind = block["type"]
+    if kind == "thinking":
+        opening = {"type": "thinking", "thinking": "", "signature": ""}
+        deltas = [
+            {"type": "thinking_delta", "thinking": block["thinking"]},
+            {"type": "signature_delta", "signature": ""},
+        ]
+    elif kind == "text":
+        opening = {"type": "text", "text": ""}
+        deltas = [{"type": "text_delta", "text": block["text"]}] if block["text"] else []
+    else:
+        opening = {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}
+        deltas = [
+            {"type": "input_json_delta", "partial_json": orjson.dumps(block["input"]).decode()}
+        ]
+    events = [
+        sse_event(
+            {"type": "content_block_start", "index": index, "content_block": opening},
+            "content_block_start",
+        )
+    ]
+    events += [_anthropic_delta(index, delta) for delta in deltas]
+    events.append(sse_event({"type": "content_block_stop", "index": index}, "content_block_stop"))
+    return events
+
+
+def _anthropic_delta(index: int, delta: dict[str, Any]) -> bytes:
+    return sse_event(
+        {"type": "content_block_delta", "index": index, "delta": delta}, "content_block_delta"
     )
-    events = [sse_event({"type": "message_start", "message": start}, "message_start")]
-    for index, block in enumerate(_anthropic_blocks(reply.message)):
-        kind = block["type"]
-        if kind == "thinking":
-            opening = {"type": "thinking", "thinking": "", "signature": ""}
-            deltas = [
-                {"type": "thinking_delta", "thinking": block["thinking"]},
-                {"type": "signature_delta", "signature": ""},
-            ]
-        elif kind == "text":
-            opening = {"type": "text", "text": ""}
-            deltas = [{"type": "text_delta", "text": block["text"]}] if block["text"] else []
-        else:
-            opening = {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}
-            deltas = [
-                {"type": "input_json_delta", "partial_json": orjson.dumps(block["input"]).decode()}
-            ]
-        events.append(
-            sse_event(
-                {"type": "content_block_start", "index": index, "content_block": opening},
-                "content_block_start",
-            )
-        )
-        for delta in deltas:
-            events.append(
-                sse_event(
-                    {"type": "content_block_delta", "index": index, "delta": delta},
-                    "content_block_delta",
-                )
-            )
-        events.append(
-            sse_event({"type": "content_block_stop", "index": index}, "content_block_stop")
-        )
-    events.append(
+
+
+def _anthropic_ending(reply: Reply) -> list[bytes]:
+    return [
         sse_event(
             {
                 "type": "message_delta",
@@ -516,10 +520,9 @@ def _anthropic_events(request: ChatRequest, reply: Reply) -> list[bytes]:
                 "usage": {"output_tokens": reply.completion_tokens},
             },
             "message_delta",
-        )
-    )
-    events.append(sse_event({"type": "message_stop"}, "message_stop"))
-    return events
+        ),
+        sse_event({"type": "message_stop"}, "message_stop"),
+    ]
 
 
 # OpenAI Responses
@@ -594,49 +597,194 @@ def _responses_json(
     }
 
 
-def _responses_events(request: ChatRequest, reply: Reply) -> list[bytes]:
-    items = _responses_items(request, reply.message)
-    final = _responses_json(request, reply, items)
-    sequence = itertools.count()
+def _responses_text_delta(item_id: str, index: int, text: str) -> dict[str, Any]:
+    return {
+        "type": "response.output_text.delta",
+        "item_id": item_id,
+        "output_index": index,
+        "content_index": 0,
+        "delta": text,
+    }
 
-    def event(payload: dict[str, Any]) -> bytes:
-        return sse_event({**payload, "sequence_number": next(sequence)}, payload["type"])
 
-    opening = {**final, "status": "in_progress", "output": [], "usage": None}
-    events = [
-        event({"type": "response.created", "response": opening}),
-        event({"type": "response.in_progress", "response": opening}),
-    ]
-    for index, item in enumerate(items):
+def _responses_item_done(
+    event: Callable[[dict[str, Any]], bytes], index: int, item: dict[str, Any]
+) -> list[bytes]:
+    """A finished item's closing events (a message's text first)."""
+    events = []
+    if item["type"] == "message":
         events.append(
-            event({"type": "response.output_item.added", "output_index": index, "item": item})
-        )
-        if item["type"] == "message":
-            text = item["content"][0]["text"]
-            events.append(
-                event(
-                    {
-                        "type": "response.output_text.delta",
-                        "item_id": item["id"],
-                        "output_index": index,
-                        "content_index": 0,
-                        "delta": text,
-                    }
-                )
+            event(
+                {
+                    "type": "response.output_text.done",
+                    "item_id": item["id"],
+                    "output_index": index,
+                    "content_index": 0,
+                    "text": item["content"][0]["text"],
+                }
             )
-            events.append(
-                event(
-                    {
-                        "type": "response.output_text.done",
-                        "item_id": item["id"],
-                        "output_index": index,
-                        "content_index": 0,
-                        "text": text,
-                    }
-                )
-            )
-        events.append(
-            event({"type": "response.output_item.done", "output_index": index, "item": item})
         )
-    events.append(event({"type": "response.completed", "response": final}))
+    events.append(event({"type": "response.output_item.done", "output_index": index, "item": item}))
     return events
+
+
+class ReplyStream:
+    """A reply's events in the client's API shape, sent while the completion is being sampled:
+    the opening at once, plain text as it arrives (`text`), and the rest (the remaining text,
+    reasoning, tool calls, the terminal events) once the whole reply is known (`closing`).
+
+    Only text the final parse keeps as it is may go out early: the caller streams text up to
+    anything that could start markup (`<`), so a streamed prefix is always a prefix of the
+    reply's text."""
+
+    def __init__(self, request: ChatRequest, prompt_tokens: int, policy_version: int):
+        self.request = request
+        self.prompt_tokens = prompt_tokens
+        self.policy_version = policy_version
+        self.streamed = ""
+        self._id = _id({"chat": "chatcmpl", "messages": "msg", "responses": "resp"}[request.api])
+        self._text_id = _id("msg")
+        self._sequence = itertools.count()
+        self._created = int(time.time())
+
+    def _event(self, payload: dict[str, Any]) -> bytes:
+        """A Responses event, numbered."""
+        return sse_event({**payload, "sequence_number": next(self._sequence)}, payload["type"])
+
+    def _chunk(self, delta: dict[str, Any], finish: str | None = None, **more: Any) -> bytes:
+        return sse_event(
+            {
+                "id": self._id,
+                "object": "chat.completion.chunk",
+                "created": self._created,
+                "model": self.request.model,
+                "policy_version": self.policy_version,
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+                **more,
+            }
+        )
+
+    def _reply(self, reply: Reply | None = None) -> Reply:
+        if reply is not None:
+            return reply
+        return Reply(Message("assistant", ""), "stop", self.prompt_tokens, 0, self.policy_version)
+
+    def opening(self) -> list[bytes]:
+        api = self.request.api
+        if api == "chat":
+            return [self._chunk({"role": "assistant", "content": ""})]
+        if api == "messages":
+            start = {
+                **_anthropic_json(self.request, self._reply()),
+                "id": self._id,
+                "content": [],
+                "stop_reason": None,
+            }
+            return [sse_event({"type": "message_start", "message": start}, "message_start")]
+        opening = {
+            **_responses_json(self.request, self._reply(), []),
+            "id": self._id,
+            "created_at": self._created,
+            "status": "in_progress",
+            "usage": None,
+        }
+        return [
+            self._event({"type": "response.created", "response": opening}),
+            self._event({"type": "response.in_progress", "response": opening}),
+        ]
+
+    def text(self, delta: str) -> list[bytes]:
+        """Events carrying `delta`, the next piece of the reply's text."""
+        if not delta:
+            return []
+        first = not self.streamed
+        self.streamed += delta
+        api = self.request.api
+        if api == "chat":
+            return [self._chunk({"content": delta})]
+        if api == "messages":
+            opening = []
+            if first:
+                block = {"type": "text", "text": ""}
+                opening.append(
+                    sse_event(
+                        {"type": "content_block_start", "index": 0, "content_block": block},
+                        "content_block_start",
+                    )
+                )
+            return [*opening, _anthropic_delta(0, {"type": "text_delta", "text": delta})]
+        opening = []
+        if first:
+            item = {
+                "type": "message",
+                "id": self._text_id,
+                "role": "assistant",
+                "status": "in_progress",
+                "content": [],
+            }
+            opening.append(
+                self._event({"type": "response.output_item.added", "output_index": 0, "item": item})
+            )
+        return [*opening, self._event(_responses_text_delta(self._text_id, 0, delta))]
+
+    def closing(self, reply: Reply) -> list[bytes]:
+        """The rest of the reply and the terminal events."""
+        message = reply.message
+        if not message.text.startswith(self.streamed):
+            raise ValueError("streamed text is not a prefix of the reply's text")
+        rest = message.text[len(self.streamed) :]
+        api = self.request.api
+        if api == "chat":
+            delta: dict[str, Any] = {"content": rest} if rest else {}
+            if message.thinking:
+                delta["reasoning_content"] = message.thinking
+            if message.tool_calls:
+                delta["tool_calls"] = [
+                    {"index": i, **c} for i, c in enumerate(_chat_tool_calls(message))
+                ]
+            events = [self._chunk(delta)] if delta else []
+            events.append(self._chunk({}, _chat_finish(reply), usage=_usage_chat(reply)))
+            return [*events, b"data: [DONE]\n\n"]
+        if api == "messages":
+            blocks = _anthropic_blocks(message)
+            events = []
+            if self.streamed:  # the text block is open at index 0: finish it
+                if rest:
+                    events.append(_anthropic_delta(0, {"type": "text_delta", "text": rest}))
+                events.append(
+                    sse_event({"type": "content_block_stop", "index": 0}, "content_block_stop")
+                )
+                blocks = [b for b in blocks if b["type"] != "text"]
+            first = 1 if self.streamed else 0
+            for index, block in enumerate(blocks, first):
+                events += _anthropic_block_events(index, block)
+            return events + _anthropic_ending(reply)
+        items = _responses_items(self.request, message)
+        events = []
+        if self.streamed:  # the message item is open at index 0: it stays first
+            (text_item,) = [i for i in items if i["type"] == "message"]
+            text_item["id"] = self._text_id
+            items = [text_item] + [i for i in items if i is not text_item]
+            if rest:
+                events.append(self._event(_responses_text_delta(self._text_id, 0, rest)))
+            events += _responses_item_done(self._event, 0, text_item)
+        for index, item in enumerate(items[1 if self.streamed else 0 :], 1 if self.streamed else 0):
+            events.append(
+                self._event(
+                    {"type": "response.output_item.added", "output_index": index, "item": item}
+                )
+            )
+            if item["type"] == "message":
+                events.append(
+                    self._event(
+                        _responses_text_delta(item["id"], index, item["content"][0]["text"])
+                    )
+                )
+            events += _responses_item_done(self._event, index, item)
+        final = {
+            **_responses_json(self.request, reply, items),
+            "id": self._id,
+            "created_at": self._created,
+        }
+        events.append(self._event({"type": "response.completed", "response": final}))
+        return events

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -36,8 +36,10 @@ from callgrove.episode import TOKEN_DTYPE, Agent, Call, Episode, encode_episode
 from callgrove.gateway.apis import (
     ChatRequest,
     Reply,
+    ReplyStream,
     anthropic_messages,
     anthropic_request,
+    error_events,
     error_json,
     openai_chat_request,
     openai_history,
@@ -57,7 +59,7 @@ from callgrove.gateway.attribution import (
     spawns_in,
     valid_episode,
 )
-from callgrove.gateway.chat import Chat, tools_message
+from callgrove.gateway.chat import Chat, PlainText, tools_message
 from callgrove.gateway.ledger import (
     CALLS_SUFFIX,
     AppendFile,
@@ -77,7 +79,7 @@ from callgrove.gateway.web import (
     sse_response,
 )
 from callgrove.policy import PolicyClient, Sample, SamplingParams
-from callgrove.policy.http import UpstreamError
+from callgrove.policy.http import Piece, UpstreamError, sample_from_pieces
 from callgrove.transcripts import Message, ToolCall
 
 PARSERS: dict[str, Callable[[dict[str, Any]], ChatRequest]] = {
@@ -141,6 +143,7 @@ class EpisodeState:
     id: str
     file: AppendFile
     seq: int = 0
+    numbered: int = 0  # the number of the newest call id handed out (`c<number>`)
     agents: dict[str, Agent] = field(default_factory=dict)
     by_history: dict[bytes, list[Recorded]] = field(default_factory=dict)
     by_id: dict[str, Recorded] = field(default_factory=dict)
@@ -148,6 +151,10 @@ class EpisodeState:
     spawns: list[Spawn] = field(default_factory=list)
     failed: list[dict[str, Any]] = field(default_factory=list)
     closed: bool = False
+
+    def next_call_id(self) -> str:
+        self.numbered += 1
+        return f"c{self.numbered}"
 
     def remember(self, recorded: Recorded, prompt_key: str) -> None:
         self.by_history.setdefault(recorded.history, []).append(recorded)
@@ -197,6 +204,24 @@ class EpisodeState:
                 own = [r for r in found if r.agent is agent]
                 return (own or found)[-1], index + 1
         return None, 0
+
+
+@dataclass(eq=False)
+class Turn:
+    """One call being handled: who makes it, what it extends, how it is sampled."""
+
+    api: str
+    request: ChatRequest
+    state: EpisodeState
+    agent: Agent
+    who: Identity
+    tools: Message | None
+    tools_hash: bytes
+    hashes: list[bytes]
+    base: Recorded | None
+    cut: int
+    params: SamplingParams
+    call_id: str | None = None  # handed out when the reply starts before the call is recorded
 
 
 class Gateway:
@@ -278,6 +303,9 @@ class Gateway:
         )
         state.remember(recorded, line["prompt_key"])
         state.seq = max(state.seq, call.seq)
+        number = call.id[1:]
+        if call.id.startswith("c") and number.isdigit():
+            state.numbered = max(state.numbered, int(number))
 
     def close_episode(self, episode_id: str, body: dict[str, Any] | None = None) -> Episode:
         """Close the episode: its record goes to `episodes.jsonl` and is returned."""
@@ -300,10 +328,8 @@ class Gateway:
 
     # -- one call ------------------------------------------------------------------------------
 
-    async def call(
-        self, api: str, chat_request: ChatRequest, episode_id: str, who: Identity
-    ) -> Reply:
-        """Render, sample, parse and record one call; returns the reply to send."""
+    def _turn(self, api: str, chat_request: ChatRequest, episode_id: str, who: Identity) -> Turn:
+        """Who calls, which recorded call the request extends, how it is sampled."""
         state = self.episode(episode_id)
         if state.closed:
             raise HttpError(
@@ -315,28 +341,126 @@ class Gateway:
         tools_hash = hashlib.blake2b(message_key(tools) if tools else b"", digest_size=16).digest()
         hashes = chain_hashes(messages)
         base, cut = state.base_for(agent, hashes, messages, tools_hash, who.purpose == "compaction")
-        params = self._params(chat_request)
+        return Turn(
+            api,
+            chat_request,
+            state,
+            agent,
+            who,
+            tools,
+            tools_hash,
+            hashes,
+            base,
+            cut,
+            self._params(chat_request),
+        )
+
+    async def call(
+        self, api: str, chat_request: ChatRequest, episode_id: str, who: Identity
+    ) -> Reply:
+        """Render, sample, parse and record one call; returns the reply to send."""
+        turn = self._turn(api, chat_request, episode_id, who)
+        messages, base = chat_request.messages, turn.base
         try:
             if self.passthrough:
-                prompt, sample, response, base = await self._passthrough(chat_request, params, base)
+                prompt, sample, response, base = await self._passthrough(
+                    chat_request, turn.params, base
+                )
                 suffix = prompt[base.call.full_len :] if base else prompt
-                new = messages[cut:] if base else messages
+                new = messages[turn.cut :] if base else messages
             else:
-                prompt, suffix, new = self._render(messages, tools, base, cut)
-                sample = await self.policy.sample(prompt, params)
+                prompt, suffix, new = self._render(messages, turn.tools, base, turn.cut)
+                sample = await self.policy.sample(prompt, turn.params)
                 response = self.chat.parse(sample.completion_ids)
-        except UpstreamError as error:
-            await self._record_failure(state, agent, api, str(error))
-            raise HttpError(error.status, str(error), "upstream_error") from None
-        except HttpError:
-            raise
-        except Exception as error:  # the policy failed: the client hears why; the ledger too
-            await self._record_failure(state, agent, api, f"{type(error).__name__}: {error}")
-            raise HttpError(502, f"policy failed: {error}", "upstream_error") from None
+        except Exception as error:
+            raise await self._failed(turn, error) from None
+        return await self._record(turn, base, prompt, suffix, new, sample, response)
+
+    def streams(self, chat_request: ChatRequest) -> bool:
+        """Whether this request's reply is streamed as the upstream samples it."""
+        return chat_request.stream and not self.passthrough and hasattr(self.policy, "stream")
+
+    async def stream_call(
+        self, api: str, chat_request: ChatRequest, episode_id: str, who: Identity
+    ) -> tuple[str, AsyncIterator[bytes]]:
+        """The call streamed: its id, and its events as the upstream's pieces arrive. Errors
+        before the first piece are raised (`HttpError`), later ones end the stream in the API's
+        error events; either way the ledger records the failure. The call's line is durable
+        before the terminal events are sent."""
+        turn = self._turn(api, chat_request, episode_id, who)
+        prompt, suffix, new = self._render(chat_request.messages, turn.tools, turn.base, turn.cut)
+        pieces = self.policy.stream(prompt, turn.params)  # type: ignore[attr-defined]
+        try:
+            first = await anext(pieces)
+        except StopAsyncIteration:
+            raise await self._failed(turn, UpstreamError("upstream stream sent nothing")) from None
+        except Exception as error:
+            raise await self._failed(turn, error) from None
+        turn.call_id = turn.state.next_call_id()
+        return turn.call_id, self._stream_events(turn, prompt, suffix, new, first, pieces)
+
+    async def _stream_events(
+        self,
+        turn: Turn,
+        prompt: np.ndarray,
+        suffix: np.ndarray,
+        new: list[Message],
+        first: Piece,
+        pieces: AsyncIterator[Piece],
+    ) -> AsyncIterator[bytes]:
+        self._in_flight += 1
+        try:
+            version = first.policy_version if first.policy_version is not None else 0
+            out = ReplyStream(turn.request, len(prompt), version)
+            yield b"".join(out.opening())
+            received = [first]
+            plain = PlainText(self.chat)
+            yield b"".join(out.text(plain.add(first.token_ids)))
+            try:
+                async for piece in pieces:
+                    received.append(piece)
+                    yield b"".join(out.text(plain.add(piece.token_ids)))
+                sample = sample_from_pieces(received, version)
+                response = self.chat.parse(sample.completion_ids)
+                reply = await self._record(turn, turn.base, prompt, suffix, new, sample, response)
+            except Exception as error:
+                failed = await self._failed(turn, error)
+                yield b"".join(error_events(turn.api, failed.status, failed.message, failed.kind))
+                return
+            yield b"".join(out.closing(reply))
+        finally:
+            self._in_flight -= 1
+
+    async def _failed(self, turn: Turn, error: BaseException) -> HttpError:
+        """The client's error for a failed call, recorded in the ledger (an `HttpError` the
+        gateway itself raised is the client's own mistake: not recorded)."""
+        if isinstance(error, HttpError):
+            return error
+        if isinstance(error, UpstreamError):
+            await self._record_failure(turn.state, turn.agent, turn.api, str(error))
+            return HttpError(error.status, str(error), "upstream_error")
+        # the policy failed: the client hears why; the ledger too
+        await self._record_failure(
+            turn.state, turn.agent, turn.api, f"{type(error).__name__}: {error}"
+        )
+        return HttpError(502, f"policy failed: {error}", "upstream_error")
+
+    async def _record(
+        self,
+        turn: Turn,
+        base: Recorded | None,
+        prompt: np.ndarray,
+        suffix: np.ndarray,
+        new: list[Message],
+        sample: Sample,
+        response: Message,
+    ) -> Reply:
+        """Add the call to its agent and its line to the ledger; returns once it is durable."""
+        state, agent, hashes = turn.state, turn.agent, turn.hashes
         previous = new[-1] if new else (base.response if base else None)
         state.seq += 1
         call = Call(
-            id=f"c{state.seq}",
+            id=turn.call_id or state.next_call_id(),
             seq=state.seq,
             completion_ids=sample.completion_ids,
             prompt_suffix=suffix,
@@ -344,22 +468,24 @@ class Gateway:
             prompt_base_len=base.call.full_len if base else 0,
             logprobs=sample.logprobs,
             policy_version=sample.policy_version,
-            purpose=who.purpose,
+            purpose=turn.who.purpose,
             content={"prompt": [m.as_dict() for m in new], "response": response.as_dict()},
         )
         agent.add(call)
         history = chain_hashes([response], hashes[-1] if hashes else b"")[0]
         prompt_key = hashes[-1].hex() if hashes else ""
-        state.remember(Recorded(call, response, previous, history, tools_hash, agent), prompt_key)
+        state.remember(
+            Recorded(call, response, previous, history, turn.tools_hash, agent), prompt_key
+        )
         line = call_line(
             call,
             agent,
             {
                 "history": history.hex(),
                 "prompt_key": prompt_key,
-                "tools": tools_hash.hex(),
-                "api": api,
-                "harness": who.harness,
+                "tools": turn.tools_hash.hex(),
+                "api": turn.api,
+                "harness": turn.who.harness,
                 "time": time.time(),
             },
         )
@@ -476,6 +602,13 @@ class Gateway:
                 stream = bool(data.get("stream"))
                 chat_request = PARSERS[api](data)
                 who = identify(request.headers, chat_request.messages)
+                if self.streams(chat_request):
+                    call_id, events = await self.stream_call(api, chat_request, episode, who)
+                    streamed = sse_response(events)
+                    streamed.headers.update(
+                        {"x-callgrove-episode": episode, "x-callgrove-call": call_id}
+                    )
+                    return streamed
                 reply = await self.call(api, chat_request, episode, who)
             except HttpError as error:
                 return json_response(

@@ -9,6 +9,8 @@ version in every response.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -81,6 +83,55 @@ def sample_from_completion(payload: dict, fallback_version: int) -> Sample:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """One chunk of a streamed completion: its new tokens, their logprobs, and (on the last
+    chunk) why sampling ended."""
+
+    token_ids: np.ndarray
+    logprobs: np.ndarray
+    finish_reason: str | None
+    policy_version: int | None
+
+
+def piece_from_chunk(payload: dict) -> Piece:
+    """The piece a streamed `/v1/completions` chunk carries (vLLM: each chunk's `token_ids` and
+    `logprobs.token_logprobs` are deltas)."""
+    try:
+        choice = payload["choices"][0]
+        ids = choice.get("token_ids") or []
+        logprobs = (choice.get("logprobs") or {}).get("token_logprobs") or []
+    except (KeyError, IndexError, TypeError, AttributeError):
+        raise UpstreamError("upstream stream chunk has no choices") from None
+    if len(logprobs) != len(ids) or None in logprobs:
+        raise UpstreamError(
+            "upstream stream chunk has no per-token logprobs matching its token ids "
+            "(choices[0].logprobs.token_logprobs, choices[0].token_ids)"
+        )
+    version = payload.get("policy_version")
+    return Piece(
+        np.asarray(ids, dtype=TOKEN_DTYPE),
+        np.asarray(logprobs, dtype=LOGPROB_DTYPE),
+        choice.get("finish_reason"),
+        int(version) if version is not None else None,
+    )
+
+
+def sample_from_pieces(pieces: list[Piece], fallback_version: int) -> Sample:
+    """The whole sample of a streamed completion."""
+    if not pieces or not sum(len(p.token_ids) for p in pieces):
+        raise UpstreamError("upstream stream ended without completion token ids")
+    if pieces[-1].finish_reason is None:
+        raise UpstreamError("upstream stream ended before its finish reason")
+    versions = [p.policy_version for p in pieces if p.policy_version is not None]
+    return Sample(
+        completion_ids=np.concatenate([p.token_ids for p in pieces]),
+        logprobs=np.concatenate([p.logprobs for p in pieces]),
+        policy_version=versions[0] if versions else fallback_version,
+        finish_reason="length" if pieces[-1].finish_reason == "length" else "stop",
+    )
+
+
 def sample_from_chat(payload: dict, fallback_version: int) -> tuple[np.ndarray, Sample, dict]:
     """(prompt ids, sample, the choice's message) of a chat response with vLLM's token fields."""
     try:
@@ -150,6 +201,41 @@ class HttpPolicyClient:
         self._version = max(self._version, sample.policy_version)
         return sample
 
+    async def stream(self, prompt_ids: np.ndarray, params: SamplingParams) -> AsyncIterator[Piece]:
+        """Sample like `sample`, streamed: the pieces as the server sends them (SSE)."""
+        import aiohttp
+
+        body = {**completion_request(prompt_ids, params, self.model), "stream": True}
+        try:
+            async with self._client().post(
+                self.base_url + "/v1/completions",
+                data=orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY),
+            ) as response:
+                if response.status != 200:
+                    raise _status_error(response.status, await response.read())
+                async for line in response.content:
+                    if not line.startswith(b"data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == b"[DONE]":
+                        return
+                    try:
+                        payload = orjson.loads(data)
+                    except orjson.JSONDecodeError:
+                        raise UpstreamError(
+                            "upstream streamed something that is not JSON"
+                        ) from None
+                    if not isinstance(payload, dict):
+                        raise UpstreamError("upstream streamed JSON that is not an object")
+                    piece = piece_from_chunk(payload)
+                    if piece.policy_version is not None:
+                        self._version = max(self._version, piece.policy_version)
+                    yield piece
+        except TimeoutError:
+            raise UpstreamError(f"upstream {self.base_url} timed out", 504) from None
+        except aiohttp.ClientError as error:
+            raise UpstreamError(f"upstream {self.base_url} unreachable: {error}") from None
+
     async def chat(
         self, messages: list[dict], tools: list[dict], params: SamplingParams
     ) -> tuple[np.ndarray, Sample, dict]:
@@ -208,10 +294,7 @@ class HttpPolicyClient:
         except aiohttp.ClientError as error:
             raise UpstreamError(f"upstream {self.base_url} unreachable: {error}") from None
         if status != 200:
-            text = raw[:500].decode(errors="replace")
-            raise UpstreamError(
-                f"upstream answered {status}: {text}", status if 400 <= status < 600 else 502
-            )
+            raise _status_error(status, raw)
         try:
             payload = orjson.loads(raw)
         except orjson.JSONDecodeError:
@@ -223,3 +306,10 @@ class HttpPolicyClient:
     async def aclose(self) -> None:
         if self._session is not None:
             await self._session.close()
+
+
+def _status_error(status: int, raw: bytes) -> UpstreamError:
+    text = raw[:500].decode(errors="replace")
+    return UpstreamError(
+        f"upstream answered {status}: {text}", status if 400 <= status < 600 else 502
+    )
