@@ -148,3 +148,38 @@ def test_convert_on_a_pool_stops_as_one_process_stops(small_shards, episodes_fil
     assert first.exit_code == second.exit_code == 1
     assert f"{episodes_file}:18" in second.stderr
     assert not one.exists() and not pooled.exists()  # the first error abandons the output
+
+
+def test_an_id_repeated_in_another_shard_is_reported_as_one_process_reports_it(
+    small_shards, episodes_file, tmp_path
+):
+    lines = episodes_file.read_bytes().splitlines(keepends=True)
+    lines[20] = lines[2]  # the third episode again, in the last byte range
+    lines[21] = lines[2]
+    episodes_file.write_bytes(b"".join(lines))
+    planned = shards.plan_shards([episodes_file], jobs=2)
+    starts = [sum(s.line_count() for s in planned[:i]) for i in range(len(planned))]
+    assert 3 <= starts[1] <= 20  # the repeats are in another byte range than line 3
+    repeat = json.loads(lines[2])["id"]
+    for command in (("stats", "--skip-bad"), ("convert", "--skip-bad", "--from", "callgrove")):
+        out = (tmp_path / "out.jsonl",) if command[0] == "convert" else ()
+        one = run(*command, episodes_file, *out)
+        pooled = run(*command, "-j", "2", episodes_file, *out)
+        assert one.exit_code == pooled.exit_code == 1, pooled.output
+        for result in (one, pooled):
+            assert result.stderr.count("appears twice") == 2
+            assert f"{episodes_file}:21" in result.stderr and f"{episodes_file}:22" in result.stderr
+            assert result.stderr.count("first at line 3") == 2 and repeat in result.stderr
+        assert one.stderr == pooled.stderr
+    stopped = run("convert", "--from", "callgrove", "-j", "2", episodes_file, tmp_path / "x.jsonl")
+    assert stopped.exit_code == 1 and f"{episodes_file}:21" in stopped.stderr
+    assert not (tmp_path / "x.jsonl").exists()
+    one_rows = run("rows", "--jsonl", episodes_file)
+    pooled_rows = run("rows", "--jsonl", "-j", "2", episodes_file)
+    assert one_rows.stdout_bytes == pooled_rows.stdout_bytes
+    assert pooled_rows.stderr.count("appears twice") == 2
+    for jobs in ("1", "2"):
+        converted = tmp_path / f"conv{jobs}.jsonl"
+        run("convert", "--skip-bad", "--from", "callgrove", "-j", jobs, episodes_file, converted)
+        ids = [json.loads(line)["id"] for line in converted.read_bytes().splitlines()]
+        assert len(ids) == 22 and ids.count(repeat) == 1

@@ -6,6 +6,11 @@ what it outputs to its own part file and returns a small result; the command the
 parts and results together in shard order. The shards, their order and their work are the same
 whichever executor runs them, so the output is too. Problems found in a byte range carry line
 numbers counted from the range's first line; `renumber` shifts them by the lines before it.
+
+An episode id is unique within a file across its shards too: each shard returns the ids it read
+(`Shard.read_ids`), the parent finds the ones an earlier shard of the same file already read,
+and works those shards again with the repeats named (`Shard.repeats`), so a repeat is reported
+with the message and the lines one process gives and its episode is not used.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from __future__ import annotations
 import math
 import os
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from enum import StrEnum
@@ -25,8 +30,10 @@ from typing import Annotated, Any
 import typer
 
 from callgrove.cli.app import progress_bar
+from callgrove.episode import Episode
+from callgrove.episode.checks import duplicate_episode
 from callgrove.episode.files import format_for, load_located
-from callgrove.formats.problems import Diagnostics, Problem
+from callgrove.formats.problems import Diagnostics, InputError, Problem
 
 MIN_SHARD_BYTES = 8 << 20  # smaller ranges cost more in start-up than they save
 COMPRESSED = (".gz", ".zst")
@@ -55,6 +62,11 @@ class Shard:
     index: int
     path: Path
     byte_range: tuple[int, int] | None = None
+    # Lines (from the shard's first) whose episode id an earlier shard of the file read, and
+    # where that first copy is ("line N" of the file): reported as repeats and not used.
+    repeats: Mapping[int, str] = field(default_factory=dict)
+    # (line, id) of every episode the shard's work used; it travels back with the result.
+    read_ids: list[tuple[int, str]] = field(default_factory=list, compare=False)
 
     @property
     def size(self) -> int:
@@ -62,11 +74,19 @@ class Shard:
             return self.path.stat().st_size
         return self.byte_range[1] - self.byte_range[0]
 
-    def episodes(self, diagnostics: Diagnostics) -> Any:
+    def episodes(self, diagnostics: Diagnostics | None) -> Iterator[tuple[int, Episode]]:
         """`(line, Episode)` of the shard; lines count from the shard's first line."""
-        if self.byte_range is None:
-            return load_located(self.path, diagnostics)
-        return load_located(self.path, diagnostics, byte_range=self.byte_range)
+        options = {} if self.byte_range is None else {"byte_range": self.byte_range}
+        for line, episode in load_located(self.path, diagnostics, **options):
+            first = self.repeats.get(line)
+            if first is not None:
+                problem = duplicate_episode(episode.id, first, str(self.path), line)
+                if diagnostics is None:
+                    raise InputError(problem)
+                diagnostics.add(problem)
+                continue
+            self.read_ids.append((line, episode.id))
+            yield line, episode
 
     def line_count(self) -> int:
         """Lines in the shard, blank ones included (for renumbering the shards after it)."""
@@ -182,18 +202,47 @@ def run_shards(
     executor: Executor = Executor.process,
 ) -> list[ShardResult]:
     """Run `work(shard, parts)` on every shard, `jobs` at a time, on `executor`, with one
-    progress bar (bytes) across them; results come back in shard order."""
+    progress bar (bytes) across them; results come back in shard order. Shards that read an
+    episode id an earlier shard of the same file read are worked on again with those repeats
+    named (their first results are dropped)."""
+    run = _on_ray if executor is Executor.ray else _on_pool
     with progress_bar("bytes") as progress:
-        task = progress.add_task(
-            f"{len(shards)} shard(s)", total=sum(shard.size for shard in shards)
-        )
 
-        def done(result: ShardResult) -> None:
-            progress.update(task, advance=result.shard.size)
+        def execute(what: str, todo: Sequence[Shard]) -> list[ShardResult]:
+            task = progress.add_task(what, total=sum(shard.size for shard in todo))
+            return run(
+                todo, work, parts, jobs, lambda r: progress.update(task, advance=r.shard.size)
+            )
 
-        if executor is Executor.ray:
-            return _on_ray(shards, work, parts, jobs, done)
-        return _on_pool(shards, work, parts, jobs, done)
+        results = execute(f"{len(shards)} shard(s)", shards)
+        repeats = repeated_ids(results)
+        if repeats:
+            again = [
+                replace(results[i].shard, repeats=lines, read_ids=[])
+                for i, lines in repeats.items()
+            ]
+            for result in execute(f"{len(again)} shard(s) with repeated ids", again):
+                results[result.shard.index] = result
+        return results
+
+
+def repeated_ids(results: Sequence[ShardResult]) -> dict[int, dict[int, str]]:
+    """Per shard index, the lines (from the shard's first) holding an episode id that an
+    earlier byte range of the same file read, each with where its first copy is."""
+    first: dict[tuple[Path, str], int] = {}
+    before: dict[Path, int] = {}
+    repeats: dict[int, dict[int, str]] = {}
+    for result in results:
+        shard = result.shard
+        if shard.byte_range is None:
+            continue
+        offset = before.get(shard.path, 0)
+        for line, episode in shard.read_ids:
+            seen = first.setdefault((shard.path, episode), offset + line)
+            if seen != offset + line:
+                repeats.setdefault(shard.index, {})[line] = f"line {seen}"
+        before[shard.path] = offset + result.lines
+    return repeats
 
 
 def _on_pool(
