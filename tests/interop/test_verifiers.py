@@ -18,6 +18,7 @@ from callgrove.formats.problems import Diagnostics, InputError
 from callgrove.formats.wire import WireEnv, WireError, WirePolicy, WireRun
 from callgrove.interop.verifiers import (
     call_id,
+    call_nodes,
     read_verifiers,
     set_advantages,
     verifiers_row,
@@ -77,14 +78,15 @@ def _compare_rows_with_branches(episode: Episode, reference: vf.WireEpisode) -> 
             trace.agent.name,
             trace.agent.trainable,
         )
+        call_of = {node: call for call, node in call_nodes(trace, t).items()}
         for leaf, branch in zip(vf.graph.leaves(trace), trace.branches, strict=True):
-            row = by_leaf.get(call_id(t, leaf))
+            row = by_leaf.get(call_of[leaf])
             if not branch.trainable:
                 assert row is None
                 continue
             trainable_branches += 1
             assert row is not None
-            on_path = [call_id(t, n) for n in _path(trace, leaf) if trace.nodes[n].sampled]
+            on_path = [call_of[n] for n in _path(trace, leaf) if trace.nodes[n].sampled]
             assert [c.id for c in row.path] == on_path
             assert row.token_ids.tolist() == branch.token_ids
             sampled = np.asarray(branch.sampled_mask, dtype=bool)
@@ -342,7 +344,7 @@ def test_callgrove_episodes_written_as_verifiers_read_by_verifiers(tmp_path: Pat
     assert write_verifiers(out, [episode]) == 1
     notes: list[dict] = []
     verifiers_row(episode, notes)
-    assert [n["kind"] for n in notes] == ["call_not_kept"]
+    assert notes == []  # the dropped retry travels in the trace's info
     [theirs] = read_with_verifiers(tmp_path)
     assert theirs.run.work.type == "eval" and theirs.run.work.step == 4
     [back] = read_verifiers(out)
@@ -356,10 +358,10 @@ def test_callgrove_episodes_written_as_verifiers_read_by_verifiers(tmp_path: Pat
         c.prompt_ids().tolist().__repr__() + c.completion_ids.tolist().__repr__(): c
         for c in back.calls()
     }
-    assert len(calls) == 5  # the retry is left out
+    assert len(calls) == 6 and not back.call("R").kept  # the retry comes back, not kept
     summary = next(c for c in back.calls() if c.purpose == "compaction")
     assert summary.kept and summary.full_ids().tolist() == [1, 2, 3, 4, 5, 6, 7, 8, 9]
-    assert back.agents[1].calls[0].advantages.tolist() == [0.0, 0.0]
+    assert back.agents[1].calls[0].advantages == 0.0  # the scalar it was spread from
     assert back.agents[0].calls[0].advantages is None
     assert c1.full_ids().tolist() == back.agents[0].calls[0].full_ids().tolist()
 

@@ -19,6 +19,9 @@ The mapping:
 - a trace's rewards (score x weight; None, never scored, is left out) are its agent's rewards,
   and a one-trace episode's are also the episode's; a trace's errors name its agent.
 
+Rows callgrove writes carry in each trace's `info` (key `callgrove`) what verifiers has no
+field for, and reading them gives the episode back field by field (docs/interop.md).
+
 Only the fields the mapping reads are decoded (msgspec Structs mirroring verifiers' models), so
 reading needs no verifiers install. Message text is not carried.
 """
@@ -27,7 +30,6 @@ from __future__ import annotations
 
 import heapq
 import os
-import re
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -37,6 +39,8 @@ import orjson
 from msgspec import UNSET, UnsetType
 
 from callgrove.episode import Agent, Call, Episode, episode_from_wire
+from callgrove.episode.codec import plain_call_values
+from callgrove.episode.provenance import gaps_to_json, join_spawn
 from callgrove.episode.spread import spread_over_completions
 from callgrove.forest import build_forest
 from callgrove.formats.jsonl import JsonlWriter, iter_lines, read_rows, report
@@ -114,9 +118,49 @@ class VfGroup(msgspec.Struct, kw_only=True):
     id: str
 
 
-class VfInfo(msgspec.Struct, kw_only=True, frozen=True):
+class CarriedCall(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """What verifiers' node has no field for, of one call written as a node."""
+
+    id: str
+    purpose: str = "turn"
+    kept: bool = True
+    policy_version: int | None = None
+    # a scalar credit, which the node holds spread over the call's sampled tokens
+    advantages: float | None = None
+    content: Any = None
+
+
+class CarriedEpisode(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """The episode fields verifiers' episode has no field for, or gives back otherwise."""
+
+    rewards: dict[str, float] = {}
+    objective: str | None = None
+    gaps: list[dict[str, Any]] | None = None
+    meta: dict[str, Any] | None = None
+    # written only where the verifiers row would give back something else
+    errors: list[WireError] | UnsetType = UNSET
+    env: WireEnv | UnsetType | None = UNSET
+    run: WireRun | UnsetType | None = UNSET
+
+
+class CarriedAgent(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """What a trace cannot hold of its agent, in the trace's `info` (`CARRIED_KEY`)."""
+
+    parent: str | None = None
+    start: str = "root"
+    own_rewards: bool = True  # False: the agent had none (the trace holds the episode's)
+    meta: dict[str, Any] | None = None
+    calls: list[CarriedCall] = []  # one per call node, in node order
+    # calls a node cannot hold (not kept and no compaction: verifiers would train them), whole
+    off_graph: list[WireCall] = []
+    order: list[str] | None = None  # the agent's call order, where it is not by seq
+    episode: CarriedEpisode | None = None  # on the first trace
+
+
+class VfInfo(msgspec.Struct, kw_only=True):
     # the ledger order of the trace's calls, written by `verifiers_row` (no wall-clock to give)
     callgrove_seq: list[int] | None = None
+    callgrove: CarriedAgent | None = None
 
 
 class VfTrace(msgspec.Struct, kw_only=True):
@@ -130,7 +174,7 @@ class VfTrace(msgspec.Struct, kw_only=True):
     is_completed: bool = False
     errors: list[VfError] = []
     run: VfRun | None = None  # 0.2 only
-    info: VfInfo = VfInfo()
+    info: VfInfo = msgspec.field(default_factory=VfInfo)
 
 
 class VfEpisode(msgspec.Struct, kw_only=True):
@@ -148,19 +192,14 @@ class VfEpisode(msgspec.Struct, kw_only=True):
 
 _episode_decoder = msgspec.json.Decoder(VfEpisode)
 _trace_decoder = msgspec.json.Decoder(VfTrace)
-_CALL_ID = re.compile(r"t(\d+)\.n(\d+)")
+CARRIED_KEY = "callgrove"  # a trace `info` key: what verifiers has no field for
+TASK_TYPE = "callgrove"  # a task that is no verifiers task, written as {type, data: {task}}
 _NO_TOKENS = np.zeros(0, dtype=np.int32)  # closes a concatenation that may have no pieces
 
 
 def call_id(trace_index: int, node_index: int) -> str:
-    """The callgrove call id of a trace's node; `node_of_call` reverses it."""
+    """The callgrove call id of a trace's node (a call read from verifiers' own rows)."""
     return f"t{trace_index}.n{node_index}"
-
-
-def node_of_call(call: str) -> tuple[int, int] | None:
-    """(trace index, node index) of a call read from verifiers, None for any other id."""
-    match = _CALL_ID.fullmatch(call)
-    return (int(match[1]), int(match[2])) if match else None
 
 
 # --- reading --------------------------------------------------------------------------------
@@ -210,35 +249,65 @@ def read_located_verifiers(
 
 
 def episode_from_verifiers(row: VfEpisode) -> Episode:
-    """The callgrove episode of one verifiers episode; validated like any episode read."""
+    """The callgrove episode of one verifiers episode; validated like any episode read.
+
+    A row callgrove wrote carries in its traces' `info` what verifiers has no field for
+    (`verifiers_row`); that is read back, so such an episode comes back as it was written.
+    """
     traces = [] if row.traces is UNSET else row.traces
     gaps: list[dict[str, Any]] = []
     built = [_trace_to_agent(i, trace, gaps) for i, trace in enumerate(traces)]
     agents = [agent for agent, _times in built]
     _check_unique_agents(agents)
-    _number_calls(agents, [times for _agent, times in built])
-    rewards = agents[0].rewards if len(agents) == 1 and agents[0].rewards else {}
+    written = bool(traces) and all(trace.info.callgrove is not None for trace in traces)
+    if not written:
+        _number_calls(agents, [times for _agent, times in built])
+    carried = traces[0].info.callgrove.episode if written else None  # type: ignore[union-attr]
+    carried = carried or CarriedEpisode()
+    if written:
+        rewards = carried.rewards
+    else:
+        rewards = agents[0].rewards if len(agents) == 1 and agents[0].rewards else {}
     errors = [WireError(type=e.type, message=e.message) for e in row.errors]
     errors += [
         WireError(type=e.type, message=e.message, agent=agent.id)
         for agent, trace in zip(agents, traces, strict=True)
         for e in trace.errors
     ]
+    meta = {"verifiers": {"is_timeout": True}} if row.is_timeout else None
     wire = WireEpisode(
         format=FORMAT,
         id=row.id,
         group=row.group.id if row.group else None,
-        env=WireEnv(id=row.env.id or None, name=row.env.name) if row.env else None,
-        task=row.task,
-        run=_run_from_verifiers(row.run),
+        env=_env_from_verifiers(row.env) if carried.env is UNSET else carried.env,
+        task=_task_from_verifiers(row.task),
+        run=_run_from_verifiers(row.run) if carried.run is UNSET else carried.run,
         ok=row.ok,
-        errors=errors,
+        errors=errors if carried.errors is UNSET else carried.errors,
         rewards=dict(rewards or {}),
         agents=agents,
-        gaps=gaps or UNSET,
-        meta={"verifiers": {"is_timeout": True}} if row.is_timeout else UNSET,
+        objective=_unset_if_none(carried.objective),
+        gaps=_unset_if_none((carried.gaps or []) + gaps or None),
+        meta=_unset_if_none(meta if carried.meta is None else carried.meta),
     )
     return episode_from_wire(wire)
+
+
+def _unset_if_none(value: Any) -> Any:
+    return UNSET if value is None else value
+
+
+def _env_from_verifiers(env: VfEnv | None) -> WireEnv | None:
+    return None if env is None else WireEnv(id=env.id or None, name=env.name)
+
+
+def _task_from_verifiers(task: Any) -> Any:
+    """The task as verifiers holds it, or the value callgrove wrapped as a task."""
+    if isinstance(task, dict) and task.get("type") == TASK_TYPE:
+        data = task.get("data")
+        if isinstance(data, dict) and data.keys() == {"task"}:
+            return data["task"]
+    return task
 
 
 def _run_from_verifiers(run: VfRun | None) -> WireRun | None:
@@ -268,6 +337,7 @@ def _trace_to_agent(
 ) -> tuple[WireAgent, list[float]]:
     """The trace's agent, and when each of its calls was made (the key of the ledger order)."""
     info = trace.agent or VfAgent()
+    carried = trace.info.callgrove
     rewards: dict[str, float] = {}
     for name, reward in trace.rewards.items():
         if isinstance(reward, VfReward):
@@ -278,12 +348,28 @@ def _trace_to_agent(
     agent = WireAgent(
         id=trace.id or f"trace-{index}",
         name=info.name,
-        start="root",  # verifiers records no link between traces: each is its own conversation
+        # verifiers records no link between traces: each is its own conversation
+        start="root",
         trainable=info.trainable,
         calls=calls,
         rewards=rewards or UNSET,
     )
+    if carried is not None:
+        agent.parent, agent.start = carried.parent, carried.start
+        agent.rewards = rewards if carried.own_rewards else UNSET
+        agent.meta = _unset_if_none(carried.meta)
+        agent.calls = _in_order(calls + carried.off_graph, carried.order, agent.id)
     return agent, times
+
+
+def _in_order(calls: list[WireCall], order: list[str] | None, agent: str) -> list[WireCall]:
+    """The agent's calls by seq, or in the order callgrove wrote down for them."""
+    if order is None:
+        return sorted(calls, key=lambda call: call.seq)
+    by_id = {call.id: call for call in calls}
+    if sorted(order) != sorted(by_id) or len(by_id) != len(calls):
+        raise InputError(Problem(f"the call order written for agent {agent!r} names other calls"))
+    return [by_id[name] for name in order]
 
 
 def _trace_calls(
@@ -301,6 +387,7 @@ def _trace_calls(
     times: list[float] = []
     resumed = {link.node for n in nodes for link in n.semantic_parents if link.type == "compaction"}
     has_child = {n.parent for n in nodes if n.parent is not None}
+    carried = _carried_calls(trace, index)
     for number, node in enumerate(nodes):
         where = call_id(index, number)
         parent = node.parent
@@ -332,6 +419,8 @@ def _trace_calls(
             kept=not (attempt and number not in has_child and number not in resumed),
             advantages=node.advantages,
         )
+        if carried is not None:
+            _restore_call(call, carried[len(calls)])
         if above is None:
             call.prompt_ids = prompt_tail
         else:
@@ -340,12 +429,40 @@ def _trace_calls(
         calls.append(call)
         times.append(node.timestamp)
         full = (above[1] if above else 0) + len(prompt_tail) + len(call.completion_ids)
-        base.append((where, full))
+        base.append((call.id, full))
         tail.append([])
+    if carried is not None and len(carried) != len(calls):
+        raise InputError(
+            Problem(f"trace {index} carries {len(carried)} call records for {len(calls)} calls")
+        )
     written = trace.info.callgrove_seq
     if written is not None and len(written) == len(calls):
         times = [float(seq) for seq in written]  # the ledger order these calls came with
+        if carried is not None:
+            for call, seq in zip(calls, written, strict=True):
+                call.seq = seq
     return calls, times
+
+
+def _carried_calls(trace: VfTrace, index: int) -> list[CarriedCall] | None:
+    carried = trace.info.callgrove
+    if carried is None:
+        return None
+    if trace.info.callgrove_seq is None or len(trace.info.callgrove_seq) != len(carried.calls):
+        raise InputError(Problem(f"trace {index} carries call records without their seq"))
+    return carried.calls
+
+
+def _restore_call(call: WireCall, carried: CarriedCall) -> None:
+    """A call node's fields as callgrove wrote them, where verifiers has no field for them."""
+    call.id = carried.id
+    call.purpose, call.kept = carried.purpose, carried.kept
+    call.policy_version = carried.policy_version
+    call.content = UNSET if carried.content is None else carried.content
+    spread = call.advantages
+    scalar = carried.advantages
+    if scalar is not None and isinstance(spread, list) and all(v == scalar for v in spread):
+        call.advantages = scalar  # unchanged since written: the scalar it was spread from
 
 
 def _first_sampled(node: VfNode, where: str) -> int | None:
@@ -384,25 +501,25 @@ def _number_calls(agents: list[WireAgent], times: list[list[float]]) -> None:
 # --- credit back onto verifiers nodes ---------------------------------------------------------
 
 
-def node_advantages(episode: Episode) -> dict[tuple[int, int], list[float] | None]:
-    """Each call's credit, compact over its sampled tokens, keyed by (trace, node).
-
-    A scalar advantage is spread over the call's completion; an unassigned call maps to None,
-    which verifiers keeps distinct from assigned zeros.
-    """
-    credit: dict[tuple[int, int], list[float] | None] = {}
-    for call in episode.calls():
-        where = node_of_call(call.id)
-        if where is None:
-            raise InputError(
-                Problem(
-                    "call was not read from verifiers (no t<trace>.n<node> id)",
-                    episode=episode.id,
-                    call=call.id,
-                )
-            )
-        credit[where] = compact_advantages(call)
-    return credit
+def call_nodes(trace: Any, index: int) -> dict[str, int]:
+    """Which node of a trace (a verifiers object or its JSON) holds each call read from it: by
+    the call ids callgrove carried in the trace's `info`, else the `t<trace>.n<node>` ids."""
+    nodes = _get(trace, "nodes")
+    sampled = [
+        number
+        for number, node in enumerate(nodes)
+        if _get(node, "sampled") and True in (_get(node, "mask") or [])
+    ]
+    info = _get(trace, "info")
+    carried = info.get(CARRIED_KEY) if isinstance(info, dict) else None
+    if carried is None:
+        return {call_id(index, number): number for number in sampled}
+    ids = [call["id"] for call in carried.get("calls", [])]
+    if len(ids) != len(sampled):
+        raise InputError(
+            Problem(f"trace {index} carries {len(ids)} call records for {len(sampled)} calls")
+        )
+    return dict(zip(ids, sampled, strict=True))
 
 
 def compact_advantages(call: Call) -> list[float] | None:
@@ -413,16 +530,19 @@ def compact_advantages(call: Call) -> list[float] | None:
 
 
 def set_advantages(target: Any, episode: Episode) -> int:
-    """Write an episode's credit onto the verifiers episode it was read from; returns the nodes set.
+    """Write an episode's credit onto the verifiers episode it was read from; returns the calls
+    set.
 
     `target` is a verifiers `Episode` (or `WireEpisode`) object, or its JSON row as a dict.
     Traces are matched by position and checked by id, so credit never lands on the wrong agent.
+    A call verifiers holds in no node (carried whole in the trace's `info`) gets it there.
     """
     traces = _get(target, "traces")
     if len(traces) != len(episode.agents):
         raise InputError(
             Problem(f"{len(traces)} traces but {len(episode.agents)} agents", episode=episode.id)
         )
+    count = 0
     for index, (trace, agent) in enumerate(zip(traces, episode.agents, strict=True)):
         trace_id = _get(trace, "id") or f"trace-{index}"
         if trace_id != agent.id:
@@ -432,19 +552,32 @@ def set_advantages(target: Any, episode: Episode) -> int:
                     episode=episode.id,
                 )
             )
-    credit = node_advantages(episode)
-    for (trace_index, node_index), values in credit.items():
-        nodes = _get(traces[trace_index], "nodes")
-        if node_index >= len(nodes):
-            raise InputError(
-                Problem(
-                    f"trace {trace_index} has no node {node_index}",
-                    episode=episode.id,
-                    call=call_id(trace_index, node_index),
+        try:
+            nodes, on_node = _get(trace, "nodes"), call_nodes(trace, index)
+        except InputError as error:
+            raise error.located(episode=episode.id) from None
+        info = _get(trace, "info")
+        carried = (info.get(CARRIED_KEY) if isinstance(info, dict) else None) or {}
+        records = {record["id"]: record for record in carried.get("calls", [])}
+        off_graph = {record["id"]: record for record in carried.get("off_graph", [])}
+        for call in agent.calls:
+            if call.id in on_node:
+                _set(nodes[on_node[call.id]], "advantages", compact_advantages(call))
+                if call.id in records:  # the scalar, where the node holds it spread
+                    value = _plain_advantages(call)
+                    records[call.id]["advantages"] = value if isinstance(value, float) else None
+            elif call.id in off_graph:
+                off_graph[call.id]["advantages"] = _plain_advantages(call)
+            else:
+                raise InputError(
+                    Problem(
+                        f"call is in no node of trace {index}: it was not read from it",
+                        episode=episode.id,
+                        call=call.id,
+                    )
                 )
-            )
-        _set(nodes[node_index], "advantages", values)
-    return len(credit)
+            count += 1
+    return count
 
 
 def _get(obj: Any, name: str) -> Any:
@@ -503,8 +636,12 @@ def verifiers_row(episode: Episode, notes: list[dict[str, Any]] | None = None) -
     Each agent becomes a trace; each call a prompt node (the tokens its prompt adds to its
     parent's full sequence, when it adds any) and a sampled node (its completion). A call's
     parent node is its forest parent when that is a call of the same agent, else the call
-    starts a root: verifiers' graphs do not cross traces. What verifiers cannot hold is listed in
-    `notes` (a call not kept that is no compaction attempt, a train run without a step).
+    starts a root: verifiers' graphs do not cross traces. What verifiers has no field for is
+    carried in the traces' `info` under `CARRIED_KEY` (the episode's part on the first trace):
+    call ids and policy versions, agent parents and starts, meta, episode rewards, objective,
+    gaps, errors' calls, and whole the calls no node can hold (not kept and no compaction), so
+    `read_verifiers` gives the episode back. What cannot be carried
+    (an episode's fields when it has no trace) is listed in `notes`.
     """
     notes = notes if notes is not None else []
     forest = build_forest(episode)
@@ -514,8 +651,8 @@ def verifiers_row(episode: Episode, notes: list[dict[str, Any]] | None = None) -
     agent_ids = {agent.id for agent in episode.agents}
     task = (
         episode.task
-        if _is_task(episode.task)
-        else {"type": "callgrove", "data": {"task": episode.task}}
+        if _is_task(episode.task) and episode.task["type"] != TASK_TYPE
+        else {"type": TASK_TYPE, "data": {"task": episode.task}}
     )
     row: dict[str, Any] = {
         "id": episode.id,
@@ -527,18 +664,69 @@ def verifiers_row(episode: Episode, notes: list[dict[str, Any]] | None = None) -
             for e in episode.errors
             if e.agent not in agent_ids
         ],
-        "traces": [
-            _agent_trace(episode, agent, task, parent_of, notes) for agent in episode.agents
-        ],
+        "traces": [_agent_trace(episode, agent, task, parent_of) for agent in episode.agents],
     }
     if episode.env and episode.env.name is not None:
         row["env"]["name"] = episode.env.name
     if episode.group is not None:
         row["group"] = {"id": episode.group}
-    run = _run_to_verifiers(episode, notes)
+    if _timed_out(episode.meta):
+        row["is_timeout"] = True
+    run = _run_to_verifiers(episode.run)
     if run is not None:
         row["run"] = run
+    carried = _carried_episode(episode, row)
+    if carried and row["traces"]:
+        row["traces"][0]["info"][CARRIED_KEY]["episode"] = carried
+    notes.extend(
+        {"kind": f"episode_{name}", "reason": "an episode without traces has no info to hold it"}
+        for name in carried
+        if not row["traces"]
+    )
     return row
+
+
+def _timed_out(meta: dict[str, Any] | None) -> bool:
+    verifiers = (meta or {}).get("verifiers")
+    return isinstance(verifiers, dict) and verifiers.get("is_timeout") is True
+
+
+def _carried_episode(episode: Episode, row: dict[str, Any]) -> dict[str, Any]:
+    """The episode's fields `episode_from_verifiers` would not give back from the row itself."""
+    agent_ids = [agent.id for agent in episode.agents]
+    held_errors = [
+        WireError(type=e.type, message=e.message)
+        for e in episode.errors
+        if e.agent not in agent_ids
+    ]
+    held_errors += [
+        WireError(type=e.type, message=e.message, agent=agent)
+        for agent in agent_ids
+        for e in episode.errors
+        if e.agent == agent
+    ]
+    held_run = _run_from_verifiers(msgspec.convert(row["run"], VfRun) if "run" in row else None)
+    held = {
+        "rewards": {},
+        "objective": None,
+        "gaps": None,
+        "meta": {"verifiers": {"is_timeout": True}} if row.get("is_timeout") else None,
+        "errors": held_errors,
+        "env": _env_from_verifiers(msgspec.convert(row["env"], VfEnv)),
+        "run": held_run,
+    }
+    given = {
+        "rewards": dict(episode.rewards),
+        "objective": episode.objective,
+        "gaps": gaps_to_json(episode.gaps),
+        "meta": episode.meta,
+        "errors": list(episode.errors),
+        "env": episode.env,
+        "run": episode.run,
+    }
+    return {
+        name: msgspec.to_builtins(value) for name, value in given.items() if value != held[name]
+    }
 
 
 def _is_task(task: Any) -> bool:
@@ -549,43 +737,44 @@ def _is_task(task: Any) -> bool:
     )
 
 
-def _run_to_verifiers(episode: Episode, notes: list[dict[str, Any]]) -> dict[str, Any] | None:
-    run = episode.run
+def _run_to_verifiers(run: WireRun | None) -> dict[str, Any] | None:
+    """verifiers' run, where it can hold it (the episode's part carries the rest)."""
     if run is None:
         return None
     if run.step is None:
-        if run.type == "eval":
-            return {"type": "eval", "id": run.id or ""}
-        notes.append({"kind": "run_without_step", "reason": "verifiers' train runs need a step"})
-        return None
+        return {"type": "eval", "id": run.id or ""} if run.type == "eval" else None
     work: dict[str, Any] = {"type": run.type, "step": run.step}
     if run.policy is not None:
         work["policy"] = {"start": run.policy.start, "end": run.policy.end}
     return {"type": "train", "id": run.id or "", "work": work}
 
 
+def _on_graph(call: Call) -> bool:
+    """Whether a node can hold the call: verifiers trains every sampled node but a compaction
+    attempt nobody resumed from."""
+    return call.kept or call.purpose == "compaction"
+
+
 def _agent_trace(
-    episode: Episode,
-    agent: Agent,
-    task: dict[str, Any],
-    parent_of: list[Call | None],
-    notes: list[dict[str, Any]],
+    episode: Episode, agent: Agent, task: dict[str, Any], parent_of: list[Call | None]
 ) -> dict[str, Any]:
     nodes: list[dict[str, Any]] = []
     seqs: list[int] = []
+    carried = CarriedAgent(
+        parent=agent.parent,
+        start=agent.start,
+        own_rewards=agent.rewards is not None,
+        meta=join_spawn(agent.spawn, agent.meta),
+    )
     node_of: dict[int, int] = {}  # call.index -> its sampled node
     accepted: list[tuple[int, int]] = []  # (compaction node, the node that resumed from it)
     open_compaction: int | None = None
-    for call in sorted(agent.calls, key=lambda c: c.seq):
-        if not call.kept and call.purpose != "compaction":
-            notes.append(
-                {
-                    "kind": "call_not_kept",
-                    "agent": agent.id,
-                    "call": call.id,
-                    "reason": "verifiers holds no calls that are not kept, other than compactions",
-                }
-            )
+    in_seq_order = sorted(agent.calls, key=lambda c: c.seq)
+    if [call.id for call in in_seq_order] != [call.id for call in agent.calls]:
+        carried.order = [call.id for call in agent.calls]
+    for call in in_seq_order:
+        if not _on_graph(call):
+            carried.off_graph.append(_whole_call(call))
             continue
         link, start = _parent_node(call, agent, parent_of, node_of)
         added = np.concatenate([*call.segments(call.prompt_len, start), _NO_TOKENS]).tolist()
@@ -600,6 +789,7 @@ def _agent_trace(
             sampled["advantages"] = advantages
         nodes.append(sampled)
         seqs.append(call.seq)
+        carried.calls.append(_carried_call(call))
         node_of[call.index] = here
         if open_compaction is not None and call.kept:
             accepted.append((open_compaction, here))
@@ -626,8 +816,39 @@ def _agent_trace(
         "is_completed": True,
         "ok": episode.ok and not errors,
         "errors": errors,
-        "info": {"callgrove_seq": seqs},
+        "info": {"callgrove_seq": seqs, CARRIED_KEY: msgspec.to_builtins(carried)},
     }
+
+
+def _carried_call(call: Call) -> CarriedCall:
+    scalar = call.advantages is not None and not isinstance(call.advantages, np.ndarray)
+    return CarriedCall(
+        id=call.id,
+        purpose=call.purpose,
+        kept=call.kept,
+        policy_version=call.policy_version,
+        advantages=float(call.advantages) if scalar else None,  # type: ignore[arg-type]
+        content=call.content,
+    )
+
+
+def _whole_call(call: Call) -> WireCall:
+    """A call with its whole prompt, for a trace's `info`."""
+    advantages = _plain_advantages(call)
+    return WireCall(
+        id=call.id,
+        seq=call.seq,
+        prompt_ids=call.prompt_ids().tolist(),
+        completion_ids=call.completion_ids.tolist(),
+        logprobs=None if call.logprobs is None else call.logprobs.tolist(),
+        advantages=UNSET if advantages is None else advantages,
+        **plain_call_values(call),
+    )
+
+
+def _plain_advantages(call: Call) -> float | list[float] | None:
+    value = call.advantages
+    return value.tolist() if isinstance(value, np.ndarray) else value
 
 
 def _parent_node(
