@@ -3,7 +3,9 @@
 One episode is read, converted and written at a time. The summary on standard error says what
 was converted, and what was not and why: bad lines and episodes (with file and line), the parts
 of episodes a source could not give as calls (the episodes' gaps), and what the target form
-cannot hold.
+cannot hold. A field callgrove's own forms do not have is never dropped quietly: convert
+refuses the episode holding it (an error naming file, line, episode and field) unless
+`--drop-unknown` is given, and then counts each one left out (docs/interop.md).
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ from callgrove.interop.verifiers import write_advantages
 # verifiers names the file inside a run's results folder
 VERIFIERS_FILE = "traces.jsonl"
 SHOWN_PROBLEMS = 20
+UNKNOWN_FIELD = "unknown_field"  # the readers' kind for a field the format does not have
 
 
 class Source(StrEnum):
@@ -135,6 +138,14 @@ def convert_command(
     skip_bad: Annotated[
         bool, typer.Option("--skip-bad", help="Skip bad lines and episodes, count them, go on.")
     ] = False,
+    drop_unknown: Annotated[
+        bool,
+        typer.Option(
+            "--drop-unknown",
+            help="Convert episodes holding fields callgrove's format does not have, without "
+            "them (each one counted); by default such an episode is an error.",
+        ),
+    ] = False,
     jobs: JobsOption = 1,
     executor: ExecutorOption = Executor.process,
     out_option: OutputOption = None,
@@ -150,13 +161,14 @@ def convert_command(
     source = _input_path(source, from_, invocations, onto, to)
     target = out / VERIFIERS_FILE if to is Target.verifiers and out.is_dir() else out
     require_output(target, [p for p in (source, invocations, onto) if p is not None])
-    diagnostics = Diagnostics()
+    diagnostics = _diagnostics(drop_unknown)
     tally = Tally()
     if jobs > 1 or executor is Executor.ray:
         if from_ is not Source.callgrove or onto is not None:
             err.print("error: --jobs and --executor ray convert callgrove files (--from callgrove)")
             raise typer.Exit(EXIT_USAGE)
-        _convert_sharded(source, target, to, skip_bad, tally, diagnostics, jobs, executor)
+        job = ShardConvert(to, "".join(target.suffixes) or ".jsonl", skip_bad, drop_unknown)
+        _convert_sharded(source, target, job, tally, diagnostics, jobs, executor)
         _summary(source, out, from_, to, tally, diagnostics, skip_bad)
         raise typer.Exit(EXIT_FAILED if diagnostics.errors else EXIT_OK)
     episodes = _read(source, from_, invocations, diagnostics)
@@ -183,6 +195,12 @@ def convert_command(
             pass
     _summary(source, out, from_, to, tally, diagnostics, skip_bad)
     raise typer.Exit(EXIT_FAILED if diagnostics.errors else EXIT_OK)
+
+
+def _diagnostics(drop_unknown: bool) -> Diagnostics:
+    """Problems of a conversion: a field the format does not have is an error unless
+    `--drop-unknown` lets it be left out."""
+    return Diagnostics(refused=frozenset() if drop_unknown else frozenset({UNKNOWN_FIELD}))
 
 
 def _infer_source(source: Path) -> Source:
@@ -215,12 +233,13 @@ class ShardConvert:
     to: Target
     suffix: str
     skip_bad: bool
+    drop_unknown: bool
 
 
 def convert_shard(shard: Shard, parts: Path, job: ShardConvert) -> ShardResult:
     """A shard's episodes written to its own part file in the target form, and their tally
     (the work of a process or a Ray task)."""
-    diagnostics, tally = Diagnostics(), Tally()
+    diagnostics, tally = _diagnostics(job.drop_unknown), Tally()
     part = parts / f"part-{shard.index:05d}{job.suffix}"
 
     def counted() -> Iterator[Episode]:
@@ -240,8 +259,7 @@ def convert_shard(shard: Shard, parts: Path, job: ShardConvert) -> ShardResult:
 def _convert_sharded(
     source: Path,
     out: Path,
-    to: Target,
-    skip_bad: bool,
+    job: ShardConvert,
     tally: Tally,
     diagnostics: Diagnostics,
     jobs: int,
@@ -250,11 +268,11 @@ def _convert_sharded(
     """`convert` shard by shard on `executor`, parts joined in shard order: JSON Lines (plain
     or compressed: members and frames chain) byte for byte, binary forms episode by episode.
     Without `skip_bad` the first error abandons the output, as in one process."""
+    to, skip_bad = job.to, job.skip_bad
     binary = _format_name(out, to) in ("parquet", "arrow")
-    suffix = "".join(out.suffixes) or ".jsonl"
-    job = partial(convert_shard, job=ShardConvert(to, suffix, skip_bad))
+    work = partial(convert_shard, job=job)
     with tempfile.TemporaryDirectory(prefix="callgrove-convert-") as parts:
-        results = run_shards(plan_shards([source], jobs), job, Path(parts), jobs, executor)
+        results = run_shards(plan_shards([source], jobs), work, Path(parts), jobs, executor)
         kept = results if skip_bad else results[: first_error_cut(results)]
         for problem in renumber(kept):
             diagnostics.add(problem)
@@ -410,4 +428,9 @@ def _problems(diagnostics: Diagnostics, skip_bad: bool) -> None:
     if errors and not skip_bad:
         err.print(
             "stopped at the first error, nothing written; --skip-bad skips bad input and goes on"
+        )
+    if any(problem.kind == UNKNOWN_FIELD for problem in diagnostics.errors):
+        err.print(
+            "fields callgrove's format does not have would be lost: --drop-unknown converts "
+            "without them (each one counted)"
         )

@@ -17,6 +17,7 @@ import warnings
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
@@ -29,7 +30,13 @@ else:
 
 from callgrove.formats.output import NewFile, open_locked_append
 from callgrove.formats.problems import Diagnostics, InputError, Problem
-from callgrove.formats.wire import FORMAT, WireEpisode, episode_decoder, episode_encoder
+from callgrove.formats.wire import (
+    FORMAT,
+    KNOWN_FIELDS,
+    WireEpisode,
+    episode_decoder,
+    episode_encoder,
+)
 
 _PATH_PART = re.compile(r"\.(\w+)|\[(\d+)\]")
 Row = TypeVar("Row")
@@ -182,11 +189,71 @@ def _locate_in_json(line: bytes, path: str) -> tuple[str | None, str | None]:
     )
 
 
+class ReadWithWarnings(Exception):
+    """A line that was read (`row`) with `problems` worth reporting: `read_rows` reports them
+    and goes on with the row."""
+
+    def __init__(self, row: Any, problems: list[Problem]):
+        super().__init__(row, problems)
+        self.row = row
+        self.problems = problems
+
+
+def unknown_field(path: str, episode: str | None, call: str | None) -> Problem:
+    return Problem(
+        f"field {path} is not part of {FORMAT}; it is not read",
+        episode=episode,
+        call=call,
+        severity="warning",
+        kind="unknown_field",
+    )
+
+
+def _strip_unknown(line: bytes) -> tuple[bytes, list[Problem]]:
+    """The line without the fields the format does not have, and a warning naming each."""
+    value = msgspec.json.decode(line)
+    episode = value.get("id") if isinstance(value, dict) else None
+    episode = episode if isinstance(episode, str) else None
+    found: list[Problem] = []
+
+    def strip(obj: Any, kind: str, path: str, call: str | None = None) -> None:
+        if not isinstance(obj, dict):
+            return  # the decoder names a wrong shape
+        for key in [key for key in obj if key not in KNOWN_FIELDS[kind]]:
+            found.append(unknown_field(f"{path}{key}", episode, call))
+            del obj[key]
+
+    def each(obj: Any, name: str) -> list[tuple[int, Any]]:
+        items = obj.get(name) if isinstance(obj, dict) else None
+        return list(enumerate(items)) if isinstance(items, list) else []
+
+    strip(value, "episode", "")
+    for name in ("env", "run"):
+        strip(value.get(name), name, f"{name}.")
+    run = value.get("run")
+    strip(run.get("policy") if isinstance(run, dict) else None, "policy", "run.policy.")
+    for i, error in each(value, "errors"):
+        strip(error, "error", f"errors[{i}].")
+    for i, agent in each(value, "agents"):
+        strip(agent, "agent", f"agents[{i}].")
+        for j, call in each(agent, "calls"):
+            name = call.get("id") if isinstance(call, dict) else None
+            strip(call, "call", f"agents[{i}].calls[{j}].", name if isinstance(name, str) else None)
+    return msgspec.json.encode(value), found
+
+
 def decode_episode_line(line: bytes) -> WireEpisode:
-    """Decode one line into a `WireEpisode`; `InputError` names the episode and call it can."""
+    """Decode one line into a `WireEpisode`; `InputError` names the episode and call it can.
+
+    Fields the format does not have are left out and named (`ReadWithWarnings`), never
+    passed over quietly.
+    """
     try:
         wire = episode_decoder.decode(line)
     except msgspec.ValidationError as error:
+        if str(error).startswith("Object contains unknown field"):
+            known, found = _strip_unknown(line)
+            raise ReadWithWarnings(decode_episode_line(known), found) from None
         text = str(error)
         path = text.rsplit(" - at `", 1)[1].rstrip("`") if " - at `" in text else ""
         episode, call = _locate_in_json(line, path)
@@ -232,10 +299,19 @@ def read_rows(
             report(damaged, diagnostics)
             return
         try:
-            row = decode(line)
+            row = _decoded(decode, line, file=file, number=number, diagnostics=diagnostics)
+        except _Refused:
+            continue
         except (msgspec.DecodeError, InputError, RecursionError) as error:
             problem = _as_problem(error, line)
-            recovered = _after_cut(line, decode) if problem.kind == "malformed" else ()
+            recovered = (
+                _after_cut(
+                    line,
+                    partial(_decoded, decode, file=file, number=number, diagnostics=diagnostics),
+                )
+                if problem.kind == "malformed"
+                else ()
+            )
             if recovered or (problem.kind == "malformed" and _cut_off(line, problem)):
                 problem = replace(
                     problem,
@@ -257,6 +333,30 @@ def read_rows(
         yield number, row
 
 
+def _decoded(
+    decode: Callable[[bytes], Row],
+    line: bytes,
+    *,
+    file: str,
+    number: int,
+    diagnostics: Diagnostics | None,
+) -> Row:
+    """`decode(line)`, with the warnings of a line read with them reported at its place (a
+    line whose warnings `diagnostics` refuses is not used: `_Refused`)."""
+    try:
+        return decode(line)
+    except ReadWithWarnings as read:
+        for problem in read.problems:
+            report(InputError(replace(problem, file=file, line=number)), diagnostics)
+        if diagnostics is not None and diagnostics.refuses(read.problems):
+            raise _Refused from None
+        return read.row
+
+
+class _Refused(Exception):
+    """A line read with a warning its reader refuses (recorded as an error): not used."""
+
+
 def _cut_off(line: bytes, problem: Problem) -> bool:
     """Does the line's JSON stop short (rather than hold something wrong)?"""
     if "truncated" in problem.message:
@@ -271,7 +371,7 @@ def _after_cut(line: bytes, decode: Callable[[bytes], Row]) -> tuple[Row] | tupl
     while start > 0:
         try:
             return (decode(line[start:]),)
-        except (msgspec.DecodeError, InputError, RecursionError):
+        except (msgspec.DecodeError, InputError, RecursionError, _Refused):
             start = line.find(_LINE_START, start + 1)
     return ()
 

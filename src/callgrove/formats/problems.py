@@ -47,9 +47,17 @@ class Diagnostics:
     """Collects problems while a stream goes on; counts them by kind and severity."""
 
     problems: list[Problem] = field(default_factory=list)
+    # Kinds of warning this reader of the input cannot go on past (`convert` refuses to drop
+    # fields the format does not have): recorded as errors, and what holds them is not used.
+    refused: frozenset[str] = frozenset()
 
     def add(self, problem: Problem) -> None:
+        if problem.kind in self.refused and problem.severity == "warning":
+            problem = replace(problem, severity="error")
         self.problems.append(problem)
+
+    def refuses(self, problems: list[Problem]) -> bool:
+        return any(problem.kind in self.refused for problem in problems)
 
     @property
     def errors(self) -> list[Problem]:

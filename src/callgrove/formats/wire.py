@@ -60,7 +60,7 @@ class WireEnv(msgspec.Struct, kw_only=True):
     name: str | None = None
 
 
-class WirePolicy(msgspec.Struct, kw_only=True):
+class WirePolicy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):  # read as it is
     start: int
     end: int
 
@@ -99,8 +99,9 @@ class WireEpisode(msgspec.Struct, kw_only=True):
 
 # The reading forms: every field the format requires but the structs above default (so that
 # code can build records briefly) is unset when a line lacks it, and `episode.checks` refuses
-# the record naming the field; nothing is filled in.
-class _ReadCall(WireCall, kw_only=True):
+# the record naming the field; nothing is filled in. A field the format does not have is not
+# passed over quietly either: decoding stops at it, and `formats.jsonl` names every such field.
+class _ReadCall(WireCall, kw_only=True, forbid_unknown_fields=True):
     # Token lists are kept as their raw JSON text when reading: `episode.codec.token_array`
     # parses them straight into numpy, much faster than building Python int lists first.
     prompt_ids: msgspec.Raw | UnsetType = UNSET
@@ -111,7 +112,7 @@ class _ReadCall(WireCall, kw_only=True):
     purpose: str | UnsetType = UNSET
 
 
-class _ReadAgent(WireAgent, kw_only=True):
+class _ReadAgent(WireAgent, kw_only=True, forbid_unknown_fields=True):
     name: str | UnsetType = UNSET
     parent: str | UnsetType | None = UNSET
     start: str | UnsetType = UNSET
@@ -119,23 +120,23 @@ class _ReadAgent(WireAgent, kw_only=True):
     calls: list[_ReadCall] | UnsetType = UNSET
 
 
-class _ReadEnv(WireEnv, kw_only=True):
+class _ReadEnv(WireEnv, kw_only=True, forbid_unknown_fields=True):
     id: str | UnsetType | None = UNSET
     name: str | UnsetType | None = UNSET
 
 
-class _ReadRun(WireRun, kw_only=True):
+class _ReadRun(WireRun, kw_only=True, forbid_unknown_fields=True):
     id: str | UnsetType | None = UNSET
     type: str | UnsetType = UNSET
     step: int | UnsetType | None = UNSET
     policy: WirePolicy | UnsetType | None = UNSET
 
 
-class _ReadError(WireError, kw_only=True):
+class _ReadError(WireError, kw_only=True, forbid_unknown_fields=True):
     message: str | UnsetType = UNSET
 
 
-class _ReadEpisode(WireEpisode, kw_only=True):
+class _ReadEpisode(WireEpisode, kw_only=True, forbid_unknown_fields=True):
     group: str | UnsetType | None = UNSET
     env: _ReadEnv | UnsetType | None = UNSET
     task: Any = UNSET
@@ -148,3 +149,19 @@ class _ReadEpisode(WireEpisode, kw_only=True):
 
 episode_decoder = msgspec.json.Decoder(_ReadEpisode)
 episode_encoder = msgspec.json.Encoder()
+
+# Where each object of an episode line sits and the struct that lists its fields: the objects
+# whose keys the format names (the others, `task`, `meta`, `gaps`, `content` and the reward
+# maps, are free-form).
+KNOWN_FIELDS: dict[str, tuple[str, ...]] = {
+    name: tuple(kind.__struct_fields__)
+    for name, kind in (
+        ("episode", WireEpisode),
+        ("env", WireEnv),
+        ("run", WireRun),
+        ("policy", WirePolicy),
+        ("error", WireError),
+        ("agent", WireAgent),
+        ("call", WireCall),
+    )
+}

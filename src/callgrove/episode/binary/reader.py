@@ -40,6 +40,7 @@ from callgrove.episode.checks import (
 from callgrove.episode.codec import PLAIN_CALL_FIELDS
 from callgrove.episode.provenance import gaps_from_json, split_spawn
 from callgrove.episode.record import TOKEN_DTYPE, Agent, Call, Episode, share_histories
+from callgrove.formats.jsonl import report
 from callgrove.formats.problems import Diagnostics, InputError, Problem
 from callgrove.formats.wire import FORMAT, WireEnv, WireError, WirePolicy, WireRun
 
@@ -48,8 +49,11 @@ def _file_problem(file: str, message: str) -> InputError:
     return InputError(Problem(message, file=file, kind="malformed"))
 
 
-def _record_batches(path: str | os.PathLike[str]) -> Iterator[pa.RecordBatch]:
-    """The file's record batches, one at a time; Arrow IPC files are memory-mapped."""
+def _record_batches(
+    path: str | os.PathLike[str], diagnostics: Diagnostics | None
+) -> Iterator[pa.RecordBatch]:
+    """The file's record batches, one at a time; Arrow IPC files are memory-mapped. Columns
+    the layout does not have are named (warnings; none are read where they are refused)."""
     file = str(path)
     try:
         if file.endswith(PARQUET_SUFFIX):
@@ -72,6 +76,20 @@ def _record_batches(path: str | os.PathLike[str]) -> Iterator[pa.RecordBatch]:
         raise _file_problem(file, f"damaged schema: {error}") from None
     if wrong:
         raise _file_problem(file, f"columns of the wrong type for {LAYOUT}: {'; '.join(wrong)}")
+    unknown = [
+        Problem(
+            f"column {name} is not part of {LAYOUT}; it is not read",
+            file=file,
+            severity="warning",
+            kind="unknown_field",
+        )
+        for name in schema.names
+        if name not in SCHEMA.names
+    ]
+    for problem in unknown:
+        report(InputError(problem), diagnostics)
+    if diagnostics is not None and diagnostics.refuses(unknown):
+        return
     try:
         if file.endswith(PARQUET_SUFFIX):
             for group in range(parquet.num_row_groups):
@@ -391,7 +409,7 @@ def read_binary_episodes(
     file = str(path)
     first_row = 0
     try:
-        for record_batch in _record_batches(path):
+        for record_batch in _record_batches(path, diagnostics):
             try:
                 batch = _Batch(record_batch)
             except (KeyError, TypeError, ValueError, pa.ArrowException) as error:
