@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import IO, Annotated
 
 import orjson
+import pyarrow as pa
 import pyarrow.parquet as pq
 import typer
 from rich import box
@@ -318,7 +319,9 @@ class _RowSink:
         self._new: NewFile | None = None
         self._parquet: pq.ParquetWriter | None = None
         self._jsonl: IO[bytes] | None = None
-        self._held: list[Row] = []
+        # each episode's rows as a table over its token columns: the episode, its forest and
+        # the rest of its columns are let go as soon as its rows are in
+        self._held: list[pa.Table] = []
         self._held_tokens = 0
 
     def __enter__(self) -> _RowSink:
@@ -339,18 +342,18 @@ class _RowSink:
                     + b"\n"
                 )
             return
-        self._held.extend(result.rows)
+        self._held.append(rows_table(result.rows))
         self._held_tokens += sum(row.num_tokens for row in result.rows)
         if self._held_tokens >= ROW_GROUP_TOKENS:
             self._write_group()
 
     def _write_group(self) -> None:
         assert self._new is not None
-        table = rows_table(self._held)
+        table = pa.concat_tables(self._held) if self._held else rows_table([])
         if self._parquet is None:
             self._parquet = pq.ParquetWriter(self._new.temp, table.schema)
         if self._held:  # a file of no rows still has every column
-            self._parquet.write_table(table, row_group_size=len(self._held))
+            self._parquet.write_table(table, row_group_size=table.num_rows)
         self._held, self._held_tokens = [], 0
 
     def __exit__(self, exc_type: object, *rest: object) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from callgrove.rows.build import Row
+from callgrove.rows.build import EpisodeRows, Row
 
 
 def row_record(row: Row, tokens: bool = False) -> dict[str, Any]:
@@ -34,27 +34,14 @@ def row_record(row: Row, tokens: bool = False) -> dict[str, Any]:
     return record
 
 
-def _list_column(arrays: list[np.ndarray], value_type: pa.DataType) -> pa.ListArray:
-    lengths = np.fromiter((len(a) for a in arrays), dtype=np.int64, count=len(arrays))
-    offsets = np.zeros(len(arrays) + 1, dtype=np.int32)
-    np.cumsum(lengths, out=offsets[1:])
-    values = np.concatenate(arrays) if arrays else np.zeros(0)
-    return pa.ListArray.from_arrays(
-        pa.array(offsets), pa.array(values.astype(value_type.to_pandas_dtype()))
-    )
-
-
 def rows_table(rows: Iterable[Row]) -> pa.Table:
-    """One table row per training row: metadata columns plus token, mask and logprob lists."""
+    """One table row per training row: metadata columns plus token, mask and logprob lists.
+
+    The lists come from each episode's `RowColumns` (one chunk per run of rows of an episode),
+    sharing its memory where the run is all of the episode's rows: a table costs little more
+    than the rows' tokens, never a copy of every row."""
     rows = list(rows)
-    logprobs = [row.logprobs() for row in rows]
-    logprob_values = _list_column(
-        [lp if lp is not None else np.zeros(0) for lp in logprobs], pa.float32()
-    )
-    logprob_nulls = pa.array([lp is None for lp in logprobs], pa.bool_())
-    logprob_column = pa.ListArray.from_arrays(
-        logprob_values.offsets, logprob_values.values, mask=logprob_nulls
-    )
+    chunks = [_list_chunks(part, indices) for part, indices in _runs(rows)]
     columns = {
         "episode": pa.array([r.episode.id for r in rows], pa.string()),
         "group": pa.array([r.episode.group for r in rows], pa.string()),
@@ -70,8 +57,47 @@ def rows_table(rows: Iterable[Row]) -> pa.Table:
         "reward": pa.array([r.reward for r in rows], pa.float64()),
         "duplicate_of": pa.array([r.duplicate_of for r in rows], pa.int32()),
         "objective": pa.array([r.episode.objective for r in rows], pa.string()),
-        "token_ids": _list_column([r.token_ids for r in rows], pa.int32()),
-        "loss_mask": _list_column([r.loss_mask for r in rows], pa.uint8()),
-        "logprobs": logprob_column,
     }
+    for number, (name, value_type) in enumerate(_LISTS):
+        columns[name] = pa.chunked_array([chunk[number] for chunk in chunks], pa.list_(value_type))
     return pa.table(columns)
+
+
+_LISTS = (("token_ids", pa.int32()), ("loss_mask", pa.uint8()), ("logprobs", pa.float32()))
+
+
+def _runs(rows: list[Row]) -> list[tuple[EpisodeRows, list[int]]]:
+    """The rows as runs of one episode's rows: (its rows, their indices), in the given order."""
+    runs: list[tuple[EpisodeRows, list[int]]] = []
+    for row in rows:
+        part = row.episode_rows
+        if part is None:
+            raise ValueError(f"{row!r} was not made by build_rows: it has no token columns")
+        if runs and runs[-1][0] is part:
+            runs[-1][1].append(row.index)
+        else:
+            runs.append((part, [row.index]))
+    return runs
+
+
+def _list_chunks(part: EpisodeRows, indices: list[int]) -> tuple[pa.Array, ...]:
+    """Token ids, loss mask and logprobs (null where a trained call has none) of rows
+    `indices` of one episode, as list arrays over its columns' buffers."""
+    columns = part.columns
+    logprobs = columns.values("logprobs", np.float32)
+    missing = columns.owned_without("logprobs")[indices]
+    values = (columns.token_ids, columns.loss_mask, logprobs)
+    if indices == list(range(columns.num_rows)):
+        offsets = columns.row_bounds
+    else:
+        pieces = [columns.row(index) for index in indices]
+        offsets = np.zeros(len(pieces) + 1, dtype=np.int64)
+        np.cumsum([piece.stop - piece.start for piece in pieces], out=offsets[1:])
+        values = tuple(np.concatenate([array[p] for p in pieces]) for array in values)
+    starts = pa.array(offsets.astype(np.int32))
+    tokens, mask, logprob_values = (pa.array(array) for array in values)
+    return (
+        pa.ListArray.from_arrays(starts, tokens),
+        pa.ListArray.from_arrays(starts, mask),
+        pa.ListArray.from_arrays(starts, logprob_values, mask=pa.array(missing, pa.bool_())),
+    )
