@@ -10,7 +10,9 @@
     OUT/checkpoint.pt                     model, optimizer, sampler RNG, progress, data position
 
 A step's files are written whole and renamed into place, then its metrics line is appended,
-then the checkpoint replaces the previous one (written to a temporary file and renamed). A
+then the checkpoint replaces the previous one. Every whole-file write goes through
+`formats.output.NewFile` (a unique, locked temporary beside the target, renamed into place), so
+the temporary of a write killed midway is removed by the next write to that target. A
 restart loads the checkpoint of step K, cuts `metrics.jsonl` back to steps <= K, removes the
 directories of later steps and redoes them: no line is written twice, and nothing a finished
 step recorded is lost. Optional sinks (W&B in offline mode, TensorBoard) get the same metrics.
@@ -27,41 +29,28 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from callgrove.episode import Episode, EpisodeWriter
+from callgrove.formats.output import NewFile, write_text
 
 CHECKPOINT = "checkpoint.pt"
-PARTIAL = ".partial-"
 METRICS = "metrics.jsonl"
 
 
-def _partial(path: Path) -> Path:
-    """Where `path` is written before it is renamed into place (same form, hidden)."""
-    return path.with_name(PARTIAL + path.name)
-
-
 def write_episodes_atomically(path: Path, episodes: Iterable[Episode]) -> int:
-    """Write episodes one per line to `path` through a temporary file renamed into place.
+    """Write episodes one per line to `path` through a temporary file renamed into place (a new
+    file of `EpisodeWriter` is one).
 
     The records come from the recorder, which builds them by the format's rules, so they are
     written as they are (checking each again costs more than running a no-op episode)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = _partial(path)
-    with EpisodeWriter(temporary) as writer:
+    with EpisodeWriter(path) as writer:
         for episode in episodes:
             writer.write(episode)
-        lines = writer.lines
-    os.replace(temporary, path)
-    return lines
+        return writer.lines
 
 
 def write_json_lines_atomically(path: Path, records: Iterable[dict[str, Any]]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = _partial(path)
-    with temporary.open("w") as stream:
-        for record in records:
-            stream.write(json.dumps(record) + "\n")
-        stream.flush()
-        os.fsync(stream.fileno())
-    os.replace(temporary, path)
+    write_text(path, "".join(json.dumps(record) + "\n" for record in records))
 
 
 def append_episodes(path: Path, episodes: Iterable[Episode]) -> int:
@@ -85,9 +74,7 @@ def rewind(out: Path, step: int) -> None:
     metrics = out / METRICS
     if metrics.exists():
         kept = [line for line in _lines(metrics) if json.loads(line).get("step", 0) <= step]
-        temporary = _partial(metrics)
-        temporary.write_text("".join(kept))
-        os.replace(temporary, metrics)
+        write_text(metrics, "".join(kept))
 
 
 def _lines(path: Path) -> list[str]:
@@ -105,12 +92,13 @@ def save_checkpoint(out: Path, state: dict[str, Any]) -> None:
 
     buffer = io.BytesIO()
     torch.save(state, buffer)
-    temporary = _partial(out / CHECKPOINT)
-    with temporary.open("wb") as stream:
-        stream.write(buffer.getvalue())
-        stream.flush()
-        os.fsync(stream.fileno())
-    os.replace(temporary, out / CHECKPOINT)
+    new = NewFile(out / CHECKPOINT)
+    try:
+        new.temp.write_bytes(buffer.getvalue())
+    except BaseException:
+        new.discard()
+        raise
+    new.commit()
 
 
 def load_checkpoint(out: Path) -> dict[str, Any] | None:
