@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import re
@@ -20,6 +21,13 @@ from callgrove.gateway.script import Script, ScriptedPolicy
 from callgrove.gateway.serve import PolicyServer
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
+PR_SET_PDEATHSIG = 1  # prctl(2)
+
+
+def die_with_parent() -> None:
+    """Run in a server's process before it starts: the kernel sends it SIGTERM when the test
+    process dies, so a test run that is killed leaves no server behind."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def write_script(path: Path, rules: list[dict], default: object = "done") -> Path:
@@ -69,6 +77,7 @@ def server_process(*args: str, env: dict | None = None):
         stderr=subprocess.PIPE,
         env={**os.environ, "PYTHONPATH": SRC, **(env or {})},
         start_new_session=True,
+        preexec_fn=die_with_parent,
     )
     try:
         url = wait_for_url(process)
