@@ -138,6 +138,8 @@ while True:
     if append:
         writer.sync()  # durable: from here on this episode must survive
         print(episode.id, flush=True)
+    elif index == 0:
+        print("writing", flush=True)  # its temporary exists
     index += 1
 """
 
@@ -162,8 +164,9 @@ def _run_and_kill(path: Path, append: bool, after: int) -> list[str]:
     if append:
         while len(durable) < after:
             durable.append(process.stdout.readline().strip())
-    else:
-        time.sleep(1.5)
+    else:  # however loaded the machine, kill it once it writes, a moment into its writing
+        assert process.stdout.readline().strip() == "writing"
+        time.sleep(0.2)
     process.send_signal(signal.SIGKILL)
     process.wait()
     return durable
