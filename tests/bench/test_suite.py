@@ -34,9 +34,12 @@ def test_every_stage_and_contender_is_measured_at_three_sizes(tmp_path: Path):
         assert stages == STAGE_NAMES
         assert {VERIFIERS, GYM, FLOOR} <= paths
         assert all(len(m.seconds) == 2 and m.peak_mb is not None for m in measured.values())
+        assert all(len(m.cpu_seconds) == 2 for m in measured.values())
     tokens = [m.call_tokens for m in report.measurements if m.name == "forest"]
     assert tokens[0] < tokens[1] < tokens[2]
     assert report.scaling("4k", "forest") is not None
+    assert report.scaling("4k", "forest", "wall") is not None
+    assert any("by CPU time" in name for name, _ in report.checks())
     headline = {line["path"]: line for line in report.headline()}
     assert headline[VERIFIERS]["vs_verifiers_median"] == 1.0
     assert not report.missing

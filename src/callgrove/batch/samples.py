@@ -152,18 +152,15 @@ def _build(rows: Sequence[Row], columns: RowColumns) -> list[Sample]:
     advantages = columns.values("advantages", VALUE_DTYPE)
     logprobs = columns.values("logprobs", VALUE_DTYPE)
     no_logprobs = columns.owned_without("logprobs")
-    # Each call adds two segments to its row: its new prompt tokens, then its completion.
+    # Each walk pair adds two segments (`RowColumns.segment_lengths`): a completion is versioned.
     versions = np.fromiter(
         (NO_VERSION if c.policy_version is None else c.policy_version for c in calls),
         VERSION_DTYPE,
         len(calls),
     )
-    segment_lengths = np.empty(2 * len(walk_call), dtype=np.int64)
-    segment_lengths[0::2] = columns.prompt_len[walk_call]
-    segment_lengths[1::2] = columns.completion_len[walk_call]
     segment_versions = np.full(2 * len(walk_call), NO_VERSION, dtype=VERSION_DTYPE)
     segment_versions[1::2] = versions[walk_call]
-    policy_versions = np.repeat(segment_versions, segment_lengths)
+    policy_versions = np.repeat(segment_versions, columns.segment_lengths())
     bounds = columns.row_bounds
     positions = _positions(int(np.diff(bounds).max()))
     samples = []

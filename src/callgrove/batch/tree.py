@@ -138,8 +138,8 @@ def pack_tree(
     masks = [np.asarray(mask) for mask in loss_masks]
     names = list(row_names) if row_names is not None else [f"row {i}" for i in range(len(rows))]
     _check_rows(rows, masks, values, trie_keys, names)
-    order, shared = _sorted_prefixes(rows, trie_keys)
-    row_nodes, attach_depth, path_rows = _claim_paths(rows, order, shared)
+    order, shared, group = _sorted_prefixes(rows, trie_keys)
+    row_nodes, attach_depth, path_rows = _claim_paths(rows, order, shared, group)
 
     path_lengths = np.array([len(rows[r]) - attach_depth[r] for r in path_rows], dtype=NODE_DTYPE)
     path_bounds = np.concatenate([[0], np.cumsum(path_lengths)]).astype(NODE_DTYPE)
@@ -270,9 +270,10 @@ def _check_targets_predicted(
 
 def _sorted_prefixes(
     rows: list[np.ndarray], trie_keys: Sequence[Hashable] | None
-) -> tuple[list[int], np.ndarray]:
-    """Rows in lexicographic order (within trie keys), and the common prefix length of each
-    neighbouring pair: the longest prefix a row shares with any row is shared with a neighbour."""
+) -> tuple[list[int], np.ndarray, list[int]]:
+    """Rows in lexicographic order (within trie keys), the common prefix length of each
+    neighbouring pair (the longest prefix a row shares with any row is shared with a
+    neighbour), and the trie key's number at each place of the order."""
     key_index: dict[Hashable, int] = {}
     ranks = [key_index.setdefault(k, len(key_index)) for k in trie_keys] if trie_keys else None
     # Big-endian bytes of non-negative ids compare as the id sequences do, prefixes first.
@@ -289,15 +290,16 @@ def _sorted_prefixes(
         n = min(len(a), len(b))
         differs = np.flatnonzero(a[:n] != b[:n])
         shared[i] = differs[0] if len(differs) else n
-    return order, shared
+    return order, shared, [0] * len(order) if ranks is None else [ranks[r] for r in order]
 
 
 def _claim_paths(
-    rows: list[np.ndarray], order: list[int], shared: np.ndarray
+    rows: list[np.ndarray], order: list[int], shared: np.ndarray, group: list[int]
 ) -> tuple[list[np.ndarray], list[int], list[int]]:
     """Longest rows first, each row reuses the nodes of the claimed row it shares most with and
     claims the rest as a new path. Returns each row's node indices, its attach depth, and the
-    rows that own a (non-empty) path, in layout order."""
+    rows that own a (non-empty) path, in layout order. A claimed neighbour under another trie
+    key shares nothing (no scan across the keys between: the work stays linear in the rows)."""
     place = {row: i for i, row in enumerate(order)}
     by_length = sorted(range(len(rows)), key=lambda r: (-len(rows[r]), place[r]))
     claimed_places: list[int] = []
@@ -309,13 +311,12 @@ def _claim_paths(
         i = place[r]
         k = bisect.bisect(claimed_places, i)
         best_row, best_depth = -1, 0
-        if k > 0:  # the nearest claimed row before it shares the most among earlier ones
-            j = claimed_places[k - 1]
+        if k > 0 and group[j := claimed_places[k - 1]] == group[i]:
+            # the nearest claimed row before it shares the most among earlier ones
             depth = int(shared[j:i].min())
             if depth > best_depth:
                 best_row, best_depth = order[j], depth
-        if k < len(claimed_places):
-            j = claimed_places[k]
+        if k < len(claimed_places) and group[j := claimed_places[k]] == group[i]:
             depth = int(shared[i:j].min())
             if depth > best_depth:
                 best_row, best_depth = order[j], depth

@@ -8,7 +8,6 @@ marks the longest candidate length. Each candidate is then confirmed token for t
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -30,6 +29,8 @@ class Forest:
     parent: list[int]
     pool: TokenPool = field(repr=False)
     ledger_index: list[int] = field(default_factory=list, repr=False)  # per kept call
+    full_hash: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64), repr=False)
+    """Each kept call's full-sequence hash (`TokenPool`): equal sequences, equal hashes."""
     children: list[list[int]] = field(default_factory=list)
     roots: list[int] = field(default_factory=list)
     leaves: list[int] = field(default_factory=list)
@@ -118,17 +119,21 @@ def build_forest(episode: Episode) -> Forest:
     ledger = episode.ledger()
     pool = TokenPool.build(ledger)
     kept = np.flatnonzero(np.fromiter((c.kept for c in ledger), bool, len(ledger)))
-    # A parent is an earlier kept call: a lone kept call is a root, found without hashing.
-    parents = (
-        _ParentFinder(pool, kept, episode.agents).parents() if len(kept) > 1 else [-1] * len(kept)
-    )
+    calls = [ledger[index] for index in kept.tolist()]
+    if len(kept) < 2:  # a parent is an earlier kept call: a lone one is a root, found unhashed
+        return Forest(episode, calls, [-1] * len(kept), pool, ledger_index=kept.tolist())
+    finder = _ParentFinder(pool, kept, episode.agents)
     return Forest(
         episode=episode,
-        calls=[ledger[index] for index in kept.tolist()],
-        parent=parents,
+        calls=calls,
+        parent=finder.parents(),
         pool=pool,
         ledger_index=kept.tolist(),
+        full_hash=finder.full_hashes,
     )
+
+
+_SEARCH_EACH_BELOW = 4  # kept calls; below it the array operations' fixed cost dominates
 
 
 class _ParentFinder:
@@ -139,25 +144,28 @@ class _ParentFinder:
         self.kept = kept
         self.agents = agents
         layout = pool.layout
-        full_hashes = pool.hashes[layout.locate(kept, layout.full_len[kept] - 1)]
-        self.by_hash: dict[int, list[int]] = defaultdict(list)
-        for index, value in zip(kept.tolist(), full_hashes.tolist(), strict=True):
-            self.by_hash[value].append(index)
-        self.full_hashes = full_hashes
-        self.marked = _positions_of_known(pool.hashes, full_hashes)
+        full_lengths = layout.full_len[kept]
+        self.full_hashes = pool.hashes[layout.locate(kept, full_lengths - 1)[0]]
+        self.marked = _ends_of_known(pool, full_lengths, self.full_hashes)
+        self._same: dict[tuple[int, int], bool] = {}
 
     def parents(self) -> list[int]:
         """Each kept call's parent (its place among the kept calls), -1 for a root.
 
-        Most calls are settled with array operations: a call whose own prompt suffix holds no
-        candidate end either has no candidate at all (its prompt references nothing) or its
-        longest candidate is the referenced call's full sequence (when the prompt resends a
-        whole kept call), which is then the parent if no other kept call has the same full
-        hash. Every other call is searched and confirmed token by token (`parent_of`).
+        Most calls are settled with array operations. A call whose own prompt suffix holds no
+        candidate end ("quiet") either has no candidate at all (its prompt references nothing)
+        or its longest candidates are as long as the referenced call's full sequence (when the
+        prompt resends a whole kept call): that call is the parent if no other kept call has
+        the same full hash; otherwise the calls of that hash are confirmed against it and the
+        tie-break picks (`_among_twins`). Every other call is searched from its prompt's end and
+        confirmed token by token (`parent_of`).
         """
-        layout, kept = self.pool.layout, self.kept
+        layout, kept, calls = self.pool.layout, self.kept, self.pool.calls
         place_of = np.full(len(layout.base), -1, dtype=np.int64)
         place_of[kept] = np.arange(len(kept))
+        if len(kept) < _SEARCH_EACH_BELOW:  # a few calls: searching each costs less
+            found = [self.parent_of(index) for index in kept.tolist()]
+            return [-1 if p < 0 else int(place_of[p]) for p in found]
         start = layout.suffix_start[kept]
         stop = start + layout.suffix_len[kept]
         quiet = np.searchsorted(self.marked, start) == np.searchsorted(self.marked, stop)
@@ -165,6 +173,8 @@ class _ParentFinder:
         base_place = np.where(base >= 0, place_of[base], -1)
         whole = base_place >= 0
         whole[whole] = layout.base_len[kept[whole]] == layout.full_len[base[whole]]
+        seq = np.fromiter((c.seq for c in calls), np.int64, len(calls))
+        whole[whole] = seq[base[whole]] < seq[kept[whole]]
         unique = np.zeros(len(kept), dtype=bool)
         if len(kept):
             sorted_hashes = np.sort(self.full_hashes)
@@ -172,11 +182,41 @@ class _ParentFinder:
             counts -= np.searchsorted(sorted_hashes, self.full_hashes)
             unique[whole] = counts[base_place[whole]] == 1
         parents = np.where(quiet & whole & unique, base_place, -1)
-        settled = quiet & ((base < 0) | (whole & unique))
-        for i in np.flatnonzero(~settled).tolist():
+        for i in np.flatnonzero(quiet & whole & ~unique).tolist():
+            parents[i] = place_of[self._among_twins(int(kept[i]), int(base[i]))]
+        for i in np.flatnonzero(~quiet | ((base >= 0) & ~whole)).tolist():
             found = self.parent_of(int(kept[i]))
             parents[i] = -1 if found < 0 else place_of[found]
         return parents.tolist()
+
+    def _among_twins(self, index: int, base: int) -> int:
+        """The parent of a call whose prompt is the kept call `base`'s full sequence and more,
+        with nothing that could be a longer candidate: among the kept calls holding exactly
+        that sequence, with lower seq, the tie-break's best."""
+        pool = self.pool
+        call, length = pool.calls[index], pool.full_len[base]
+        matches = [
+            p
+            for p in self._calls_of_hash(pool.hashes[pool.index_at(base, length - 1)])
+            if p == base
+            or (
+                pool.calls[p].seq < call.seq
+                and pool.full_len[p] == length
+                and self._same_sequence(p, base)
+            )
+        ]
+        return max(matches, key=lambda p: _tie_rank(pool.calls[p], call, self.agents))
+
+    def _same_sequence(self, a: int, b: int) -> bool:
+        """Do calls `a` and `b` hold the same full sequence? Each pair is compared once."""
+        key = (a, b) if a < b else (b, a)
+        if key not in self._same:
+            self._same[key] = self.pool.same_prefix(a, b, self.pool.full_len[a])
+        return self._same[key]
+
+    def _calls_of_hash(self, value: np.uint64) -> list[int]:
+        """The kept calls (ledger indices) whose full hash is `value`."""
+        return self.kept[self.full_hashes == value].tolist()
 
     def parent_of(self, index: int) -> int:
         """The parent's ledger index (-1 for none), searched from the prompt's end."""
@@ -192,11 +232,11 @@ class _ParentFinder:
     def _confirmed(self, index: int, pooled: int) -> int:
         """The best candidate whose full sequence ends at this pooled token of the prompt."""
         pool = self.pool
-        length = int(pool.positions[pooled]) + 1
+        length = pool.position_of(pooled) + 1
         call = pool.calls[index]
         matches = [
             p
-            for p in self.by_hash.get(int(pool.hashes[pooled]), ())
+            for p in self._calls_of_hash(pool.hashes[pooled])
             if pool.calls[p].seq < call.seq
             and pool.full_len[p] == length
             and pool.same_prefix(p, index, length)
@@ -206,22 +246,23 @@ class _ParentFinder:
         return max(matches, key=lambda p: _tie_rank(pool.calls[p], call, self.agents))
 
 
-def _positions_of_known(hashes: np.ndarray, known: np.ndarray) -> np.ndarray:
-    """Indices of `hashes` whose value is in `known`, ascending.
+def _ends_of_known(pool: TokenPool, full_lengths: np.ndarray, known: np.ndarray) -> np.ndarray:
+    """Pool indices, ascending, whose prefix hash is one of the `known` full hashes.
 
-    A bit table on high hash bits rules out almost every token with one gather; only the few
-    that pass are checked exactly against the sorted known values.
+    Such a prefix is as long as some kept call's full sequence, so only the tokens at those
+    positions are looked at: in each call's pooled span (its suffix, then its completion, at
+    positions base_len .. full_len), one token per kept full length that falls inside it.
     """
-    if not len(known):
-        return np.zeros(0, dtype=np.int64)
-    bits = max(16, int(len(known) * 64).bit_length())
-    shift = np.uint64(64 - bits)
-    table = np.zeros(1 << bits, dtype=bool)
-    table[known >> shift] = True
-    candidates = np.flatnonzero(table[hashes >> shift])
+    layout = pool.layout
+    lengths = np.unique(full_lengths)
+    first = np.searchsorted(lengths, layout.base_len, side="right")
+    count = np.searchsorted(lengths, layout.full_len, side="right") - first
+    owner = np.repeat(np.arange(len(first)), count)
+    which = np.arange(int(count.sum())) + np.repeat(first - (np.cumsum(count) - count), count)
+    ends = layout.suffix_start[owner] + lengths[which] - 1 - layout.base_len[owner]
     known = np.sort(known)
-    slot = np.minimum(np.searchsorted(known, hashes[candidates]), len(known) - 1)
-    return candidates[known[slot] == hashes[candidates]]
+    slot = np.minimum(np.searchsorted(known, pool.hashes[ends]), max(len(known) - 1, 0))
+    return ends[known[slot] == pool.hashes[ends]] if len(known) else ends[:0]
 
 
 def _tie_rank(candidate: Call, call: Call, agents: list[Agent]) -> tuple[bool, bool, int]:

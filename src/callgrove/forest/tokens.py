@@ -13,6 +13,7 @@ token) pair: cheap to extend with a numpy cumulative sum. Equal hashes are only 
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -23,15 +24,28 @@ from callgrove.episode import Call
 _MASK64 = (1 << 64) - 1
 
 
-def _mix64(values: np.ndarray) -> np.ndarray:
-    """splitmix64 finaliser: a well-spread 64-bit value for each input (wrapping arithmetic)."""
-    z = values.astype(np.uint64, copy=True)
-    z ^= z >> np.uint64(30)
-    z *= np.uint64(0xBF58476D1CE4E5B9)
-    z ^= z >> np.uint64(27)
-    z *= np.uint64(0x94D049BB133111EB)
-    z ^= z >> np.uint64(31)
-    return z
+def _prefix_sums(tokens: np.ndarray, shifts: np.ndarray, span: np.ndarray) -> np.ndarray:
+    """The running sum, over the pool, of a well-spread 64-bit value of each pooled token's
+    (position, token) pair: the splitmix64 finaliser of `position << 32 | token`.
+
+    A pooled token's position is its pool index plus its call's shift (`shifts`, repeated over
+    the call's `span`). Computed in place in one array (plus one scratch array), since fresh
+    memory for every temporary costs more than the arithmetic.
+    """
+    z = np.repeat(shifts.astype(np.uint64), span)
+    z += np.arange(len(tokens), dtype=np.uint64)
+    z <<= np.uint64(32)
+    z |= (
+        tokens.astype(np.uint32, copy=False) if tokens.dtype != np.int32 else tokens.view(np.uint32)
+    )
+    scratch = np.empty_like(z)
+    for shift, multiplier in ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB)):
+        np.right_shift(z, np.uint64(shift), out=scratch)
+        z ^= scratch
+        z *= np.uint64(multiplier)
+    np.right_shift(z, np.uint64(31), out=scratch)
+    z ^= scratch
+    return np.cumsum(z, out=z)
 
 
 @dataclass(slots=True)
@@ -46,19 +60,13 @@ class PoolLayout:
     base_len: np.ndarray  # int64: how much of the base its prompt resends
     suffix_start: np.ndarray  # int64: pool index of its prompt suffix; the completion follows
     suffix_len: np.ndarray  # int64
-    completion_len: np.ndarray  # int64
+    prompt_len: np.ndarray  # int64: base_len + suffix_len
+    full_len: np.ndarray  # int64: prompt_len + the completion's length
 
-    @property
-    def prompt_len(self) -> np.ndarray:
-        return self.base_len + self.suffix_len
-
-    @property
-    def full_len(self) -> np.ndarray:
-        return self.base_len + self.suffix_len + self.completion_len
-
-    def locate(self, calls: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        """Pool index of the token at `positions[i]` of call `calls[i]`'s full sequence,
-        following prompt references for all at once (as many rounds as the deepest)."""
+    def locate(self, calls: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Pool index of the token at `positions[i]` of call `calls[i]`'s full sequence, and
+        the call whose own tokens hold it, following prompt references for all at once (as
+        many rounds as the deepest reference chain)."""
         calls = np.array(calls, dtype=np.int64)
         found = np.empty(len(calls), dtype=np.int64)
         pending = np.arange(len(calls))
@@ -69,7 +77,7 @@ class PoolLayout:
             found[pending[here]] = self.suffix_start[call[here]] + offset[here]
             pending = pending[~here]
             calls[pending] = self.base[call[~here]]
-        return found
+        return found, calls
 
 
 @dataclass(slots=True)
@@ -91,84 +99,49 @@ class TokenPool:
     base_len: list[int]  # how much of the base its prompt resends
     prompt_len: list[int]
     full_len: list[int]
-    # Made on first use (`positions`, `hashes`): a lone kept call's forest never needs them.
-    _positions: np.ndarray | None = None
+    # Made on first use (`hashes`): a lone kept call's forest never needs them.
     _hashes: np.ndarray | None = None
 
     @classmethod
     def build(cls, calls: list[Call]) -> TokenPool:
         """`calls` is an episode's ledger (`Episode.ledger()`): every call a prompt refers to,
         in `seq` order, each at its `index`."""
-        # One pass over the calls into lists (cheap for the many small episodes of a step),
-        # then the same values as arrays for the operations over many calls.
-        base, base_len, suffix_len, completion_len = [], [], [], []
-        suffix_start, completion_start, prompt_len, full_len = [], [], [], []
-        pieces: list[np.ndarray] = []
-        cursor = 0
-        for i, call in enumerate(calls):
-            suffix, completion = call.prompt_suffix, call.completion_ids
-            base.append(_base_index(i, call, calls))
-            base_len.append(call.prompt_base_len)
-            suffix_len.append(len(suffix))
-            completion_len.append(len(completion))
-            prompt_len.append(call.prompt_base_len + len(suffix))
-            full_len.append(prompt_len[-1] + len(completion))
-            suffix_start.append(cursor)
-            completion_start.append(cursor + len(suffix))
-            cursor += len(suffix) + len(completion)
-            pieces += (suffix, completion)
-        tokens = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int32)
-        layout = PoolLayout(
-            np.array(base, dtype=np.int64),
-            np.array(base_len, dtype=np.int64),
-            np.array(suffix_start, dtype=np.int64),
-            np.array(suffix_len, dtype=np.int64),
-            np.array(completion_len, dtype=np.int64),
+        count = len(calls)
+        base = np.fromiter(
+            (_base_index(i, call, calls) for i, call in enumerate(calls)), np.int64, count
         )
+        base_len = np.fromiter((c.prompt_base_len for c in calls), np.int64, count)
+        suffix_len = np.fromiter((len(c.prompt_suffix) for c in calls), np.int64, count)
+        completion_len = np.fromiter((len(c.completion_ids) for c in calls), np.int64, count)
+        prompt_len = base_len + suffix_len
+        full_len = prompt_len + completion_len
+        span = suffix_len + completion_len  # a call's own tokens: its suffix, then completion
+        suffix_start = np.cumsum(span) - span
+        pieces = [piece for c in calls for piece in (c.prompt_suffix, c.completion_ids)]
+        tokens = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int32)
+        layout = PoolLayout(base, base_len, suffix_start, suffix_len, prompt_len, full_len)
         return cls(
             calls,
             tokens,
             layout,
-            suffix_start=suffix_start,
-            completion_start=completion_start,
-            base=base,
-            base_len=base_len,
-            prompt_len=prompt_len,
-            full_len=full_len,
+            suffix_start=suffix_start.tolist(),
+            completion_start=(suffix_start + suffix_len).tolist(),
+            base=base.tolist(),
+            base_len=base_len.tolist(),
+            prompt_len=prompt_len.tolist(),
+            full_len=full_len.tolist(),
         )
-
-    @property
-    def positions(self) -> np.ndarray:
-        """int64: the position of each pooled token in the sequences that hold it."""
-        if self._positions is None:
-            self._hash()
-        return self._positions  # type: ignore[return-value]
 
     @property
     def hashes(self) -> np.ndarray:
         """uint64: the hash of the prefix ending at (and including) each pooled token."""
         if self._hashes is None:
-            self._hash()
-        return self._hashes  # type: ignore[return-value]
-
-    def _hash(self) -> None:
-        """Every pooled token's position and prefix hash (the module docstring)."""
-        layout = self.layout
-        count = len(layout.base)
-        lengths = np.empty(2 * count, dtype=np.int64)  # pieces: suffix, completion, call by call
-        lengths[0::2], lengths[1::2] = layout.suffix_len, layout.completion_len
-        piece_starts = np.empty(2 * count, dtype=np.int64)
-        piece_starts[0::2] = layout.suffix_start
-        piece_starts[1::2] = layout.suffix_start + layout.suffix_len
-        piece_positions = np.empty(2 * count, dtype=np.int64)
-        piece_positions[0::2], piece_positions[1::2] = layout.base_len, layout.prompt_len
-        positions = np.arange(len(self.tokens), dtype=np.int64) + np.repeat(
-            piece_positions - piece_starts, lengths
-        )
-        tokens = self.tokens.astype(np.uint64)
-        running = np.cumsum(_mix64((positions.astype(np.uint64) << np.uint64(32)) | tokens))
-        offsets = _prefix_offsets(layout, running, piece_starts, piece_positions)
-        self._positions, self._hashes = positions, running + np.repeat(offsets, lengths)
+            layout = self.layout
+            span = layout.full_len - layout.base_len  # a call's own run: suffix, completion
+            running = _prefix_sums(self.tokens, layout.base_len - layout.suffix_start, span)
+            running += np.repeat(_prefix_offsets(layout, running), span)
+            self._hashes = running
+        return self._hashes
 
     def at(self, call: Call) -> int:
         """The call's place in this pool's ledger (its `index`, checked to be this call)."""
@@ -179,6 +152,11 @@ class TokenPool:
                 "its forest was built?)"
             )
         return i
+
+    def position_of(self, pooled: int) -> int:
+        """The position of the pooled token at `pooled` in every sequence that holds it."""
+        i = bisect.bisect_right(self.suffix_start, pooled) - 1  # the last call starting there
+        return self.base_len[i] + pooled - self.suffix_start[i]
 
     def index_at(self, i: int, position: int) -> int:
         """Pool index of the token at `position` of call `i`'s full sequence."""
@@ -264,24 +242,22 @@ def _base_index(i: int, call: Call, calls: list[Call]) -> int:
     return b
 
 
-def _prefix_offsets(
-    layout: PoolLayout, running: np.ndarray, piece_starts: np.ndarray, piece_positions: np.ndarray
-) -> np.ndarray:
-    """What turns each piece's slice of the pool-wide running sum into prefix hashes.
+def _prefix_offsets(layout: PoolLayout, running: np.ndarray) -> np.ndarray:
+    """What turns each call's slice of the pool-wide running sum into prefix hashes.
 
-    A piece's prefix hash is its base prefix's hash (the running sum at the base's last token,
-    plus that token's own piece offset) plus its own running sum. So each offset is a constant
-    plus the offset of an earlier piece; the chains are summed by pointer jumping.
+    A call's own tokens (suffix, then completion) extend its base prefix: their prefix hashes
+    are the hash at the base's last token (the running sum there plus the offset of the call
+    whose tokens hold it) plus their own running sum. So each offset is a constant plus the
+    offset of an earlier call; the chains are summed by pointer jumping.
     """
-    owner = np.repeat(np.arange(len(layout.base)), 2)
-    has_base = piece_positions > 0
-    last = np.zeros(len(piece_starts), dtype=np.int64)
-    last[has_base] = layout.locate(owner[has_base], piece_positions[has_base] - 1)
-    before = np.zeros(len(piece_starts), dtype=np.uint64)
-    started = piece_starts > 0
-    before[started] = running[piece_starts[started] - 1]
-    total = np.where(has_base, running[last], np.uint64(0)) - before
-    depends = np.where(has_base, np.searchsorted(piece_starts, last, side="right") - 1, -1)
+    has_base = layout.base_len > 0
+    last, holder = layout.locate(layout.base[has_base], layout.base_len[has_base] - 1)
+    total = np.zeros(len(has_base), dtype=np.uint64)
+    total[has_base] = running[last]
+    started = layout.suffix_start > 0
+    total[started] -= running[layout.suffix_start[started] - 1]
+    depends = np.full(len(has_base), -1, dtype=np.int64)
+    depends[has_base] = holder
     while True:
         linked = np.flatnonzero(depends >= 0)
         if not linked.size:

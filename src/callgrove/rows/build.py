@@ -157,17 +157,25 @@ def build_rows(
     forest = forest or build_forest(episode)
     paths = [forest.path_to(leaf) for leaf in forest.leaves]
     owners = _owners(forest, paths)
+    rewards: dict[int, float] = {}  # by agent index: an agent's reward, summed once
     rows = []
-    for number, (leaf, path) in enumerate(zip(forest.leaves, paths, strict=True)):
+    for number, path in enumerate(paths):
         calls = [forest.calls[i] for i in path]
+        agent = calls[-1].agent_index
+        reward = rewards.get(agent)
+        if reward is None:
+            reward = rewards[agent] = episode.reward_of(episode.agent_of(calls[-1]))
+        trains, context = [], []
+        for call, i in zip(calls, path, strict=True):
+            (trains if owners[i] == number else context).append(call)
         rows.append(
             Row(
                 episode=episode,
                 index=number,
                 path=calls,
-                trains=[c for c, i in zip(calls, path, strict=True) if owners[i] == number],
-                context=[c for c, i in zip(calls, path, strict=True) if owners[i] != number],
-                reward=episode.reward_of(episode.agent_of(forest.calls[leaf])),
+                trains=trains,
+                context=context,
+                reward=reward,
                 forest=forest,
                 path_index=path,
             )
@@ -203,15 +211,24 @@ def _owners(forest: Forest, paths: list[list[int]]) -> list[int]:
 
 
 def _mark_duplicates(rows: list[Row], forest: Forest, settings: RowSettings) -> None:
-    """Rows with identical token sequences: the first `max_identical_trained` train, the rest not."""
+    """Rows with identical token sequences: the first `max_identical_trained` train, the rest not.
+
+    Rows are told apart by their leaf's full hash; only rows whose hash was seen before are
+    compared token by token."""
     if len(rows) <= settings.max_identical_trained:
         return  # every row may train
     pool = forest.pool
-    trained_copies: dict[tuple[int, int], list[tuple[int, Row]]] = {}
-    for row in rows:
+    hashes = forest.full_hash[[row.path_index[-1] for row in rows]].tolist()
+    trained_copies: dict[int, list[tuple[int, Row]]] = {}
+    for row, key in zip(rows, hashes, strict=True):
         leaf = forest.ledger_index[row.path_index[-1]]
-        group = trained_copies.setdefault((row.num_tokens, pool.full_hash(leaf)), [])
-        same = [r for other, r in group if pool.same_prefix(other, leaf, row.num_tokens)]
+        length = pool.full_len[leaf]
+        group = trained_copies.setdefault(key, [])
+        same = [
+            r
+            for other, r in group
+            if pool.full_len[other] == length and pool.same_prefix(other, leaf, length)
+        ]
         if len(same) >= settings.max_identical_trained:
             row.duplicate_of = same[0].index
         else:

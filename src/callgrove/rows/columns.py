@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from callgrove.episode import Call
-from callgrove.episode.spread import spread_over_completions
+from callgrove.episode.spread import per_call_scalars, spread_over_completions
 
 if TYPE_CHECKING:
     from callgrove.rows.build import EpisodeRows
@@ -45,7 +45,6 @@ class RowColumns:
     row_bounds: np.ndarray  # int64 (R+1,): row r is tokens [row_bounds[r], row_bounds[r+1])
     token_ids: np.ndarray  # int32 (T,)
     loss_mask: np.ndarray  # uint8 (T,): 1 on the completion tokens that carry loss
-    call_index: np.ndarray  # int64 (T,): the call that adds each token to its row
     walk_bounds: np.ndarray  # int64 (R+1,): row r's walk is pairs [walk_bounds[r], ...[r+1])
     walk_call: np.ndarray  # int64 (P,)
     walk_owned: np.ndarray  # bool (P,): the row trains the call
@@ -58,6 +57,12 @@ class RowColumns:
     @property
     def num_rows(self) -> int:
         return len(self.row_bounds) - 1
+
+    @property
+    def call_index(self) -> np.ndarray:
+        """int64 (T,): the call that adds each token to its row."""
+        walk = self.walk_call
+        return np.repeat(walk, self.prompt_len[walk] + self.completion_len[walk])
 
     def row(self, index: int) -> slice:
         return slice(int(self.row_bounds[index]), int(self.row_bounds[index + 1]))
@@ -72,15 +77,29 @@ class RowColumns:
         """Per row token: the value of its call at that completion token where it carries loss,
         0 elsewhere. `per_completion_token` holds every call's completion values end to end (as
         `spread_over_completions` lays them out)."""
-        loss_calls = self.walk_call[self.walk_loss]
-        completion_starts = np.cumsum(self.completion_len) - self.completion_len
-        taken = _ranges(completion_starts[loss_calls], self.completion_len[loss_calls])
-        values = np.zeros(len(self.token_ids), dtype=dtype)
-        values[self.loss_mask.view(bool)] = per_completion_token[taken]
-        return values
+        walk = self.walk_call
+        longest = int(max(self.prompt_len.max(initial=0), self.completion_len.max(initial=0)))
+        # The source: a run of zeros every segment without loss reads from, then the values.
+        source = np.zeros(longest + len(per_completion_token), dtype=dtype)
+        source[longest:] = per_completion_token
+        completion_starts = np.cumsum(self.completion_len) - self.completion_len + longest
+        segment_starts = np.zeros(2 * len(walk), dtype=np.int64)
+        segment_starts[1::2] = np.where(self.walk_loss, completion_starts[walk], 0)
+        return _gathered(source, segment_starts, self.segment_lengths(), dtype)
+
+    def segment_lengths(self) -> np.ndarray:
+        """Each walk pair adds two segments to its row: its new prompt tokens, then its
+        completion; their lengths, pair after pair."""
+        return _segment_lengths(self.walk_call, self.prompt_len, self.completion_len)
 
     def values(self, name: str, dtype: type = np.float64) -> np.ndarray:
         """A call value ("logprobs", "advantages") per row token, by `spread`."""
+        scalars = per_call_scalars(self.calls, name, dtype)
+        if scalars is not None:  # one value per call: repeated over each loss segment
+            walk = self.walk_call
+            segment_values = np.zeros(2 * len(walk), dtype=dtype)
+            segment_values[1::2] = np.where(self.walk_loss, scalars[walk], 0)
+            return np.repeat(segment_values, self.segment_lengths())
         spread = spread_over_completions(self.calls, name, dtype, self.call_episode)
         return self.spread(spread, dtype)
 
@@ -133,11 +152,8 @@ def _layout(parts: Sequence[EpisodeRows]) -> RowColumns:
     completion_length = length - prompt_length
     source = np.concatenate(sources) if sources else np.zeros(0, np.int32)
     pair_lengths = length[walk_call]
-    token_ids = source[_ranges(start[walk_call], pair_lengths)]
-    # Each pair adds two segments: its new prompt tokens (no loss), then its completion.
-    segment_lengths = np.empty(2 * len(walk_call), dtype=np.int64)
-    segment_lengths[0::2] = prompt_length[walk_call]
-    segment_lengths[1::2] = completion_length[walk_call]
+    token_ids = _gathered(source, start[walk_call], pair_lengths, source.dtype)
+    segment_lengths = _segment_lengths(walk_call, prompt_length, completion_length)
     segment_loss = np.zeros(2 * len(walk_call), dtype=MASK_DTYPE)
     segment_loss[1::2] = walk_loss
     walk_bounds = _bounds(depth)
@@ -149,12 +165,17 @@ def _layout(parts: Sequence[EpisodeRows]) -> RowColumns:
         row_bounds=_bounds(pair_lengths)[walk_bounds],
         token_ids=token_ids,
         loss_mask=np.repeat(segment_loss, segment_lengths),
-        call_index=np.repeat(walk_call, pair_lengths),
         walk_bounds=walk_bounds,
         walk_call=walk_call,
         walk_owned=_joined(owned, bool),
         walk_loss=walk_loss,
     )
+
+
+def _segment_lengths(walk: np.ndarray, prompt_len: np.ndarray, completion_len: np.ndarray):
+    lengths = np.empty(2 * len(walk), dtype=np.int64)
+    lengths[0::2], lengths[1::2] = prompt_len[walk], completion_len[walk]
+    return lengths
 
 
 def _joined(parts: list[np.ndarray], dtype: type = np.int64) -> np.ndarray:
@@ -167,10 +188,15 @@ def _bounds(lengths: np.ndarray) -> np.ndarray:
     return bounds
 
 
-def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """The concatenation of `arange(s, s + n)` for each start `s` and length `n`."""
-    shifts = starts - (np.cumsum(lengths) - lengths)
-    return np.arange(int(lengths.sum()), dtype=np.int64) + np.repeat(shifts, lengths)
+def _gathered(source: np.ndarray, starts: np.ndarray, lengths: np.ndarray, dtype) -> np.ndarray:
+    """The concatenation of `source[s : s + n]` for each start `s` and length `n`.
+
+    Concatenating views copies each token once; an index array would be built, then read, for
+    every token (several times the memory traffic for the few hundred ranges of an episode).
+    """
+    stops = (starts + lengths).tolist()
+    views = [source[first:last] for first, last in zip(starts.tolist(), stops, strict=True)]
+    return np.concatenate(views) if views else np.zeros(0, dtype)
 
 
 def _any_per_row(flags: np.ndarray, bounds: np.ndarray) -> np.ndarray:
