@@ -25,6 +25,10 @@ def test_unknown_keys_and_wrong_types_name_the_key(tmp_path):
     bad.write_text("[run\nsteps=1")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_config(bad)
+    with pytest.raises(ConfigError, match=r"train: objective must be one of \('rl', 'sft'\)"):
+        load_config(None, {"train.objective": "rlhf"})
+    with pytest.raises(ConfigError, match=r"train: batching must be one of \('tree', 'packed'\)"):
+        config_from_dict({"train": {"batching": "rowwise"}})
     with pytest.raises(ConfigError, match="max_in_flight"):
         resolve(config_from_dict({"dispatch": {"max_in_flight": 2, "group_size": 4}}), (3,))
 

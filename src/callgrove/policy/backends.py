@@ -52,6 +52,11 @@ class LearnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """`rl` (episodes of `[env]`, the clipped policy-gradient loss) or `sft` (the episodes of
     `[data]`, cross-entropy on their assistant tokens)."""
 
+    def __post_init__(self) -> None:
+        # The learner's own checks run where the config is read, so a value outside its choices
+        # (`objective = "rlhf"`) is a config error naming the key and what it may be.
+        learner_settings(self)
+
 
 def learner_settings(learner: LearnerConfig) -> LearnerSettings:
     """The learner's settings (`callgrove.train.learner.LearnerSettings`) from `[train]`."""

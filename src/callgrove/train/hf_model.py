@@ -152,7 +152,11 @@ class HFPolicyModel(nn.Module):
     Attention runs block by block, each block through the model's own attention kernel with an
     explicit 4-D mask built from the layout (`callgrove.train.hf_attention`), so a tree-packed
     batch costs the attention of its paths, never N x N. `dense=True` instead hands the model
-    one dense 4-D mask over the whole batch (a reference for tests; it costs N x N)."""
+    one dense 4-D mask over the whole batch (a reference for tests; it costs N x N).
+
+    Long rows (tens of thousands of tokens) train in bounded memory under `sdpa`: a sequence with
+    no ancestors goes through the causal kernel without any mask, and the losses ask for logits
+    only where a token is trained (`at`). `eager` forms each block's queries x keys weights."""
 
     def __init__(self, model: nn.Module, dense: bool = False):
         super().__init__()
@@ -174,8 +178,14 @@ class HFPolicyModel(nn.Module):
         return implementation.removeprefix(BLOCKWISE_PREFIX)
 
     def forward(
-        self, token_ids: torch.Tensor, position_ids: torch.Tensor, layout: AttentionLayout
+        self,
+        token_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        layout: AttentionLayout,
+        at: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """Logits (N, vocab), or only at the positions `at` (len(at), vocab): the model's head
+        then runs on those positions alone (`logits_to_keep`)."""
         dtype = next(self.model.parameters()).dtype
         if self.dense:
             extra = {"attention_mask": dense_mask(layout, len(token_ids), self.attention, dtype)}
@@ -187,6 +197,8 @@ class HFPolicyModel(nn.Module):
             input_ids=token_ids[None],
             position_ids=position_ids[None].to(torch.long),
             use_cache=False,
+            # 0 keeps every position; a tensor keeps those positions.
+            logits_to_keep=0 if at is None else at,
             **extra,
         )
         return output.logits[0]

@@ -35,40 +35,63 @@ class LossSettings:
             raise ValueError("entropy_coef must not be negative")
 
 
-def predicted_log_softmax(
-    logits: torch.Tensor, batch: ModelBatch, index: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The log-distribution over the vocabulary that predicts each token at `index` (read from
-    its predecessor's logits), and which of those tokens have a predecessor at all."""
-    predecessor = batch.predecessor[index]
-    return torch.log_softmax(logits[predecessor.clamp(min=0)], dim=-1), predecessor >= 0
+@dataclass(frozen=True, slots=True)
+class Predictions:
+    """The model's log-distributions at the predecessors of some tokens, each distinct
+    predecessor computed once: a long row's logits (tokens x vocabulary) are never formed whole,
+    only where a token is trained or its log-probability is asked for."""
+
+    log_distribution: torch.Tensor
+    """(distinct predecessors, vocabulary)."""
+    rows: torch.Tensor
+    """For each token, its row of `log_distribution`."""
+    predicted: torch.Tensor
+    """For each token, whether anything predicts it (a sequence's first token: no)."""
+    tokens: torch.Tensor
+
+    def logprobs(self) -> torch.Tensor:
+        picked = self.log_distribution[self.rows, self.tokens]
+        return torch.where(self.predicted, picked, torch.zeros_like(picked))
+
+    def entropies(self) -> torch.Tensor:
+        distribution = self.log_distribution
+        entropy = -(distribution.exp() * distribution).sum(dim=-1)[self.rows]
+        return torch.where(self.predicted, entropy, torch.zeros_like(entropy))
+
+
+def predictions(model: TinyDecoder, batch: ModelBatch, index: torch.Tensor) -> Predictions:
+    """Forward `batch` and read the distributions predicting the tokens at `index` (the model
+    computes logits only at their distinct predecessors: `at=`)."""
+    positions, read = _predictors(batch, index)
+    return read(model(batch.token_ids, batch.position_ids, batch.layout, at=positions))
 
 
 def logprobs_from_logits(
     logits: torch.Tensor, batch: ModelBatch, index: torch.Tensor
 ) -> torch.Tensor:
-    """Log-probability of the tokens at `index`, each read from its predecessor's logits
-    (0 for a token that nothing predicts)."""
-    return pick(*predicted_log_softmax(logits, batch, index), batch.token_ids[index])
+    """Log-probability of the tokens at `index`, each read from its predecessor's row of
+    `logits` (every forwarded token's; 0 for a token that nothing predicts)."""
+    positions, read = _predictors(batch, index)
+    return read(logits[positions]).logprobs()
 
 
-def pick(log_distribution: torch.Tensor, predicted: torch.Tensor, tokens: torch.Tensor):
-    """Each token's log-probability in its row of `log_distribution` (0 where nothing predicts
-    the token)."""
-    picked = log_distribution.gather(1, tokens[:, None])[:, 0]
-    return torch.where(predicted, picked, torch.zeros_like(picked))
+def _predictors(batch: ModelBatch, index: torch.Tensor):
+    """The distinct positions whose logits predict the tokens at `index`, and how to read the
+    `Predictions` from the logits at those positions."""
+    predecessor = batch.predecessor[index]
+    positions, rows = torch.unique(predecessor.clamp(min=0), return_inverse=True)
 
+    def read(logits: torch.Tensor) -> Predictions:
+        return Predictions(
+            torch.log_softmax(logits, dim=-1), rows, predecessor >= 0, batch.token_ids[index]
+        )
 
-def entropies(log_distribution: torch.Tensor, predicted: torch.Tensor) -> torch.Tensor:
-    """Entropy of each row of a log-distribution (0 where nothing predicts the token)."""
-    entropy = -(log_distribution.exp() * log_distribution).sum(dim=-1)
-    return torch.where(predicted, entropy, torch.zeros_like(entropy))
+    return positions, read
 
 
 def token_logprobs(model: TinyDecoder, batch: ModelBatch) -> torch.Tensor:
     """Log-probability of every forwarded token under `model`."""
-    logits = model(batch.token_ids, batch.position_ids, batch.layout)
-    return logprobs_from_logits(logits, batch, torch.arange(batch.num_tokens))
+    return predictions(model, batch, torch.arange(batch.num_tokens)).logprobs()
 
 
 def row_logprobs(model: TinyDecoder, batch: ModelBatch) -> list[torch.Tensor]:
@@ -90,18 +113,17 @@ def policy_loss(
     missing = {"logprobs", "advantages"} - batch.target_values.keys()
     if missing and len(batch.target_index):
         raise ValueError(f"policy loss needs {sorted(missing)} on every trained token")
-    logits = model(batch.token_ids, batch.position_ids, batch.layout)
     if not len(batch.target_index):
-        return logits.sum() * 0.0
-    distribution, predicted = predicted_log_softmax(logits, batch, batch.target_index)
-    logprobs = pick(distribution, predicted, batch.token_ids[batch.target_index])
+        return _nothing_trained(model, batch)
+    predicted = predictions(model, batch, batch.target_index)
+    logprobs = predicted.logprobs()
     old = batch.target_values["logprobs"].to(logprobs.dtype)
     advantages = batch.target_values["advantages"].to(logprobs.dtype)
     ratio = torch.exp(logprobs - old)
     clipped = ratio.clamp(1.0 - settings.clip_low, 1.0 + settings.clip_high)
     per_token = -torch.minimum(ratio * advantages, clipped * advantages)
     if settings.entropy_coef:
-        per_token = per_token - settings.entropy_coef * entropies(distribution, predicted)
+        per_token = per_token - settings.entropy_coef * predicted.entropies()
     if settings.normalisation == "token":
         return per_token.sum() / (denominator or len(per_token))
     row_sums = torch.zeros(batch.num_rows, dtype=per_token.dtype).index_add(
@@ -119,8 +141,15 @@ def supervised_loss(
     """Cross-entropy on the trained tokens (imported transcripts: no sampling logprobs, no
     advantages), summed and divided by `denominator` (default: the batch's trained tokens; the
     step's count makes micro-batch losses add up to the step's)."""
-    logits = model(batch.token_ids, batch.position_ids, batch.layout)
     if not len(batch.target_index):
-        return logits.sum() * 0.0
-    logprobs = logprobs_from_logits(logits, batch, batch.target_index)
+        return _nothing_trained(model, batch)
+    logprobs = predictions(model, batch, batch.target_index).logprobs()
     return -logprobs.sum() / (denominator or len(logprobs))
+
+
+def _nothing_trained(model: TinyDecoder, batch: ModelBatch) -> torch.Tensor:
+    """A zero loss still tied to the model (a backward pass through it is then a no-op)."""
+    logits = model(
+        batch.token_ids, batch.position_ids, batch.layout, at=torch.zeros(1, dtype=torch.long)
+    )
+    return logits.sum() * 0.0

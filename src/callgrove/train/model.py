@@ -173,11 +173,16 @@ class TinyDecoder(nn.Module):
         self.register_buffer("inverse_frequency", inverse, persistent=False)
 
     def forward(
-        self, token_ids: torch.Tensor, position_ids: torch.Tensor, layout: AttentionLayout
+        self,
+        token_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        layout: AttentionLayout,
+        at: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """Logits (N, vocab), or only at the positions `at` (len(at), vocab)."""
         x = self.embed(token_ids)
         angles = position_ids.to(torch.float64)[:, None] * self.inverse_frequency[None, :]
         cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
         for block in self.blocks:
             x = block(x, cos, sin, layout)
-        return self.head(self.norm(x))
+        return self.head(self.norm(x if at is None else x[at]))
