@@ -84,13 +84,18 @@ def server_process(*args: str, env: dict | None = None, timeout: float = 30.0):
         url = wait_for_url(process, timeout)
         yield process, url
     finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+        stop_group(process)
+
+
+def stop_group(process: subprocess.Popen) -> None:
+    """End a process started in its own session, and its children: politely, then not."""
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
 
 
 def wait_for_url(process: subprocess.Popen, timeout: float = 30.0) -> str:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -29,7 +28,7 @@ from callgrove.episode import load
 from callgrove.train import packed_model_batch, row_logprobs
 from callgrove.train.hf_model import HFPolicyModel, checkpoint_folder, load_model, resolve_model
 
-from .helpers import SRC, server_process
+from .helpers import SRC, server_process, stop_group
 
 QUESTION = "What is 2 + 3?"
 
@@ -67,12 +66,7 @@ def llama_cpp_server(gguf: str):
             time.sleep(0.5)
         yield url
     finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        stop_group(process)
 
 
 def test_llama_cpp_server_behind_the_passthrough_gateway(tmp_path):
