@@ -3,13 +3,17 @@ whole, the ledger line durable before the terminal event, failures recorded."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 
+from callgrove.gateway.app import Gateway
 from callgrove.gateway.chat import Chat, PlainText
+from callgrove.policy.http import Piece
 
 from .helpers import server_process, sse_events, write_script
 
@@ -158,3 +162,66 @@ def test_plain_text_goes_out_up_to_markup_and_never_whitespace_the_parse_strips(
     ]
     assert sent == ["Hello", " wor", "ld", "", ""]
     assert "".join(sent) == "Hello world"
+
+
+class StalledUpstream:
+    """An upstream that streams one piece of text and then keeps the call open (a long
+    sampling run); it notes whether the gateway closed its stream."""
+
+    def __init__(self, chat: Chat):
+        self.first = chat.encode("Thinking")
+        self.closed = asyncio.Event()
+
+    async def sample(self, prompt_ids, params):
+        raise AssertionError("a streamed request is sampled by stream()")
+
+    async def stream(self, prompt_ids, params):
+        try:
+            yield Piece(self.first, np.zeros(len(self.first)), None, 0)
+            await asyncio.Event().wait()
+        finally:
+            self.closed.set()
+
+
+def test_a_client_that_leaves_mid_stream_leaves_a_failed_line_and_stops_the_upstream(tmp_path):
+    chat = Chat.builtin()
+    upstream = StalledUpstream(chat)
+    gateway = Gateway(upstream, chat, tmp_path)
+    body = json.dumps(body_for("messages", "hi", True)).encode()
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/e/gone/v1/messages",
+        "raw_path": b"/e/gone/v1/messages",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"content-type", b"application/json"), (b"anthropic-version", b"x")],
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 2),
+    }
+    asked, text_sent = False, asyncio.Event()
+
+    async def receive():
+        nonlocal asked
+        if not asked:
+            asked = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await text_sent.wait()  # the client reads the first text, then hangs up
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        if message["type"] == "http.response.body" and b"Thinking" in message.get("body", b""):
+            text_sent.set()
+
+    async def exchange():
+        await asyncio.wait_for(gateway.app()(scope, receive, send), 30)
+        await asyncio.wait_for(upstream.closed.wait(), 30)
+
+    asyncio.run(exchange())
+    (line,) = ledger_lines(tmp_path, "gone")
+    assert line["failed"]["error"] == "client disconnected before the reply ended"
+    episode = gateway.close_episode("gone")
+    assert not [call for agent in episode.agents for call in agent.calls if call.kept]

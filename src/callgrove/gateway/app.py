@@ -409,6 +409,7 @@ class Gateway:
         pieces: AsyncIterator[Piece],
     ) -> AsyncIterator[bytes]:
         self._in_flight += 1
+        recorded = False
         try:
             version = first.policy_version if first.policy_version is not None else 0
             out = ReplyStream(turn.request, len(prompt), version)
@@ -423,13 +424,29 @@ class Gateway:
                 sample = sample_from_pieces(received, version)
                 response = self.chat.parse(sample.completion_ids)
                 reply = await self._record(turn, turn.base, prompt, suffix, new, sample, response)
+                recorded = True
             except Exception as error:
+                recorded = True
                 failed = await self._failed(turn, error)
                 yield b"".join(error_events(turn.api, failed.status, failed.message, failed.kind))
                 return
             yield b"".join(out.closing(reply))
+        except (asyncio.CancelledError, GeneratorExit):
+            # The client went away before the reply ended: the call never reached it whole, so
+            # it is recorded as failed (not kept), and the upstream stops sampling it.
+            if not recorded:
+                await asyncio.shield(self._client_left(turn, pieces))
+            raise
         finally:
             self._in_flight -= 1
+
+    async def _client_left(self, turn: Turn, pieces: AsyncIterator[Piece]) -> None:
+        await self._record_failure(
+            turn.state, turn.agent, turn.api, "client disconnected before the reply ended"
+        )
+        closing = getattr(pieces, "aclose", None)
+        if closing is not None:
+            await closing()
 
     async def _failed(self, turn: Turn, error: BaseException) -> HttpError:
         """The client's error for a failed call, recorded in the ledger (an `HttpError` the
