@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from callgrove.batch import build_samples
+from callgrove.batch import build_samples, tree
 from callgrove.batch.tree import TreeSettings, pack_episode_rows, pack_samples, pack_tree
 from callgrove.episode import Agent, Call, Episode, load
 from callgrove.rows import build_rows
@@ -85,6 +85,55 @@ def test_trie_holds_every_distinct_prefix_once_and_rows_read_back(case):
     assert_paths_are_ancestor_chains(batch)
     expected = np.concatenate([v[m.astype(bool)] for v, m in zip(values, masks, strict=True)])
     assert np.array_equal(batch.target_values["advantages"], expected)
+
+
+@settings(max_examples=100, deadline=None)
+@given(shared_rows(), st.integers(1, 8))
+def test_rows_gathered_a_few_at_a_time_pack_as_all_at_once(case, chunk_tokens):
+    rows, masks, keys = case
+    values = {"advantages": [np.arange(len(r), dtype=np.float32) for r in rows]}
+    whole = pack_tree(rows, masks, values, keys)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(tree, "CHUNK_TOKENS", chunk_tokens)
+        chunked = pack_tree(rows, masks, values, keys)
+    for name in ("token_ids", "parent", "row_nodes", "context_nodes", "target_nodes"):
+        assert np.array_equal(getattr(whole, name), getattr(chunked, name))
+    assert np.array_equal(whole.target_rows, chunked.target_rows)
+    assert np.array_equal(whole.target_values["advantages"], chunked.target_values["advantages"])
+
+
+@st.composite
+def claims_in_sorted_order(draw):
+    """Places of the sorted rows: when each claims, the share with the next, the key's number."""
+    n = draw(st.integers(1, 12))
+    times = list(draw(st.permutations(range(n))))
+    shared = draw(st.lists(st.integers(0, 4), min_size=n - 1, max_size=n - 1))
+    group = np.cumsum(draw(st.lists(st.integers(0, 1), min_size=n, max_size=n))).tolist()
+    return times, shared, group
+
+
+@settings(max_examples=300, deadline=None)
+@given(claims_in_sorted_order())
+def test_nearest_earlier_claim_is_the_closest_place_claimed_before(case):
+    """Against a plain scan: the nearest place before each one (same group) whose row claims
+    earlier, and the least neighbouring share between the two."""
+    times, shared, group = case
+    nearest, depth = tree._nearest_earlier_claim(times, shared, group)
+    for i in range(len(times)):
+        earlier = [j for j in range(i) if times[j] < times[i] and group[j] == group[i]]
+        j = earlier[-1] if earlier else -1
+        assert nearest[i] == j
+        assert depth[i] == (min(shared[j:i]) if j >= 0 else 0)
+
+
+def test_an_empty_row_does_not_hide_a_loss_on_the_next_rows_first_token():
+    rows = [np.array([1, 2]), np.zeros(0, dtype=np.int32), np.array([3, 4])]
+    masks = [np.array([0, 1]), np.zeros(0, dtype=np.uint8), np.array([1, 0])]
+    with pytest.raises(ValueError, match=r"row 2: .*first token"):
+        pack_tree(rows, masks)
+    masks[2] = np.array([0, 1])
+    batch = pack_tree(rows, masks)
+    assert batch.target_rows.tolist() == [0, 2] and batch.row_slice(1).size == 0
 
 
 def test_rows_of_different_keys_never_share_a_node():

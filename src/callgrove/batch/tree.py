@@ -19,9 +19,10 @@ is counted twice, exactly as row-wise, and a duplicate row with an all-zero mask
 
 from __future__ import annotations
 
-import bisect
+import sys
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
 TREE_SCOPES = ("tree", "episode", "group")
 SAMPLE_VALUES = ("logprobs", "advantages", "policy_versions")  # carried onto the targets
 NODE_DTYPE = np.int64  # indices feed torch gathers, which take int64
+CHUNK_TOKENS = 1 << 18  # rows gathered together: few numpy calls, temporaries that fit a cache
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,55 +134,38 @@ def pack_tree(
     `values` are per-token arrays of each row (sampling logprobs, advantages, policy versions)
     carried onto the targets at the row's loss-mask positions. `row_names` name the rows in
     errors (default: `row <index>`).
+
+    The cost grows linearly with the rows: each output array is allocated once and filled in
+    place, the targets are gathered a chunk of rows at a time (temporaries stay cache-sized),
+    and each row's nearest claimed neighbours are found in one pass over the sorted rows.
     """
     values = dict(values or {})
     rows = [np.asarray(tokens) for tokens in token_ids]
     masks = [np.asarray(mask) for mask in loss_masks]
     names = list(row_names) if row_names is not None else [f"row {i}" for i in range(len(rows))]
     _check_rows(rows, masks, values, trie_keys, names)
-    order, shared, group = _sorted_prefixes(rows, trie_keys)
-    row_nodes, attach_depth, path_rows = _claim_paths(rows, order, shared, group)
-
-    path_lengths = np.array([len(rows[r]) - attach_depth[r] for r in path_rows], dtype=NODE_DTYPE)
-    path_bounds = np.concatenate([[0], np.cumsum(path_lengths)]).astype(NODE_DTYPE)
-    token_parts, position_parts, parent_parts, context_parts = [], [], [], []
-    for r in path_rows:
-        depth = attach_depth[r]
-        nodes = row_nodes[r]
-        token_parts.append(rows[r][depth:])
-        position_parts.append(np.arange(depth, len(rows[r]), dtype=NODE_DTYPE))
-        parent_parts.append(
-            np.concatenate([nodes[depth - 1 : depth] if depth else [-1], nodes[depth:-1]])
-        )
-        context_parts.append(nodes[:depth])
-    context_lengths = np.array([attach_depth[r] for r in path_rows], dtype=NODE_DTYPE)
-    row_lengths = np.array([len(row) for row in rows], dtype=NODE_DTYPE)
-    all_row_nodes = _concat(row_nodes, NODE_DTYPE)
-
-    num_nodes = int(path_bounds[-1])
-    row_bounds = np.concatenate([[0], np.cumsum(row_lengths)]).astype(NODE_DTYPE)
-    flat_mask = _concat(masks, np.uint8).astype(bool)
-    target_nodes = all_row_nodes[flat_mask]
-    loss_mask = np.zeros(num_nodes, dtype=np.uint8)
+    lengths = np.fromiter(map(len, rows), dtype=NODE_DTYPE, count=len(rows))
+    row_bounds = _bounds(lengths)
+    targets = _targets(masks, values, row_bounds, names)
+    claims = _claim_paths(rows, lengths, trie_keys)
+    row_nodes = claims.row_nodes(row_bounds)
+    token_parts = (rows[r][d:] for r, d in zip(claims.path_rows, claims.path_depths, strict=True))
+    target_nodes = row_nodes[targets.positions]
+    loss_mask = np.zeros(claims.num_nodes, dtype=np.uint8)
     loss_mask[target_nodes] = 1
-    target_rows = np.repeat(np.arange(len(rows), dtype=NODE_DTYPE), row_lengths)[flat_mask]
-    target_depths = np.flatnonzero(flat_mask) - row_bounds[target_rows]
-    _check_targets_predicted(target_depths, target_rows, names)
     return TreeBatch(
-        token_ids=_concat(token_parts, np.int32),
-        position_ids=_concat(position_parts, NODE_DTYPE),
-        parent=_concat(parent_parts, NODE_DTYPE),
-        path_bounds=path_bounds,
-        context_nodes=_concat(context_parts, NODE_DTYPE),
-        context_bounds=np.concatenate([[0], np.cumsum(context_lengths)]).astype(NODE_DTYPE),
-        row_nodes=all_row_nodes,
+        token_ids=_fill(token_parts, claims.num_nodes, np.int32),
+        position_ids=claims.position_ids(),
+        parent=claims.parents(row_nodes, row_bounds),
+        path_bounds=claims.path_bounds,
+        context_nodes=claims.context_nodes(row_nodes, row_bounds),
+        context_bounds=_bounds(np.asarray(claims.path_depths, dtype=NODE_DTYPE)),
+        row_nodes=row_nodes,
         row_bounds=row_bounds,
         loss_mask=loss_mask,
         target_nodes=target_nodes,
-        target_rows=target_rows,
-        target_values={
-            name: _concat(list(arrays), None)[flat_mask] for name, arrays in values.items()
-        },
+        target_rows=targets.rows,
+        target_values=targets.values,
     )
 
 
@@ -257,10 +242,12 @@ def _check_rows(
 
 
 def _check_targets_predicted(
-    target_depths: np.ndarray, target_rows: np.ndarray, names: list[str]
+    flat_mask: np.ndarray, row_bounds: np.ndarray, first: int, last: int, names: list[str]
 ) -> None:
-    """A loss on a row's first token has no prediction to train: refuse it, never drop it."""
-    unpredicted = target_rows[target_depths == 0]
+    """A loss on a row's first token has no prediction to train: refuse it, never drop it.
+    `flat_mask` is the loss mask of rows `first` to `last` laid end to end."""
+    with_tokens = first + np.flatnonzero(np.diff(row_bounds[first : last + 1]))
+    unpredicted = with_tokens[flat_mask[row_bounds[with_tokens] - row_bounds[first]]]
     if len(unpredicted):
         raise ValueError(
             f"{names[int(unpredicted[0])]}: its loss mask is 1 on its first token, "
@@ -268,71 +255,229 @@ def _check_targets_predicted(
         )
 
 
+@dataclass(frozen=True, slots=True)
+class _Targets:
+    """One target per 1 in a row's loss mask, row by row."""
+
+    positions: np.ndarray  # int64 (T,): where, in the rows laid end to end
+    rows: np.ndarray  # int64 (T,)
+    values: dict[str, np.ndarray]  # name -> (T,): the rows' values there
+
+
+def _targets(
+    masks: list[np.ndarray],
+    values: Mapping[str, Sequence[np.ndarray]],
+    row_bounds: np.ndarray,
+    names: list[str],
+) -> _Targets:
+    """The targets, gathered a chunk of rows at a time (a chunk's temporaries stay in cache)."""
+    positions, rows = [], []
+    picked: dict[str, list[np.ndarray]] = {name: [] for name in values}
+    for first, last in _chunks(row_bounds):
+        offset = int(row_bounds[first])
+        flat_mask = _concat(masks[first:last], np.uint8).astype(bool)
+        _check_targets_predicted(flat_mask, row_bounds, first, last, names)
+        where = np.flatnonzero(flat_mask)
+        counts = np.diff(np.searchsorted(where, row_bounds[first : last + 1] - offset))
+        positions.append(where + offset)
+        rows.append(np.repeat(np.arange(first, last, dtype=NODE_DTYPE), counts))
+        for name, arrays in values.items():
+            picked[name].append(_concat(list(arrays[first:last]), None)[flat_mask])
+    return _Targets(
+        positions=_concat(positions, NODE_DTYPE),
+        rows=_concat(rows, NODE_DTYPE),
+        values={name: _concat(parts, None) for name, parts in picked.items()},
+    )
+
+
+def _chunks(row_bounds: np.ndarray) -> list[tuple[int, int]]:
+    """Ranges of rows of about `CHUNK_TOKENS` tokens each (a longer row is a range of its own)."""
+    total = int(row_bounds[-1])
+    cuts = np.searchsorted(row_bounds, np.arange(CHUNK_TOKENS, total, CHUNK_TOKENS))
+    edges = np.unique(np.concatenate([[0], cuts, [len(row_bounds) - 1]]))
+    return list(zip(edges[:-1].tolist(), edges[1:].tolist(), strict=True))
+
+
 def _sorted_prefixes(
     rows: list[np.ndarray], trie_keys: Sequence[Hashable] | None
-) -> tuple[list[int], np.ndarray, list[int]]:
-    """Rows in lexicographic order (within trie keys), the common prefix length of each
-    neighbouring pair (the longest prefix a row shares with any row is shared with a
-    neighbour), and the trie key's number at each place of the order."""
-    key_index: dict[Hashable, int] = {}
-    ranks = [key_index.setdefault(k, len(key_index)) for k in trie_keys] if trie_keys else None
-    # Big-endian bytes of non-negative ids compare as the id sequences do, prefixes first.
-    sort_keys = [row.astype(">u4").tobytes() for row in rows]
-    if ranks is None:
-        order = sorted(range(len(rows)), key=sort_keys.__getitem__)
+) -> tuple[list[int], list[int], list[int]]:
+    """Rows in lexicographic order within trie keys (keys in order of first appearance), the
+    common prefix length of each neighbouring pair (0 across keys; the longest prefix a row
+    shares with any row is shared with a neighbour), and the key's number at each place."""
+    if trie_keys is None:
+        keyed = [list(range(len(rows)))]
     else:
-        order = sorted(range(len(rows)), key=lambda r: (ranks[r], sort_keys[r]))
-    shared = np.zeros(max(len(rows) - 1, 0), dtype=NODE_DTYPE)
-    for i in range(len(order) - 1):
-        a, b = rows[order[i]], rows[order[i + 1]]
-        if ranks is not None and ranks[order[i]] != ranks[order[i + 1]]:
-            continue
-        n = min(len(a), len(b))
-        differs = np.flatnonzero(a[:n] != b[:n])
-        shared[i] = differs[0] if len(differs) else n
-    return order, shared, [0] * len(order) if ranks is None else [ranks[r] for r in order]
+        members: dict[Hashable, list[int]] = {}
+        for r, key in enumerate(trie_keys):
+            members.setdefault(key, []).append(r)
+        keyed = list(members.values())
+    order: list[int] = []
+    shared: list[int] = []
+    group: list[int] = []
+    for number, rows_of_key in enumerate(keyed):
+        # Big-endian bytes of non-negative ids compare as the id sequences do, prefixes first.
+        sort_keys = {r: rows[r].astype(">u4").tobytes() for r in rows_of_key}
+        ranked = sorted(rows_of_key, key=sort_keys.__getitem__)
+        if order:
+            shared.append(0)
+        shared.extend(_common_prefix(rows[a], rows[b]) for a, b in pairwise(ranked))
+        order.extend(ranked)
+        group.extend([number] * len(ranked))
+    return order, shared, group
+
+
+def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    n = min(len(a), len(b))
+    differs = a[:n] != b[:n]
+    first = int(differs.argmax()) if n else 0
+    return first if n and differs[first] else n
+
+
+@dataclass(frozen=True, slots=True)
+class _Claims:
+    """Which nodes each row reuses and which it claims as a new path (the module docstring)."""
+
+    lengths: np.ndarray  # int64 (R,)
+    depth: list[int]  # the row's first `depth` nodes are those of row `source`
+    source: list[int]  # -1 when the row reuses nothing
+    start: list[int]  # the first node it claims (its own nodes are start, start + 1, ...)
+    claim_order: list[int]  # longest first: a row's source claims before it
+    path_rows: list[int]  # rows owning a non-empty path, in layout order
+    path_depths: list[int]  # their attach depths
+    path_bounds: np.ndarray  # int64 (P+1,): path p is nodes [bounds[p], bounds[p+1])
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.path_bounds[-1])
+
+    def row_nodes(self, row_bounds: np.ndarray) -> np.ndarray:
+        """Each row's tokens as nodes, row after row, written in claim order."""
+        nodes = np.empty(int(row_bounds[-1]), dtype=NODE_DTYPE)
+        ramp = _ramp(self.lengths)
+        bounds = row_bounds.tolist()
+        for r in self.claim_order:
+            at, depth, end = bounds[r], self.depth[r], bounds[r + 1]
+            if depth:
+                source_at = bounds[self.source[r]]
+                nodes[at : at + depth] = nodes[source_at : source_at + depth]
+            if end > at + depth:
+                np.add(ramp[: end - at - depth], self.start[r], out=nodes[at + depth : end])
+        return nodes
+
+    def position_ids(self) -> np.ndarray:
+        """A path's nodes sit at its attach depth and below."""
+        positions = np.empty(self.num_nodes, dtype=NODE_DTYPE)
+        ramp = _ramp(self.lengths)
+        bounds = self.path_bounds.tolist()
+        for p, depth in enumerate(self.path_depths):
+            np.add(
+                ramp[: bounds[p + 1] - bounds[p]], depth, out=positions[bounds[p] : bounds[p + 1]]
+            )
+        return positions
+
+    def parents(self, row_nodes: np.ndarray, row_bounds: np.ndarray) -> np.ndarray:
+        """Within a path each node's parent is the node before it; a path's head hangs below the
+        last node it reuses (-1 at depth 0)."""
+        parent = np.arange(-1, self.num_nodes - 1, dtype=NODE_DTYPE)
+        depths = np.asarray(self.path_depths, dtype=NODE_DTYPE)
+        last_reused = row_bounds[self.path_rows] + depths - 1
+        heads = np.where(depths > 0, row_nodes[np.maximum(last_reused, 0)], -1)
+        parent[self.path_bounds[:-1]] = heads
+        return parent
+
+    def context_nodes(self, row_nodes: np.ndarray, row_bounds: np.ndarray) -> np.ndarray:
+        """Each path's ancestors: the nodes its row reuses."""
+        bounds = row_bounds.tolist()
+        reused = (
+            row_nodes[bounds[r] : bounds[r] + d]
+            for r, d in zip(self.path_rows, self.path_depths, strict=True)
+        )
+        return _fill(reused, sum(self.path_depths), NODE_DTYPE)
 
 
 def _claim_paths(
-    rows: list[np.ndarray], order: list[int], shared: np.ndarray, group: list[int]
-) -> tuple[list[np.ndarray], list[int], list[int]]:
+    rows: list[np.ndarray], lengths: np.ndarray, trie_keys: Sequence[Hashable] | None
+) -> _Claims:
     """Longest rows first, each row reuses the nodes of the claimed row it shares most with and
-    claims the rest as a new path. Returns each row's node indices, its attach depth, and the
-    rows that own a (non-empty) path, in layout order. A claimed neighbour under another trie
-    key shares nothing (no scan across the keys between: the work stays linear in the rows)."""
-    place = {row: i for i, row in enumerate(order)}
-    by_length = sorted(range(len(rows)), key=lambda r: (-len(rows[r]), place[r]))
-    claimed_places: list[int] = []
-    row_nodes: list[np.ndarray] = [np.zeros(0, NODE_DTYPE)] * len(rows)
-    attach_depth = [0] * len(rows)
-    path_rows: list[int] = []
-    next_node = 0
-    for r in by_length:
-        i = place[r]
-        k = bisect.bisect(claimed_places, i)
-        best_row, best_depth = -1, 0
-        if k > 0 and group[j := claimed_places[k - 1]] == group[i]:
-            # the nearest claimed row before it shares the most among earlier ones
-            depth = int(shared[j:i].min())
-            if depth > best_depth:
-                best_row, best_depth = order[j], depth
-        if k < len(claimed_places) and group[j := claimed_places[k]] == group[i]:
-            depth = int(shared[i:j].min())
-            if depth > best_depth:
-                best_row, best_depth = order[j], depth
-        bisect.insort(claimed_places, i)
-        own = len(rows[r]) - best_depth
-        row_nodes[r] = np.concatenate(
-            [
-                row_nodes[best_row][:best_depth],
-                np.arange(next_node, next_node + own, dtype=NODE_DTYPE),
-            ]
-        )
-        attach_depth[r] = best_depth
-        if own:
-            path_rows.append(r)
-            next_node += own
-    return row_nodes, attach_depth, path_rows
+    claims the rest as a new path. The claimed row it shares most with is the nearest one
+    before or after it in the sorted order (within its key); both are found for every row in
+    one pass each way, in time linear in the rows."""
+    order, shared, group = _sorted_prefixes(rows, trie_keys)
+    place = np.empty(len(rows), dtype=NODE_DTYPE)
+    place[order] = np.arange(len(rows))
+    claim_order = np.lexsort((place, -lengths))
+    claim_time = np.empty(len(rows), dtype=NODE_DTYPE)
+    claim_time[claim_order] = np.arange(len(rows))
+    times = claim_time[order].tolist()
+    before, before_depth = _nearest_earlier_claim(times, shared, group)
+    after, after_depth = _nearest_earlier_claim(times[::-1], shared[::-1], group[::-1])
+    last = len(rows) - 1
+    depth, source = [0] * len(rows), [-1] * len(rows)
+    for i, r in enumerate(order):
+        if before_depth[i] > 0:
+            depth[r], source[r] = before_depth[i], order[before[i]]
+        j = last - i
+        if after_depth[j] > depth[r]:
+            depth[r], source[r] = after_depth[j], order[last - after[j]]
+    own = lengths - np.asarray(depth, dtype=NODE_DTYPE)
+    claimed = own[claim_order]
+    start = np.empty(len(rows), dtype=NODE_DTYPE)
+    start[claim_order] = np.cumsum(claimed) - claimed
+    path_rows = claim_order[claimed > 0].tolist()
+    return _Claims(
+        lengths=lengths,
+        depth=depth,
+        source=source,
+        start=start.tolist(),
+        claim_order=claim_order.tolist(),
+        path_rows=path_rows,
+        path_depths=[depth[r] for r in path_rows],
+        path_bounds=_bounds(claimed[claimed > 0]),
+    )
+
+
+def _nearest_earlier_claim(
+    times: list[int], shared: list[int], group: list[int]
+) -> tuple[list[int], list[int]]:
+    """For each place of the sorted order: the nearest place before it in its group whose row
+    claims earlier, and the prefix the two rows share (the least neighbouring share between
+    them); -1 and 0 when there is none. A stack holds the places still in view, each with the
+    least share from it to the next place in view, so every place is pushed and popped once."""
+    nearest, depth = [-1] * len(times), [0] * len(times)
+    stack: list[list[int]] = []  # [place, least share from it to the next place in view]
+    for i, time in enumerate(times):
+        if i and group[i] != group[i - 1]:
+            stack.clear()
+        elif stack:
+            stack[-1][1] = min(stack[-1][1], shared[i - 1])
+        while stack and times[stack[-1][0]] > time:
+            gap = stack.pop()[1]
+            if stack:
+                stack[-1][1] = min(stack[-1][1], gap)
+        if stack:
+            nearest[i], depth[i] = stack[-1]
+        stack.append([i, sys.maxsize])
+    return nearest, depth
+
+
+def _ramp(lengths: np.ndarray) -> np.ndarray:
+    return np.arange(int(lengths.max(initial=0)), dtype=NODE_DTYPE)
+
+
+def _bounds(lengths: np.ndarray) -> np.ndarray:
+    bounds = np.zeros(len(lengths) + 1, dtype=NODE_DTYPE)
+    np.cumsum(lengths, out=bounds[1:])
+    return bounds
+
+
+def _fill(parts: Iterable[np.ndarray], total: int, dtype: type) -> np.ndarray:
+    """The parts laid end to end in one array written once (`total` is their length)."""
+    out = np.empty(total, dtype=dtype)
+    at = 0
+    for part in parts:
+        out[at : at + len(part)] = part
+        at += len(part)
+    return out
 
 
 def _concat(parts: list[np.ndarray], dtype: type | None) -> np.ndarray:
