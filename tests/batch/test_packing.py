@@ -4,6 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from callgrove.batch import NO_VERSION, TOKEN_FIELDS, PackSettings, Sample, pack
+from callgrove.batch.packing import _first_fit
 
 
 def make_samples(lengths: list[int], loss_every: int = 2) -> list[Sample]:
@@ -70,6 +71,25 @@ def test_first_fit_leaves_no_two_micro_batches_that_would_fit_in_one(lengths, se
     assert packed.padding_fraction == pytest.approx(
         1 - sum(lengths) / (seq_len * len(loads)) if loads else 0.0
     )
+
+
+@settings(max_examples=200, deadline=None)
+@given(lengths=st.lists(st.integers(0, 50), max_size=60), seq_len=st.integers(50, 80))
+def test_first_fit_takes_the_first_micro_batch_with_room(lengths, seq_len):
+    """Against a plain scan of every micro-batch for every sample."""
+    lengths = np.array(lengths, dtype=np.int64)
+    longest_first = np.argsort(-lengths, kind="stable").tolist()
+    rooms: list[int] = []
+    expected: list[list[int]] = []
+    for index in longest_first:
+        first = next((b for b, room in enumerate(rooms) if room >= lengths[index]), len(rooms))
+        if first == len(rooms):
+            rooms.append(seq_len)
+            expected.append([])
+        rooms[first] -= int(lengths[index])
+        expected[first].append(index)
+    packed = _first_fit(longest_first, lengths, seq_len)
+    assert [b.tolist() for b in packed] == [sorted(b) for b in expected]
 
 
 def test_hand_packed_example():

@@ -226,19 +226,30 @@ def _deal_to_ranks(order: np.ndarray, lengths: np.ndarray, ranks: int) -> list[l
 
 
 def _first_fit(longest_first: list[int], lengths: np.ndarray, seq_len: int) -> list[np.ndarray]:
-    """First-fit-decreasing: each sample (longest first) into the first micro-batch with room."""
-    room = np.empty(len(longest_first), dtype=np.int64)
+    """First-fit-decreasing: each sample (longest first) into the first micro-batch with room.
+
+    The lengths only shrink, so a micro-batch with room for one sample has room for every later
+    one until it takes a sample itself: such micro-batches wait in a heap by room and move to a
+    heap by position once they fit, and the first of those takes the sample. Every micro-batch
+    moves once per sample it takes, so the search costs O(n log n), not a scan of every
+    micro-batch per sample.
+    """
     bins: list[list[int]] = []
-    for index in longest_first:
-        length = lengths[index]
-        fits = room[: len(bins)] >= length
-        first = int(fits.argmax()) if len(bins) else 0
-        if len(bins) and fits[first]:
+    waiting: list[tuple[int, int]] = []  # (-room, bin) of bins that fit none of the samples yet
+    fitting: list[int] = []  # bins with room for the current sample (and every later one)
+    room_of: list[int] = []
+    for index, length in zip(longest_first, lengths[longest_first].tolist(), strict=True):
+        while waiting and -waiting[0][0] >= length:
+            heapq.heappush(fitting, heapq.heappop(waiting)[1])
+        if fitting:
+            first = heapq.heappop(fitting)
             bins[first].append(index)
-            room[first] -= length
+            room = room_of[first] = room_of[first] - length
         else:
-            room[len(bins)] = seq_len - length
+            first, room = len(bins), seq_len - length
             bins.append([index])
+            room_of.append(room)
+        heapq.heappush(waiting, (-room, first))
     # Within a micro-batch keep the input order: rows of one episode stay together.
     return [np.sort(np.array(b, dtype=np.int64)) for b in bins]
 
