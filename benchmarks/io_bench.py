@@ -122,8 +122,8 @@ def callgrove_episode(index: int, agents: list[tuple[str, list[tuple]]]) -> Epis
                 seq=seq,
                 completion_ids=completion,
                 prompt_suffix=suffix,
-                prompt_base=previous,
-                prompt_base_len=0 if previous is None else previous.full_len,
+                prompt_from=None if previous is None else previous.id,
+                prompt_from_len=0 if previous is None else previous.full_len,
                 logprobs=logprobs,
                 policy_version=2 + seq % 3,
             )
@@ -287,7 +287,7 @@ def run_io(args: argparse.Namespace, work: Path) -> bool:
     t.update(t2)
     assert {len(results[k]) for k in ("vf read", "read", "pq read", "ar read")} == {len(ours)}
     assert all(
-        np.array_equal(a.full_ids(), b.full_ids())
+        np.array_equal(x.full_ids(a), y.full_ids(b))
         for x, y in zip(ours, results["pq read"], strict=True)
         for a, b in zip(x.calls(), y.calls(), strict=True)
     )

@@ -49,7 +49,11 @@ class Story:
         purpose: str = "turn",
     ) -> Call:
         self.seq += 1
-        before = history.full_ids().tolist() if isinstance(history, Call) else list(history or [])
+        # every prompt of the story is given whole: a call's tokens are its prompt and completion
+        if isinstance(history, Call):
+            before = [*history.prompt_suffix.tolist(), *history.completion_ids.tolist()]
+        else:
+            before = list(history or [])
         prompt = before + self.vocab(new)
         completion = self.vocab(answer)
         content = {"prompt": [_message(new)], "response": _message(answer)}

@@ -11,7 +11,7 @@ def healthy(episode_id: str = "ok-1") -> Episode:
     leader = Agent("L", "leader")
     first = leader.add(Call.make("C1", 1, [1, 2, 3], [4, 5], [-0.1, -0.2], policy_version=2))
     second = leader.add(Call.make("C3", 3, [], [8], [-0.3], policy_version=4))
-    second.prompt_base, second.prompt_base_len = first, first.full_len
+    second.prompt_from, second.prompt_from_len = first.id, first.full_len
     solver = Agent("S", "solver", parent="L", start="fresh")
     solver.add(Call.make("C2", 2, [9, 9], [6, 7], [-0.5, -0.6], policy_version=3))
     return Episode(

@@ -64,8 +64,8 @@ def calls_in_seq_order(draw: st.DrawFn, count: int) -> list[Call]:
         )
         if calls and draw(st.booleans()):
             source = draw(st.sampled_from(calls))
-            call.prompt_base = source
-            call.prompt_base_len = draw(st.integers(1, source.full_len))
+            call.prompt_from = source.id
+            call.prompt_from_len = draw(st.integers(1, source.full_len))
         calls.append(call)
     return calls
 
@@ -153,7 +153,7 @@ def as_plain(episode: Episode, float32: bool = False) -> dict[str, Any]:
         for call in agent["calls"]:
             for key in PROMPT_FORMS:
                 call.pop(key, None)
-            call["prompt_ids"] = records[call["id"]].prompt_ids().tolist()
+            call["prompt_ids"] = episode.prompt_ids(records[call["id"]]).tolist()
             for key in ("logprobs", "advantages"):
                 if float32 and isinstance(call.get(key), list):
                     call[key] = _float32(call[key])

@@ -7,7 +7,9 @@ import copy
 import pickle
 from pathlib import Path
 
+import msgspec
 import numpy as np
+import pytest
 
 import callgrove as cg
 from callgrove.episode.record import share_histories
@@ -28,7 +30,7 @@ def long_chain(calls: int = 3000) -> cg.Episode:
         prompt = [*prompt, 5, 6]
     episode = cg.Episode("chain", [leader])
     share_histories(episode.agents)  # each prompt held as a reference to the call before
-    assert episode.call("C2999").prompt_base is episode.call("C2998")
+    assert episode.call("C2999").prompt_from == "C2998"
     return episode
 
 
@@ -44,9 +46,17 @@ def dense_ledger(episode: cg.Episode) -> None:
 def same_record(a: cg.Episode, b: cg.Episode) -> None:
     dense_ledger(b)
     assert cg.episode.encode_episode(a) == cg.episode.encode_episode(b)
-    assert [c.full_ids().tolist() for c in a.calls()] == [c.full_ids().tolist() for c in b.calls()]
+    assert [a.full_ids(c).tolist() for c in a.calls()] == [
+        b.full_ids(c).tolist() for c in b.calls()
+    ]
     for call in b.calls():
-        assert call.prompt_base is None or any(call.prompt_base is c for c in b.calls())
+        base = b.base_of(call)
+        assert base is None or any(base is c for c in b.calls())
+        # a call holds no other record: its prompt base is a call id, its agent an index
+        assert not any(
+            isinstance(value, (cg.Call, cg.Agent, cg.Episode))
+            for value in msgspec.structs.astuple(call)
+        )
 
 
 def rows_of(episode: cg.Episode) -> list[tuple[list[str], list[str]]]:
@@ -73,7 +83,8 @@ def test_a_pickle_round_trip_keeps_the_record_and_its_rows():
 def test_long_prompt_chains_copy_and_pickle_without_recursion():
     chain = long_chain()
     for copied in (copy.deepcopy(chain), pickle.loads(pickle.dumps(chain))):
-        assert copied.call("C2999").full_ids().tolist() == chain.call("C2999").full_ids().tolist()
+        last = copied.call("C2999")
+        assert copied.full_ids(last).tolist() == chain.full_ids(chain.call("C2999")).tolist()
     assert len(repr(chain)) < 200
     assert len(repr(chain.call("C2999"))) < 200
 
@@ -86,7 +97,7 @@ def test_filtering_keeps_tokens_and_leaves_the_original_alone(tmp_path: Path):
     assert cg.episode.encode_episode(original) == before
     assert [c.id for c in without.calls()] == [c.id for c in original.calls() if c.id != "C1"]
     for call in without.calls():
-        assert np.array_equal(call.full_ids(), original.call(call.id).full_ids())
+        assert np.array_equal(without.full_ids(call), original.full_ids(original.call(call.id)))
     cg.save(tmp_path / "filtered.jsonl", [without])
     (back,) = cg.load(tmp_path / "filtered.jsonl")
     same_record(without, back)
@@ -140,3 +151,22 @@ def test_reprs_are_short_and_say_what_matters():
     assert len(episode.summary().splitlines()) == 1 + len(episode.agents)
     row = cg.build_rows(episode).rows[2]
     assert repr(row).startswith("Row(episode='login-bug-0001', index=2, path=['C1', 'C3'")
+
+
+def test_a_prompt_reference_is_a_call_id_that_the_episode_resolves():
+    episode = login_bug()
+    c9 = episode.call("C9")
+    assert (c9.prompt_from, c9.prompt_from_len) == ("C8", 57)
+    assert episode.base_of(c9) is episode.call("C8")
+    assert episode.full_ids(c9)[:57].tolist() == episode.full_ids(episode.call("C8")).tolist()
+    c9.prompt_from = "C99"  # no call of the episode
+    where = "episode login-bug-0001, call C9: prompt_from names 'C99', which is not an earlier call"
+    with pytest.raises(cg.InputError, match=where):
+        episode.full_ids(c9)
+    with pytest.raises(ValueError, match="call C9: prompt_from names 'C99'"):
+        cg.build_forest(episode)
+    with pytest.raises(cg.InputError, match=where):
+        cg.save(Path("/nonexistent-never-written.jsonl"), [episode])
+    c9.prompt_from = "C12"  # a later call: not a base either
+    with pytest.raises(cg.InputError, match="prompt_from names 'C12', which is not an earlier"):
+        episode.prompt_ids(c9)

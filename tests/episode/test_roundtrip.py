@@ -72,7 +72,7 @@ def _chain(calls: int, new_tokens: int, episode_id: str = "chain") -> Episode:
             logprobs=-rng.random(20),
         )
         if previous is not None:
-            call.prompt_base, call.prompt_base_len = previous, previous.full_len
+            call.prompt_from, call.prompt_from_len = previous.id, previous.full_len
         previous = agent.add(call)
     return Episode(episode_id, [agent])
 
@@ -87,7 +87,8 @@ def test_binary_calls_are_views_into_shared_column_buffers(tmp_path: Path, suffi
         assert not call.completion_ids.flags.owndata
         assert not call.prompt_suffix.flags.owndata
         assert call.completion_ids.base is calls[0].completion_ids.base
-    assert calls[-1].prompt_base is calls[-2]
+    assert calls[-1].prompt_from == calls[-2].id
+    assert episode.base_of(calls[-1]) is calls[-2]
     assert calls[-1].prompt_len == 4 * 120 + 100
 
 
@@ -104,8 +105,8 @@ def test_compact_prompts_stay_compact(tmp_path: Path, suffix: str) -> None:
     bytes_per_token = 12 if suffix == ".jsonl" else 4.5
     assert path.stat().st_size < bytes_per_token * distinct + 20_000
     (read,) = load(path)
-    assert [c.full_ids().tolist() for c in read.calls()] == [
-        c.full_ids().tolist() for c in episode.calls()
+    assert [read.full_ids(c).tolist() for c in read.calls()] == [
+        episode.full_ids(c).tolist() for c in episode.calls()
     ]
 
 

@@ -53,7 +53,7 @@ def _agent(agent_id: str, **fields: object) -> Break:
 
 def _later_reference(episode: Episode) -> None:
     first, last = _call(episode, "C1"), _call(episode, "C3")
-    first.prompt_base, first.prompt_base_len = last, 1
+    first.prompt_from, first.prompt_from_len = last.id, 1
 
 
 def _run(**fields: object) -> Break:
@@ -93,7 +93,7 @@ RULES: list[tuple[str, Break, str, str | None]] = [
     ("duplicate call id", _set("C2", id="C1"), "call id 'C1' appears twice", "C1"),
     ("duplicate seq", _set("C2", seq=1), "seq 1 is used by both", None),
     ("later reference", _later_reference, "not an earlier call", "C1"),
-    ("reference too long", _set("C3", prompt_base_len=99), "prompt_from_len 99 is outside", "C3"),
+    ("reference too long", _set("C3", prompt_from_len=99), "prompt_from_len 99 is outside", "C3"),
     ("agent start", _agent("S", start="spawned"), "has start 'spawned'", None),
     ("duplicate agent", _agent("S", id="L", parent=None), "agent id 'L' appears twice", None),
     ("missing parent", _agent("S", parent="X"), "names parent agent 'X'", None),

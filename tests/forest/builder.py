@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
+
 from callgrove.episode import Agent, Call, Episode
+from callgrove.episode.record import concat, segments
 
 
 class EpisodeBuilder:
@@ -18,6 +21,13 @@ class EpisodeBuilder:
 
     def fresh(self, n: int = 3) -> list[int]:
         return [next(self._token) for _ in range(n)]
+
+    def full_ids(self, call: Call) -> np.ndarray:
+        """A call's prompt and completion, before the episode is made."""
+        return concat(segments(call, {c.id: c for a in self.agents for c in a.calls}.get))
+
+    def prompt_ids(self, call: Call) -> np.ndarray:
+        return self.full_ids(call)[: call.prompt_len]
 
     def agent(
         self, agent_id: str, parent: str | None = None, start: str = "root", **extra
@@ -40,7 +50,9 @@ class EpisodeBuilder:
         **extra,
     ) -> Call:
         seq = next(self._seq) if seq is None else seq
-        before = history.full_ids().tolist() if isinstance(history, Call) else list(history or [])
+        before = (
+            self.full_ids(history).tolist() if isinstance(history, Call) else list(history or [])
+        )
         prompt = before + (self.fresh() if new is None else new)
         completion = self.fresh(2) if completion is None else completion
         logprobs = [-0.5] * len(completion)

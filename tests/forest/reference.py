@@ -16,13 +16,13 @@ def reference_parents(episode: Episode) -> dict[str, str | None]:
     agent_of = agent_by_call(episode)
     parents: dict[str, str | None] = {}
     for call in kept:
-        prompt = call.prompt_ids()
+        prompt = episode.prompt_ids(call)
         prefixes = [
             p
             for p in kept
             if p.seq < call.seq
             and p.full_len <= len(prompt)
-            and np.array_equal(p.full_ids(), prompt[: p.full_len])
+            and np.array_equal(episode.full_ids(p), prompt[: p.full_len])
         ]
         if not prefixes:
             parents[call.id] = None
@@ -55,7 +55,7 @@ def reference_rows(episode: Episode, max_identical: int = 1) -> list[dict]:
         owner[call.id] = min(own or holders, key=lambda i: leaves[i].seq)
     rows = []
     for i, (leaf, path) in enumerate(zip(leaves, paths, strict=True)):
-        tokens = leaf.full_ids()
+        tokens = episode.full_ids(leaf)
         earlier = [
             r for r in rows if r["duplicate_of"] is None and np.array_equal(r["tokens"], tokens)
         ]

@@ -146,7 +146,7 @@ def test_fork_whose_first_call_is_not_an_exact_copy_becomes_a_root():
     leader = b.agent("L")
     fork = b.agent("F", parent="L", start="fork")
     c1 = b.call(leader)
-    history = c1.full_ids().tolist()
+    history = b.full_ids(c1).tolist()
     history[1] += 7  # the harness re-rendered one token of the leader's history
     c2 = b.call(fork, history)
     b.call(leader, c1)
@@ -252,7 +252,7 @@ def test_full_prompts_read_from_a_file_share_their_history_in_memory(tmp_path):
                     {
                         "id": c.id,
                         "seq": c.seq,
-                        "prompt_ids": c.prompt_ids().tolist(),
+                        "prompt_ids": episode.prompt_ids(c).tolist(),
                         "completion_ids": c.completion_ids.tolist(),
                         "logprobs": None,
                         "policy_version": None,
@@ -269,5 +269,5 @@ def test_full_prompts_read_from_a_file_share_their_history_in_memory(tmp_path):
     held = sum(len(c.prompt_suffix) + len(c.completion_ids) for c in again.calls())
     assert held == 100 + 20 * 5 + 21 * 10  # each distinct token held once
     for before, after in zip(episode.calls(), again.calls(), strict=True):
-        assert np.array_equal(before.prompt_ids(), after.prompt_ids())
+        assert np.array_equal(episode.prompt_ids(before), again.prompt_ids(after))
     assert [r.leaf.id for r in rows_of(again).rows] == ["C21"]

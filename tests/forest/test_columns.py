@@ -92,7 +92,7 @@ def test_samples_of_a_batch_equal_each_rows_own_values(batch):
     rows = [row for part in parts for row in part.rows]
     assert len(samples) == len(rows)
     for sample, row in zip(samples, rows, strict=True):
-        np.testing.assert_array_equal(sample.token_ids, row.leaf.full_ids())
+        np.testing.assert_array_equal(sample.token_ids, row.episode.full_ids(row.leaf))
         np.testing.assert_array_equal(sample.loss_mask, row.loss_mask)
         np.testing.assert_allclose(sample.logprobs, row.logprobs(), rtol=1e-6)
         on = row.loss_mask.view(bool)

@@ -51,7 +51,7 @@ def episodes(draw):
             b.call(agent, last[agent.id], draw(tokens), draw(completion), kept=False)
         elif action == "twin" and calls:
             source = draw(st.sampled_from(calls))
-            twin = b.call(agent, source.prompt_ids().tolist(), [], source.completion_ids.tolist())
+            twin = b.call(agent, b.prompt_ids(source).tolist(), [], source.completion_ids.tolist())
             last[agent.id] = twin
         elif action == "compact" and last[agent.id] is not None:
             b.call(agent, last[agent.id], draw(tokens), draw(completion), purpose="compaction")
@@ -99,20 +99,20 @@ def test_compact_writing_keeps_every_token_and_the_same_rows(episode):
     before = [
         (ids(r.path), r.token_ids.copy(), r.loss_mask.copy()) for r in build_rows(episode).rows
     ]
-    full = {c.id: (c.prompt_ids().copy(), c.completion_ids.copy()) for c in episode.calls()}
+    full = {c.id: (episode.prompt_ids(c).copy(), c.completion_ids.copy()) for c in episode.calls()}
     compact_prompts(episode)
     forest = build_forest(episode)
     for index, call in enumerate(forest.calls):
         parent = forest.parent[index]
         if parent >= 0:
-            assert call.prompt_base is forest.calls[parent]  # references the forest parent
+            assert call.prompt_from == forest.calls[parent].id  # references the forest parent
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "episode.jsonl"
         save(path, [episode])
         (again,) = list(load(path))
     for call in again.calls():
         prompt, completion = full[call.id]
-        assert np.array_equal(call.prompt_ids(), prompt)
+        assert np.array_equal(again.prompt_ids(call), prompt)
         assert np.array_equal(call.completion_ids, completion)
     after = [(ids(r.path), r.token_ids, r.loss_mask) for r in build_rows(again).rows]
     assert len(after) == len(before)
@@ -124,7 +124,7 @@ def test_compact_writing_keeps_every_token_and_the_same_rows(episode):
 @settings(max_examples=60, deadline=None)
 @given(episodes())
 def test_forests_and_rows_built_before_compaction_stay_valid(episode):
-    full = {c.id: c.full_ids().copy() for c in episode.calls()}
+    full = {c.id: episode.full_ids(c).copy() for c in episode.calls()}
     result = build_rows(episode)  # nothing materialized yet: rows read the forest lazily
     parents = [result.forest.parent_of(c) for c in result.forest.calls]
     compact_prompts(episode)

@@ -172,7 +172,8 @@ def test_claude_code_shape_is_continued_attributed_and_closed(tmp_path):
     assert [len(a["calls"]) for a in record["agents"]] == [2, 1]
     episode = next(read_episodes(tmp_path / "ledger" / EPISODES_FILE))
     first, last = episode.agent("sess-1").calls
-    assert last.prompt_ids()[: first.full_len].tolist() == first.full_ids().tolist()  # token-exact
+    prompt = episode.prompt_ids(last)
+    assert prompt[: first.full_len].tolist() == episode.full_ids(first).tolist()  # token-exact
     assert all(
         c.logprobs is not None and len(c.logprobs) == len(c.completion_ids) for c in episode.calls()
     )

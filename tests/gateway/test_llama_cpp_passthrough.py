@@ -120,7 +120,7 @@ def test_llama_cpp_server_behind_the_passthrough_gateway(tmp_path):
     assert episode.id == record["id"] == "llama"
     one, two = episode.agents[0].calls
     for call, reply in ((one, first), (two, second)):
-        prompt, completion = call.prompt_ids(), call.completion_ids
+        prompt, completion = episode.prompt_ids(call), call.completion_ids
         # The server's own template rendered the prompt (its default system prompt included),
         # and the completion ids are the answer's text token by token.
         assert text(prompt).startswith("<|im_start|>system\nYou are a helpful AI assistant")
@@ -128,9 +128,9 @@ def test_llama_cpp_server_behind_the_passthrough_gateway(tmp_path):
         assert text(completion) == reply.json()["choices"][0]["message"]["content"]
         assert len(call.logprobs) == len(completion) > 0
         assert np.all(np.isfinite(call.logprobs)) and np.all(call.logprobs <= 0)
-    assert f"<|im_start|>user\n{QUESTION}<|im_end|>" in text(one.prompt_ids())
+    assert f"<|im_start|>user\n{QUESTION}<|im_end|>" in text(episode.prompt_ids(one))
     # The second prompt resends the first call's tokens exactly: it extends that call.
-    assert two.prompt_base is one
+    assert two.prompt_from == one.id and episode.base_of(two) is one
     checked = subprocess.run(
         [sys.executable, "-c", "from callgrove.cli import main; main()", "check", str(episodes)],
         capture_output=True,
@@ -146,8 +146,8 @@ def test_llama_cpp_server_behind_the_passthrough_gateway(tmp_path):
     policy = HFPolicyModel(model)
     gaps = []
     for call in (one, two):
-        prompt = call.prompt_ids()
-        row = call.full_ids()
+        prompt = episode.prompt_ids(call)
+        row = episode.full_ids(call)
         mask = np.r_[np.zeros(len(prompt), np.uint8), np.ones(len(row) - len(prompt), np.uint8)]
         batch = packed_model_batch(row, np.array([0, len(row)]), mask)
         with torch.no_grad():

@@ -98,7 +98,7 @@ def test_200_concurrent_calls_are_each_recorded_once(tmp_path):
     check_closed(ledger, expected)
     for episode in read_episodes(ledger / EPISODES_FILE):
         assert all(len(a.calls) == 2 for a in episode.agents)
-        assert all(a.calls[1].prompt_base is a.calls[0] for a in episode.agents)  # continued
+        assert all(a.calls[1].prompt_from == a.calls[0].id for a in episode.agents)  # continued
 
 
 def test_calls_answered_before_a_kill_9_survive_the_restart(tmp_path):

@@ -58,7 +58,7 @@ def test_every_agent_and_compaction_kept_rows_as_the_spec_example(
     assert [c.id for c in agents["A"].calls] == ["C5", "C6"]  # C6 joined by its response id
     assert episode.call("C10").purpose == "compaction"
     assert not episode.call("R12").kept  # captured, named by no invocation
-    assert episode.call("C8").prompt_ids().tolist() == [1, 10, 11, 12, 13, 14, 15, 16, 50]
+    assert episode.prompt_ids(episode.call("C8")).tolist() == [1, 10, 11, 12, 13, 14, 15, 16, 50]
     kinds = sorted(g.kind for g in episode.gaps)
     assert kinds == [
         "empty_generation",
@@ -184,7 +184,7 @@ def test_delta_prompts_through_a_call_that_generated_nothing(store: TokenCapture
     capture.call("C2", capture.after("C1", 4), [], parent="C1", delta=True)  # nothing generated
     capture.call("C3", capture.after("C2", 5), [6], parent="C2", delta=True)
     [episode] = read_gym(store.root)
-    assert episode.call("C3").prompt_ids().tolist() == [1, 2, 3, 4, 5]
+    assert episode.prompt_ids(episode.call("C3")).tolist() == [1, 2, 3, 4, 5]
     assert [g.kind for g in episode.gaps][:1] == ["empty_generation"]
 
 

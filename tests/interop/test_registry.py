@@ -36,8 +36,8 @@ def test_convert_streams_between_any_two_registered_forms(tmp_path: Path):
     assert written == 1
     (back,) = cg.load(tmp_path / "out.parquet")
     (original,) = cg.load(traces)
-    assert [c.full_ids().tolist() for c in back.calls()] == [
-        c.full_ids().tolist() for c in original.calls()
+    assert [back.full_ids(c).tolist() for c in back.calls()] == [
+        original.full_ids(c).tolist() for c in original.calls()
     ]
     assert cg.convert(tmp_path / "out.parquet", tmp_path / "again.jsonl", target_format="verifiers")
     assert format_for(tmp_path / "again.jsonl").name == "verifiers"
@@ -75,9 +75,10 @@ def test_saving_holds_prompts_compactly(tmp_path: Path):
     leader.add(cg.Call.make("C2", 2, [1, 2, 3, 4, 5], [6], [-0.2]))
     fork = cg.Agent("F", "fork", parent="L", start="fork")
     fork.add(cg.Call.make("C3", 3, [1, 2, 3, 4, 9], [7], [-0.3]))
-    cg.save(tmp_path / "e.jsonl", [cg.Episode("e", [leader, fork])])
+    episode = cg.Episode("e", [leader, fork])
+    cg.save(tmp_path / "e.jsonl", [episode])
     text = (tmp_path / "e.jsonl").read_text()
     assert text.count('"prompt_from":"C1"') == 2  # C2 and the fork's first call
     (back,) = cg.load(tmp_path / "e.jsonl")
-    assert back.call("C3").full_ids().tolist() == [1, 2, 3, 4, 9, 7]
-    assert first.full_ids().tolist() == [1, 2, 3, 4]
+    assert back.full_ids(back.call("C3")).tolist() == [1, 2, 3, 4, 9, 7]
+    assert episode.full_ids(first).tolist() == [1, 2, 3, 4]

@@ -155,7 +155,7 @@ def test_shared_history_is_trained_once_where_verifiers_marks_it_in_every_branch
     assert (summary.purpose, summary.kept) == ("compaction", True)
     assert (discarded.purpose, discarded.kept) == ("compaction", False)
     after = episode.call(call_id(0, at["C5"]))
-    assert after.prompt_base is None  # the summary starts a new tree
+    assert after.prompt_from is None  # the summary starts a new tree
 
 
 def test_a_fork_in_another_trace_becomes_a_child_where_verifiers_keeps_two_branches(
@@ -259,7 +259,7 @@ def test_bare_trace_rows_that_verifiers_no_longer_reads(tmp_path: Path) -> None:
     [agent] = episode.agents
     assert (agent.id, agent.name, agent.trainable) == ("old-1", "agent", True)
     [call] = agent.calls
-    assert call.prompt_ids().tolist() == [1, 2, 50]
+    assert episode.prompt_ids(call).tolist() == [1, 2, 50]
     assert call.completion_ids.tolist() == [7, 8]
     assert call.logprobs.tolist() == [-0.5, -0.25]
 
@@ -355,15 +355,15 @@ def test_callgrove_episodes_written_as_verifiers_read_by_verifiers(tmp_path: Pat
     assert back.run == episode.run and back.group == "g"
     assert back.errors == [WireError(type="Timeout", message="slow", agent="W")]
     calls = {
-        c.prompt_ids().tolist().__repr__() + c.completion_ids.tolist().__repr__(): c
+        back.prompt_ids(c).tolist().__repr__() + c.completion_ids.tolist().__repr__(): c
         for c in back.calls()
     }
     assert len(calls) == 6 and not back.call("R").kept  # the retry comes back, not kept
     summary = next(c for c in back.calls() if c.purpose == "compaction")
-    assert summary.kept and summary.full_ids().tolist() == [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    assert summary.kept and back.full_ids(summary).tolist() == [1, 2, 3, 4, 5, 6, 7, 8, 9]
     assert back.agents[1].calls[0].advantages == 0.0  # the scalar it was spread from
     assert back.agents[0].calls[0].advantages is None
-    assert c1.full_ids().tolist() == back.agents[0].calls[0].full_ids().tolist()
+    assert episode.full_ids(c1).tolist() == back.full_ids(back.agents[0].calls[0]).tolist()
 
 
 def test_bad_rows_are_reported_with_file_and_line(tmp_path: Path) -> None:

@@ -167,7 +167,7 @@ def fields(episode: Episode) -> dict[str, Any]:
                                 "content",
                             )
                         },
-                        "prompt_ids": call.prompt_ids().tolist(),
+                        "prompt_ids": episode.prompt_ids(call).tolist(),
                     }
                     for call in agent.calls
                 ],

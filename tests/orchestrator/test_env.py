@@ -55,8 +55,8 @@ def test_relay_episode_has_every_shape_the_env_meant():
 def test_prompts_extend_the_agents_previous_sequence_exactly():
     episode = run(make_env("copy"), "123", ScriptedPolicy("9"))
     first, second = episode.agent("leader").calls
-    full = first.full_ids()
-    assert np.array_equal(second.prompt_ids()[: len(full)], full)
+    full = episode.full_ids(first)
+    assert np.array_equal(episode.prompt_ids(second)[: len(full)], full)
     assert RENDERER.parse(first.completion_ids) == "9"
     assert first.logprobs is not None and len(first.logprobs) == len(first.completion_ids)
     assert first.policy_version == 0

@@ -22,7 +22,7 @@ from callgrove.synth import PRESETS, Shape, call_tokens, synth_episode, synth_ep
 
 def tokens_of(episode) -> list[tuple[str, int, list[int], str]]:
     return [
-        (call.id, call.seq, call.full_ids().tolist(), call.purpose)
+        (call.id, call.seq, episode.full_ids(call).tolist(), call.purpose)
         for call in sorted(episode.calls(), key=lambda c: c.seq)
     ]
 

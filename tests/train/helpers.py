@@ -71,20 +71,20 @@ def trained_calls(episode_rows: list[EpisodeRows]) -> list[Call]:
 
 def per_call_batch(episode_rows: list[EpisodeRows]) -> ModelBatch:
     """Each trained call on its own: its prompt as context, loss on its completion."""
-    calls = trained_calls(episode_rows)
     tokens, masks, logprobs, advantages = [], [], [], []
-    for call in calls:
-        mask = np.zeros(call.full_len, dtype=np.uint8)
-        mask[call.prompt_len :] = 1
-        tokens.append(call.full_ids())
-        masks.append(mask)
-        # Samples carry float32 values; the reference reads the same numbers.
-        per_token = np.zeros(call.full_len, dtype=VALUE_DTYPE)
-        per_token[call.prompt_len :] = call.logprobs
-        logprobs.append(per_token)
-        per_token = np.zeros(call.full_len, dtype=VALUE_DTYPE)
-        per_token[call.prompt_len :] = call.advantages
-        advantages.append(per_token)
+    for er in episode_rows:
+        for call in (call for row in er.rows for call in row.loss_calls):
+            mask = np.zeros(call.full_len, dtype=np.uint8)
+            mask[call.prompt_len :] = 1
+            tokens.append(er.episode.full_ids(call))
+            masks.append(mask)
+            # Samples carry float32 values; the reference reads the same numbers.
+            per_token = np.zeros(call.full_len, dtype=VALUE_DTYPE)
+            per_token[call.prompt_len :] = call.logprobs
+            logprobs.append(per_token)
+            per_token = np.zeros(call.full_len, dtype=VALUE_DTYPE)
+            per_token[call.prompt_len :] = call.advantages
+            advantages.append(per_token)
     cu_seqlens = np.concatenate([[0], np.cumsum([len(t) for t in tokens])])
     values = {"logprobs": np.concatenate(logprobs), "advantages": np.concatenate(advantages)}
     return packed_model_batch(
@@ -116,8 +116,9 @@ def episodes(draw) -> Episode:
     words = st.lists(alphabet, min_size=1, max_size=4)
 
     def call(agent: Agent, history: Call | None, twin_of: Call | None = None) -> Call:
-        before = [] if history is None else history.full_ids().tolist()
-        prompt = before + draw(words) if twin_of is None else twin_of.prompt_ids().tolist()
+        # every prompt is given whole here: a call's tokens are its prompt and completion
+        before = [] if history is None else [*history.prompt_suffix, *history.completion_ids]
+        prompt = before + draw(words) if twin_of is None else twin_of.prompt_suffix.tolist()
         completion = draw(words) if twin_of is None else twin_of.completion_ids.tolist()
         logprobs = [-0.1 * (1 + next(token) % 9) for _ in completion]
         number = next(seq)

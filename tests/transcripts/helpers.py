@@ -69,13 +69,13 @@ def assert_prefix_stable(episode: Episode) -> None:
     call's own base. Rows check clean."""
     forest = build_forest(episode)
     for call in forest.calls:
-        base = call.prompt_base
+        base = episode.base_of(call)
         while base is not None and not base.kept:
-            base = base.prompt_base
+            base = episode.base_of(base)
         parent = forest.parent_of(call)
         if base is None or parent is base:
             continue
         assert parent is not None, f"{call.id} continues {base.id} but is a root"
-        assert parent.full_ids().tolist() == base.full_ids().tolist(), call.id
+        assert episode.full_ids(parent).tolist() == episode.full_ids(base).tolist(), call.id
     summary = check_rows(build_rows(episode))
     assert summary.violations == [], [str(v) for v in summary.violations]

@@ -219,7 +219,7 @@ def test_episodes_round_trip_through_the_file_format(tmp_path):
         strict=True,
     ):
         assert (before.id, before.seq, before.purpose) == (after.id, after.seq, after.purpose)
-        assert before.full_ids().tolist() == after.full_ids().tolist()
+        assert episodes[0].full_ids(before).tolist() == back.full_ids(after).tolist()
         assert after.logprobs is None
         assert after.content["response"] == before.content["response"]
 

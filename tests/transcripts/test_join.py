@@ -28,6 +28,10 @@ def transcript_and_capture() -> tuple[Episode, Episode]:
     lost = calls.pop(5)
     gateway = Agent("gateway", "gateway")
     rng = np.random.default_rng(0)
+    for call in calls:
+        # its whole prompt: the capture's ids are its own, and the lost call is not in it
+        prompt = tokens.prompt_ids(call)
+        call.prompt_suffix, call.prompt_from, call.prompt_from_len = prompt, None, 0
     for n, call in enumerate(calls):
         call.id, call.content = f"cap-{n}", None
         call.logprobs = -rng.random(len(call.completion_ids))
@@ -41,7 +45,7 @@ def transcript_and_capture() -> tuple[Episode, Episode]:
 
 def test_join_takes_capture_tokens_with_transcript_structure():
     episode, capture, lost = transcript_and_capture()
-    captured = {c.id: (c.full_ids().tolist(), c.logprobs) for c in capture.calls()}
+    captured = {c.id: (capture.full_ids(c).tolist(), c.logprobs) for c in capture.calls()}
     result = join_capture(episode, capture, BuiltinFormat().decode)
     joined = result.episode
     assert result.unmatched_transcript == [lost]
@@ -50,7 +54,7 @@ def test_join_takes_capture_tokens_with_transcript_structure():
     for transcript_id, capture_id in result.matched:
         call = joined.call(capture_id)
         assert joined.agent_of(call).id == episode.agent_of(episode.call(transcript_id)).id
-        assert call.full_ids().tolist() == captured[capture_id][0]
+        assert joined.full_ids(call).tolist() == captured[capture_id][0]
         assert call.logprobs is captured[capture_id][1]
         assert call.content["transcript_call"] == transcript_id
     assert [a.id for a in joined.agents] == ["main", "sidechain-1", "sidechain-2", UNMATCHED_AGENT]

@@ -92,9 +92,9 @@ def test_incremental_prompts_equal_rendering_from_scratch(transcript):
     episode = Renderer(chat_format).episode(transcript)
     for call in transcript.calls():
         rendered = episode.call(call.id)
-        assert rendered.prompt_ids().tolist() == from_scratch(call, chat_format).tolist()
+        assert episode.prompt_ids(rendered).tolist() == from_scratch(call, chat_format).tolist()
         # Literal marker text in messages stays bytes: only real turn frames are special.
-        full = rendered.full_ids()
+        full = episode.full_ids(rendered)
         assert (full == ByteTokenizer.END).sum() == len(call.context.messages_since(None)) + 1
     assert_prefix_stable(episode)
 
@@ -159,7 +159,7 @@ def test_jinja_template_renders_a_real_session_prefix_stably(chatml):
         expected = chatml._render([m.as_dict() for m in history], generation=True) + chatml.decode(
             rendered.completion_ids
         )
-        assert chatml.decode(rendered.full_ids()) == expected
+        assert chatml.decode(episode.full_ids(rendered)) == expected
 
 
 def test_template_that_rewrites_history_is_rendered_newest_first(tmp_path, chatml):
@@ -192,7 +192,7 @@ def test_template_that_rewrites_history_is_rendered_newest_first(tmp_path, chatm
     agent.calls += [first, second]
     episode = Renderer(fmt).episode(Transcript("t", [agent]))
     assert_prefix_stable(episode)
-    assert "<think>think</think>" in fmt.decode(episode.call("c2").prompt_ids())
+    assert "<think>think</think>" in fmt.decode(episode.prompt_ids(episode.call("c2")))
 
 
 def test_cli_renders_with_a_tokenizer_and_template(tmp_path, chatml):
@@ -211,7 +211,7 @@ def test_cli_renders_with_a_tokenizer_and_template(tmp_path, chatml):
     (episode,) = load(out)
     assert episode.meta["renderer"] == "jinja"
     im_start = chatml.tokenizer.token_to_id("<|im_start|>")
-    assert all(c.full_ids()[0] == im_start for c in episode.calls())
+    assert all(episode.full_ids(c)[0] == im_start for c in episode.calls())
     assert_prefix_stable(episode)
 
 
@@ -319,8 +319,8 @@ def test_tokenizer_accepts_a_model_folder(tmp_path, chatml, layout):
     (episode,) = load(out)
     (transcript,) = import_claude_code(KIMUSON)
     reference = Renderer(chatml).episode(transcript)
-    assert [c.full_ids().tolist() for c in sorted(episode.calls(), key=lambda c: c.seq)] == [
-        c.full_ids().tolist() for c in sorted(reference.calls(), key=lambda c: c.seq)
+    assert [episode.full_ids(c).tolist() for c in sorted(episode.calls(), key=lambda c: c.seq)] == [
+        reference.full_ids(c).tolist() for c in sorted(reference.calls(), key=lambda c: c.seq)
     ]
 
 

@@ -112,7 +112,7 @@ def write_gym_captures(folder: Path, episodes: Sequence[Episode]) -> Path:
                     "schema_version": 1,
                     "rollout_id": episode.id,
                     "model_call_id": call.id,
-                    "prompt_token_ids": call.prompt_ids(),
+                    "prompt_token_ids": episode.prompt_ids(call),
                     "generation_token_ids": call.completion_ids,
                     "generation_log_probs": call.logprobs,
                     "created_at": float(call.seq),
@@ -163,7 +163,7 @@ def floor_pieces(episode_rows: Sequence[EpisodeRows]) -> FloorPieces:
             trains = {c.index for c in row.trains} if row.duplicate_of is None else set()
             start = 0
             for call in row.path:
-                prompt = call.segments(call.prompt_len, start)
+                prompt = er.episode.segments(call, call.prompt_len, start)
                 prompt_len = call.prompt_len - start
                 completion = len(call.completion_ids)
                 trained = call.index in trains

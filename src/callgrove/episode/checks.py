@@ -18,7 +18,14 @@ from typing import Protocol
 import numpy as np
 from msgspec import UNSET
 
-from callgrove.episode.record import AGENT_STARTS, PURPOSES, RUN_TYPES, Call, Episode
+from callgrove.episode.record import (
+    AGENT_STARTS,
+    PURPOSES,
+    RUN_TYPES,
+    Call,
+    Episode,
+    not_an_earlier_call,
+)
 from callgrove.formats.problems import InputError, Problem
 from callgrove.formats.wire import WireEpisode, WireRun
 
@@ -312,8 +319,8 @@ def duplicate_episode(episode: str, first: str, file: str, line: int | None = No
 
 
 def resolve_prompts(calls: Sequence[Call], prompt_from: Sequence[str | None], episode: str) -> None:
-    """Point each compact prompt at the earlier call it starts from (`prompt_from[i]` names
-    call i's), checking that it is an earlier call of the episode and long enough."""
+    """Set each compact prompt's reference to the earlier call it starts from (`prompt_from[i]`
+    names call i's), checking that it is an earlier call of the episode and long enough."""
     if not any(prompt_from):
         return
     by_id = {c.id: c for c in calls}
@@ -322,20 +329,15 @@ def resolve_prompts(calls: Sequence[Call], prompt_from: Sequence[str | None], ep
             continue
         source = by_id.get(source_id)
         if source is None or source.seq >= call.seq:
+            raise fail(not_an_earlier_call(source_id), episode, call.id)
+        if not 0 <= call.prompt_from_len <= source.full_len:
             raise fail(
-                f"prompt_from names {source_id!r}, which is not an earlier call (lower seq) "
-                "of the episode",
-                episode,
-                call.id,
-            )
-        if not 0 <= call.prompt_base_len <= source.full_len:
-            raise fail(
-                f"prompt_from_len {call.prompt_base_len} is outside [0, {source.full_len}], "
+                f"prompt_from_len {call.prompt_from_len} is outside [0, {source.full_len}], "
                 f"the length of {source.id!r}'s full sequence",
                 episode,
                 call.id,
             )
-        call.prompt_base = source if call.prompt_base_len else None
+        call.prompt_from = source_id if call.prompt_from_len else None
 
 
 def raise_first(
@@ -360,14 +362,4 @@ def check_episode(episode: Episode) -> None:
     check_unique_calls(calls, episode.id)
     columns = CallColumns.of_calls(calls)
     raise_first(call_problems(columns), columns.ids, 0, len(calls), episode.id)
-    prompt_from = [None if c.prompt_base is None else c.prompt_base.id for c in calls]
-    bases = [c.prompt_base for c in calls]
-    resolve_prompts(calls, prompt_from, episode.id)
-    for call, base in zip(calls, bases, strict=True):
-        if base is not None and call.prompt_base is not base:
-            raise fail(
-                f"prompt_from names {base.id!r}, which is not an earlier call (lower seq) "
-                "of the episode",
-                episode.id,
-                call.id,
-            )
+    resolve_prompts(calls, [c.prompt_from for c in calls], episode.id)

@@ -246,7 +246,7 @@ def _calls_in_one_buffer(wire: WireEpisode) -> tuple[list[list[Call]], CallColum
             seq=call.seq,
             completion_ids=completion,
             prompt_suffix=prompt,
-            prompt_base_len=base_len,  # type: ignore[arg-type]
+            prompt_from_len=base_len,  # type: ignore[arg-type]
             logprobs=logprob,
             advantages=_advantage(value, per_token_view),
             **values,
@@ -354,7 +354,7 @@ def _call_from_wire(wire: WireCall, episode: str) -> Call:
         seq=wire.seq,
         completion_ids=token_array(wire.completion_ids, episode, wire.id, "completion_ids"),
         prompt_suffix=suffix,
-        prompt_base_len=base_len,
+        prompt_from_len=base_len,
         logprobs=_floats(wire.logprobs),
         advantages=(
             None
@@ -428,11 +428,11 @@ def _call_to_wire(call: Call) -> WireCall:
         logprobs=None if call.logprobs is None else call.logprobs.tolist(),
         **plain_call_values(call),
     )
-    if call.prompt_base is None:
+    if call.prompt_from is None:
         wire.prompt_ids = call.prompt_suffix.tolist()
     else:
-        wire.prompt_from = call.prompt_base.id
-        wire.prompt_from_len = call.prompt_base_len
+        wire.prompt_from = call.prompt_from
+        wire.prompt_from_len = call.prompt_from_len
         wire.prompt_suffix_ids = call.prompt_suffix.tolist()
     if call.advantages is not None:
         advantages = call.advantages

@@ -1,10 +1,13 @@
 """The typed episode record: agents and their calls, tokens as numpy arrays.
 
-A call's prompt is held as a reference into an earlier call's full sequence plus the tokens it
-adds (`prompt_base`, `prompt_base_len`, `prompt_suffix`), never as a fresh copy of its history:
-memory grows with the distinct tokens of an episode, as the compact file form does. A call read
-with a full `prompt_ids` simply has no base until `callgrove.forest.compact_prompts` rebases it
-onto its parent.
+A call's prompt is held as the file holds it: the id of an earlier call whose full sequence it
+starts with, how much of it, and the tokens it adds (`prompt_from`, `prompt_from_len`,
+`prompt_suffix`), never as a fresh copy of its history: memory grows with the distinct tokens of
+an episode. The reference is a name, not an object: a call's tokens are read through the calls
+it may refer to (`Episode.segments`, `Episode.full_ids`; before an episode exists,
+`segments(call, calls_by_id.get)`), so records copy, pickle and filter without hidden links. A
+call read with a full `prompt_ids` simply has no base until `callgrove.forest.compact_prompts`
+rebases it onto its parent.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import msgspec
 import numpy as np
 
 from callgrove.episode.provenance import Gap, Spawn
+from callgrove.formats.problems import InputError, Problem
 from callgrove.formats.wire import CallFields, WireEnv, WireError, WirePolicy, WireRun
 
 # The episode's small parts are the wire structs themselves, under the names a user builds with.
@@ -49,8 +53,10 @@ class Call(CallFields, kw_only=True, eq=False):
 
     completion_ids: np.ndarray
     prompt_suffix: np.ndarray = msgspec.field(default_factory=lambda: EMPTY_TOKENS)
-    prompt_base: Call | None = None
-    prompt_base_len: int = 0
+    # The id of the earlier call of the same episode whose full sequence the prompt starts with
+    # (None: `prompt_suffix` is the whole prompt), and how many of its tokens it resends.
+    prompt_from: str | None = None
+    prompt_from_len: int = 0
     logprobs: np.ndarray | None = None
     purpose: Purpose = "turn"  # the wire's `str`, narrowed once checked
     advantages: float | np.ndarray | None = None
@@ -84,41 +90,16 @@ class Call(CallFields, kw_only=True, eq=False):
 
     @property
     def prompt_len(self) -> int:
-        return self.prompt_base_len + len(self.prompt_suffix)
+        return self.prompt_from_len + len(self.prompt_suffix)
 
     @property
     def full_len(self) -> int:
         return self.prompt_len + len(self.completion_ids)
 
-    def segments(self, length: int | None = None, start: int = 0) -> list[np.ndarray]:
-        """Array views that concatenate to `full_ids()[start:length]`, sharing memory with the history."""
-        remaining = self.full_len if length is None else length
-        reversed_parts: list[np.ndarray] = []
-        call: Call | None = self
-        while call is not None and remaining > start:
-            suffix_start = call.prompt_base_len
-            completion_start = suffix_start + len(call.prompt_suffix)
-            for piece_start, piece in (
-                (completion_start, call.completion_ids),
-                (suffix_start, call.prompt_suffix),
-            ):
-                if remaining > piece_start:
-                    skip = max(start - piece_start, 0)
-                    reversed_parts.append(piece[skip : remaining - piece_start])
-                    remaining = piece_start
-            call = call.prompt_base
-        reversed_parts.reverse()
-        return reversed_parts
-
-    def prompt_ids(self) -> np.ndarray:
-        return _concat(self.segments(self.prompt_len))
-
     def __repr__(self) -> str:
         prompt = f"{self.prompt_len}"
-        if self.prompt_base is not None:
-            prompt += (
-                f" ({self.prompt_base.id}[:{self.prompt_base_len}] + {len(self.prompt_suffix)})"
-            )
+        if self.prompt_from is not None:
+            prompt += f" ({self.prompt_from}[:{self.prompt_from_len}] + {len(self.prompt_suffix)})"
         extras = "" if self.kept else ", kept=False"
         extras += "" if self.purpose == "turn" else f", purpose={self.purpose!r}"
         return (
@@ -126,11 +107,60 @@ class Call(CallFields, kw_only=True, eq=False):
             f"completion={len(self.completion_ids)}, policy_version={self.policy_version}{extras})"
         )
 
-    def full_ids(self) -> np.ndarray:
-        return _concat(self.segments())
+
+def not_an_earlier_call(source_id: str) -> str:
+    """The message for a prompt that refers to no earlier call of its episode."""
+    return (
+        f"prompt_from names {source_id!r}, which is not an earlier call (lower seq) of the episode"
+    )
 
 
-def _concat(parts: list[np.ndarray]) -> np.ndarray:
+def base_of(
+    call: Call, find: Callable[[str], Call | None], episode: str | None = None
+) -> Call | None:
+    """The call whose full sequence `call`'s prompt starts with (None when it has none), found
+    by id with `find`; an `InputError` naming the episode and call when that is no earlier call."""
+    if call.prompt_from is None:
+        return None
+    base = find(call.prompt_from)
+    if base is None or base.seq >= call.seq:
+        raise InputError(
+            Problem(not_an_earlier_call(call.prompt_from), episode=episode, call=call.id)
+        )
+    return base
+
+
+def segments(
+    call: Call,
+    find: Callable[[str], Call | None],
+    length: int | None = None,
+    start: int = 0,
+    episode: str | None = None,
+) -> list[np.ndarray]:
+    """Array views that concatenate to the call's full sequence `[start:length]`, sharing memory
+    with the history; `find` gives a call by id (every call the prompt refers to, directly or
+    through others). In an episode, `Episode.segments`."""
+    remaining = call.full_len if length is None else length
+    reversed_parts: list[np.ndarray] = []
+    current: Call | None = call
+    while current is not None and remaining > start:
+        suffix_start = current.prompt_from_len
+        completion_start = suffix_start + len(current.prompt_suffix)
+        for piece_start, piece in (
+            (completion_start, current.completion_ids),
+            (suffix_start, current.prompt_suffix),
+        ):
+            if remaining > piece_start:
+                skip = max(start - piece_start, 0)
+                reversed_parts.append(piece[skip : remaining - piece_start])
+                remaining = piece_start
+        current = base_of(current, find, episode) if remaining > start else None
+    reversed_parts.reverse()
+    return reversed_parts
+
+
+def concat(parts: list[np.ndarray]) -> np.ndarray:
+    """One array of `segments`' views (the view itself when there is only one)."""
     if not parts:
         return EMPTY_TOKENS
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
@@ -185,6 +215,9 @@ class Episode:
     objective: str | None = None
     gaps: list[Gap] | None = None
     meta: dict[str, Any] | None = None
+    # Every call by id, where prompt references are looked up: made on first use, again by
+    # `ledger()` and whenever an id is not found in it (a call added since).
+    _by_id: dict[str, Call] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.ledger()
@@ -193,6 +226,7 @@ class Episode:
         """Every call, kept or not, in `seq` order (agent order among equal `seq`), each given
         its place here as `index` (and each agent its place in `agents`). Built at
         construction; call it again after adding agents or calls."""
+        self._by_id = None
         for number, agent in enumerate(self.agents):
             agent.index = number
             for call in agent.calls:
@@ -253,6 +287,32 @@ class Episode:
             )
         return self.agents[call.agent_index]
 
+    def find(self, call_id: str) -> Call | None:
+        """The call with this id, or None."""
+        found = None if self._by_id is None else self._by_id.get(call_id)
+        if found is None:
+            self._by_id = {call.id: call for call in self.calls()}
+            found = self._by_id.get(call_id)
+        return found
+
+    def base_of(self, call: Call) -> Call | None:
+        """The call whose full sequence `call`'s prompt starts with (`Call.prompt_from`), or
+        None; an `InputError` naming the episode and call when it is no earlier call here."""
+        return base_of(call, self.find, self.id)
+
+    def segments(self, call: Call, length: int | None = None, start: int = 0) -> list[np.ndarray]:
+        """Array views that concatenate to `full_ids(call)[start:length]`, sharing memory with
+        the history (no copy)."""
+        return segments(call, self.find, length, start, self.id)
+
+    def prompt_ids(self, call: Call) -> np.ndarray:
+        """The call's whole prompt."""
+        return concat(self.segments(call, call.prompt_len))
+
+    def full_ids(self, call: Call) -> np.ndarray:
+        """The call's prompt then its completion."""
+        return concat(self.segments(call))
+
     def agent(self, agent_id: str) -> Agent:
         for agent in self.agents:
             if agent.id == agent_id:
@@ -294,14 +354,11 @@ class Episode:
         arrays, and a call whose prompt referenced a dropped call holds it by its own tokens."""
         copies: dict[str, Call] = {}
         for call in sorted((c for c in self.calls() if keep(c)), key=lambda c: c.seq):
-            base = call.prompt_base
-            if base is None:
+            if call.prompt_from is None or call.prompt_from in copies:
                 copies[call.id] = msgspec.structs.replace(call)
-            elif base.id in copies:
-                copies[call.id] = msgspec.structs.replace(call, prompt_base=copies[base.id])
             else:
                 copies[call.id] = msgspec.structs.replace(
-                    call, prompt_suffix=call.prompt_ids(), prompt_base=None, prompt_base_len=0
+                    call, prompt_suffix=self.prompt_ids(call), prompt_from=None, prompt_from_len=0
                 )
         agents = [
             replace(agent, calls=[copies[c.id] for c in agent.calls if c.id in copies])
@@ -320,17 +377,18 @@ def share_histories(agents: list[Agent]) -> None:
     files linear in the distinct tokens when every prompt is given in full.
     """
     by_id = {agent.id: agent for agent in agents}
+    find = {call.id: call for agent in agents for call in agent.calls}.get
     for agent in agents:
         previous: Call | None = None
         for call in sorted(agent.calls, key=lambda c: c.seq):
-            if call.prompt_base is None:
+            if call.prompt_from is None:
                 forked = agent.start == "fork" and agent.parent is not None
                 starter = by_id.get(agent.parent) if forked else None  # type: ignore[arg-type]
                 candidates = [previous] if previous is not None else _earlier(starter, call)
                 for source in candidates:
-                    if _starts_with(call.prompt_suffix, source):
+                    if _starts_with(call.prompt_suffix, source, find):
                         call.prompt_suffix = call.prompt_suffix[source.full_len :].copy()
-                        call.prompt_base, call.prompt_base_len = source, source.full_len
+                        call.prompt_from, call.prompt_from_len = source.id, source.full_len
                         break
             previous = call
 
@@ -343,11 +401,11 @@ def _earlier(agent: Agent | None, call: Call) -> list[Call]:
     return sorted(earlier, key=lambda c: -c.full_len)
 
 
-def _starts_with(tokens: np.ndarray, call: Call) -> bool:
+def _starts_with(tokens: np.ndarray, call: Call, find: Callable[[str], Call | None]) -> bool:
     if len(tokens) < call.full_len:
         return False
     position = 0
-    for piece in call.segments():
+    for piece in segments(call, find):
         if not np.array_equal(tokens[position : position + len(piece)], piece):
             return False
         position += len(piece)

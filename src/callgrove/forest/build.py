@@ -288,7 +288,11 @@ def compact_prompts(episode: Episode) -> None:
         if parent_index < 0:
             continue
         parent = forest.calls[parent_index]
-        if call.prompt_base is parent and call.prompt_base_len == parent.full_len:
+        if call.prompt_from == parent.id and call.prompt_from_len == parent.full_len:
             continue
-        suffix = call.prompt_ids()[parent.full_len :].copy()
-        call.prompt_base, call.prompt_base_len, call.prompt_suffix = parent, parent.full_len, suffix
+        suffix = episode.prompt_ids(call)[parent.full_len :].copy()
+        call.prompt_from, call.prompt_from_len, call.prompt_suffix = (
+            parent.id,
+            parent.full_len,
+            suffix,
+        )

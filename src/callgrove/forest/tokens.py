@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from callgrove.episode import Call
+from callgrove.episode.record import not_an_earlier_call
 
 _MASK64 = (1 << 64) - 1
 
@@ -107,10 +108,11 @@ class TokenPool:
         """`calls` is an episode's ledger (`Episode.ledger()`): every call a prompt refers to,
         in `seq` order, each at its `index`."""
         count = len(calls)
+        position = {call.id: i for i, call in enumerate(calls)}
         base = np.fromiter(
-            (_base_index(i, call, calls) for i, call in enumerate(calls)), np.int64, count
+            (_base_index(i, call, position) for i, call in enumerate(calls)), np.int64, count
         )
-        base_len = np.fromiter((c.prompt_base_len for c in calls), np.int64, count)
+        base_len = np.fromiter((c.prompt_from_len for c in calls), np.int64, count)
         suffix_len = np.fromiter((len(c.prompt_suffix) for c in calls), np.int64, count)
         completion_len = np.fromiter((len(c.completion_ids) for c in calls), np.int64, count)
         prompt_len = base_len + suffix_len
@@ -225,20 +227,16 @@ class TokenPool:
         return True  # both walks covered `length` tokens, all equal
 
 
-def _base_index(i: int, call: Call, calls: list[Call]) -> int:
+def _base_index(i: int, call: Call, position: dict[str, int]) -> int:
     """The ledger index of the call's prompt base (-1 for none), checked to be an earlier call
     of the same ledger; the call itself checked to be at its index."""
     if call.index != i:
         raise ValueError(f"call {call.id} is not at its ledger index ({call.index})")
-    referenced = call.prompt_base
-    if referenced is None:
+    if call.prompt_from is None:
         return -1
-    b = referenced.index
-    if not (0 <= b < i and calls[b] is referenced):
-        raise ValueError(
-            f"call {call.id}: its prompt refers to {referenced.id}, which is not an "
-            "earlier call of the same episode"
-        )
+    b = position.get(call.prompt_from, i)
+    if b >= i:
+        raise ValueError(f"call {call.id}: {not_an_earlier_call(call.prompt_from)}")
     return b
 
 

@@ -33,6 +33,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from callgrove.episode import TOKEN_DTYPE, Agent, Call, Episode, encode_episode
+from callgrove.episode.record import concat, segments
 from callgrove.gateway.apis import (
     ChatRequest,
     Reply,
@@ -151,6 +152,15 @@ class EpisodeState:
     spawns: list[Spawn] = field(default_factory=list)
     failed: list[dict[str, Any]] = field(default_factory=list)
     closed: bool = False
+
+    def full_ids(self, call: Call) -> np.ndarray:
+        """A recorded call's prompt and completion, its prompt reference read through the
+        calls recorded here."""
+        return concat(segments(call, self._find, episode=self.id))
+
+    def _find(self, call_id: str) -> Call | None:
+        recorded = self.by_id.get(call_id)
+        return None if recorded is None else recorded.call
 
     def next_call_id(self) -> str:
         self.numbered += 1
@@ -364,12 +374,12 @@ class Gateway:
         try:
             if self.passthrough:
                 prompt, sample, response, base = await self._passthrough(
-                    chat_request, turn.params, base
+                    chat_request, turn.params, turn.state, base
                 )
                 suffix = prompt[base.call.full_len :] if base else prompt
                 new = messages[turn.cut :] if base else messages
             else:
-                prompt, suffix, new = self._render(messages, turn.tools, base, turn.cut)
+                prompt, suffix, new = self._render(messages, turn, base)
                 sample = await self.policy.sample(prompt, turn.params)
                 response = self.chat.parse(sample.completion_ids)
         except Exception as error:
@@ -388,7 +398,7 @@ class Gateway:
         error events; either way the ledger records the failure. The call's line is durable
         before the terminal events are sent."""
         turn = self._turn(api, chat_request, episode_id, who)
-        prompt, suffix, new = self._render(chat_request.messages, turn.tools, turn.base, turn.cut)
+        prompt, suffix, new = self._render(chat_request.messages, turn, turn.base)
         pieces = self.policy.stream(prompt, turn.params)  # type: ignore[attr-defined]
         try:
             first = await anext(pieces)
@@ -481,8 +491,8 @@ class Gateway:
             seq=state.seq,
             completion_ids=sample.completion_ids,
             prompt_suffix=suffix,
-            prompt_base=base.call if base else None,
-            prompt_base_len=base.call.full_len if base else 0,
+            prompt_from=base.call.id if base else None,
+            prompt_from_len=base.call.full_len if base else 0,
             logprobs=sample.logprobs,
             policy_version=sample.policy_version,
             purpose=turn.who.purpose,
@@ -542,21 +552,25 @@ class Gateway:
         return self._in_flight <= 1
 
     def _render(
-        self, messages: list[Message], tools: Message | None, base: Recorded | None, cut: int
+        self, messages: list[Message], turn: Turn, base: Recorded | None
     ) -> tuple[np.ndarray, np.ndarray, list[Message]]:
         """(prompt, its suffix after the base call, the messages the suffix renders)."""
         if base is None:
-            new = ([tools] if tools else []) + messages
+            new = ([turn.tools] if turn.tools else []) + messages
             prompt = self.chat.render(new)
             return prompt, prompt, new
-        new = messages[cut:]
+        new = messages[turn.cut :]
         suffix = np.concatenate(
             [self.chat.trailing(base.response, base.previous), self.chat.render(new, base.response)]
         ).astype(TOKEN_DTYPE)
-        return np.concatenate([*base.call.segments(), suffix]), suffix, new
+        return np.concatenate([turn.state.full_ids(base.call), suffix]), suffix, new
 
     async def _passthrough(
-        self, chat_request: ChatRequest, params: SamplingParams, base: Recorded | None
+        self,
+        chat_request: ChatRequest,
+        params: SamplingParams,
+        state: EpisodeState,
+        base: Recorded | None,
     ) -> tuple[np.ndarray, Sample, Message, Recorded | None]:
         """The upstream renders; its reported prompt ids are kept, referencing the base call
         only when they really start with its full sequence."""
@@ -569,7 +583,9 @@ class Gateway:
         response = openai_message(raw, "upstream choices[0].message")
         if base is not None:
             length = base.call.full_len
-            if len(prompt) <= length or not np.array_equal(prompt[:length], base.call.full_ids()):
+            if len(prompt) <= length or not np.array_equal(
+                prompt[:length], state.full_ids(base.call)
+            ):
                 base = None
         return prompt, sample, response, base
 

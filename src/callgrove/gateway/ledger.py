@@ -191,9 +191,9 @@ def call_line(call: Call, agent: Agent, extra: dict[str, Any]) -> bytes:
         **extra,
         "content": call.content,
     }
-    if call.prompt_base is not None:
-        record["prompt_from"] = call.prompt_base.id
-        record["prompt_from_len"] = call.prompt_base_len
+    if call.prompt_from is not None:
+        record["prompt_from"] = call.prompt_from
+        record["prompt_from_len"] = call.prompt_from_len
         record["prompt_suffix_ids"] = call.prompt_suffix
     else:
         record["prompt_ids"] = call.prompt_suffix
@@ -209,8 +209,8 @@ def call_from_line(line: dict[str, Any], earlier: dict[str, Call]) -> Call:
         prompt_suffix=np.asarray(
             line.get("prompt_suffix_ids", line.get("prompt_ids")), dtype=TOKEN_DTYPE
         ),
-        prompt_base=base,
-        prompt_base_len=line.get("prompt_from_len", 0),
+        prompt_from=base.id if base is not None else None,
+        prompt_from_len=line.get("prompt_from_len", 0),
         logprobs=np.asarray(line["logprobs"], dtype=LOGPROB_DTYPE),
         policy_version=line.get("policy_version"),
         purpose=line.get("purpose", "turn"),

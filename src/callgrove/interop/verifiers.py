@@ -774,10 +774,12 @@ def _agent_trace(
         carried.order = [call.id for call in agent.calls]
     for call in in_seq_order:
         if not _on_graph(call):
-            carried.off_graph.append(_whole_call(call))
+            carried.off_graph.append(_whole_call(call, episode))
             continue
-        link, start = _parent_node(call, agent, parent_of, node_of)
-        added = np.concatenate([*call.segments(call.prompt_len, start), _NO_TOKENS]).tolist()
+        link, start = _parent_node(call, episode, agent, parent_of, node_of)
+        added = np.concatenate(
+            [*episode.segments(call, call.prompt_len, start), _NO_TOKENS]
+        ).tolist()
         if added or link is None:
             nodes.append(_node(link, "user", added, sampled=False))
             link = len(nodes) - 1
@@ -832,13 +834,13 @@ def _carried_call(call: Call) -> CarriedCall:
     )
 
 
-def _whole_call(call: Call) -> WireCall:
+def _whole_call(call: Call, episode: Episode) -> WireCall:
     """A call with its whole prompt, for a trace's `info`."""
     advantages = _plain_advantages(call)
     return WireCall(
         id=call.id,
         seq=call.seq,
-        prompt_ids=call.prompt_ids().tolist(),
+        prompt_ids=episode.prompt_ids(call).tolist(),
         completion_ids=call.completion_ids.tolist(),
         logprobs=None if call.logprobs is None else call.logprobs.tolist(),
         advantages=UNSET if advantages is None else advantages,
@@ -852,7 +854,11 @@ def _plain_advantages(call: Call) -> float | list[float] | None:
 
 
 def _parent_node(
-    call: Call, agent: Agent, parent_of: list[Call | None], node_of: dict[int, int]
+    call: Call,
+    episode: Episode,
+    agent: Agent,
+    parent_of: list[Call | None],
+    node_of: dict[int, int],
 ) -> tuple[int | None, int]:
     """The sampled node the call's prompt continues, and how many prompt tokens it covers.
 
@@ -861,8 +867,8 @@ def _parent_node(
     """
     if call.kept:
         parent = parent_of[call.index]
-    elif call.prompt_base is not None and call.prompt_base_len == call.prompt_base.full_len:
-        parent = call.prompt_base
+    elif (base := episode.base_of(call)) is not None and call.prompt_from_len == base.full_len:
+        parent = base
     else:
         parent = None
     if parent is None or parent.agent_index != agent.index or parent.index not in node_of:

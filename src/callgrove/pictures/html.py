@@ -236,7 +236,7 @@ def _token_text(box: Box) -> str:
     """The call's own tokens: the prompt tokens it adds to its parent's sequence, its completion."""
     call = box.call
     start = box.parent.full_len if box.parent is not None else 0
-    pieces = call.segments(call.prompt_len, start=start)  # views: no copy of the history
+    pieces = box.episode.segments(call, call.prompt_len, start)  # views: no copy of the history
     added = np.concatenate(pieces) if pieces else call.completion_ids[:0]
     label = "new prompt tokens" if box.parent is not None else "prompt tokens"
     return (

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from callgrove.episode import Agent, Call
+from callgrove.episode import Agent, Call, Episode
 from callgrove.pictures.text import clip_middle, fit, text_width
 from callgrove.rows import EpisodeRows, Row
 
@@ -112,6 +112,7 @@ class Lane:
 @dataclass(slots=True)
 class Box:
     call: Call
+    episode: Episode  # what the call's prompt reference is read through
     lane: Lane
     column: int  # over the whole episode; the band is column // COLUMNS_PER_BAND
     x: int
@@ -240,7 +241,7 @@ def layout(result: EpisodeRows) -> Picture:
     forest = result.forest
     parent_of = {c.index: forest.parent_of(c) for c in calls if c.kept}
     spawner = _spawners(agents, calls)
-    readers = hand_backs(agents)
+    readers = hand_backs(episode)
     columns = _columns(calls, parent_of, spawner, readers)
     bands = _bands(agents, calls, columns, MARGIN + TITLE_HEIGHT + NOTE_HEIGHT * len(notes))
     lane_at = {(lane.band, lane.index): lane for band in bands for lane in band.lanes}
@@ -308,14 +309,14 @@ def _spawners(agents: list[Agent], calls: list[Call]) -> dict[int, Call]:
     return found
 
 
-def hand_backs(agents: list[Agent]) -> dict[int, Call | None]:
+def hand_backs(episode: Episode) -> dict[int, Call | None]:
     """Per subagent (by its index), the parent-agent call that read its answer, or None when none
     did. An agent's `meta.answer_read_by` says it (a call id, or null for never read); else
     the first later call of the parent agent whose new prompt tokens hold the answer (the
     subagent's last completion, its first and last tokens left out for template seams)."""
-    by_agent_id = {agent.id: agent for agent in agents}
+    by_agent_id = {agent.id: agent for agent in episode.agents}
     found: dict[int, Call | None] = {}
-    for agent in agents:
+    for agent in episode.agents:
         parent = by_agent_id.get(agent.parent) if agent.parent is not None else None
         if parent is None or not agent.calls:
             continue
@@ -327,20 +328,19 @@ def hand_backs(agents: list[Agent]) -> dict[int, Call | None]:
         answer = max((c for c in agent.calls if c.kept), key=lambda c: c.seq, default=None)
         if answer is None:
             continue
-        found[agent.index] = _reader(answer, parent)
+        found[agent.index] = _reader(answer, parent, episode)
     return found
 
 
-def _reader(answer: Call, parent: Agent) -> Call | None:
+def _reader(answer: Call, parent: Agent, episode: Episode) -> Call | None:
     tokens = answer.completion_ids
     core = tokens[1:-1] if len(tokens) > 3 else tokens
     if not len(core):
         return None
     needle = np.ascontiguousarray(core).tobytes()
     for call in sorted((c for c in parent.calls if c.seq > answer.seq), key=lambda c: c.seq):
-        base = call.prompt_base_len if call.prompt_base is not None else 0
-        start = max(base - len(core), 0)
-        added = np.concatenate(call.segments(call.prompt_len, start=start) or [tokens[:0]])
+        start = max(call.prompt_from_len - len(core), 0)
+        added = np.concatenate(episode.segments(call, call.prompt_len, start) or [tokens[:0]])
         haystack = np.ascontiguousarray(added).tobytes()
         place = haystack.find(needle)
         while place >= 0 and place % tokens.itemsize:
@@ -443,6 +443,7 @@ def _boxes(
         turns[agent_index] = turns.get(agent_index, 0) + 1
         box = Box(
             call=call,
+            episode=result.episode,
             lane=lane,
             column=column,
             x=column_x(column),

@@ -124,7 +124,7 @@ def _check_walk(row: Row, result: EpisodeRows, leaves: set[int]) -> list[Violati
 def _check_tokens(row: Row, result: EpisodeRows) -> list[Violation]:
     episode = result.episode.id
     bad = []
-    if not np.array_equal(row.token_ids, row.leaf.full_ids()):
+    if not np.array_equal(row.token_ids, result.episode.full_ids(row.leaf)):
         bad.append(
             Violation(
                 episode, row.index, row.leaf.id, "tokens differ from the leaf's full sequence"

@@ -158,8 +158,8 @@ class _Generator:
                 seq=0,  # numbered once every agent is placed in the ledger
                 completion_ids=self._tokens(sampled),
                 prompt_suffix=suffix,
-                prompt_base=previous,
-                prompt_base_len=0 if previous is None else previous.full_len,
+                prompt_from=None if previous is None else previous.id,
+                prompt_from_len=0 if previous is None else previous.full_len,
                 logprobs=-self.rng.exponential(0.4, sampled).astype(LOGPROB_DTYPE),
                 purpose="compaction" if compaction else "turn",
             )
@@ -232,9 +232,9 @@ def _twin(plan: _Plan, agent_id: str, shift: float) -> _Plan:
     twin = Agent(agent_id, source.name, parent=source.parent, start=source.start)
     copies: dict[str, Call] = {}  # by the source call's id
     for call in source.calls:
-        base = None if call.prompt_base is None else copies[call.prompt_base.id]
+        base = None if call.prompt_from is None else copies[call.prompt_from].id
         copy = msgspec.structs.replace(
-            call, id=f"{agent_id}{call.id[len(source.id) :]}", prompt_base=base
+            call, id=f"{agent_id}{call.id[len(source.id) :]}", prompt_from=base
         )
         copies[call.id] = twin.add(copy)
     return _Plan(twin, [t + shift for t in plan.times])

@@ -82,7 +82,7 @@ def join_capture(
         if not candidates:
             result.unmatched_transcript.append(call.id)
             continue
-        chosen = _prefer_prompt(candidates, captured, content, decode)
+        chosen = _prefer_prompt(candidates, capture, captured, content, decode)
         free.discard(chosen)
         taken = captured[chosen]
         taken.content = {**content, **(taken.content or {}), "transcript_call": call.id}
@@ -140,6 +140,7 @@ def _capture_answer(call: Call, decode: Callable[[np.ndarray], str]) -> str:
 
 def _prefer_prompt(
     candidates: list[int],
+    capture: Episode,
     captured: list[Call],
     content: dict[str, Any],
     decode: Callable[[np.ndarray], str],
@@ -150,7 +151,7 @@ def _prefer_prompt(
     last = normal_text(str(prompt[-1].get("content") or "")) if prompt else ""
     if last:
         for i in candidates:
-            tail = captured[i].prompt_ids()[-4 * len(last) - 64 :]
+            tail = capture.prompt_ids(captured[i])[-4 * len(last) - 64 :]
             if last in normal_text(decode(tail)):
                 return i
     return candidates[0]

@@ -213,7 +213,7 @@ class _Calls:
                 seq=seq,
                 completion_ids=completion,
                 prompt_suffix=suffix,
-                prompt_base_len=base_len or 0,
+                prompt_from_len=base_len or 0,
                 logprobs=logprobs,
                 advantages=advantage,
             )

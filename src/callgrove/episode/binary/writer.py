@@ -81,9 +81,9 @@ def _calls_array(calls: list[Call]) -> pa.StructArray:
     children = [
         column("id", [c.id for c in calls]),
         column("seq", [c.seq for c in calls]),
-        column("prompt_from", [None if c.prompt_base is None else c.prompt_base.id for c in calls]),
+        column("prompt_from", [c.prompt_from for c in calls]),
         column(
-            "prompt_from_len", [None if c.prompt_base is None else c.prompt_base_len for c in calls]
+            "prompt_from_len", [None if c.prompt_from is None else c.prompt_from_len for c in calls]
         ),
         _list_column([c.prompt_suffix for c in calls], TOKEN_DTYPE, pa.int32()),
         _list_column([c.completion_ids for c in calls], TOKEN_DTYPE, pa.int32()),
