@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import json
+import platform
+import resource
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 from typer.testing import CliRunner
 
 from callgrove.batch import build_samples
@@ -84,6 +89,7 @@ def test_bench_command_writes_json_and_markdown(tmp_path: Path):
             "bench", "--episodes-4k", "4", "--episodes-16k", "0", "--rounds", "1",
             "--no-memory", "--no-gym", "--json", str(tmp_path / "b.json"),
             "--markdown", str(tmp_path / "b.md"), "--dir", str(tmp_path),
+            "--malloc-defaults",  # the test process keeps its allocator as it is
         ],
     )  # fmt: skip
     assert result.exit_code in (0, 1), result.output  # 1: a target missed at this tiny size
@@ -91,5 +97,34 @@ def test_bench_command_writes_json_and_markdown(tmp_path: Path):
     figures = json.loads((tmp_path / "b.json").read_text())
     assert {m["context"] for m in figures["measurements"]} == {"4k"}
     assert all(m["name"] != GYM for m in figures["measurements"])
+    assert figures["allocator"] == "default"
     assert (tmp_path / "b.md").read_text().startswith("# callgrove bench")
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith("callgrove-bench")] == []
+
+
+# Faults taken by allocating 64 MiB again after freeing it (plain bytes: no huge pages asked for).
+REALLOCATION_FAULTS = """
+import resource, sys
+from callgrove.bench.suite import keep_freed_memory
+if sys.argv[1] == "kept" and not keep_freed_memory():
+    sys.exit(3)
+block = bytearray(64 << 20)
+del block
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+block = bytearray(64 << 20)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+def test_kept_freed_memory_is_reused_instead_of_faulted_in_again():
+    faults = {}
+    for how in ("kept", "default"):
+        run = subprocess.run(
+            [sys.executable, "-c", REALLOCATION_FAULTS, how], capture_output=True, text=True
+        )
+        if run.returncode == 3 and platform.libc_ver()[0] != "glibc":
+            pytest.skip("malloc is not glibc's")
+        assert run.returncode == 0, run.stderr
+        faults[how] = int(run.stdout)
+    pages = (64 << 20) // resource.getpagesize()
+    assert faults["kept"] < pages // 100 and faults["default"] > pages // 2

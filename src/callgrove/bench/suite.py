@@ -10,7 +10,8 @@ process itself computed, whatever else the machine ran meanwhile). Ratios betwee
 are of wall-time medians; the scaling target is judged on the best CPU time of the rounds,
 the figure least moved by other processes on a shared machine (wall-time scaling is shown
 beside it). Peak memory is the largest traced allocation (tracemalloc, numpy included) of one
-separate, untimed run.
+separate, untimed run. The command first has glibc's malloc keep freed memory
+(`keep_freed_memory`), so every size of a stage reuses memory alike.
 
 Throughput is counted in call tokens (every kept call's prompt plus completion: the tokens the
 policy processed) and in episodes, for every contender alike, so ratios are ratios of time.
@@ -18,6 +19,7 @@ policy processed) and in episodes, for every contender alike, so ratios are rati
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import os
 import statistics
@@ -115,6 +117,8 @@ class Report:
     missing: dict[str, str] = field(default_factory=dict)
     """Contenders that did not run, and why."""
     stream: dict[str, Any] | None = None
+    allocator: str = "default"
+    """How malloc treated freed memory during the run (`keep_freed_memory`)."""
 
     def find(self, context: str, episodes: int, name: str) -> Measurement | None:
         for m in self.measurements:
@@ -212,6 +216,7 @@ class Report:
             "checks": [{"check": name, "met": ok} for name, ok in self.checks()],
             "missing": self.missing,
             "stream": self.stream,
+            "allocator": self.allocator,
         }
 
     def markdown(self) -> str:
@@ -232,6 +237,26 @@ def race(
             cpu[name].append(time.process_time() - start_cpu)
             wall[name].append(time.perf_counter() - start)
     return wall, cpu
+
+
+# glibc's mallopt parameters; 1 GiB and the largest int: in effect never.
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+_NEVER_MMAP, _NEVER_TRIM = 1 << 30, 2**31 - 1
+
+
+def keep_freed_memory() -> bool:
+    """Have glibc's malloc keep freed memory for reuse, for the rest of the process; False
+    where there is no glibc. By default it gives a freed block over 32 MiB, and a free heap top
+    over 64 MiB, back to the kernel, and the next allocation of that size faults in fresh pages
+    that the kernel zeroes: only the sizes whose arrays cross those fixed thresholds pay it, so
+    a stage's largest size looked slower per token than its smaller ones for that alone."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    return bool(mallopt(M_MMAP_THRESHOLD, _NEVER_MMAP)) and bool(
+        mallopt(M_TRIM_THRESHOLD, _NEVER_TRIM)
+    )
 
 
 def peak_mb(action: Callable[[], Any]) -> float:

@@ -17,6 +17,7 @@ from callgrove.bench import BenchSettings, Report, run_bench, stream_case
 from callgrove.bench.suite import (
     HEADLINE_COLUMNS,
     headline_cells,
+    keep_freed_memory,
     stage_cells,
     stage_columns,
     stream_line,
@@ -55,6 +56,13 @@ def bench_command(
     work_dir: Annotated[
         Path | None, typer.Option("--dir", help="Where the benchmark's files go (removed after)")
     ] = None,
+    keep_memory: Annotated[
+        bool,
+        typer.Option(
+            "--keep-freed-memory/--malloc-defaults",
+            help="Have malloc keep freed memory (glibc), so no size pays for fresh pages",
+        ),
+    ] = True,
 ) -> None:
     """Measure every stage (read, forest, rows, check, credit, samples, pack, tree pack, write)
     at three sizes against verifiers, NeMo Gym and the numpy floor. Exit 1 if a target is missed."""
@@ -71,10 +79,12 @@ def bench_command(
         gym=gym,
         memory=memory,
     )
+    allocator = "freed memory kept" if keep_memory and keep_freed_memory() else "default"
     work = Path(tempfile.mkdtemp(prefix="callgrove-bench-", dir=work_dir))
     try:
         with err.status("benchmark") as status:
             report = run_bench(settings, work, lambda what: status.update(f"benchmark: {what}"))
+            report.allocator = allocator
             if stream_gb > 0:
                 status.update(f"benchmark: streaming {stream_gb} GB")
                 report.stream = stream_case(work, stream_gb, seed)
@@ -95,6 +105,7 @@ def _print(report: Report) -> None:
     for context in report.settings.episodes:
         title = f"{context}: M call tokens/s (episodes/s), best of the rounds"
         _table(title, stage_columns(report, context), stage_cells(report, context))
+    out.print(f"malloc: {report.allocator}")
     for name, ok in report.checks():
         out.print(f"{'met   ' if ok else 'MISSED'} {name}")
     for name, why in report.missing.items():
