@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from callgrove.episode import read_episodes
+from callgrove.formats import InputError
 from callgrove.gateway.ledger import CALLS_SUFFIX, EPISODES_FILE
 from callgrove.policy import Sample
 from callgrove.rows import build_rows, check_rows
@@ -250,6 +251,28 @@ def test_restart_recovers_the_ledger_and_keeps_continuing(tmp_path):
     assert [c["seq"] for c in calls] == [1, 2]
     assert calls[1]["prompt_from"] == "c1"  # continued after the restart
     assert calls[0]["content"]["response"]["reasoning_content"] == "need a tool"
+
+
+def test_a_ledger_line_whose_prompt_names_no_recorded_call_is_refused_by_name(tmp_path):
+    ledger = tmp_path / "ledger"
+    path = write_script(tmp_path / "s.json", RULES)
+
+    async def first_call():
+        _, client = gateway_client(scripted(path), ledger)
+        async with client:
+            body = {"messages": [{"role": "user", "content": "weather in Oslo"}]}
+            await client.post("/e/ep3/v1/chat/completions", json=body)
+
+    run(first_call())
+    calls = ledger / f"ep3{CALLS_SUFFIX}"
+    (line,) = [json.loads(text) for text in calls.read_text().splitlines()]
+    line.update(id="c2", seq=2, prompt_from="c7", prompt_from_len=3, prompt_suffix_ids=[1])
+    del line["prompt_ids"]
+    with open(calls, "a") as stream:
+        stream.write(json.dumps(line) + "\n")
+    gateway, _ = gateway_client(scripted(path), ledger)
+    with pytest.raises(InputError, match="episode ep3, call c2: prompt_from names 'c7'"):
+        gateway.recover()
 
 
 def test_responses_api_with_codex_headers_and_forks(tmp_path):

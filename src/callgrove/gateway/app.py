@@ -33,7 +33,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from callgrove.episode import TOKEN_DTYPE, Agent, Call, Episode, encode_episode
-from callgrove.episode.record import concat, segments
+from callgrove.episode.record import base_of, concat, segments
 from callgrove.gateway.apis import (
     ChatRequest,
     Reply,
@@ -156,9 +156,10 @@ class EpisodeState:
     def full_ids(self, call: Call) -> np.ndarray:
         """A recorded call's prompt and completion, its prompt reference read through the
         calls recorded here."""
-        return concat(segments(call, self._find, episode=self.id))
+        return concat(segments(call, self.find, episode=self.id))
 
-    def _find(self, call_id: str) -> Call | None:
+    def find(self, call_id: str) -> Call | None:
+        """A recorded call by id, or None."""
         recorded = self.by_id.get(call_id)
         return None if recorded is None else recorded.call
 
@@ -297,11 +298,12 @@ class Gateway:
             agent = state.agents[info["id"]] = Agent(
                 id=info["id"], name=info["name"], parent=info["parent"], start=info["start"]
             )
-        earlier = {key: r.call for key, r in state.by_id.items()}
-        call = agent.add(call_from_line(line, earlier))
+        call = call_from_line(line)
+        recorded_base = base_of(call, state.find, state.id)  # a call recorded before it, or none
+        agent.add(call)
         content = call.content or {}
         new = [message_from_dict(m) for m in content.get("prompt", [])]
-        base = state.by_id.get(line.get("prompt_from", ""))
+        base = None if recorded_base is None else state.by_id[recorded_base.id]
         previous = new[-1] if new else (base.response if base else None)
         recorded = Recorded(
             call,

@@ -200,8 +200,9 @@ def call_line(call: Call, agent: Agent, extra: dict[str, Any]) -> bytes:
     return orjson.dumps(record, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n"
 
 
-def call_from_line(line: dict[str, Any], earlier: dict[str, Call]) -> Call:
-    base = earlier[line["prompt_from"]] if "prompt_from" in line else None
+def call_from_line(line: dict[str, Any]) -> Call:
+    """The call of a ledger line; its prompt reference stays a call id, checked where it is read
+    (the episode names a call it does not hold)."""
     return Call(
         id=line["id"],
         seq=line["seq"],
@@ -209,7 +210,7 @@ def call_from_line(line: dict[str, Any], earlier: dict[str, Call]) -> Call:
         prompt_suffix=np.asarray(
             line.get("prompt_suffix_ids", line.get("prompt_ids")), dtype=TOKEN_DTYPE
         ),
-        prompt_from=base.id if base is not None else None,
+        prompt_from=line.get("prompt_from"),
         prompt_from_len=line.get("prompt_from_len", 0),
         logprobs=np.asarray(line["logprobs"], dtype=LOGPROB_DTYPE),
         policy_version=line.get("policy_version"),
