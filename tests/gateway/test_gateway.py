@@ -207,17 +207,18 @@ def test_closed_episode_refuses_calls_and_a_second_close(tmp_path):
     assert again.status_code == 409
 
 
+async def first_call(path, ledger, episode: str) -> dict:
+    """A gateway's first call of `episode`, its answer; the gateway is gone after it."""
+    _, client = gateway_client(scripted(path), ledger)
+    async with client:
+        body = {"messages": [{"role": "user", "content": "weather in Oslo"}]}
+        return (await client.post(f"/e/{episode}/v1/chat/completions", json=body)).json()
+
+
 def test_restart_recovers_the_ledger_and_keeps_continuing(tmp_path):
     ledger = tmp_path / "ledger"
     path = write_script(tmp_path / "s.json", RULES)
-
-    async def first_call():
-        _, client = gateway_client(scripted(path), ledger)
-        async with client:
-            body = {"messages": [{"role": "user", "content": "weather in Oslo"}]}
-            return (await client.post("/e/ep2/v1/chat/completions", json=body)).json()
-
-    answer = run(first_call())
+    answer = run(first_call(path, ledger, "ep2"))
     with open(ledger / f"ep2{CALLS_SUFFIX}", "ab") as stream:
         stream.write(b'{"id": "c9", "seq"')  # a line cut by a crash
 
@@ -256,14 +257,7 @@ def test_restart_recovers_the_ledger_and_keeps_continuing(tmp_path):
 def test_a_ledger_line_whose_prompt_names_no_recorded_call_is_refused_by_name(tmp_path):
     ledger = tmp_path / "ledger"
     path = write_script(tmp_path / "s.json", RULES)
-
-    async def first_call():
-        _, client = gateway_client(scripted(path), ledger)
-        async with client:
-            body = {"messages": [{"role": "user", "content": "weather in Oslo"}]}
-            await client.post("/e/ep3/v1/chat/completions", json=body)
-
-    run(first_call())
+    run(first_call(path, ledger, "ep3"))
     calls = ledger / f"ep3{CALLS_SUFFIX}"
     (line,) = [json.loads(text) for text in calls.read_text().splitlines()]
     line.update(id="c2", seq=2, prompt_from="c7", prompt_from_len=3, prompt_suffix_ids=[1])
