@@ -107,3 +107,21 @@ def test_a_per_token_value_of_the_wrong_length_names_its_episode_and_call():
     call.advantages = np.zeros(2)
     with pytest.raises(InputError, match="episode E, call C1: advantages has 2 values for 3"):
         spread_over_completions([call], "advantages", episodes=["E"])
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(credited(), st.data())
+def test_laying_out_some_calls_equals_their_own_spread_in_that_order(episode, data):
+    calls = list(episode.calls())
+    order = data.draw(st.lists(st.integers(0, len(calls) - 1), max_size=2 * len(calls)))
+    for name in ("advantages", "logprobs"):
+        spread = spread_over_completions(calls, name, laid_out=order)
+        plain = [v for i in order for v in _plain_spread(calls[i], name)]
+        np.testing.assert_allclose(spread, plain)
+
+
+def test_a_value_of_the_wrong_length_is_an_error_even_where_it_is_not_laid_out():
+    good, bad = Call.make("C1", 1, [1], [2, 3]), Call.make("C2", 2, [1], [4, 5, 6])
+    good.logprobs, bad.logprobs = np.zeros(2), np.zeros(1)
+    with pytest.raises(InputError, match="episode E2, call C2: logprobs has 1 values for 3"):
+        spread_over_completions([good, bad], "logprobs", episodes=["E1", "E2"], laid_out=[0])

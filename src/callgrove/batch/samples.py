@@ -163,6 +163,7 @@ def _build(rows: Sequence[Row], columns: RowColumns) -> list[Sample]:
     policy_versions = np.repeat(segment_versions, columns.segment_lengths())
     bounds = columns.row_bounds
     positions = _positions(int(np.diff(bounds).max()))
+    token_ids, loss_mask = columns.token_ids, columns.loss_mask
     samples = []
     for row, first, last, is_supervised, without_logprobs in zip(
         rows,
@@ -172,23 +173,24 @@ def _build(rows: Sequence[Row], columns: RowColumns) -> list[Sample]:
         no_logprobs.tolist(),
         strict=True,
     ):
-        episode = row.episode
-        leaf = row.path[-1]
+        episode, path = row.episode, row.path
+        leaf = path[-1]
+        agent = episode.agents[leaf.agent_index]  # checked by the layout (`RowColumns`)
         samples.append(
             Sample(
-                token_ids=columns.token_ids[first:last],
-                loss_mask=columns.loss_mask[first:last],
+                token_ids=token_ids[first:last],
+                loss_mask=loss_mask[first:last],
                 logprobs=None if without_logprobs else logprobs[first:last],
                 advantages=None if is_supervised else advantages[first:last],
                 position_ids=positions[: last - first],
                 policy_versions=policy_versions[first:last],
                 episode=episode.id,
                 group=episode.group,
-                agent=row.agent.id,
-                seat=row.agent.name,
+                agent=agent.id,
+                seat=agent.name,
                 row=row.index,
                 leaf=leaf.id,
-                root=row.path[0].id,
+                root=path[0].id,
                 reward=float(row.reward),
                 duplicate_of=row.duplicate_of,
             )

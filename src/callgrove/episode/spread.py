@@ -23,12 +23,15 @@ def spread_over_completions(
     name: str,
     dtype: type = np.float64,
     episodes: Sequence[str | None] | None = None,
+    laid_out: Sequence[int] | None = None,
 ) -> np.ndarray:
     """Each call's `name` value over its completion tokens, calls end to end.
 
     A scalar is repeated on every completion token, an array is taken as it is, None gives 0.0
     (callers that must tell "none" from zero ask the call). An array whose length is not the
     completion's is an `InputError` naming the call (and its episode, from `episodes`).
+    `laid_out` (places in `calls`) lays out only those calls, in that order; every call's
+    value is checked all the same.
     """
     values = _values(calls, name)
     lengths = np.fromiter((len(call.completion_ids) for call in calls), np.int64, len(calls))
@@ -40,6 +43,9 @@ def spread_over_completions(
         message = f"{name} has {values[i].size} values for {lengths[i]} completion tokens"
         episode = None if episodes is None else episodes[i]
         raise InputError(Problem(message, episode=episode, call=calls[i].id))
+    if laid_out is not None:
+        values, lengths = [values[i] for i in laid_out], lengths[laid_out]
+        arrays = [i for i, value in enumerate(values) if isinstance(value, np.ndarray)]
     if len(arrays) == len(values):  # every call has an array (logprobs, per-token credit)
         return np.concatenate(values).astype(dtype, copy=False) if values else np.zeros(0, dtype)
     spread = np.repeat(_scalars(values, dtype), lengths)

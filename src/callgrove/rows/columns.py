@@ -73,35 +73,29 @@ class RowColumns:
     def walk(self, index: int) -> slice:
         return slice(int(self.walk_bounds[index]), int(self.walk_bounds[index + 1]))
 
-    def spread(self, per_completion_token: np.ndarray, dtype: type = np.float64) -> np.ndarray:
-        """Per row token: the value of its call at that completion token where it carries loss,
-        0 elsewhere. `per_completion_token` holds every call's completion values end to end (as
-        `spread_over_completions` lays them out)."""
-        walk = self.walk_call
-        longest = int(max(self.prompt_len.max(initial=0), self.completion_len.max(initial=0)))
-        # The source: a run of zeros every segment without loss reads from, then the values.
-        source = np.zeros(longest + len(per_completion_token), dtype=dtype)
-        source[longest:] = per_completion_token
-        completion_starts = np.cumsum(self.completion_len) - self.completion_len + longest
-        segment_starts = np.zeros(2 * len(walk), dtype=np.int64)
-        segment_starts[1::2] = np.where(self.walk_loss, completion_starts[walk], 0)
-        return _gathered(source, segment_starts, self.segment_lengths(), dtype)
-
     def segment_lengths(self) -> np.ndarray:
         """Each walk pair adds two segments to its row: its new prompt tokens, then its
         completion; their lengths, pair after pair."""
         return _segment_lengths(self.walk_call, self.prompt_len, self.completion_len)
 
     def values(self, name: str, dtype: type = np.float64) -> np.ndarray:
-        """A call value ("logprobs", "advantages") per row token, by `spread`."""
+        """A call value ("logprobs", "advantages") per row token: the call's value on the
+        completion tokens that carry loss (spread by `spread_over_completions`), 0 elsewhere."""
         scalars = per_call_scalars(self.calls, name, dtype)
+        walk = self.walk_call
         if scalars is not None:  # one value per call: repeated over each loss segment
-            walk = self.walk_call
             segment_values = np.zeros(2 * len(walk), dtype=dtype)
             segment_values[1::2] = np.where(self.walk_loss, scalars[walk], 0)
             return np.repeat(segment_values, self.segment_lengths())
-        spread = spread_over_completions(self.calls, name, dtype, self.call_episode)
-        return self.spread(spread, dtype)
+        # Every call's value is checked; only the calls with loss somewhere are laid out, in
+        # walk order, which is the order of the loss tokens in the rows.
+        loss_calls = walk[self.walk_loss].tolist()
+        spread = spread_over_completions(
+            self.calls, name, dtype, self.call_episode, laid_out=loss_calls
+        )
+        values = np.zeros(len(self.token_ids), dtype=dtype)
+        values[self.loss_mask.view(bool)] = spread
+        return values
 
     def owned_without(self, name: str) -> np.ndarray:
         """Per row: does a call the row trains hold no `name` (None)?"""
@@ -117,42 +111,43 @@ class RowColumns:
 
 
 def _layout(parts: Sequence[EpisodeRows]) -> RowColumns:
-    calls: list[Call] = []
-    call_episode: list[str] = []
-    sources, starts, lengths, prompt_lengths = [], [], [], []
-    walks, owned, loss, depths = [], [], [], []
-    call_offset = token_offset = 0
-    for part in parts:
-        forest, rows = part.forest, part.rows
-        new = forest.new_tokens()
-        sources.append(new.tokens)
-        starts.append(new.start + token_offset)
-        lengths.append(new.length)
-        prompt_lengths.append(new.prompt_length)
-        depth = np.fromiter((len(row.path_index) for row in rows), np.int64, len(rows))
-        walk = np.fromiter(
-            chain.from_iterable(row.path_index for row in rows), np.int64, int(depth.sum())
-        )
-        trainable = np.fromiter(
-            (part.episode.agent_of(c).trainable for c in forest.calls), bool, len(forest.calls)
-        )
-        trains = np.fromiter((row.duplicate_of is None for row in rows), bool, len(rows))
-        number = np.fromiter((row.index for row in rows), np.int64, len(rows))
-        is_owned = part.owner[walk] == np.repeat(number, depth)
-        walks.append(walk + call_offset)
-        owned.append(is_owned)
-        loss.append(is_owned & trainable[walk] & np.repeat(trains, depth))
-        depths.append(depth)
-        calls += forest.calls
-        call_episode += [part.episode.id] * len(forest.calls)
-        call_offset += len(forest.calls)
-        token_offset += len(new.tokens)
-    start, length, prompt_length = _joined(starts), _joined(lengths), _joined(prompt_lengths)
-    walk_call, walk_loss, depth = _joined(walks), _joined(loss, bool), _joined(depths)
+    """One pass over all the parts: their calls and rows end to end, then array operations
+    over the whole set (no per-episode numpy work beyond each forest's own new tokens)."""
+    forests = [part.forest for part in parts]
+    calls = [call for forest in forests for call in forest.calls]
+    call_counts = [len(forest.calls) for forest in forests]
+    call_episode = list(
+        chain.from_iterable([p.episode.id] * n for p, n in zip(parts, call_counts, strict=True))
+    )
+    new = [forest.new_tokens() for forest in forests]
+    start, length = _joined([n.start for n in new]), _joined([n.length for n in new])
+    prompt_length = _joined([n.prompt_length for n in new])
+    rows = [row for part in parts for row in part.rows]
+    depth = np.fromiter((len(row.path_index) for row in rows), np.int64, len(rows))
+    # Each walk pair's episode (its place in `parts`), then its call numbered across parts.
+    row_part = np.repeat(np.arange(len(parts)), [len(part.rows) for part in parts])
+    pair_part = np.repeat(row_part, depth)
+    first_call = np.cumsum(call_counts, dtype=np.int64) - call_counts
+    walk_call = np.fromiter(
+        chain.from_iterable(row.path_index for row in rows), np.int64, int(depth.sum())
+    )
+    walk_call += first_call[pair_part]
+    number = np.fromiter((row.index for row in rows), np.int64, len(rows))
+    trains = np.fromiter((row.duplicate_of is None for row in rows), bool, len(rows))
+    walk_owned = _joined([part.owner for part in parts])[walk_call] == np.repeat(number, depth)
+    trainable = _trainable_calls(parts, calls, call_counts)
+    walk_loss = walk_owned & trainable[walk_call] & np.repeat(trains, depth)
     completion_length = length - prompt_length
-    source = np.concatenate(sources) if sources else np.zeros(0, np.int32)
-    pair_lengths = length[walk_call]
-    token_ids = _gathered(source, start[walk_call], pair_lengths, source.dtype)
+    # Token ids: views of each episode's new tokens, concatenated once (no pool-wide copy).
+    sources = [n.tokens for n in new]
+    pair_start, pair_length = start[walk_call], length[walk_call]
+    views = [
+        sources[part][first : first + count]
+        for part, first, count in zip(
+            pair_part.tolist(), pair_start.tolist(), pair_length.tolist(), strict=True
+        )
+    ]
+    token_ids = np.concatenate(views) if views else np.zeros(0, np.int32)
     segment_lengths = _segment_lengths(walk_call, prompt_length, completion_length)
     segment_loss = np.zeros(2 * len(walk_call), dtype=MASK_DTYPE)
     segment_loss[1::2] = walk_loss
@@ -162,14 +157,34 @@ def _layout(parts: Sequence[EpisodeRows]) -> RowColumns:
         call_episode=call_episode,
         completion_len=completion_length,
         prompt_len=prompt_length,
-        row_bounds=_bounds(pair_lengths)[walk_bounds],
+        row_bounds=_bounds(pair_length)[walk_bounds],
         token_ids=token_ids,
         loss_mask=np.repeat(segment_loss, segment_lengths),
         walk_bounds=walk_bounds,
         walk_call=walk_call,
-        walk_owned=_joined(owned, bool),
+        walk_owned=walk_owned,
         walk_loss=walk_loss,
     )
+
+
+def _trainable_calls(
+    parts: Sequence[EpisodeRows], calls: list[Call], call_counts: list[int]
+) -> np.ndarray:
+    """Per call (numbered across parts): is its agent trainable? A call whose agent index is
+    not one of its episode's agents is the error `Episode.agent_of` raises."""
+    agents = [part.episode.agents for part in parts]
+    trainable = np.fromiter(
+        (agent.trainable for episode_agents in agents for agent in episode_agents), bool
+    )
+    agent_counts = np.array([len(a) for a in agents], dtype=np.int64)
+    call_part = np.repeat(np.arange(len(parts)), call_counts)
+    agent_index = np.fromiter((c.agent_index for c in calls), np.int64, len(calls))
+    bad = np.flatnonzero((agent_index < 0) | (agent_index >= agent_counts[call_part]))
+    if bad.size:
+        first = int(bad[0])
+        parts[int(call_part[first])].episode.agent_of(calls[first])  # raises, naming the call
+    first_agent = np.cumsum(agent_counts) - agent_counts
+    return trainable[agent_index + first_agent[call_part]]
 
 
 def _segment_lengths(walk: np.ndarray, prompt_len: np.ndarray, completion_len: np.ndarray):
@@ -186,17 +201,6 @@ def _bounds(lengths: np.ndarray) -> np.ndarray:
     bounds = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=bounds[1:])
     return bounds
-
-
-def _gathered(source: np.ndarray, starts: np.ndarray, lengths: np.ndarray, dtype) -> np.ndarray:
-    """The concatenation of `source[s : s + n]` for each start `s` and length `n`.
-
-    Concatenating views copies each token once; an index array would be built, then read, for
-    every token (several times the memory traffic for the few hundred ranges of an episode).
-    """
-    stops = (starts + lengths).tolist()
-    views = [source[first:last] for first, last in zip(starts.tolist(), stops, strict=True)]
-    return np.concatenate(views) if views else np.zeros(0, dtype)
 
 
 def _any_per_row(flags: np.ndarray, bounds: np.ndarray) -> np.ndarray:
