@@ -29,7 +29,7 @@ class Forest:
     parent: list[int]
     pool: TokenPool = field(repr=False)
     ledger_index: list[int] = field(default_factory=list, repr=False)  # per kept call
-    full_hash: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64), repr=False)
+    full_hash: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint32), repr=False)
     """Each kept call's full-sequence hash (`TokenPool`): equal sequences, equal hashes."""
     children: list[list[int]] = field(default_factory=list)
     roots: list[int] = field(default_factory=list)
@@ -214,7 +214,7 @@ class _ParentFinder:
             self._same[key] = self.pool.same_prefix(a, b, self.pool.full_len[a])
         return self._same[key]
 
-    def _calls_of_hash(self, value: np.uint64) -> list[int]:
+    def _calls_of_hash(self, value: np.uint32) -> list[int]:
         """The kept calls (ledger indices) whose full hash is `value`."""
         return self.kept[self.full_hashes == value].tolist()
 
@@ -254,15 +254,19 @@ def _ends_of_known(pool: TokenPool, full_lengths: np.ndarray, known: np.ndarray)
     positions base_len .. full_len), one token per kept full length that falls inside it.
     """
     layout = pool.layout
-    lengths = np.unique(full_lengths)
+    lengths = np.sort(full_lengths)
+    lengths = lengths[np.diff(lengths, prepend=-1) != 0]  # distinct (np.unique costs more)
     first = np.searchsorted(lengths, layout.base_len, side="right")
     count = np.searchsorted(lengths, layout.full_len, side="right") - first
     owner = np.repeat(np.arange(len(first)), count)
-    which = np.arange(int(count.sum())) + np.repeat(first - (np.cumsum(count) - count), count)
+    which = np.arange(len(owner)) + (first - (np.cumsum(count) - count))[owner]
     ends = layout.suffix_start[owner] + lengths[which] - 1 - layout.base_len[owner]
+    if not len(known):
+        return ends[:0]
     known = np.sort(known)
-    slot = np.minimum(np.searchsorted(known, pool.hashes[ends]), max(len(known) - 1, 0))
-    return ends[known[slot] == pool.hashes[ends]] if len(known) else ends[:0]
+    hashes = pool.hashes[ends]
+    slot = np.minimum(np.searchsorted(known, hashes), len(known) - 1)
+    return ends[known[slot] == hashes]
 
 
 def _tie_rank(candidate: Call, call: Call, agents: list[Agent]) -> tuple[bool, bool, int]:
