@@ -40,6 +40,7 @@ def test_every_stage_and_contender_is_measured_at_three_sizes(tmp_path: Path):
         assert {VERIFIERS, GYM, FLOOR} <= paths
         assert all(len(m.seconds) == 2 and m.peak_mb is not None for m in measured.values())
         assert all(len(m.cpu_seconds) == 2 for m in measured.values())
+        assert all(len(m.kernel_seconds) == len(m.page_faults) == 2 for m in measured.values())
     tokens = [m.call_tokens for m in report.measurements if m.name == "forest"]
     assert tokens[0] < tokens[1] < tokens[2]
     assert report.scaling("4k", "forest") is not None

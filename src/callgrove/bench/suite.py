@@ -9,9 +9,11 @@ median are kept. Each run is timed twice: wall time, and the process's CPU time 
 process itself computed, whatever else the machine ran meanwhile). Ratios between contenders
 are of wall-time medians; the scaling target is judged on the best CPU time of the rounds,
 the figure least moved by other processes on a shared machine (wall-time scaling is shown
-beside it). Peak memory is the largest traced allocation (tracemalloc, numpy included) of one
-separate, untimed run. The command first has glibc's malloc keep freed memory
-(`keep_freed_memory`), so every size of a stage reuses memory alike.
+beside it). Of the CPU time, the kernel's share and the page faults are kept too: an action
+that allocates row-sized arrays pays for first touches of fresh memory. The command first has
+glibc's malloc keep freed memory (`keep_freed_memory`), so every size of a stage reuses memory
+alike (docs/performance.md). Peak memory is the largest traced allocation (tracemalloc, numpy
+included) of one separate, untimed run.
 
 Throughput is counted in call tokens (every kept call's prompt plus completion: the tokens the
 policy processed) and in episodes, for every contender alike, so ratios are ratios of time.
@@ -22,6 +24,7 @@ from __future__ import annotations
 import ctypes
 import gc
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -81,6 +84,9 @@ class Measurement:
     seconds: list[float]
     cpu_seconds: list[float] = field(default_factory=list)
     peak_mb: float | None = None
+    kernel_seconds: list[float] = field(default_factory=list)
+    """Of each run's CPU time, the kernel's (mostly page faults)."""
+    page_faults: list[int] = field(default_factory=list)
 
     @property
     def best(self) -> float:
@@ -89,6 +95,12 @@ class Measurement:
     @property
     def best_cpu(self) -> float:
         return min(self.cpu_seconds)
+
+    @property
+    def kernel_share(self) -> float | None:
+        """The kernel's part of all the rounds' CPU time."""
+        cpu = sum(self.cpu_seconds)
+        return sum(self.kernel_seconds) / cpu if self.kernel_seconds and cpu > 0 else None
 
     @property
     def median(self) -> float:
@@ -223,20 +235,37 @@ class Report:
         return render_markdown(self)
 
 
-def race(
-    actions: dict[str, Callable[[], Any]], rounds: int
-) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
-    """Wall and CPU times of each action, every action once a round, rounds interleaved."""
-    wall: dict[str, list[float]] = {name: [] for name in actions}
-    cpu: dict[str, list[float]] = {name: [] for name in actions}
+@dataclass
+class Runs:
+    """Each run of one action, round after round: wall time, process CPU time, and of that CPU
+    time the part spent in the kernel, with the minor page faults taken (first touches of
+    fresh memory, the kernel's share of a run that allocates large arrays)."""
+
+    wall: list[float] = field(default_factory=list)
+    cpu: list[float] = field(default_factory=list)
+    kernel: list[float] = field(default_factory=list)
+    page_faults: list[int] = field(default_factory=list)
+
+
+def race(actions: dict[Any, Callable[[], Any]], rounds: int) -> dict[Any, Runs]:
+    """Every action once a round, rounds interleaved; each run timed by every clock of `Runs`."""
+    runs = {name: Runs() for name in actions}
     for _ in range(rounds):
         for name, action in actions.items():
             gc.collect()
-            start, start_cpu = time.perf_counter(), time.process_time()
+            usage, start, start_cpu = _usage(), time.perf_counter(), time.process_time()
             action()
-            cpu[name].append(time.process_time() - start_cpu)
-            wall[name].append(time.perf_counter() - start)
-    return wall, cpu
+            cpu, wall = time.process_time() - start_cpu, time.perf_counter() - start
+            after, run = _usage(), runs[name]
+            run.wall.append(wall)
+            run.cpu.append(cpu)
+            run.kernel.append(after.ru_stime - usage.ru_stime)
+            run.page_faults.append(after.ru_minflt - usage.ru_minflt)
+    return runs
+
+
+def _usage() -> resource.struct_rusage:
+    return resource.getrusage(resource.RUSAGE_SELF)
 
 
 # glibc's mallopt parameters; 1 GiB and the largest int: in effect never.
@@ -361,9 +390,10 @@ def run_bench(
             for name, action in _actions(episodes, folder, settings, report).items():
                 actions[size, name] = action
         tell(f"{context}: {settings.rounds} rounds")
-        wall, cpu = race({key: action for key, (_, action) in actions.items()}, settings.rounds)
+        runs = race({key: action for key, (_, action) in actions.items()}, settings.rounds)
         for (size, name), (kind, action) in actions.items():
             memory = peak_mb(action) if settings.memory else None
+            run = runs[size, name]
             report.measurements.append(
                 Measurement(
                     context,
@@ -371,9 +401,11 @@ def run_bench(
                     tokens[size],
                     kind,
                     name,
-                    wall[size, name],
-                    cpu[size, name],
+                    run.wall,
+                    run.cpu,
                     memory,
+                    run.kernel,
+                    run.page_faults,
                 )
             )
         del actions
@@ -457,16 +489,24 @@ def headline_cells(report: Report) -> list[list[str]]:
 
 def stage_columns(report: Report, context: str) -> list[str]:
     sizes = report.settings.sizes(context)
-    return ["stage", *(f"{n} ep" for n in sizes), "scaling CPU", "scaling wall", "peak MB"]
+    return [
+        "stage",
+        *(f"{n} ep" for n in sizes),
+        "scaling CPU",
+        "scaling wall",
+        "kernel % CPU",
+        "peak MB",
+    ]
 
 
 def stage_cells(report: Report, context: str) -> list[list[str]]:
     """Every action of a context: M call tokens/s (episodes/s) per size, best wall time of the
-    rounds; the scaling factor by CPU and by wall time; the peak memory at the largest size."""
+    rounds; the scaling factor by CPU and by wall time; at the largest size, the kernel's share
+    of the CPU time over all rounds (page faults of fresh memory) and the peak memory."""
     cells = []
     sizes = report.settings.sizes(context)
     for name in dict.fromkeys(m.name for m in report.measurements if m.context == context):
-        line, peak = [name], None
+        line, m = [name], None
         for size in sizes:
             m = report.find(context, size, name)
             line.append(
@@ -474,11 +514,12 @@ def stage_cells(report: Report, context: str) -> list[list[str]]:
                 if m is None
                 else f"{m.tokens_per_s(m.best) / 1e6:.1f} ({m.episodes / m.best:.0f})"
             )
-            peak = None if m is None else m.peak_mb
         for clock in (CPU, WALL):
             factor = report.scaling(context, name, clock)
             line.append("" if factor is None else f"x{factor:.2f}")
-        line.append("" if peak is None else f"{peak:.0f}")
+        share = None if m is None else m.kernel_share
+        line.append("" if share is None else f"{100 * share:.0f}")
+        line.append("" if m is None or m.peak_mb is None else f"{m.peak_mb:.0f}")
         cells.append(line)
     return cells
 
