@@ -15,7 +15,15 @@ from typer.testing import CliRunner
 
 from callgrove.batch import build_samples
 from callgrove.bench import BenchSettings, contenders, run_bench
-from callgrove.bench.suite import FLOOR, GYM, PATHS, STAGES, VERIFIERS, callgrove_samples
+from callgrove.bench.suite import (
+    FLOOR,
+    GYM,
+    PATHS,
+    STAGES,
+    VERIFIERS,
+    _uncached,
+    callgrove_samples,
+)
 from callgrove.cli import app
 from callgrove.credit import GRPO, finalize_group
 from callgrove.episode import save
@@ -129,3 +137,15 @@ def test_kept_freed_memory_is_reused_instead_of_faulted_in_again():
         faults[how] = int(run.stdout)
     pages = (64 << 20) // resource.getpagesize()
     assert faults["kept"] < pages // 100 and faults["default"] > pages // 2
+
+
+def test_every_round_does_the_work_of_the_first(tmp_path: Path):
+    """What samples and the row check leave behind on their inputs (a forest's new tokens, an
+    episode's row columns) is forgotten before each run, so later rounds are not cheaper."""
+    episodes = list(synth_episodes(PRESETS["4k"], 2, seed=1))
+    rows = [build_rows(e) for e in episodes]
+    _ = rows[0].rows[0].token_ids, rows[1].forest.new_tokens()
+    assert "columns" in rows[0].__dict__ and rows[1].forest._new_tokens is not None
+    assert _uncached(rows) is rows
+    assert all("columns" not in part.__dict__ for part in rows)
+    assert all(part.forest._new_tokens is None for part in rows)

@@ -42,7 +42,7 @@ from callgrove.bench import contenders
 from callgrove.credit import GRPO, finalize_group
 from callgrove.episode import Episode, encode_episode, load, save
 from callgrove.forest import build_forest
-from callgrove.rows import build_rows, check_rows
+from callgrove.rows import EpisodeRows, build_rows, check_rows
 from callgrove.synth import PRESETS, call_tokens, synth_episodes
 
 FORMS = {"JSON Lines": ".jsonl", "Parquet": ".parquet", "Arrow IPC": ".arrow"}
@@ -320,6 +320,15 @@ def callgrove_samples(path: Path) -> Callable[[], int]:
     return run
 
 
+def _uncached(episode_rows: list[EpisodeRows]) -> list[EpisodeRows]:
+    """The rows with what their first use leaves behind forgotten (a forest's new tokens, an
+    episode's row columns), so that every round does the work the first one did."""
+    for part in episode_rows:
+        part.forest._new_tokens = None
+        part.__dict__.pop("columns", None)  # a cached property
+    return episode_rows
+
+
 def _actions(
     episodes: list[Episode], work: Path, settings: BenchSettings, report: Report
 ) -> dict[str, tuple[str, Callable[[], Any]]]:
@@ -342,9 +351,9 @@ def _actions(
         STAGES,
         lambda: [build_rows(e, forest=f) for e, f in zip(episodes, forests, strict=True)],
     )
-    actions["check"] = (STAGES, lambda: [check_rows(r) for r in rows])
+    actions["check"] = (STAGES, lambda: [check_rows(r) for r in _uncached(rows)])
     actions["credit"] = (STAGES, lambda: [finalize_group(GRPO(), g) for g in groups])
-    actions["samples"] = (STAGES, lambda: build_samples(rows))
+    actions["samples"] = (STAGES, lambda: build_samples(_uncached(rows)))
     actions["pack"] = (STAGES, lambda: pack(samples, PackSettings(seq_len, ranks=settings.ranks)))
     actions["tree pack"] = (STAGES, lambda: pack_samples(samples))
     for form, suffix in FORMS.items():
