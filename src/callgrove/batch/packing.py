@@ -17,6 +17,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any, Literal
 
 import numpy as np
@@ -177,8 +178,10 @@ def pack(samples: Sequence[Sample], settings: PackSettings) -> PackedBatch:
     empty = np.zeros(0, dtype=np.int64)
     for plan in plans:  # every rank runs the same number of steps
         plan += [empty] * (steps - len(plan))
-    layout = _Layout(samples, lengths, [members for plan in plans for members in plan])
-    ranks = [[layout.micro_batch(members, settings.seq_len) for members in plan] for plan in plans]
+    laid_out = iter(
+        _lay_out(samples, lengths, [members for plan in plans for members in plan], settings)
+    )
+    ranks = [[next(laid_out) for _ in plan] for plan in plans]
     return PackedBatch(ranks, truncations, settings)
 
 
@@ -254,32 +257,42 @@ def _first_fit(longest_first: list[int], lengths: np.ndarray, seq_len: int) -> l
     return [np.sort(np.array(b, dtype=np.int64)) for b in bins]
 
 
-class _Layout:
-    """Writes every micro-batch into one array per field (one large allocation instead of many
-    small ones); each micro-batch's arrays are views into them."""
-
-    def __init__(self, samples: Sequence[Sample], lengths: np.ndarray, bins: list[np.ndarray]):
-        self.samples = samples
-        self.lengths = lengths
-        total = int(sum(int(lengths[members].sum()) for members in bins))
-        self.buffers = {name: np.empty(total, dtype=FIELD_DTYPES[name]) for name in TOKEN_FIELDS}
-        self.filled = 0
-
-    def micro_batch(self, members: np.ndarray, seq_len: int) -> MicroBatch:
-        cut = self.lengths[members]
-        cu_seqlens = np.zeros(len(members) + 1, dtype=CU_SEQLENS_DTYPE)
-        np.cumsum(cut, out=cu_seqlens[1:])
-        where = slice(self.filled, self.filled + int(cu_seqlens[-1]))
-        self.filled = where.stop
-        chosen = [self.samples[i] for i in members.tolist()]
-        arrays: dict[str, np.ndarray | None] = {}
-        for name in TOKEN_FIELDS:
-            parts = [getattr(s, name) for s in chosen]
-            if any(p is None for p in parts):
-                arrays[name] = None
-                continue
-            arrays[name] = self.buffers[name][where]
-            if parts:
-                cuts = [p[:n] for p, n in zip(parts, cut.tolist(), strict=True)]
-                np.concatenate(cuts, out=arrays[name])
-        return MicroBatch(arrays, cu_seqlens, members, seq_len)
+def _lay_out(
+    samples: Sequence[Sample], lengths: np.ndarray, bins: list[np.ndarray], settings: PackSettings
+) -> list[MicroBatch]:
+    """Every micro-batch written into one array per field (one large allocation instead of many
+    small ones); each micro-batch's arrays are views into them, None for a field some sample of
+    it lacks. Samples are copied in input order, each to its place in the layout: samples built
+    together lie one after the other in memory, and reading them in order keeps the copy's cost
+    per token the same however many there are (reading them in layout order does not)."""
+    layout = np.concatenate([np.zeros(0, dtype=np.int64), *bins])
+    starts = np.zeros(len(layout) + 1, dtype=np.int64)  # of each sample, in layout order
+    np.cumsum(lengths[layout], out=starts[1:])
+    place = np.zeros(len(samples), dtype=np.int64)
+    place[layout] = starts[:-1]
+    first = np.zeros(len(bins) + 1, dtype=np.int64)  # each micro-batch's first sample
+    np.cumsum([len(members) for members in bins], out=first[1:])
+    spans = [(a, b, int(starts[a]), int(starts[b])) for a, b in pairwise(first.tolist())]
+    where = list(zip(place.tolist(), lengths.tolist(), strict=True))
+    arrays: list[dict[str, np.ndarray | None]] = [{} for _ in bins]
+    for name in TOKEN_FIELDS:
+        buffer = np.empty(int(starts[-1]), dtype=FIELD_DTYPES[name])
+        lacking = set()
+        for index, (sample, (at, n)) in enumerate(zip(samples, where, strict=True)):
+            part = getattr(sample, name)
+            if part is None:
+                lacking.add(index)
+            else:
+                np.copyto(buffer[at : at + n], part[:n] if n < len(part) else part, "same_kind")
+        for view, members, (_, _, lo, hi) in zip(arrays, bins, spans, strict=True):
+            missing = lacking and not lacking.isdisjoint(members.tolist())
+            view[name] = None if missing else buffer[lo:hi]
+    return [
+        MicroBatch(
+            view,
+            (starts[a : b + 1] - starts[a]).astype(CU_SEQLENS_DTYPE),
+            members,
+            settings.seq_len,
+        )
+        for view, members, (a, b, _, _) in zip(arrays, bins, spans, strict=True)
+    ]
