@@ -107,6 +107,17 @@ def wrong_length(field: str, values: int, tokens: int) -> str:
     return f"{field} has {values} values but completion_ids has {tokens} tokens"
 
 
+_NO_FLAGS = np.zeros(0, dtype=bool)
+
+
+def _is_none(value: object) -> bool:
+    return value is None
+
+
+def _nothing(dtype: type) -> np.ndarray:
+    return np.zeros(0, dtype=dtype)
+
+
 class ListColumn:
     """One list field of a batch of calls: a flat numpy buffer, offsets, and which items are
     null (None). Item i is `values[offsets[i]:offsets[i + 1]]`."""
@@ -120,18 +131,24 @@ class ListColumn:
     ):
         self.values = values
         self.offsets = offsets
-        self.lengths = np.diff(offsets)
+        self.lengths = offsets[1:] - offsets[:-1]
         self.null = null
         # values the source marked missing (a null inside an Arrow list), where it can
-        self.bad_values = np.zeros(0, dtype=bool) if bad_values is None else bad_values
+        self.bad_values = _NO_FLAGS if bad_values is None else bad_values
 
     @classmethod
     def of(cls, arrays: Sequence[np.ndarray | None], dtype: type) -> ListColumn:
-        present = [np.zeros(0, dtype=dtype) if a is None else a for a in arrays]
-        offsets = np.zeros(len(present) + 1, dtype=np.int64)
-        np.cumsum([len(a) for a in present], out=offsets[1:])
-        values = np.concatenate(present) if present else np.zeros(0, dtype=dtype)
-        return cls(values, offsets, np.array([a is None for a in arrays], dtype=bool))
+        """The column of `arrays` (None: a null list): their lengths counted and their values
+        copied into one buffer, one numpy call each for the whole batch."""
+        count = len(arrays)
+        null = np.fromiter(map(_is_none, arrays), bool, count)
+        present = (
+            arrays if not null.any() else [_nothing(dtype) if a is None else a for a in arrays]
+        )
+        offsets = np.zeros(count + 1, dtype=np.int64)
+        np.cumsum(np.fromiter(map(len, present), np.int64, count), out=offsets[1:])
+        values = np.concatenate(present) if offsets[-1] else _nothing(dtype)
+        return cls(values, offsets, null)
 
     def views(self) -> list[np.ndarray | None]:
         """Item i as a view into the buffer, None where the list is null."""

@@ -7,6 +7,7 @@ share. Errors name the file, line, episode and call.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from itertools import chain
 from typing import Any
 
@@ -198,12 +199,16 @@ PLAIN_CALL_FIELDS: tuple[msgspec.structs.FieldInfo, ...] = tuple(
 )
 
 
+# Each plain field's name, and whether the wire leaves it out (UNSET) when the record holds None.
+_PLAIN_OMITTED = tuple((f.name, f.default is UNSET) for f in PLAIN_CALL_FIELDS)
+
+
 def plain_call_values(call: Call) -> dict[str, Any]:
     """The call's plain fields as `WireCall` holds them (None left out where it can be)."""
     return {
-        f.name: UNSET if value is None and f.default is UNSET else value
-        for f in PLAIN_CALL_FIELDS
-        for value in (getattr(call, f.name),)
+        name: UNSET if omitted and value is None else value
+        for name, omitted in _PLAIN_OMITTED
+        for value in (getattr(call, name),)
     }
 
 
@@ -392,27 +397,33 @@ def _prompt_from_wire(wire: WireCall, episode: str) -> tuple[int, np.ndarray]:
     return wire.prompt_from_len, suffix  # type: ignore[return-value]
 
 
-def episode_to_wire(episode: Episode) -> WireEpisode:
-    """The wire form; prompts are written compactly wherever the record holds a base."""
+# How a token or value array goes onto the wire: a list (the default), or, for encoding only,
+# its JSON text (`formats.jsonl.json_numbers`).
+Numbers = Callable[[np.ndarray], Any]
+
+
+def episode_to_wire(episode: Episode, numbers: Numbers = np.ndarray.tolist) -> WireEpisode:
+    """The wire form; prompts are written compactly wherever the record holds a base.
+    `numbers` turns each token or value array into its wire value."""
     return WireEpisode(
         format=FORMAT,
         errors=list(episode.errors),
         rewards=dict(episode.rewards),
-        agents=[_agent_to_wire(a) for a in episode.agents],
+        agents=[_agent_to_wire(a, numbers) for a in episode.agents],
         gaps=UNSET if episode.gaps is None else gaps_to_json(episode.gaps),
         **{name: getattr(episode, name) for name in _PLAIN_EPISODE_FIELDS},
         **{name: _unset_if_none(getattr(episode, name)) for name in _OPTIONAL_EPISODE_FIELDS},
     )
 
 
-def _agent_to_wire(agent: Agent) -> WireAgent:
+def _agent_to_wire(agent: Agent, numbers: Numbers) -> WireAgent:
     return WireAgent(
         id=agent.id,
         name=agent.name,
         parent=agent.parent,
         start=agent.start,
         trainable=agent.trainable,
-        calls=[_call_to_wire(c) for c in agent.calls],
+        calls=[_call_to_wire(c, numbers) for c in agent.calls],
         rewards=UNSET if agent.rewards is None else agent.rewards,
         meta=UNSET
         if agent.spawn is None and agent.meta is None
@@ -420,23 +431,23 @@ def _agent_to_wire(agent: Agent) -> WireAgent:
     )
 
 
-def _call_to_wire(call: Call) -> WireCall:
+def _call_to_wire(call: Call, numbers: Numbers) -> WireCall:
     wire = WireCall(
         id=call.id,
         seq=call.seq,
-        completion_ids=call.completion_ids.tolist(),
-        logprobs=None if call.logprobs is None else call.logprobs.tolist(),
+        completion_ids=numbers(call.completion_ids),
+        logprobs=None if call.logprobs is None else numbers(call.logprobs),
         **plain_call_values(call),
     )
     if call.prompt_from is None:
-        wire.prompt_ids = call.prompt_suffix.tolist()
+        wire.prompt_ids = numbers(call.prompt_suffix)
     else:
         wire.prompt_from = call.prompt_from
         wire.prompt_from_len = call.prompt_from_len
-        wire.prompt_suffix_ids = call.prompt_suffix.tolist()
+        wire.prompt_suffix_ids = numbers(call.prompt_suffix)
     if call.advantages is not None:
         advantages = call.advantages
         wire.advantages = (
-            advantages.tolist() if isinstance(advantages, np.ndarray) else float(advantages)
+            numbers(advantages) if isinstance(advantages, np.ndarray) else float(advantages)
         )
     return wire

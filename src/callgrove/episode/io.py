@@ -7,7 +7,12 @@ from collections.abc import Iterable, Iterator
 
 from callgrove.episode.codec import episode_from_wire, episode_to_wire
 from callgrove.episode.record import Episode
-from callgrove.formats.jsonl import JsonlWriter, encode_wire_episode, read_wire_episodes
+from callgrove.formats.jsonl import (
+    JsonlWriter,
+    encode_wire_episode,
+    json_numbers,
+    read_wire_episodes,
+)
 from callgrove.formats.problems import Diagnostics, InputError
 
 
@@ -43,7 +48,7 @@ def read_located_episodes(
 
 def encode_episode(episode: Episode) -> bytes:
     """One JSON line for the episode, newline included."""
-    return encode_wire_episode(episode_to_wire(episode))
+    return encode_wire_episode(episode_to_wire(episode, numbers=json_numbers))
 
 
 def write_episodes(
