@@ -153,3 +153,19 @@ def test_compact_file_grows_with_distinct_tokens_not_the_square():
     total_prompt = sum(c.prompt_len for c in episode.calls())
     assert total_prompt > 50 * distinct  # the histories are long ...
     assert len(buffer.getvalue()) < 12 * distinct  # ... but the file holds each token once
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(episodes(), st.booleans(), st.randoms(use_true_random=False))
+def test_same_sequence_equals_comparing_the_tokens(episode, compact, random):
+    """Pairs asked in any order with one shared memory of settled pairs (what the forest and
+    rows do), prompts as written or rebased onto their parents (chains of whole resends)."""
+    if compact:
+        compact_prompts(episode)
+    pool = build_forest(episode).pool
+    full = [episode.full_ids(call) for call in pool.calls]
+    pairs = [(a, b) for a in range(len(full)) for b in range(len(full))]
+    random.shuffle(pairs)
+    known: dict[tuple[int, int], bool] = {}
+    for a, b in pairs:
+        assert pool.same_sequence(a, b, known) == np.array_equal(full[a], full[b]), (a, b)

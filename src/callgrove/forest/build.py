@@ -31,6 +31,9 @@ class Forest:
     ledger_index: list[int] = field(default_factory=list, repr=False)  # per kept call
     full_hash: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint32), repr=False)
     """Each kept call's full-sequence hash (`TokenPool`): equal sequences, equal hashes."""
+    same_sequences: dict[tuple[int, int], bool] = field(default_factory=dict, repr=False)
+    """Pairs of calls (ledger indices, lower first) already compared whole while building, and
+    whether they hold the same sequence (`TokenPool.same_sequence`)."""
     children: list[list[int]] = field(default_factory=list)
     roots: list[int] = field(default_factory=list)
     leaves: list[int] = field(default_factory=list)
@@ -130,6 +133,7 @@ def build_forest(episode: Episode) -> Forest:
         pool=pool,
         ledger_index=kept.tolist(),
         full_hash=finder.full_hashes,
+        same_sequences=finder.same,
     )
 
 
@@ -147,7 +151,7 @@ class _ParentFinder:
         full_lengths = layout.full_len[kept]
         self.full_hashes = pool.hashes[layout.locate(kept, full_lengths - 1)[0]]
         self.marked = _ends_of_known(pool, full_lengths, self.full_hashes)
-        self._same: dict[tuple[int, int], bool] = {}
+        self.same: dict[tuple[int, int], bool] = {}  # pairs of calls settled, by ledger index
 
     def parents(self) -> list[int]:
         """Each kept call's parent (its place among the kept calls), -1 for a root.
@@ -209,10 +213,7 @@ class _ParentFinder:
 
     def _same_sequence(self, a: int, b: int) -> bool:
         """Do calls `a` and `b` hold the same full sequence? Each pair is compared once."""
-        key = (a, b) if a < b else (b, a)
-        if key not in self._same:
-            self._same[key] = self.pool.same_prefix(a, b, self.pool.full_len[a])
-        return self._same[key]
+        return self.pool.same_sequence(a, b, self.same)
 
     def _calls_of_hash(self, value: np.uint32) -> list[int]:
         """The kept calls (ledger indices) whose full hash is `value`."""

@@ -198,6 +198,52 @@ class TokenPool:
     def full_hash(self, i: int) -> int:
         return int(self.hashes[self.index_at(i, self.full_len[i] - 1)])
 
+    def same_sequence(self, a: int, b: int, known: dict[tuple[int, int], bool]) -> bool:
+        """Exactly: do calls `a` and `b` hold the same full sequence? `known` holds the pairs
+        (lower index first) settled so far and is added to.
+
+        Where both prompts resend the whole sequence of an earlier call, of the same length,
+        the two are the same exactly when those earlier calls are and their own tokens (suffix,
+        then completion) are: so down chains of such calls (an agent and its twin) each level
+        costs one comparison of its own tokens, once, whatever pair asks.
+        """
+        pending: list[tuple[int, int]] = []
+        while True:  # down both chains while each level rests on a whole earlier sequence
+            if a == b:
+                below = True
+                break
+            key = (a, b) if a < b else (b, a)
+            if key in known:
+                below = known[key]
+                break
+            length, base_len = self.full_len[a], self.base_len[a]
+            if length != self.full_len[b]:
+                below = known[key] = False
+                break
+            if base_len != self.base_len[b]:
+                below = known[key] = self.same_prefix(a, b, length)
+                break
+            pending.append(key)
+            if base_len == 0:
+                below = True  # nothing resent: the own tokens are the whole sequence
+                break
+            a, b = self.base[a], self.base[b]
+            if self.full_len[a] != base_len or self.full_len[b] != base_len:
+                below = self.same_prefix(a, b, base_len)
+                break
+        for first, second in reversed(pending):
+            below = below and self._same_own_tokens(first, second)
+            known[first, second] = below
+        return below
+
+    def _same_own_tokens(self, a: int, b: int) -> bool:
+        """Are the tokens calls `a` and `b` pool themselves (suffix, then completion) equal?"""
+        own_a, own_b = self.full_len[a] - self.base_len[a], self.full_len[b] - self.base_len[b]
+        start_a, start_b = self.suffix_start[a], self.suffix_start[b]
+        return own_a == own_b and np.array_equal(
+            self.tokens[start_a : start_a + own_a], self.tokens[start_b : start_b + own_b]
+        )
+
     def same_prefix(self, a: int, b: int, length: int) -> bool:
         """Exactly: do calls `a` and `b` hold the same tokens in their first `length`?
 

@@ -218,17 +218,13 @@ def _mark_duplicates(rows: list[Row], forest: Forest, settings: RowSettings) -> 
     if len(rows) <= settings.max_identical_trained:
         return  # every row may train
     pool = forest.pool
+    known = dict(forest.same_sequences)  # a copy: what rows learn stays with these rows
     hashes = forest.full_hash[[row.path_index[-1] for row in rows]].tolist()
     trained_copies: dict[int, list[tuple[int, Row]]] = {}
     for row, key in zip(rows, hashes, strict=True):
         leaf = forest.ledger_index[row.path_index[-1]]
-        length = pool.full_len[leaf]
         group = trained_copies.setdefault(key, [])
-        same = [
-            r
-            for other, r in group
-            if pool.full_len[other] == length and pool.same_prefix(other, leaf, length)
-        ]
+        same = [r for other, r in group if pool.same_sequence(other, leaf, known)]
         if len(same) >= settings.max_identical_trained:
             row.duplicate_of = same[0].index
         else:
