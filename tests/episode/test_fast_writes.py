@@ -4,12 +4,16 @@ whole episode line is the one its list form encodes to."""
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from callgrove.episode import episode_to_wire
+from callgrove.episode.binary.writer import LIST_DTYPES, BinaryEpisodeWriter, episodes_to_batch
 from callgrove.episode.checks import ListColumn
 from callgrove.episode.io import encode_episode
 from callgrove.formats.jsonl import encode_wire_episode, json_numbers
@@ -60,3 +64,20 @@ def test_a_list_column_holds_each_array_at_its_place(arrays: list[np.ndarray | N
         assert (view is None) == (array is None)
         if array is not None:
             np.testing.assert_array_equal(view, array)
+
+
+@given(st.lists(episodes(), min_size=1, max_size=3))
+@settings(max_examples=40, deadline=None)
+def test_a_batch_from_the_writers_buffers_is_the_batch_of_plain_columns(batch) -> None:
+    ids = [f"e{i}" for i in range(len(batch))]
+    for episode, episode_id in zip(batch, ids, strict=True):
+        episode.id = episode_id
+    with tempfile.TemporaryDirectory() as folder:
+        writer = BinaryEpisodeWriter(Path(folder) / "x.arrow")
+        for episode in batch:
+            writer.write(episode)
+        pending = [calls for _episode, calls in writer._pending]
+        values = {f: writer._buffers[f][: writer._filled[f]] for f in LIST_DTYPES}
+        gathered = episodes_to_batch(batch, pending, values)
+        writer.discard()
+    assert gathered.equals(episodes_to_batch(batch))

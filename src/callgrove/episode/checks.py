@@ -11,8 +11,9 @@ copy; records are gathered into the same columns.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Protocol
 
 import numpy as np
@@ -110,10 +111,6 @@ def wrong_length(field: str, values: int, tokens: int) -> str:
 _NO_FLAGS = np.zeros(0, dtype=bool)
 
 
-def _is_none(value: object) -> bool:
-    return value is None
-
-
 def _nothing(dtype: type) -> np.ndarray:
     return np.zeros(0, dtype=dtype)
 
@@ -137,18 +134,33 @@ class ListColumn:
         self.bad_values = _NO_FLAGS if bad_values is None else bad_values
 
     @classmethod
-    def of(cls, arrays: Sequence[np.ndarray | None], dtype: type) -> ListColumn:
+    def of(
+        cls,
+        arrays: Sequence[np.ndarray | None],
+        dtype: type,
+        room: Callable[[int], np.ndarray] | None = None,
+    ) -> ListColumn:
         """The column of `arrays` (None: a null list): their lengths counted and their values
-        copied into one buffer, one numpy call each for the whole batch."""
+        copied into one buffer, one numpy call each for the whole batch. `room(n)`, where
+        given, is where the n values go (a writer's batch buffer, cast to its type)."""
         count = len(arrays)
-        null = np.fromiter(map(_is_none, arrays), bool, count)
-        present = (
-            arrays if not null.any() else [_nothing(dtype) if a is None else a for a in arrays]
-        )
+        nulls = [a is None for a in arrays]
+        present = [a for a in arrays if a is not None] if any(nulls) else arrays
+        lengths = np.fromiter(map(len, present), np.int64, len(present))
         offsets = np.zeros(count + 1, dtype=np.int64)
-        np.cumsum(np.fromiter(map(len, present), np.int64, count), out=offsets[1:])
-        values = np.concatenate(present) if offsets[-1] else _nothing(dtype)
-        return cls(values, offsets, null)
+        if len(present) == count:
+            np.cumsum(lengths, out=offsets[1:])
+        elif present:
+            spread = np.zeros(count, dtype=np.int64)
+            spread[~np.array(nulls)] = lengths
+            np.cumsum(spread, out=offsets[1:])
+        if room is not None:
+            values = room(int(offsets[-1]))
+            if present:
+                np.concatenate(present, out=values)
+        else:
+            values = np.concatenate(present) if present else _nothing(dtype)
+        return cls(values, offsets, np.array(nulls, dtype=bool))
 
     def views(self) -> list[np.ndarray | None]:
         """Item i as a view into the buffer, None where the list is null."""
@@ -180,7 +192,9 @@ class CallColumns:
     advantages: ListColumn  # the per-token advantages
 
     @classmethod
-    def of_calls(cls, calls: Sequence[Call]) -> CallColumns:
+    def of_calls(cls, calls: Sequence[Call], room: Room | None = None) -> CallColumns:
+        """The calls' checked fields; `room(field, n)`, where given, is where a list field's
+        n values go (`ListColumn.of`)."""
         per_token = [c.advantages if isinstance(c.advantages, np.ndarray) else None for c in calls]
         return cls(
             ids=[c.id for c in calls],
@@ -194,11 +208,29 @@ class CallColumns:
                 else c.advantages
                 for c in calls
             ],
-            prompt_suffix_ids=ListColumn.of([c.prompt_suffix for c in calls], np.int64),
-            completion_ids=ListColumn.of([c.completion_ids for c in calls], np.int64),
-            logprobs=ListColumn.of([c.logprobs for c in calls], np.float64),
-            advantages=ListColumn.of(per_token, np.float64),
+            prompt_suffix_ids=prompt_suffix_column(calls, room),
+            completion_ids=ListColumn.of(
+                [c.completion_ids for c in calls], np.int64, _into(room, "completion_ids")
+            ),
+            logprobs=ListColumn.of(
+                [c.logprobs for c in calls], np.float64, _into(room, "logprobs")
+            ),
+            advantages=ListColumn.of(per_token, np.float64, _into(room, "advantages")),
         )
+
+
+# Where a writer gathers a list field's values: `room(field, n)` is an array of n values.
+Room = Callable[[str, int], np.ndarray]
+
+
+def _into(room: Room | None, field: str) -> Callable[[int], np.ndarray] | None:
+    return None if room is None else partial(room, field)
+
+
+def prompt_suffix_column(calls: Iterable[Call], room: Room | None = None) -> ListColumn:
+    """The stored prompt tokens of `calls` (each call's suffix after its base)."""
+    suffixes = [c.prompt_suffix for c in calls]
+    return ListColumn.of(suffixes, np.int64, _into(room, "prompt_suffix_ids"))
 
 
 def call_problems(columns: CallColumns) -> dict[int, str]:
@@ -209,21 +241,28 @@ def call_problems(columns: CallColumns) -> dict[int, str]:
         for index in indices:
             problems.setdefault(int(index), message)
 
+    # Each rule is first tested over the whole batch; only one that fails is searched.
     for name in ("prompt_suffix_ids", "completion_ids"):
         column: ListColumn = getattr(columns, name)
-        flag(np.flatnonzero(column.null), f"{name} is missing")
-        flag(column.items_where(column.bad_values), f"{name} holds a null token id")
+        if column.null.any():
+            flag(np.flatnonzero(column.null), f"{name} is missing")
+        if column.bad_values.any():
+            flag(column.items_where(column.bad_values), f"{name} holds a null token id")
         if column.values.size and column.values.min() < 0:
             flag(column.items_where(column.values < 0), negative_token(name))
     completion = columns.completion_ids
-    flag(np.flatnonzero(completion.lengths == 0), EMPTY_COMPLETION)
+    if completion.lengths.size and completion.lengths.min() == 0:
+        flag(np.flatnonzero(completion.lengths == 0), EMPTY_COMPLETION)
     for name in ("logprobs", "advantages"):
         column = getattr(columns, name)
-        for index in np.flatnonzero(~column.null & (column.lengths != completion.lengths)):
-            flag([index], wrong_length(name, column.lengths[index], completion.lengths[index]))
-        finite = np.isfinite(column.values)
-        if column.bad_values.any() or not finite.all():
-            bad = ~finite if not column.bad_values.size else ~finite | column.bad_values
+        mismatched = ~column.null & (column.lengths != completion.lengths)
+        if mismatched.any():
+            for index in np.flatnonzero(mismatched):
+                flag([index], wrong_length(name, column.lengths[index], completion.lengths[index]))
+        if column.bad_values.any() or not np.isfinite(column.values).all():
+            bad = ~np.isfinite(column.values)
+            if column.bad_values.size:
+                bad |= column.bad_values
             flag(column.items_where(bad), not_finite(name))
     if (
         set(columns.purposes) <= set(PURPOSES)
@@ -308,6 +347,8 @@ def check_agents(agents: Sequence[_AgentLike], episode: str) -> None:
 
 def check_unique_calls(calls: Sequence[Call], episode: str) -> None:
     """No call id or `seq` appears twice in the episode."""
+    if len({c.id for c in calls}) == len({c.seq for c in calls}) == len(calls):
+        return
     ids: set[str] = set()
     seqs: dict[int, str] = {}
     for call in calls:
@@ -370,13 +411,16 @@ def raise_first(
             raise fail(problems[index], episode, ids[index])
 
 
-def check_episode(episode: Episode) -> None:
+def check_episode(episode: Episode, room: Room | None = None) -> CallColumns:
     """Every rule, over a record built in code or read from a file; raises `InputError`
-    naming the episode and the call."""
+    naming the episode and the call. Returns the calls gathered into the columns the rules
+    ran on; with `room`, a writer's buffers hold their values (`CallColumns.of_calls`), so
+    it writes the very values checked."""
     check_run(episode.id, episode.run, episode.rewards)
     check_agents(episode.agents, episode.id)
     calls = list(episode.calls())
     check_unique_calls(calls, episode.id)
-    columns = CallColumns.of_calls(calls)
+    columns = CallColumns.of_calls(calls, room)
     raise_first(call_problems(columns), columns.ids, 0, len(calls), episode.id)
     resolve_prompts(calls, [c.prompt_from for c in calls], episode.id)
+    return columns

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from callgrove.episode.binary import BinaryEpisodeWriter, read_binary_episodes
-from callgrove.episode.checks import check_episode, duplicate_episode
+from callgrove.episode.checks import check_episode, duplicate_episode, prompt_suffix_column
 from callgrove.episode.codec import share_histories
 from callgrove.episode.io import EpisodeWriter, read_located_episodes
 from callgrove.episode.record import Episode
@@ -173,14 +173,21 @@ class CheckedWriter:
         return self.writer.lines
 
     def write(self, episode: Episode) -> None:
-        check_episode(episode)
+        # A form that writes columns (the binary one) has the calls gathered into its own
+        # batch buffers: the rules run on the very values it writes, gathered once.
+        room = getattr(self.writer, "room", None)
+        columns = check_episode(episode, room)
         line = len(self.written) + 1
         first = self.written.setdefault(episode.id, line)
         if first != line:
             where = f"episode {first} of this write"
             raise InputError(duplicate_episode(episode.id, where, self.path))
-        share_histories(episode.agents)
-        self.writer.write(episode)
+        if share_histories(episode.agents):
+            columns.prompt_suffix_ids = prompt_suffix_column(episode.calls(), room)
+        if room is None:
+            self.writer.write(episode)
+        else:
+            self.writer.write_gathered(episode, columns)
 
     def sync(self) -> None:
         self.writer.sync()

@@ -368,16 +368,17 @@ class Episode:
         return replace(self, agents=agents, errors=list(self.errors), rewards=dict(self.rewards))
 
 
-def share_histories(agents: list[Agent]) -> None:
+def share_histories(agents: list[Agent]) -> int:
     """Hold a full prompt that resends an earlier call as a reference plus a suffix: its
     agent's previous call, or for a fork's first call the longest earlier call of the agent
-    that started it.
+    that started it. Returns how many prompts it made compact.
 
     Only an encoding: the forest still decides parents from the tokens. It keeps memory and
     files linear in the distinct tokens when every prompt is given in full.
     """
     by_id = {agent.id: agent for agent in agents}
     find = {call.id: call for agent in agents for call in agent.calls}.get
+    shared = 0
     for agent in agents:
         previous: Call | None = None
         for call in sorted(agent.calls, key=lambda c: c.seq):
@@ -389,8 +390,10 @@ def share_histories(agents: list[Agent]) -> None:
                     if _starts_with(call.prompt_suffix, source, find):
                         call.prompt_suffix = call.prompt_suffix[source.full_len :].copy()
                         call.prompt_from, call.prompt_from_len = source.id, source.full_len
+                        shared += 1
                         break
             previous = call
+    return shared
 
 
 def _earlier(agent: Agent | None, call: Call) -> list[Call]:

@@ -28,6 +28,7 @@ from callgrove.episode.binary.schema import (
     SCHEMA,
     is_binary,
 )
+from callgrove.episode.checks import CallColumns, ListColumn
 from callgrove.episode.codec import PLAIN_CALL_FIELDS
 from callgrove.episode.provenance import gaps_to_json, join_spawn
 from callgrove.episode.record import TOKEN_DTYPE, Agent, Call, Episode
@@ -36,6 +37,14 @@ from callgrove.formats.problems import InputError, Problem
 from callgrove.formats.wire import WireError, WireRun
 
 _json_encoder = msgspec.json.Encoder()
+
+# The calls' list fields, each with the type its values are stored as.
+LIST_DTYPES = {
+    "prompt_suffix_ids": TOKEN_DTYPE,
+    "completion_ids": TOKEN_DTYPE,
+    "logprobs": FLOAT_DTYPE,
+    "advantages": FLOAT_DTYPE,
+}
 
 
 def _json_text(value: Any) -> str | None:
@@ -49,15 +58,22 @@ def _offsets(lengths: Iterable[int]) -> pa.Array:
     return pa.array(offsets)
 
 
-def _list_column(arrays: list[np.ndarray | None], dtype: type, value_type: pa.DataType) -> pa.Array:
-    """A list column from numpy arrays (None = a null list) in one concatenation."""
-    present = [np.zeros(0, dtype=dtype) if a is None else a for a in arrays]
-    values = np.concatenate(present, dtype=dtype) if present else np.zeros(0, dtype=dtype)
-    mask = None
-    if any(a is None for a in arrays):
-        mask = pa.array([a is None for a in arrays])
+def _list_column(
+    columns: list[ListColumn], dtype: type, value_type: pa.DataType, values: np.ndarray | None
+) -> pa.Array:
+    """One list column of a batch from its episodes' gathered columns (`checks.CallColumns`,
+    the buffers the rules were checked on); `values`: all of theirs, one after the other,
+    where the writer gathered them so (else they are concatenated here)."""
+    if values is None:
+        values = np.concatenate([c.values for c in columns], dtype=dtype)
+    lengths = np.concatenate([c.lengths for c in columns])
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    null = np.concatenate([c.null for c in columns])
     return pa.ListArray.from_arrays(
-        _offsets(len(a) for a in present), pa.array(values, type=value_type), mask=mask
+        pa.array(offsets),
+        pa.array(values, type=value_type),
+        mask=pa.array(null) if null.any() else None,
     )
 
 
@@ -70,14 +86,16 @@ def _typed(schema: pa.StructType | pa.Schema) -> Callable[[str, list[Any]], pa.A
     return column
 
 
-def _calls_array(calls: list[Call]) -> pa.StructArray:
+def _calls_array(
+    calls: list[Call], gathered: list[CallColumns], values: dict[str, np.ndarray]
+) -> pa.StructArray:
     column = _typed(CALL_TYPE)
 
-    per_token = [c.advantages if isinstance(c.advantages, np.ndarray) else None for c in calls]
-    scalar = [
-        None if c.advantages is None or isinstance(c.advantages, np.ndarray) else c.advantages
-        for c in calls
-    ]
+    def lists(name: str, dtype: type, value_type: pa.DataType) -> pa.Array:
+        return _list_column(
+            [getattr(g, name) for g in gathered], dtype, value_type, values.get(name)
+        )
+
     children = [
         column("id", [c.id for c in calls]),
         column("seq", [c.seq for c in calls]),
@@ -85,11 +103,11 @@ def _calls_array(calls: list[Call]) -> pa.StructArray:
         column(
             "prompt_from_len", [None if c.prompt_from is None else c.prompt_from_len for c in calls]
         ),
-        _list_column([c.prompt_suffix for c in calls], TOKEN_DTYPE, pa.int32()),
-        _list_column([c.completion_ids for c in calls], TOKEN_DTYPE, pa.int32()),
-        _list_column([c.logprobs for c in calls], FLOAT_DTYPE, pa.float32()),
-        column("advantage", scalar),
-        _list_column(per_token, FLOAT_DTYPE, pa.float32()),
+        lists("prompt_suffix_ids", TOKEN_DTYPE, pa.int32()),
+        lists("completion_ids", TOKEN_DTYPE, pa.int32()),
+        lists("logprobs", FLOAT_DTYPE, pa.float32()),
+        column("advantage", [a for g in gathered for a in g.advantage]),
+        lists("advantages", FLOAT_DTYPE, pa.float32()),
     ]
     for info in PLAIN_CALL_FIELDS:
         values = [getattr(c, info.name) for c in calls]
@@ -99,7 +117,9 @@ def _calls_array(calls: list[Call]) -> pa.StructArray:
     return pa.StructArray.from_arrays(children, fields=list(CALL_TYPE))
 
 
-def _agents_array(agents: list[Agent]) -> pa.StructArray:
+def _agents_array(
+    agents: list[Agent], gathered: list[CallColumns], values: dict[str, np.ndarray]
+) -> pa.StructArray:
     column = _typed(AGENT_TYPE)
 
     calls = [c for a in agents for c in a.calls]
@@ -113,7 +133,7 @@ def _agents_array(agents: list[Agent]) -> pa.StructArray:
         column("meta", [_json_text(join_spawn(a.spawn, a.meta)) for a in agents]),
         pa.ListArray.from_arrays(
             _offsets(len(a.calls) for a in agents),
-            _calls_array(calls),
+            _calls_array(calls, gathered, values),
             type=AGENT_TYPE.field("calls").type,
         ),
     ]
@@ -136,8 +156,17 @@ def _error_dict(error: WireError) -> dict[str, Any]:
     }
 
 
-def episodes_to_batch(episodes: list[Episode]) -> pa.RecordBatch:
-    """One record batch holding `episodes`, one row each."""
+def episodes_to_batch(
+    episodes: list[Episode],
+    gathered: list[CallColumns] | None = None,
+    values: dict[str, np.ndarray] | None = None,
+) -> pa.RecordBatch:
+    """One record batch holding `episodes`, one row each; `gathered[i]`, where given, is
+    episode i's calls gathered into columns (`CallColumns.of_calls`), taken as they are, and
+    `values[field]` all of a list field's values where they were gathered one after the other."""
+    if gathered is None:
+        gathered = [CallColumns.of_calls(list(e.calls())) for e in episodes]
+    values = {} if values is None else values
     column = _typed(SCHEMA)
 
     agents = [a for e in episodes for a in e.agents]
@@ -158,15 +187,15 @@ def episodes_to_batch(episodes: list[Episode]) -> pa.RecordBatch:
         column("meta", [_json_text(e.meta) for e in episodes]),
         pa.ListArray.from_arrays(
             _offsets(len(e.agents) for e in episodes),
-            _agents_array(agents),
+            _agents_array(agents, gathered, values),
             type=SCHEMA.field("agents").type,
         ),
     ]
     return pa.RecordBatch.from_arrays(columns, schema=SCHEMA)
 
 
-def _stored_tokens(episode: Episode) -> int:
-    return sum(len(c.prompt_suffix) + len(c.completion_ids) for c in episode.calls())
+def _stored_tokens(columns: CallColumns) -> int:
+    return int(columns.prompt_suffix_ids.offsets[-1] + columns.completion_ids.offsets[-1])
 
 
 class BinaryEpisodeWriter:
@@ -195,7 +224,9 @@ class BinaryEpisodeWriter:
         self.lines = 0
         self._batch_tokens = batch_tokens
         self._batch_episodes = batch_episodes
-        self._pending: list[Episode] = []
+        self._pending: list[tuple[Episode, CallColumns]] = []
+        self._buffers = {field: np.empty(0, dtype) for field, dtype in LIST_DTYPES.items()}
+        self._filled = dict.fromkeys(LIST_DTYPES, 0)
         self._pending_tokens = 0
         self._new = NewFile(self.path)
         try:
@@ -219,8 +250,27 @@ class BinaryEpisodeWriter:
             raise
 
     def write(self, episode: Episode) -> None:
-        self._pending.append(episode)
-        self._pending_tokens += _stored_tokens(episode)
+        """Buffer the episode as it is (unchecked: `save` and `open_writer` check first)."""
+        self.write_gathered(episode, CallColumns.of_calls(list(episode.calls()), self.room))
+
+    def room(self, field: str, count: int) -> np.ndarray:
+        """Where the next episode's `count` values of a list field go: straight after the
+        pending ones in this field's batch buffer (grown as needed, reused batch after batch),
+        so a batch's column is built without another copy."""
+        buffer, filled = self._buffers[field], self._filled[field]
+        if filled + count > len(buffer):
+            grown = np.empty(max(2 * len(buffer), filled + count), dtype=buffer.dtype)
+            grown[:filled] = buffer[:filled]
+            self._buffers[field] = buffer = grown
+        return buffer[filled : filled + count]
+
+    def write_gathered(self, episode: Episode, calls: CallColumns) -> None:
+        """Buffer the episode with its calls gathered into this writer's `room` (the columns
+        its checks ran on): their values are what the file gets."""
+        for field in LIST_DTYPES:
+            self._filled[field] += len(getattr(calls, field).values)
+        self._pending.append((episode, calls))
+        self._pending_tokens += _stored_tokens(calls)
         self.lines += 1
         if self._pending_tokens >= self._batch_tokens or len(self._pending) >= self._batch_episodes:
             self.sync()
@@ -229,13 +279,17 @@ class BinaryEpisodeWriter:
         """Write the buffered episodes as one batch."""
         if not self._pending:
             return
-        batch = _checked_batch(self._pending)
+        episodes = [episode for episode, _calls in self._pending]
+        values = {field: self._buffers[field][: self._filled[field]] for field in LIST_DTYPES}
+        batch = _checked_batch(episodes, [calls for _episode, calls in self._pending], values)
         if isinstance(self._writer, pq.ParquetWriter):
             self._writer.write_batch(batch, row_group_size=batch.num_rows)
         else:
             self._writer.write_batch(batch)
+        del batch  # the buffers are free again: the batch was written
         self._pending = []
         self._pending_tokens = 0
+        self._filled = dict.fromkeys(LIST_DTYPES, 0)
 
     def close(self) -> None:
         """Write what is buffered and move the finished file into place."""
@@ -263,16 +317,18 @@ class BinaryEpisodeWriter:
             self.discard()
 
 
-def _checked_batch(episodes: list[Episode]) -> pa.RecordBatch:
+def _checked_batch(
+    episodes: list[Episode], gathered: list[CallColumns], values: dict[str, np.ndarray]
+) -> pa.RecordBatch:
     """`episodes_to_batch`, with a value the columns cannot hold (an integer past 64 bits, say)
     reported as an `InputError` naming its episode."""
     try:
-        return episodes_to_batch(episodes)
+        return episodes_to_batch(episodes, gathered, values)
     except (pa.ArrowException, OverflowError, TypeError, ValueError):
         culprit = episodes[0].id
-        for episode in episodes:
+        for episode, calls in zip(episodes, gathered, strict=True):
             try:
-                episodes_to_batch([episode])
+                episodes_to_batch([episode], [calls])
             except (pa.ArrowException, OverflowError, TypeError, ValueError) as found:
                 culprit, error = episode.id, found
                 break
