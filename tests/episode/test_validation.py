@@ -159,6 +159,25 @@ def test_each_rule_is_reported_where_it_is_broken(
     assert raised.value.problem == problem
 
 
+@pytest.mark.parametrize("suffix", FORMS)
+@pytest.mark.parametrize("field", ["completion_ids", "prompt_suffix"])
+def test_a_token_id_past_32_bits_is_refused_not_wrapped(
+    tmp_path: Path, suffix: str, field: str
+) -> None:
+    """An int64 array can hold an id no form stores: `save` refuses it by name, and so does
+    the unchecked binary writer, whose cast to int32 would wrap it into another id."""
+    broken = healthy("bad")
+    _set("C2", **{field: np.array([2**31, 7], np.int64)})(broken)
+    stored = "prompt_suffix_ids" if field == "prompt_suffix" else field
+    message = f"{stored} holds a value that is not a token id in [0, 2147483647]"
+    path = tmp_path / f"episodes{suffix}"
+    for writer in (save, write_binary_episodes) if is_binary(path) else (save,):
+        with pytest.raises(InputError) as raised:
+            writer(path, [healthy("ok-0"), broken])
+        problem = raised.value.problem
+        assert (problem.message, problem.episode, problem.call) == (message, "bad", "C2")
+
+
 @pytest.mark.parametrize("suffix", [".parquet", ".arrow"])
 @pytest.mark.parametrize(
     ("field", "value", "message"),

@@ -23,6 +23,7 @@ from callgrove.episode.record import (
     AGENT_STARTS,
     PURPOSES,
     RUN_TYPES,
+    TOKEN_DTYPE,
     Call,
     Episode,
     not_an_earlier_call,
@@ -80,8 +81,16 @@ def check_present(wire: WireEpisode) -> None:
             require(call, REQUIRED_CALL, "call", call.id)
 
 
+# Token ids are stored as signed 32-bit integers in every form.
+TOKEN_MAX = int(np.iinfo(TOKEN_DTYPE).max)
+
+
 def negative_token(field: str) -> str:
     return f"{field} holds a negative token id"
+
+
+def not_a_token_id(field: str) -> str:
+    return f"{field} holds a value that is not a token id in [0, {TOKEN_MAX}]"
 
 
 def not_finite(field: str, per_token: bool = True) -> str:
@@ -113,6 +122,18 @@ _NO_FLAGS = np.zeros(0, dtype=bool)
 
 def _nothing(dtype: type) -> np.ndarray:
     return np.zeros(0, dtype=dtype)
+
+
+def _narrowed(arrays: Sequence[np.ndarray], dtype: np.dtype) -> bool:
+    """Whether casting `arrays` to the integer `dtype` would change a value (a token id past
+    what the stored type holds would wrap around)."""
+    if dtype.kind not in "iu":
+        return False
+    wide = np.result_type(*arrays)
+    if wide.kind not in "iu" or np.can_cast(wide, dtype):
+        return False
+    limits = np.iinfo(dtype)
+    return any(a.size and (a.min() < limits.min or a.max() > limits.max) for a in arrays)
 
 
 class ListColumn:
@@ -156,6 +177,9 @@ class ListColumn:
             np.cumsum(spread, out=offsets[1:])
         if room is not None:
             values = room(int(offsets[-1]))
+            if present and _narrowed(present, values.dtype):
+                # kept wide, out of the room: the rules flag it and nothing is written
+                return cls(np.concatenate(present), offsets, np.array(nulls, dtype=bool))
             if present:
                 np.concatenate(present, out=values)
         else:
@@ -233,6 +257,13 @@ def prompt_suffix_column(calls: Iterable[Call], room: Room | None = None) -> Lis
     return ListColumn.of(suffixes, np.int64, _into(room, "prompt_suffix_ids"))
 
 
+def _holds_past_token_max(values: np.ndarray) -> bool:
+    """Only an array of a type the stored one cannot hold can (one built in code)."""
+    return (
+        values.size > 0 and not np.can_cast(values.dtype, TOKEN_DTYPE) and values.max() > TOKEN_MAX
+    )
+
+
 def call_problems(columns: CallColumns) -> dict[int, str]:
     """The first problem of each call that has one, by its index in the batch."""
     problems: dict[int, str] = {}
@@ -250,6 +281,8 @@ def call_problems(columns: CallColumns) -> dict[int, str]:
             flag(column.items_where(column.bad_values), f"{name} holds a null token id")
         if column.values.size and column.values.min() < 0:
             flag(column.items_where(column.values < 0), negative_token(name))
+        if _holds_past_token_max(column.values):
+            flag(column.items_where(column.values > TOKEN_MAX), not_a_token_id(name))
     completion = columns.completion_ids
     if completion.lengths.size and completion.lengths.min() == 0:
         flag(np.flatnonzero(completion.lengths == 0), EMPTY_COMPLETION)

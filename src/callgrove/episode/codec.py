@@ -16,6 +16,7 @@ import numpy as np
 from msgspec import UNSET
 
 from callgrove.episode.checks import (
+    TOKEN_MAX,
     CallColumns,
     ListColumn,
     call_problems,
@@ -25,6 +26,7 @@ from callgrove.episode.checks import (
     check_unique_calls,
     fail,
     negative_token,
+    not_a_token_id,
     raise_first,
     resolve_prompts,
 )
@@ -47,8 +49,6 @@ from callgrove.formats.wire import (
     WireRun,
 )
 
-_TOKEN_MAX = np.iinfo(TOKEN_DTYPE).max
-
 
 def token_array(values: Any, episode: str, call: str, field: str) -> np.ndarray:
     """Token ids as an int32 array; every id must be a non-negative int32.
@@ -58,15 +58,13 @@ def token_array(values: Any, episode: str, call: str, field: str) -> np.ndarray:
     """
     if isinstance(values, msgspec.Raw):
         parsed = _parse_raw_numbers(values, _DIGITS, np.int64)
-        if parsed is not None and (not parsed.size or parsed.max() <= _TOKEN_MAX):
+        if parsed is not None and (not parsed.size or parsed.max() <= TOKEN_MAX):
             return parsed.astype(TOKEN_DTYPE)
         values = _decode_raw_list(values, int, episode, call, field)
     try:
         array = np.asarray(values, dtype=TOKEN_DTYPE)
     except (OverflowError, ValueError, TypeError):
-        raise fail(
-            f"{field} holds a value that is not a token id in [0, {_TOKEN_MAX}]", episode, call
-        ) from None
+        raise fail(not_a_token_id(field), episode, call) from None
     if array.ndim != 1:
         raise fail(f"{field} must be a flat list of token ids", episode, call)
     if array.size and array.min() < 0:
@@ -329,7 +327,7 @@ def _token_lists(lists: list[msgspec.Raw]) -> tuple[np.ndarray, np.ndarray] | No
     except ValueError:  # anything but plain ids
         return None
     values = np.concatenate(arrays) if arrays else _NO_IDS
-    if values.size and (values.min() < 0 or values.max() > _TOKEN_MAX):
+    if values.size and (values.min() < 0 or values.max() > TOKEN_MAX):
         return None
     offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
     np.cumsum(np.fromiter(map(len, arrays), np.int64, len(arrays)), out=offsets[1:])

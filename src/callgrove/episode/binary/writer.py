@@ -28,7 +28,7 @@ from callgrove.episode.binary.schema import (
     SCHEMA,
     is_binary,
 )
-from callgrove.episode.checks import CallColumns, ListColumn
+from callgrove.episode.checks import CallColumns, ListColumn, call_problems, raise_first
 from callgrove.episode.codec import PLAIN_CALL_FIELDS
 from callgrove.episode.provenance import gaps_to_json, join_spawn
 from callgrove.episode.record import TOKEN_DTYPE, Agent, Call, Episode
@@ -267,6 +267,9 @@ class BinaryEpisodeWriter:
     def write_gathered(self, episode: Episode, calls: CallColumns) -> None:
         """Buffer the episode with its calls gathered into this writer's `room` (the columns
         its checks ran on): their values are what the file gets."""
+        if any(getattr(calls, f).values.dtype != self._buffers[f].dtype for f in LIST_DTYPES):
+            # a value its stored type cannot hold stayed out of the room (`ListColumn.of`)
+            raise_first(call_problems(calls), calls.ids, 0, len(calls.ids), episode.id)
         for field in LIST_DTYPES:
             self._filled[field] += len(getattr(calls, field).values)
         self._pending.append((episode, calls))
