@@ -11,8 +11,9 @@ are of wall-time medians; the scaling target is judged on the best CPU time of t
 the figure least moved by other processes on a shared machine (wall-time scaling is shown
 beside it). Of the CPU time, the kernel's share and the page faults are kept too: an action
 that allocates row-sized arrays pays for first touches of fresh memory. The command first has
-glibc's malloc keep freed memory (`keep_freed_memory`), so every size of a stage reuses memory
-alike (docs/performance.md). Peak memory is the largest traced allocation (tracemalloc, numpy
+glibc's malloc keep freed memory and grow its heap, touched, past what the run needs
+(`keep_freed_memory`), so every size of a stage runs on memory already backed
+(docs/performance.md). Peak memory is the largest traced allocation (tracemalloc, numpy
 included) of one separate, untimed run.
 
 Throughput is counted in call tokens (every kept call's prompt plus completion: the tokens the
@@ -269,23 +270,76 @@ def _usage() -> resource.struct_rusage:
     return resource.getrusage(resource.RUSAGE_SELF)
 
 
-# glibc's mallopt parameters; 1 GiB and the largest int: in effect never.
+# glibc's mallopt parameters, and its largest value (an int): in effect never.
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
-_NEVER_MMAP, _NEVER_TRIM = 1 << 30, 2**31 - 1
+_NEVER = 2**31 - 1
+# More than the published sizes' heap ever holds (the report says whether it grew past), and
+# below the mmap threshold, so it is taken from the heap.
+WARM_HEAP = 1 << 30
 
 
-def keep_freed_memory() -> bool:
-    """Have glibc's malloc keep freed memory for reuse, for the rest of the process; False
-    where there is no glibc. By default it gives a freed block over 32 MiB, and a free heap top
-    over 64 MiB, back to the kernel, and the next allocation of that size faults in fresh pages
-    that the kernel zeroes: only the sizes whose arrays cross those fixed thresholds pay it, so
-    a stage's largest size looked slower per token than its smaller ones for that alone."""
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            *("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks"),
+            *("fsmblks", "uordblks", "fordblks", "keepcost"),
+        )
+    ]
+
+
+def keep_freed_memory(warm_bytes: int = WARM_HEAP) -> bool:
+    """Have glibc's malloc keep freed memory for reuse, for the rest of the process, with its
+    heap first grown to `warm_bytes` and every page of it touched; False where there is no
+    glibc.
+
+    By default glibc gives a freed block over 32 MiB, and a free heap top over 64 MiB, back to
+    the kernel, and the next allocation of that size faults in fresh pages that the kernel
+    zeroes: only the sizes whose arrays cross those fixed thresholds pay it, so a stage's
+    largest size looked slower per token than its smaller ones for that alone. Keeping freed
+    memory is not enough on its own: other stages run in between and leave small live blocks
+    inside freed large ones, so a large array is now and then placed past the heap's old end,
+    on fresh pages again, and only at the larger sizes. A heap touched in advance has no fresh
+    pages left below `warm_bytes`: every size runs on memory already backed, as a long-running
+    trainer's does once its heap has grown to its working set."""
     try:
-        mallopt = ctypes.CDLL(None).mallopt
+        libc = ctypes.CDLL(None)
+        mallopt = libc.mallopt
     except (OSError, AttributeError):
         return False
-    return bool(mallopt(M_MMAP_THRESHOLD, _NEVER_MMAP)) and bool(
-        mallopt(M_TRIM_THRESHOLD, _NEVER_TRIM)
+    if not (mallopt(M_MMAP_THRESHOLD, _NEVER) and mallopt(M_TRIM_THRESHOLD, _NEVER)):
+        return False
+    libc.malloc.restype = ctypes.c_void_p
+    libc.free.argtypes = [ctypes.c_void_p]
+    block = libc.malloc(warm_bytes)
+    if block:
+        ctypes.memset(block, 0, warm_bytes)
+        libc.free(block)  # the heap's top now: kept (never trimmed), its pages backed
+    return True
+
+
+def heap_bytes() -> int | None:
+    """How large glibc's main heap has grown (`mallinfo2().arena`); None without glibc 2.33+."""
+    try:
+        mallinfo2 = ctypes.CDLL(None).mallinfo2
+    except (OSError, AttributeError):
+        return None
+    mallinfo2.restype = _MallInfo2
+    return int(mallinfo2().arena)
+
+
+def allocator_note(kept: bool, heap_at_start: int | None) -> str:
+    """What the report says of malloc: whether freed memory was kept and, if so, whether the
+    heap grew past its touched part during the run (where fresh pages were faulted in)."""
+    if not kept:
+        return "default"
+    note = f"freed memory kept, heap touched to {WARM_HEAP / 2**30:.0f} GiB in advance"
+    heap = heap_bytes()
+    if heap is None or heap_at_start is None:
+        return note
+    grown = heap - heap_at_start
+    return note + (
+        f"; grew {grown / 2**20:.0f} MiB past it" if grown > 0 else "; never grew past it"
     )
 
 

@@ -16,7 +16,9 @@ from rich.table import Table
 from callgrove.bench import BenchSettings, Report, run_bench, stream_case
 from callgrove.bench.suite import (
     HEADLINE_COLUMNS,
+    allocator_note,
     headline_cells,
+    heap_bytes,
     keep_freed_memory,
     stage_cells,
     stage_columns,
@@ -60,7 +62,8 @@ def bench_command(
         bool,
         typer.Option(
             "--keep-freed-memory/--malloc-defaults",
-            help="Have malloc keep freed memory (glibc), so no size pays for fresh pages",
+            help="Have malloc keep freed memory (glibc) and touch its heap in advance, so no size "
+            "pays for fresh pages",
         ),
     ] = True,
 ) -> None:
@@ -79,12 +82,13 @@ def bench_command(
         gym=gym,
         memory=memory,
     )
-    allocator = "freed memory kept" if keep_memory and keep_freed_memory() else "default"
+    kept = keep_memory and keep_freed_memory()
+    heap_at_start = heap_bytes()
     work = Path(tempfile.mkdtemp(prefix="callgrove-bench-", dir=work_dir))
     try:
         with err.status("benchmark") as status:
             report = run_bench(settings, work, lambda what: status.update(f"benchmark: {what}"))
-            report.allocator = allocator
+            report.allocator = allocator_note(kept, heap_at_start)
             if stream_gb > 0:
                 status.update(f"benchmark: streaming {stream_gb} GB")
                 report.stream = stream_case(work, stream_gb, seed)
