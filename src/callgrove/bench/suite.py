@@ -279,11 +279,21 @@ WARM_HEAP = 1 << 30
 
 
 class _MallInfo2(ctypes.Structure):
+    """glibc's `struct mallinfo2`: ten size_t counters, `arena` (the main heap's size) first."""
+
     _fields_ = [
         (name, ctypes.c_size_t)
         for name in (
-            *("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks"),
-            *("fsmblks", "uordblks", "fordblks", "keepcost"),
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
         )
     ]
 
