@@ -115,8 +115,8 @@ def test_bench_command_writes_json_and_markdown(tmp_path: Path):
 # asked for); "kept" first has malloc keep freed memory with a heap of 128 MiB touched.
 ALLOCATION_FAULTS = """
 import resource, sys
-from callgrove.bench.suite import keep_freed_memory
-if sys.argv[1] == "kept" and not keep_freed_memory(128 << 20):
+from callgrove.bench.suite import keep_warm_heap
+if sys.argv[1] == "kept" and not keep_warm_heap(128 << 20):
     sys.exit(3)
 def faults_of_64_mib():
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt

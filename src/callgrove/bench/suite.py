@@ -12,7 +12,7 @@ the figure least moved by other processes on a shared machine (wall-time scaling
 beside it). Of the CPU time, the kernel's share and the page faults are kept too: an action
 that allocates row-sized arrays pays for first touches of fresh memory. The command first has
 glibc's malloc keep freed memory and grow its heap, touched, past what the run needs
-(`keep_freed_memory`), so every size of a stage runs on memory already backed
+(`keep_warm_heap`), so every size of a stage runs on memory already backed
 (docs/performance.md). Peak memory is the largest traced allocation (tracemalloc, numpy
 included) of one separate, untimed run.
 
@@ -43,6 +43,7 @@ from callgrove.bench import contenders
 from callgrove.credit import GRPO, finalize_group
 from callgrove.episode import Episode, encode_episode, load, save
 from callgrove.forest import build_forest
+from callgrove.orchestrator.memory import keep_freed_memory
 from callgrove.rows import EpisodeRows, build_rows, check_rows
 from callgrove.synth import PRESETS, call_tokens, synth_episodes
 
@@ -131,7 +132,7 @@ class Report:
     """Contenders that did not run, and why."""
     stream: dict[str, Any] | None = None
     allocator: str = "default"
-    """How malloc treated freed memory during the run (`keep_freed_memory`)."""
+    """How malloc treated freed memory during the run (`keep_warm_heap`)."""
 
     def find(self, context: str, episodes: int, name: str) -> Measurement | None:
         for m in self.measurements:
@@ -270,11 +271,8 @@ def _usage() -> resource.struct_rusage:
     return resource.getrusage(resource.RUSAGE_SELF)
 
 
-# glibc's mallopt parameters, and its largest value (an int): in effect never.
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
-_NEVER = 2**31 - 1
 # More than the published sizes' heap ever holds (the report says whether it grew past), and
-# below the mmap threshold, so it is taken from the heap.
+# below the mmap threshold `keep_freed_memory` sets, so it is taken from the heap.
 WARM_HEAP = 1 << 30
 
 
@@ -298,27 +296,23 @@ class _MallInfo2(ctypes.Structure):
     ]
 
 
-def keep_freed_memory(warm_bytes: int = WARM_HEAP) -> bool:
-    """Have glibc's malloc keep freed memory for reuse, for the rest of the process, with its
-    heap first grown to `warm_bytes` and every page of it touched; False where there is no
-    glibc.
+def keep_warm_heap(warm_bytes: int = WARM_HEAP) -> bool:
+    """Have glibc's malloc keep freed memory for reuse, for the rest of the process
+    (`orchestrator.memory.keep_freed_memory`, as `callgrove train` does), with its heap first
+    grown to `warm_bytes` and every page of it touched; False where there is no glibc.
 
-    By default glibc gives a freed block over 32 MiB, and a free heap top over 64 MiB, back to
-    the kernel, and the next allocation of that size faults in fresh pages that the kernel
+    With glibc's defaults a freed block over 32 MiB, and a free heap top over 64 MiB, go back
+    to the kernel, and the next allocation of that size faults in fresh pages that the kernel
     zeroes: only the sizes whose arrays cross those fixed thresholds pay it, so a stage's
     largest size looked slower per token than its smaller ones for that alone. Keeping freed
-    memory is not enough on its own: other stages run in between and leave small live blocks
-    inside freed large ones, so a large array is now and then placed past the heap's old end,
-    on fresh pages again, and only at the larger sizes. A heap touched in advance has no fresh
-    pages left below `warm_bytes`: every size runs on memory already backed, as a long-running
+    memory is not enough on its own here: other stages run in between and leave small live
+    blocks inside freed large ones, so a large array is now and then placed past the heap's old
+    end, on fresh pages again, and only at the larger sizes. A heap touched in advance has no
+    fresh pages left below `warm_bytes`: every size runs on memory already backed, as a
     trainer's does once its heap has grown to its working set."""
-    try:
-        libc = ctypes.CDLL(None)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
+    if not keep_freed_memory():
         return False
-    if not (mallopt(M_MMAP_THRESHOLD, _NEVER) and mallopt(M_TRIM_THRESHOLD, _NEVER)):
-        return False
+    libc = ctypes.CDLL(None)
     libc.malloc.restype = ctypes.c_void_p
     libc.free.argtypes = [ctypes.c_void_p]
     block = libc.malloc(warm_bytes)

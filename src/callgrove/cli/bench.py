@@ -19,7 +19,7 @@ from callgrove.bench.suite import (
     allocator_note,
     headline_cells,
     heap_bytes,
-    keep_freed_memory,
+    keep_warm_heap,
     stage_cells,
     stage_columns,
     stream_line,
@@ -82,7 +82,7 @@ def bench_command(
         gym=gym,
         memory=memory,
     )
-    kept = keep_memory and keep_freed_memory()
+    kept = keep_memory and keep_warm_heap()
     heap_at_start = heap_bytes()
     work = Path(tempfile.mkdtemp(prefix="callgrove-bench-", dir=work_dir))
     try:

@@ -41,6 +41,10 @@ class RunSection(_Section):
     eval_every: int = 0
     """Evaluate after every this many steps (0: never)."""
     eval_repeats: int = 1
+    keep_freed_memory: bool = True
+    """Have glibc's malloc keep freed memory, so each step's arrays reuse the last step's
+    pages instead of faulting in fresh ones (`callgrove.orchestrator.memory`); the process then
+    never gives memory back."""
 
 
 class EnvSection(_Section):

@@ -25,6 +25,7 @@ from callgrove.orchestrator import monitors, sinks
 from callgrove.orchestrator.config import Resolved, TrainConfig, resolve, to_toml
 from callgrove.orchestrator.dispatcher import Dispatcher
 from callgrove.orchestrator.envs import make_env
+from callgrove.orchestrator.memory import keep_freed_memory
 from callgrove.orchestrator.step import make_algorithm, prepare_step
 from callgrove.orchestrator.supervised import SupervisedSummary, train_supervised
 from callgrove.policy.backends import PolicyBackend, build_policy
@@ -44,6 +45,8 @@ def train(config: TrainConfig, console: Console | None = None) -> RunSummary | S
     """Run (or resume) the training described by `config`; returns where it wrote what.
     `[train] objective = "sft"` trains on `[data]` (`callgrove.orchestrator.supervised`)."""
     console = console or Console(stderr=True)
+    if config.run.keep_freed_memory:
+        keep_freed_memory()
     if config.train.objective == "sft":
         return train_supervised(config, console)
     with steady_heap():
