@@ -37,6 +37,7 @@ from callgrove.episode.record import (
     EpisodeError,
     PolicySpan,
     Run,
+    sampling_record,
 )
 from callgrove.episode.staleness import OffPolicySteps, off_policy_steps
 from callgrove.episode.stats import AgentTally, Spread, Stats
@@ -76,6 +77,7 @@ __all__ = [
     "read_episodes",
     "read_located_episodes",
     "register",
+    "sampling_record",
     "save",
     "token_array",
     "write_binary_episodes",

@@ -214,6 +214,7 @@ class CallColumns:
     completion_ids: ListColumn
     logprobs: ListColumn
     advantages: ListColumn  # the per-token advantages
+    sampling: list[object]  # each call's `sampling` as given (None: unknown)
 
     @classmethod
     def of_calls(cls, calls: Sequence[Call], room: Room | None = None) -> CallColumns:
@@ -240,6 +241,7 @@ class CallColumns:
                 [c.logprobs for c in calls], np.float64, _into(room, "logprobs")
             ),
             advantages=ListColumn.of(per_token, np.float64, _into(room, "advantages")),
+            sampling=[c.sampling for c in calls],
         )
 
 
@@ -297,6 +299,9 @@ def call_problems(columns: CallColumns) -> dict[int, str]:
             if column.bad_values.size:
                 bad |= column.bad_values
             flag(column.items_where(bad), not_finite(name))
+    for index, sampling in enumerate(columns.sampling):
+        if sampling is not None and (problem := sampling_problem(sampling)) is not None:
+            flag([index], problem)
     if (
         set(columns.purposes) <= set(PURPOSES)
         and all(a is None for a in columns.advantage)
@@ -327,6 +332,30 @@ def call_problems(columns: CallColumns) -> dict[int, str]:
         elif advantage is not None and not math.isfinite(advantage):
             flag([index], not_finite("advantages", per_token=False))
     return problems
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def sampling_problem(sampling: object) -> str | None:
+    """What is wrong with a call's `sampling` (docs/episode-format.md), or None: an object
+    whose `temperature` is a finite number >= 0 (0: greedy), `top_p` a number in (0, 1] and
+    `top_k`, when given, an int >= 1 or null (no top-k cut); other keys are free."""
+    if not isinstance(sampling, dict):
+        return f"sampling must be an object or null, not {sampling!r}"
+    missing = [key for key in ("temperature", "top_p") if key not in sampling]
+    if missing:
+        return lacks("sampling", missing)
+    temperature, top_p = sampling["temperature"], sampling["top_p"]
+    top_k = sampling.get("top_k")
+    if not _is_number(temperature) or not math.isfinite(temperature) or temperature < 0:
+        return f"sampling.temperature must be a finite number >= 0, not {temperature!r}"
+    if not _is_number(top_p) or not 0 < top_p <= 1:
+        return f"sampling.top_p must be a number in (0, 1], not {top_p!r}"
+    if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1):
+        return f"sampling.top_k must be an int >= 1 or null (no top-k cut), not {top_k!r}"
+    return None
 
 
 def check_run(episode: str, run: WireRun | None, rewards: dict[str, float]) -> None:

@@ -281,6 +281,7 @@ def _calls_in_one_buffer(wire: WireEpisode) -> tuple[list[list[Call]], CallColum
         completion_ids=completion_column,
         logprobs=logprobs,
         advantages=per_token,
+        sampling=[c.sampling for c in built],
     )
     return calls_of, columns
 

@@ -61,6 +61,10 @@ class Call(CallFields, kw_only=True, eq=False):
     purpose: Purpose = "turn"  # the wire's `str`, narrowed once checked
     advantages: float | np.ndarray | None = None
     content: Any = None
+    sampling: dict[str, Any] | None = None
+    """How the completion was sampled: `temperature`, `top_p` and `top_k` (None: no top-k cut)
+    of the distribution its `logprobs` are under, as `sampling_record` writes it, plus any keys
+    a source added. None: unknown (imported calls; a source that could not tell)."""
     # The call's place in its episode's ledger (every call, kept or not, in `seq` order), set by
     # `Episode.ledger()`: what per-call arrays and tables of the later stages are indexed by.
     index: int = -1
@@ -106,6 +110,11 @@ class Call(CallFields, kw_only=True, eq=False):
             f"Call({self.id!r}, seq={self.seq}, prompt={prompt}, "
             f"completion={len(self.completion_ids)}, policy_version={self.policy_version}{extras})"
         )
+
+
+def sampling_record(temperature: float, top_p: float = 1.0, top_k: int | None = None) -> dict:
+    """A call's `sampling`: the distribution its logprobs are under (docs/episode-format.md)."""
+    return {"temperature": float(temperature), "top_p": float(top_p), "top_k": top_k}
 
 
 def not_an_earlier_call(source_id: str) -> str:

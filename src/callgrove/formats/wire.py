@@ -42,6 +42,13 @@ class WireCall(CallFields, kw_only=True):
     # token), and message-level content kept by transcript importers for display.
     advantages: float | list[float] | UnsetType | None = UNSET
     content: Any | UnsetType = UNSET
+    # Which distribution `logprobs` are under (`SAMPLING_KEYS`, more keys allowed): absent or
+    # null means unknown, and nothing assumes a value for it (`episode.checks` holds its rules).
+    sampling: dict[str, Any] | UnsetType | None = UNSET
+
+
+# The keys of a call's `sampling` that name its distribution; any others are carried as they are.
+SAMPLING_KEYS = ("temperature", "top_p", "top_k")
 
 
 class WireAgent(msgspec.Struct, kw_only=True):

@@ -128,6 +128,7 @@ class CarriedCall(msgspec.Struct, kw_only=True, omit_defaults=True):
     # a scalar credit, which the node holds spread over the call's sampled tokens
     advantages: float | None = None
     content: Any = None
+    sampling: dict[str, Any] | None = None
 
 
 class CarriedEpisode(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -459,6 +460,7 @@ def _restore_call(call: WireCall, carried: CarriedCall) -> None:
     call.purpose, call.kept = carried.purpose, carried.kept
     call.policy_version = carried.policy_version
     call.content = UNSET if carried.content is None else carried.content
+    call.sampling = UNSET if carried.sampling is None else carried.sampling
     spread = call.advantages
     scalar = carried.advantages
     if scalar is not None and isinstance(spread, list) and all(v == scalar for v in spread):
@@ -831,6 +833,7 @@ def _carried_call(call: Call) -> CarriedCall:
         policy_version=call.policy_version,
         advantages=float(call.advantages) if scalar else None,  # type: ignore[arg-type]
         content=call.content,
+        sampling=call.sampling,
     )
 
 

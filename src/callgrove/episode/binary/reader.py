@@ -191,6 +191,7 @@ class _Calls:
             completion_ids=_list_column(field("completion_ids"), TOKEN_DTYPE),
             logprobs=_list_column(field("logprobs"), FLOAT_DTYPE),
             advantages=_list_column(field("advantages"), FLOAT_DTYPE),
+            sampling=self.plain["sampling"],
         )
         for index, problem in call_problems(self.columns).items():
             self.problems.setdefault(index, problem)
