@@ -12,7 +12,8 @@ from callgrove.policy import SamplingParams
 from callgrove.policy.local import LocalSampler
 from callgrove.policy.render import CharRenderer
 from callgrove.train import TinyConfig, TinyDecoder, VarlenLayout
-from callgrove.train.decode import DecodeRequest, decode, sampling_distribution
+from callgrove.train.decode import DecodeRequest, decode
+from callgrove.train.distribution import sampling_distribution
 
 CONFIG = TinyConfig(vocab_size=24, d_model=16, n_heads=2, n_layers=2, d_ff=32)
 

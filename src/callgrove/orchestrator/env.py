@@ -217,6 +217,7 @@ class EpisodeRun:
                 sample.logprobs,
                 policy_version=sample.policy_version,
                 purpose=purpose,
+                sampling=sample.sampling,
             )
         )
         return np.asarray(sample.completion_ids, dtype=TOKEN_DTYPE)

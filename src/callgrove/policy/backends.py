@@ -48,6 +48,13 @@ class LearnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     normalisation: str = "token"
     entropy_coef: float = 0.0
     """Weight of the entropy bonus on every trained token (see `LossSettings`)."""
+    mismatch_cap: float | None = None
+    """Truncated importance sampling: cap each token's sampler-to-learner weight at this
+    (unset: off; see `LossSettings`)."""
+    mismatch_mask: str = "off"
+    """`token` or `row`: drop tokens (or rows) whose sampler-to-learner ratio leaves
+    `mismatch_bounds` (`off`: keep all)."""
+    mismatch_bounds: list[float] = msgspec.field(default_factory=lambda: [0.5, 2.0])
     objective: str = "rl"
     """`rl` (episodes of `[env]`, the clipped policy-gradient loss) or `sft` (the episodes of
     `[data]`, cross-entropy on their assistant tokens)."""
@@ -71,10 +78,22 @@ def learner_settings(learner: LearnerConfig) -> LearnerSettings:
         tree_scope=learner.tree_scope,
         seq_len=learner.seq_len,
         loss=LossSettings(
-            learner.clip_low, learner.clip_high, learner.normalisation, learner.entropy_coef
+            learner.clip_low,
+            learner.clip_high,
+            learner.normalisation,
+            learner.entropy_coef,
+            learner.mismatch_cap,
+            learner.mismatch_mask,
+            _bounds(learner.mismatch_bounds),
         ),
         objective=learner.objective,
     )
+
+
+def _bounds(values: list[float]) -> tuple[float, float]:
+    if len(values) != 2:
+        raise ValueError(f"mismatch_bounds must be [low, high], not {values}")
+    return values[0], values[1]
 
 
 @dataclass

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
+
+from callgrove.episode import sampling_record
 
 FinishReason = Literal["stop", "length"]
 
@@ -23,6 +25,11 @@ class SamplingParams:
     # can decode: a tokenizer is needed to tell).
     stop: tuple[str, ...] = ()
     seed: int | None = None
+
+    def recorded(self) -> dict[str, Any]:
+        """These settings as a call's `sampling`: the distribution a sampler that applies them
+        exactly (`callgrove.train.distribution`) draws from and reports logprobs under."""
+        return sampling_record(self.temperature, self.top_p)
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -47,6 +54,9 @@ class Sample:
     """The weights' version when sampling started; a call never spans two versions."""
     finish_reason: FinishReason
     """`stop`: a stop token or string ended it; `length`: `max_tokens` did."""
+    sampling: dict[str, Any] | None = None
+    """The distribution `logprobs` are under, recorded as the call's `sampling`
+    (`callgrove.episode.sampling_record`); None where the backend cannot tell."""
 
 
 @runtime_checkable

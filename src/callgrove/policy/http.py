@@ -5,18 +5,28 @@ token extras vLLM and SGLang return (`return_token_ids`, per-token `logprobs`,
 `return_tokens_as_token_ids`), so what it hands back is exactly what was sampled, never a
 re-tokenisation of text. `callgrove serve-policy` answers the same shapes, with the policy
 version in every response.
+
+Which distribution the server's logprobs are under is recorded on every sample (a call's
+`sampling`): the one the server names in its response (`sampling`, as serve-policy does),
+else the request's own settings where the logprobs are known to be of them: at temperature 1
+and top-p 1 (nothing is tempered or cut), or at any settings for a server that reports
+processed log-probabilities (`tempered_logprobs`: vLLM started with `--logprobs-mode
+processed_logprobs`). Otherwise the call fails saying so: vLLM's default logprobs are those of
+the untempered distribution, and recording them as the behaviour policy's would skew every
+importance ratio.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import orjson
 
 from callgrove.episode import LOGPROB_DTYPE, TOKEN_DTYPE
+from callgrove.episode.checks import sampling_problem
 from callgrove.policy.client import Sample, SamplingParams
 
 
@@ -53,6 +63,27 @@ def completion_request(
     if params.seed is not None:
         body["seed"] = params.seed
     return body
+
+
+def reported_distribution(payload: dict, params: SamplingParams, tempered: bool) -> dict:
+    """The distribution an upstream's logprobs are under (see the module): an `UpstreamError`
+    where it cannot be known."""
+    named = payload.get("sampling")
+    if named is not None:
+        problem = sampling_problem(named)
+        if problem is not None:
+            raise UpstreamError(f"upstream named its sampling distribution wrongly: {problem}")
+        return named
+    if tempered or (params.temperature == 1.0 and params.top_p == 1.0):
+        return params.recorded()
+    raise UpstreamError(
+        "the upstream does not say which distribution its logprobs are under, and at "
+        f"temperature {params.temperature} / top_p {params.top_p} a server's default ones are "
+        "untempered (not the behaviour policy's): start vLLM with --logprobs-mode "
+        "processed_logprobs and tell the client so (tempered_logprobs), or sample at "
+        "temperature 1 and top_p 1",
+        status=400,
+    )
 
 
 def sample_from_completion(payload: dict, fallback_version: int) -> Sample:
@@ -92,6 +123,8 @@ class Piece:
     logprobs: np.ndarray
     finish_reason: str | None
     policy_version: int | None
+    sampling: dict | None = None
+    """The distribution the logprobs are under (`reported_distribution`), set by the client."""
 
 
 def piece_from_chunk(payload: dict) -> Piece:
@@ -129,6 +162,7 @@ def sample_from_pieces(pieces: list[Piece], fallback_version: int) -> Sample:
         logprobs=np.concatenate([p.logprobs for p in pieces]),
         policy_version=versions[0] if versions else fallback_version,
         finish_reason="length" if pieces[-1].finish_reason == "length" else "stop",
+        sampling=next((p.sampling for p in pieces if p.sampling is not None), None),
     )
 
 
@@ -178,8 +212,12 @@ class HttpPolicyClient:
         token: str | None = None,
         timeout: float = 600.0,
         max_connections: int = 256,
+        tempered_logprobs: bool = False,
     ):
+        """`tempered_logprobs`: the server reports logprobs of the distribution it sampled from
+        at any settings (see the module)."""
         self.base_url = base_url.rstrip("/")
+        self.tempered_logprobs = tempered_logprobs
         self.model = model
         self.timeout = timeout
         self.max_connections = max_connections
@@ -197,9 +235,13 @@ class HttpPolicyClient:
 
     async def sample(self, prompt_ids: np.ndarray, params: SamplingParams) -> Sample:
         body = completion_request(prompt_ids, params, self.model)
-        sample = sample_from_completion(await self._post("/v1/completions", body), self._version)
+        payload = await self._post("/v1/completions", body)
+        sample = sample_from_completion(payload, self._version)
         self._version = max(self._version, sample.policy_version)
-        return sample
+        return replace(sample, sampling=self._distribution(payload, params))
+
+    def _distribution(self, payload: dict, params: SamplingParams) -> dict:
+        return reported_distribution(payload, params, self.tempered_logprobs)
 
     async def stream(self, prompt_ids: np.ndarray, params: SamplingParams) -> AsyncIterator[Piece]:
         """Sample like `sample`, streamed: the pieces as the server sends them (SSE)."""
@@ -227,7 +269,9 @@ class HttpPolicyClient:
                         ) from None
                     if not isinstance(payload, dict):
                         raise UpstreamError("upstream streamed JSON that is not an object")
-                    piece = piece_from_chunk(payload)
+                    piece = replace(
+                        piece_from_chunk(payload), sampling=self._distribution(payload, params)
+                    )
                     if piece.policy_version is not None:
                         self._version = max(self._version, piece.policy_version)
                     yield piece
@@ -255,11 +299,10 @@ class HttpPolicyClient:
             body["tools"] = tools
         if params.stop:
             body["stop"] = list(params.stop)
-        prompt, sample, message = sample_from_chat(
-            await self._post("/v1/chat/completions", body), self._version
-        )
+        payload = await self._post("/v1/chat/completions", body)
+        prompt, sample, message = sample_from_chat(payload, self._version)
         self._version = max(self._version, sample.policy_version)
-        return prompt, sample, message
+        return prompt, replace(sample, sampling=self._distribution(payload, params)), message
 
     def _client(self) -> Any:
         import asyncio

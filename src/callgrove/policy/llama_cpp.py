@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from callgrove.episode import LOGPROB_DTYPE, TOKEN_DTYPE
+from callgrove.episode import LOGPROB_DTYPE, TOKEN_DTYPE, sampling_record
 from callgrove.policy.client import Sample, SamplingParams
 from callgrove.policy.http import HttpPolicyClient, UpstreamError
 
@@ -103,6 +103,7 @@ class LlamaCppPolicyClient(HttpPolicyClient):
             logprobs=np.asarray(logprobs, dtype=LOGPROB_DTYPE),
             policy_version=self._version,
             finish_reason="length" if choice.get("finish_reason") == "length" else "stop",
+            sampling=sampling_record(1.0, 1.0),  # what was sent: the whole distribution
         )
         return prompt, sample, message
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from callgrove.episode import sampling_record
 from callgrove.policy.client import Sample, SamplingParams
 from callgrove.train.decode import Decoded, DecodeRequest, decode, new_generator
 from callgrove.train.model import TinyDecoder
@@ -89,7 +90,7 @@ class LocalSampler:
                 continue
             self.rounds += 1
             self.calls += len(batch)
-            for (_, future), result in zip(batch, decoded, strict=True):
+            for (request, future), result in zip(batch, decoded, strict=True):
                 if not future.done():
                     future.set_result(
                         Sample(
@@ -97,6 +98,7 @@ class LocalSampler:
                             logprobs=result.logprobs,
                             policy_version=version,
                             finish_reason="stop" if result.stopped else "length",
+                            sampling=sampling_record(request.temperature, request.top_p),
                         )
                     )
 

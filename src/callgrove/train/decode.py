@@ -5,10 +5,11 @@ prefill, then each decode step forwards one new token per sequence, attending to
 sequence's cached keys and values only (a key mask hides the padding). Rotary positions are
 each sequence's own, so every sequence sees exactly what it would see decoded alone.
 
-Sampling follows `callgrove.policy.SamplingParams`: logits divided by the temperature (0 is
-greedy), then the smallest set of tokens whose probability reaches `top_p`, renormalised; no
-hidden top-k. The log-probability returned for a token is the one under that final
-distribution, which is the behaviour policy the importance ratio divides by. Draws are inverse
+Sampling follows `callgrove.policy.SamplingParams` through `train.distribution` (the function
+the learners score with): logits divided by the temperature (0 is greedy), then the smallest
+set of tokens whose probability reaches `top_p`, renormalised; no hidden top-k. The
+log-probability returned for a token is the one under that final distribution, which is the
+behaviour policy the importance ratio divides by. Draws are inverse
 CDF over one uniform per token, taken from the sequence's own generator when its request has a
 seed and from the shared one otherwise.
 
@@ -26,6 +27,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from callgrove.train.distribution import sampling_distribution
 from callgrove.train.model import Block, TinyDecoder, rotate
 
 
@@ -119,26 +121,6 @@ def _forward(
     return model.head(model.norm(x))
 
 
-def sampling_distribution(
-    logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor
-) -> torch.Tensor:
-    """Log-probabilities (B, vocab) after temperature and top-p; -inf outside the nucleus.
-
-    A temperature of 0 is greedy: the whole mass on the argmax (ties to the lowest id).
-    """
-    greedy = temperature <= 0
-    scaled = logits.double() / torch.where(greedy, 1.0, temperature.double())[:, None]
-    logp = torch.log_softmax(scaled, dim=-1)
-    sorted_logp, order = logp.sort(dim=-1, descending=True)
-    mass_before = sorted_logp.exp().cumsum(dim=-1) - sorted_logp.exp()
-    keep_sorted = mass_before < top_p.double()[:, None] - 1e-12  # round-off at the edge
-    keep_sorted[:, 0] = True
-    keep_sorted[greedy, 1:] = False
-    keep = torch.zeros_like(keep_sorted).scatter(1, order, keep_sorted)
-    cut = torch.where(keep, logp, torch.tensor(-torch.inf, dtype=logp.dtype))
-    return torch.log_softmax(cut, dim=-1)
-
-
 @torch.no_grad()
 def decode(
     model: TinyDecoder,
@@ -191,7 +173,7 @@ def decode(
     stopped = torch.zeros(batch, dtype=torch.bool, device=device)
     key_valid = valid
     for step in range(int(max_tokens.max())):
-        logp = sampling_distribution(last, temperature, top_p)
+        logp = sampling_distribution(last.double(), temperature, top_p)
         chosen = draw(logp, generator, own)
         tokens.append(torch.where(running, chosen, -1))
         logprobs.append(logp.gather(1, chosen[:, None])[:, 0])

@@ -2,7 +2,7 @@
 
 Prompts of different lengths decode together: left-padded into one prefill (a 2-D attention
 mask hides the padding, position ids count each sequence's own tokens), then one new token per
-sequence per step through the model's cache. Sampling is `callgrove.train.decode`'s: temperature
+sequence per step through the model's cache. Sampling is `callgrove.train.distribution`'s: temperature
 and top-p over the full vocabulary (no hidden top-k), one uniform per token, and the
 log-probability of each sampled token read from the same final distribution the token was drawn
 from (the behaviour policy). Stop strings end a sequence once its decoded completion contains
@@ -24,8 +24,8 @@ from callgrove.train.decode import (
     StopStrings,
     draw,
     request_generators,
-    sampling_distribution,
 )
+from callgrove.train.distribution import sampling_distribution
 
 
 @torch.no_grad()
@@ -82,7 +82,7 @@ def hf_decode(
     running = torch.ones(batch, dtype=torch.bool, device=device)
     stopped = torch.zeros(batch, dtype=torch.bool, device=device)
     for step in range(int(max_tokens.max())):
-        logp = sampling_distribution(last, temperature, top_p)
+        logp = sampling_distribution(last.double(), temperature, top_p)
         chosen = draw(logp, generator, own)
         picked = logp.gather(1, chosen[:, None])[:, 0]
         hit = stop_ids[torch.arange(batch), chosen]
