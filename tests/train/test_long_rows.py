@@ -112,7 +112,8 @@ sample = Sample(
     logprobs=np.where(mask, -10.8, 0.0).astype(np.float32) if rl else None,
     advantages=np.where(mask, 1.0, 0.0).astype(np.float32) if rl else None,
     position_ids=np.arange(tokens, dtype=np.int32),
-    policy_versions=np.zeros(tokens, np.int32), episode="e", group=None, agent="a",
+    policy_versions=np.zeros(tokens, np.int32), temperatures=np.ones(tokens, np.float32),
+    top_p=np.ones(tokens, np.float32), top_k=np.zeros(tokens, np.int32), episode="e", group=None, agent="a",
     seat="a", row=0, leaf="c1", root="c1", reward=1.0)
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 report = learner.train_step([sample])

@@ -9,12 +9,14 @@ from callgrove.batch.packing import (
     pack,
 )
 from callgrove.batch.samples import (
+    NO_TOP_K,
     NO_VERSION,
     SAMPLE_SCHEMA,
     TOKEN_FIELDS,
     Sample,
     arrays_to_torch,
     build_samples,
+    fill_unknown_sampling,
     read_samples,
     sample_from_row,
     samples_from_table,
@@ -23,6 +25,7 @@ from callgrove.batch.samples import (
 )
 
 __all__ = [
+    "NO_TOP_K",
     "NO_VERSION",
     "SAMPLE_SCHEMA",
     "TOKEN_FIELDS",
@@ -34,6 +37,7 @@ __all__ = [
     "Truncation",
     "arrays_to_torch",
     "build_samples",
+    "fill_unknown_sampling",
     "pack",
     "read_samples",
     "sample_from_row",

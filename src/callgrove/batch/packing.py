@@ -24,8 +24,8 @@ import numpy as np
 
 from callgrove.batch.samples import (
     FIELD_DTYPES,
-    NO_VERSION,
     TOKEN_FIELDS,
+    UNSAMPLED,
     Sample,
     arrays_to_torch,
 )
@@ -104,7 +104,7 @@ class MicroBatch:
         pad = self.padding
         if pad == 0:
             return self.arrays, self.cu_seqlens
-        fill = {"token_ids": pad_token_id, "policy_versions": NO_VERSION}
+        fill = {"token_ids": pad_token_id, **UNSAMPLED}
         arrays: dict[str, np.ndarray | None] = {}
         for name, values in self.arrays.items():
             if values is None:

@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from callgrove.episode import TOKEN_DTYPE
+from callgrove.episode import TOKEN_DTYPE, Call
 from callgrove.formats.problems import InputError, Problem
 from callgrove.rows import EpisodeRows, Row
 from callgrove.rows.columns import RowColumns
@@ -34,6 +34,8 @@ VALUE_DTYPE = np.float32  # logprobs and advantages, as trainers take them
 POSITION_DTYPE = np.int32
 VERSION_DTYPE = np.int32
 NO_VERSION = -1  # prompt tokens, and completions of calls that recorded no policy version
+TOP_K_DTYPE = np.int32
+NO_TOP_K = 0  # no top-k cut
 
 # Per-token arrays in the order samples, Parquet files and micro-batches list them.
 TOKEN_FIELDS = (
@@ -43,6 +45,9 @@ TOKEN_FIELDS = (
     "advantages",
     "position_ids",
     "policy_versions",
+    "temperatures",
+    "top_p",
+    "top_k",
 )
 FIELD_DTYPES = {
     "token_ids": TOKEN_DTYPE,
@@ -51,7 +56,18 @@ FIELD_DTYPES = {
     "advantages": VALUE_DTYPE,
     "position_ids": POSITION_DTYPE,
     "policy_versions": VERSION_DTYPE,
+    "temperatures": VALUE_DTYPE,
+    "top_p": VALUE_DTYPE,
+    "top_k": TOP_K_DTYPE,
 }
+# The distribution of a completion token, per field: the keys of a call's `sampling`.
+SAMPLING_FIELDS = {"temperatures": "temperature", "top_p": "top_p", "top_k": "top_k"}
+# What a per-token field holds on tokens nothing sampled (prompt tokens, padding): the untouched
+# distribution, never scored.
+UNSAMPLED = {"policy_versions": NO_VERSION, "temperatures": 1.0, "top_p": 1.0, "top_k": NO_TOP_K}
+# ... and on the completion tokens of a call that recorded no `sampling` (unknown): the
+# learner scores these with the run's own settings (`fill_unknown_sampling`), never a guess.
+UNKNOWN_SAMPLING = {"temperatures": np.nan, "top_p": np.nan, "top_k": NO_TOP_K}
 
 
 @dataclass(slots=True, eq=False)
@@ -64,7 +80,10 @@ class Sample:
     advantage on its loss tokens, 0 off the mask; None for a supervised episode's row, which
     trains by cross-entropy), `position_ids` (0, 1, ...) and
     `policy_versions` (the version that sampled each completion token, `NO_VERSION` on prompt
-    tokens and where none was recorded). Metadata: the episode and group, the leaf agent's id
+    tokens and where none was recorded), and the distribution each completion token was
+    sampled from, from its call's `sampling`: `temperatures`, `top_p` and `top_k` (`NO_TOP_K`:
+    no top-k cut); NaN temperature and top-p where the call recorded none (unknown), 1, 1 and
+    no cut on prompt tokens. Metadata: the episode and group, the leaf agent's id
     and seat (its name), the row index within the episode, the leaf call's id, the root call's
     id (rows with the same episode and root share a call tree), the row reward (docs/episode-format.md, rows) and
     the row it duplicates, if any.
@@ -79,6 +98,9 @@ class Sample:
     advantages: np.ndarray | None
     position_ids: np.ndarray
     policy_versions: np.ndarray
+    temperatures: np.ndarray
+    top_p: np.ndarray
+    top_k: np.ndarray
     episode: str
     group: str | None
     agent: str
@@ -152,15 +174,16 @@ def _build(rows: Sequence[Row], columns: RowColumns) -> list[Sample]:
     advantages = columns.values("advantages", VALUE_DTYPE)
     logprobs = columns.values("logprobs", VALUE_DTYPE)
     no_logprobs = columns.owned_without("logprobs")
-    # Each walk pair adds two segments (`RowColumns.segment_lengths`): a completion is versioned.
-    versions = np.fromiter(
-        (NO_VERSION if c.policy_version is None else c.policy_version for c in calls),
-        VERSION_DTYPE,
-        len(calls),
-    )
-    segment_versions = np.full(2 * len(walk_call), NO_VERSION, dtype=VERSION_DTYPE)
-    segment_versions[1::2] = versions[walk_call]
-    policy_versions = np.repeat(segment_versions, columns.segment_lengths())
+    per_call = {
+        "policy_versions": [
+            NO_VERSION if c.policy_version is None else c.policy_version for c in calls
+        ],
+        **_sampling_per_call(calls),
+    }
+    completions = {
+        name: _on_completions(columns, values, UNSAMPLED[name], FIELD_DTYPES[name])
+        for name, values in per_call.items()
+    }
     bounds = columns.row_bounds
     positions = _positions(int(np.diff(bounds).max()))
     token_ids, loss_mask = columns.token_ids, columns.loss_mask
@@ -183,7 +206,7 @@ def _build(rows: Sequence[Row], columns: RowColumns) -> list[Sample]:
                 logprobs=None if without_logprobs else logprobs[first:last],
                 advantages=None if is_supervised else advantages[first:last],
                 position_ids=positions[: last - first],
-                policy_versions=policy_versions[first:last],
+                **{name: values[first:last] for name, values in completions.items()},
                 episode=episode.id,
                 group=episode.group,
                 agent=agent.id,
@@ -196,6 +219,43 @@ def _build(rows: Sequence[Row], columns: RowColumns) -> list[Sample]:
             )
         )
     return samples
+
+
+def _sampling_per_call(calls: Sequence[Call]) -> dict[str, list]:
+    """Each call's temperature, top-p and top-k (`UNKNOWN_SAMPLING` where it recorded none)."""
+    per_call: dict[str, list] = {name: [] for name in SAMPLING_FIELDS}
+    for call in calls:
+        sampling = call.sampling
+        for name, key in SAMPLING_FIELDS.items():
+            value = UNKNOWN_SAMPLING[name] if sampling is None else sampling.get(key)
+            per_call[name].append(NO_TOP_K if value is None else value)
+    return per_call
+
+
+def _on_completions(columns: RowColumns, per_call: list, fill: Any, dtype: type) -> np.ndarray:
+    """A per-call value on each row token of the call's completion, `fill` on prompt tokens:
+    each walk pair adds two segments to its row (`RowColumns.segment_lengths`)."""
+    values = np.asarray(per_call, dtype=dtype)
+    segments = np.full(2 * len(columns.walk_call), fill, dtype=dtype)
+    segments[1::2] = values[columns.walk_call]
+    return np.repeat(segments, columns.segment_lengths())
+
+
+def fill_unknown_sampling(
+    samples: Sequence[Sample], temperature: float, top_p: float, top_k: int | None = None
+) -> int:
+    """Give the completion tokens whose call recorded no `sampling` these settings (a run's
+    own, which a learner then scores them with); returns how many tokens were filled. The
+    samples' arrays are changed in place (they are views into arrays built for them)."""
+    filled = 0
+    for sample in samples:
+        unknown = np.isnan(sample.temperatures)
+        if unknown.any():
+            for name, value in (("temperatures", temperature), ("top_p", top_p)):
+                getattr(sample, name)[unknown] = value
+            sample.top_k[unknown] = NO_TOP_K if top_k is None else top_k
+            filled += int(unknown.sum())
+    return filled
 
 
 _position_buffer = np.zeros(0, dtype=POSITION_DTYPE)

@@ -34,7 +34,15 @@ if TYPE_CHECKING:
     from callgrove.rows import EpisodeRows
 
 TREE_SCOPES = ("tree", "episode", "group")
-SAMPLE_VALUES = ("logprobs", "advantages", "policy_versions")  # carried onto the targets
+# Carried onto the targets: what the loss reads at each trained token.
+SAMPLE_VALUES = (
+    "logprobs",
+    "advantages",
+    "policy_versions",
+    "temperatures",
+    "top_p",
+    "top_k",
+)
 NODE_DTYPE = np.int64  # indices feed torch gathers, which take int64
 CHUNK_TOKENS = 1 << 18  # rows gathered together: few numpy calls, temporaries that fit a cache
 
@@ -171,8 +179,8 @@ def pack_tree(
 
 def pack_samples(samples: Sequence[Sample], settings: TreeSettings | None = None) -> TreeBatch:
     """Tree-pack samples (rows read back from files; default: a trie per episode; a sample's
-    `root` names its call tree for scope "tree"): sampling
-    logprobs, advantages and policy versions go onto the targets; `logprobs` is left out when a
+    `root` names its call tree for scope "tree"): sampling logprobs, advantages, policy
+    versions and each trained token's sampling distribution go onto the targets; `logprobs` is left out when a
     sample has none, so an importance-weighted loss refuses the batch instead of inventing them."""
     settings = settings or TreeSettings(scope="episode")
     values = {

@@ -174,7 +174,7 @@ async def _step(
     collected = await dispatcher.collect(step)
     waited = time.perf_counter() - started
     groups = [group.episodes for group in collected.trained]
-    prepared = prepare_step(groups, algorithm, resolved.degeneracy)
+    prepared = prepare_step(groups, algorithm, resolved.degeneracy, resolved.sampling)
     trained_at = time.perf_counter()
     report = await asyncio.to_thread(backend.learner.train_step, prepared.samples)
     train_seconds = time.perf_counter() - trained_at
@@ -207,6 +207,7 @@ async def _step(
         metrics |= monitors.seat_metrics("eval", evaluated)
     metrics |= {k: float(v) for k, v in dispatcher.counters.items()}
     metrics |= monitors.learner_metrics(report, backend.learner.version)
+    metrics["train/unknown_sampling_calls"] = float(prepared.unknown_sampling_calls)
     metrics |= {
         "throughput/tokens_per_s": tokens / max(elapsed, 1e-9),
         "throughput/episodes_per_s": len(episodes) / max(elapsed, 1e-9),

@@ -165,6 +165,7 @@ class LiveDisplay:
         line = (
             f"step {step}/{self.total}  {seats}  tok/s {metrics.get('throughput/tokens_per_s', 0):.0f}"
             f"  in flight {in_flight}  stale {metrics.get('off_policy/mean', 0):.2f}"
+            f"  mismatch {metrics.get('train/mismatch/all/mean_abs', 0):.1e}"
         )
         if self._live is None:
             self.console.print(line)
@@ -183,6 +184,7 @@ class LiveDisplay:
             f"tokens/s {metrics.get('throughput/tokens_per_s', 0):.0f} · in flight {in_flight}"
             f" · off-policy {metrics.get('off_policy/mean', 0):.2f}"
             f" · forwarded ratio {metrics.get('train/forwarded_token_ratio', 0):.2f}"
+            f" · sampler/learner mismatch {metrics.get('train/mismatch/all/mean_abs', 0):.1e}"
         )
         self._live.update(table, refresh=True)
 
@@ -192,7 +194,8 @@ class LiveDisplay:
 
 
 def plot_run(metrics: Sequence[dict[str, Any]], path: Path) -> Path | None:
-    """Reward curves by seat (and evaluation), and the forwarded-token ratio, as a PNG."""
+    """Reward curves by seat (and evaluation), the forwarded-token ratio and the
+    sampler/learner mismatch, as a PNG."""
     lines = [m for m in metrics if "step" in m and not m.get("final")]
     if not lines:
         return None
@@ -201,7 +204,7 @@ def plot_run(metrics: Sequence[dict[str, Any]], path: Path) -> Path | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, (rewards, ratio) = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
+    figure, (rewards, ratio, mismatch) = plt.subplots(3, 1, figsize=(8, 9), sharex=True)
     keys = sorted({k for m in lines for k in m if k.endswith("/reward/mean")})
     for key in keys:
         points = [(m["step"], m[key]) for m in lines if key in m]
@@ -222,8 +225,21 @@ def plot_run(metrics: Sequence[dict[str, Any]], path: Path) -> Path | None:
         steps, values = zip(*points, strict=True)
         ratio.plot(steps, values, color="tab:green")
     ratio.set_ylabel("row tokens / forwarded tokens")
-    ratio.set_xlabel("step")
     ratio.grid(alpha=0.3)
+    for key, label in (("mean_abs", "mean |learner - sampler| logprob"), ("k3", "KL k3")):
+        points = [
+            (m["step"], m[f"train/mismatch/all/{key}"])
+            for m in lines
+            if f"train/mismatch/all/{key}" in m
+        ]
+        if points:
+            steps, values = zip(*points, strict=True)
+            mismatch.plot(steps, np.maximum(values, 1e-12), label=label)
+    mismatch.set_yscale("log")
+    mismatch.set_ylabel("sampler/learner mismatch")
+    mismatch.legend(fontsize=7)
+    mismatch.set_xlabel("step")
+    mismatch.grid(alpha=0.3)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
@@ -250,4 +266,5 @@ def learner_metrics(report: Any, version: int) -> dict[str, float]:
         "train/row_tokens": float(report.row_tokens),
         "train/forwarded_token_ratio": report.forwarded_token_ratio,
         "policy/version": float(version),
+        **{f"train/mismatch/{key}": value for key, value in report.mismatch.items()},
     }

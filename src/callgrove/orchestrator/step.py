@@ -3,7 +3,10 @@
     groups -> finalize_group (the configured algorithm: credit on every call)
            -> rows (one per leaf, each kept call trained once)
            -> degeneracy (every detector measures, the drop policy decides)
-           -> samples (advantages and sampling logprobs on the loss tokens)
+           -> samples (advantages, sampling logprobs and distributions on the loss tokens)
+
+A trained call that recorded no `sampling` (an environment's own policy client that could not
+tell) is scored under the run's `[sampling]` settings, and the step counts such calls.
 
 Episodes that failed take part in nothing (the algorithms give them no credit) but are still
 written with their group. The learner then forwards the samples tree-packed or packed.
@@ -14,11 +17,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from callgrove.batch import Sample, build_samples
+from callgrove.batch import Sample, build_samples, fill_unknown_sampling
 from callgrove.credit import GRPO, Algorithm, EMABaseline, HierarchicalGRPO, finalize_group
 from callgrove.episode import Episode
 from callgrove.forest import compact_prompts
 from callgrove.orchestrator import degeneracy
+from callgrove.policy import SamplingParams
 from callgrove.rows import EpisodeRows, build_rows
 
 ALGORITHMS = ("grpo", "hierarchical_grpo", "ema")
@@ -55,13 +59,18 @@ class PreparedStep:
     degeneracy: degeneracy.DegeneracyReport
     unassigned_calls: int = 0
     advantages: dict[str, list[float]] = field(default_factory=dict)  # seat -> per trace
+    unknown_sampling_calls: int = 0
+    """Trained calls that recorded no `sampling`, scored under the run's settings."""
 
 
 def prepare_step(
     groups: Sequence[Sequence[Episode]],
     algorithm: Algorithm,
     degeneracy_settings: degeneracy.DegeneracySettings,
+    sampling: SamplingParams | None = None,
 ) -> PreparedStep:
+    """`sampling`: the run's own settings, for trained calls that recorded none (without it
+    such calls stay unknown, and a learner that scores them refuses)."""
     report = degeneracy.DegeneracyReport()
     all_rows: list[EpisodeRows] = []
     unassigned = 0
@@ -79,4 +88,9 @@ def prepare_step(
                 all_rows.append(build_rows(episode))
     kept = degeneracy.apply(all_rows, degeneracy_settings, report)
     samples = build_samples(kept) if kept else []
-    return PreparedStep(samples, kept, report, unassigned, advantages)
+    unknown = sum(
+        call.sampling is None for rows in kept for row in rows.rows for call in row.trains
+    )
+    if unknown and sampling is not None:
+        fill_unknown_sampling(samples, sampling.temperature, sampling.top_p)
+    return PreparedStep(samples, kept, report, unassigned, advantages, unknown)

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from callgrove.batch.packing import MicroBatch
-from callgrove.batch.tree import TreeBatch
+from callgrove.batch.tree import SAMPLE_VALUES, TreeBatch
 from callgrove.train.model import AttentionLayout, TreeLayout, VarlenLayout
 
 
@@ -116,11 +116,7 @@ def packed_model_batch(
 def micro_batch_model_batch(micro_batch: MicroBatch) -> ModelBatch:
     """The model's view of one varlen micro-batch of `callgrove.batch.pack` (unpadded)."""
     arrays = micro_batch.arrays
-    values = {
-        name: arrays[name]
-        for name in ("logprobs", "advantages", "policy_versions")
-        if arrays[name] is not None
-    }
+    values = {name: arrays[name] for name in SAMPLE_VALUES if arrays[name] is not None}
     return packed_model_batch(
         arrays["token_ids"],
         micro_batch.cu_seqlens,

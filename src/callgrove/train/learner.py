@@ -17,13 +17,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
 from callgrove.batch import PackSettings, Sample, pack
 from callgrove.batch.tree import TreeSettings, pack_samples
 from callgrove.train.batches import ModelBatch, micro_batch_model_batch, tree_model_batch
-from callgrove.train.loss import LossSettings, policy_loss, supervised_loss
+from callgrove.train.loss import LossSettings, PolicyTerms, policy_terms, supervised_loss
 from callgrove.train.model import TinyConfig, TinyDecoder
 
 BATCHINGS = ("tree", "packed")
@@ -42,6 +43,9 @@ class StepReport:
     row_tokens: int
     """Tokens the same rows hold row-wise."""
     grad_norm: float = 0.0
+    mismatch: dict[str, float] = field(default_factory=dict)
+    """The learner against the sampler on every trained token, before the update
+    (`mismatch_metrics`)."""
     extra: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -89,30 +93,45 @@ class ModelLearner:
         return self._version
 
     def model_batches(self, samples: Sequence[Sample]) -> list[ModelBatch]:
+        return [batch for batch, _ in self.batches_with_samples(samples)]
+
+    def batches_with_samples(
+        self, samples: Sequence[Sample]
+    ) -> list[tuple[ModelBatch, np.ndarray]]:
+        """The step's model batches, each with the index in `samples` of each of its rows."""
         if not samples:
             return []
         if self.settings.batching == "tree":
-            return [tree_model_batch(pack_samples(samples, TreeSettings(self.settings.tree_scope)))]
+            tree = pack_samples(samples, TreeSettings(self.settings.tree_scope))
+            return [(tree_model_batch(tree), np.arange(len(samples)))]
         packed = pack(samples, PackSettings(seq_len=self.settings.seq_len))
-        return [micro_batch_model_batch(mb) for mb in packed.ranks[0] if mb.num_tokens]
+        return [
+            (micro_batch_model_batch(mb), mb.samples) for mb in packed.ranks[0] if mb.num_tokens
+        ]
 
-    def loss(self, batch: ModelBatch, denominator: float) -> torch.Tensor:
+    def loss(self, batch: ModelBatch, denominator: float) -> PolicyTerms | torch.Tensor:
+        """The batch's loss: `PolicyTerms` for the RL objective, a tensor for SFT."""
         if self.settings.objective == "sft":
             return supervised_loss(self.model, batch, denominator)
-        return policy_loss(self.model, batch, self.settings.loss, denominator)
+        return policy_terms(self.model, batch, self.settings.loss, denominator)
 
     def train_step(self, samples: Sequence[Sample]) -> StepReport:
         started = time.perf_counter()
-        batches = self.model_batches(samples)
+        with_samples = self.batches_with_samples(samples)
+        batches = [batch for batch, _ in with_samples]
         loss_tokens = sum(s.num_loss_tokens for s in samples)
         denominator = self._denominator(samples, loss_tokens)
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         total = 0.0
-        for batch in batches:
-            loss = self.loss(batch, denominator)
+        measured = []
+        for batch, rows_of in with_samples:
+            terms = self.loss(batch, denominator)
+            loss = terms if isinstance(terms, torch.Tensor) else terms.loss
             loss.backward()
             total += float(loss.detach())
+            if isinstance(terms, PolicyTerms):
+                measured.append((terms, rows_of[batch.target_rows.numpy()]))
         grad_norm = 0.0
         if batches and loss_tokens:
             grad_norm = float(
@@ -127,6 +146,7 @@ class ModelLearner:
             forwarded_tokens=sum(b.num_tokens for b in batches),
             row_tokens=sum(b.num_row_tokens for b in batches),
             grad_norm=grad_norm,
+            mismatch=mismatch_metrics(measured, samples),
             extra={"seconds": time.perf_counter() - started},
         )
 
@@ -149,6 +169,41 @@ class ModelLearner:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self._version = int(state["version"])
+
+
+def mismatch_metrics(
+    measured: Sequence[tuple[PolicyTerms, np.ndarray]], samples: Sequence[Sample]
+) -> dict[str, float]:
+    """The learner's log-probability of each trained token against the sampler's, measured in
+    the step's forward before its update, overall (`all`) and per seat: the mean and largest
+    absolute difference, the k3 estimate of KL(sampler || learner) (the mean of m - 1 - log m,
+    m the ratio of the learner's probability to the sampler's; 0 when they agree), the mean of
+    m (1 when they agree), and, with a
+    correction on, the share of tokens it masked."""
+    if not measured:
+        return {}
+    difference = np.concatenate(
+        [t.logprobs.double().numpy() - t.sampler_logprobs.double().numpy() for t, _ in measured]
+    )
+    sample_of = np.concatenate([rows for _, rows in measured])
+    weights = [t.weights for t, _ in measured]
+    masked = (
+        np.concatenate([w.numpy() == 0 for w in weights])
+        if all(w is not None for w in weights)
+        else None
+    )
+    seats = np.asarray([s.seat for s in samples], dtype=object)[sample_of]
+    metrics: dict[str, float] = {}
+    for seat in ("all", *sorted(set(seats.tolist()))):
+        chosen = slice(None) if seat == "all" else seats == seat
+        d = difference[chosen]
+        metrics[f"{seat}/mean_abs"] = float(np.abs(d).mean())
+        metrics[f"{seat}/max_abs"] = float(np.abs(d).max())
+        metrics[f"{seat}/k3"] = float(np.mean(np.expm1(d) - d))
+        metrics[f"{seat}/ratio_mean"] = float(np.mean(np.exp(d)))
+        if masked is not None:
+            metrics[f"{seat}/masked"] = float(masked[chosen].mean())
+    return metrics
 
 
 class TinyLearner(ModelLearner):

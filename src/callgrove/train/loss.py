@@ -1,4 +1,9 @@
-"""Per-token log-probabilities and a clipped policy-gradient loss over any `ModelBatch`."""
+"""Per-token log-probabilities and a clipped policy-gradient loss over any `ModelBatch`.
+
+The policy loss scores every trained token under the distribution it was sampled from (its
+temperature, top-p and top-k ride on the batch's targets), with the samplers' own function
+(`train.distribution`): before any update the learner's log-probability of a token is the
+recorded one, up to the two sides' round-off, which `PolicyTerms` lets a step measure."""
 
 from __future__ import annotations
 
@@ -7,9 +12,15 @@ from dataclasses import dataclass
 import torch
 
 from callgrove.train.batches import ModelBatch
+from callgrove.train.distribution import cuts, sampling_distribution
 from callgrove.train.model import TinyDecoder
 
 NORMALISATIONS = ("token", "sequence")
+
+
+MISMATCH_MASKS = ("off", "token", "row")
+# Per target token: the distribution it was sampled from (`batch.samples.SAMPLING_FIELDS`).
+SAMPLING_VALUES = ("temperatures", "top_p", "top_k")
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,25 +32,53 @@ class LossSettings:
     `entropy_coef` subtracts that multiple of the entropy of the model's distribution at each
     trained token from the token's term: a policy trained from scratch otherwise tends to
     collapse onto one answer for every task, after which a group's episodes all score alike,
-    every advantage is zero and learning stops."""
+    every advantage is zero and learning stops.
+
+    Mismatch corrections (off by default). The sampler and the learner compute the same
+    distribution from different code (a KV cache, another engine, lower precision), so before
+    the update the ratio of their probabilities, the mismatch ratio m = exp(learner - sampler),
+    is 1 only up to their differences. With a correction on, the importance ratio splits into
+    the learner against its own weights before the update (clipped as above; 1 at the forward,
+    carrying the gradient) times m, detached, as a weight per token:
+    `mismatch_cap` caps that weight at C (truncated importance sampling); `mismatch_mask`
+    zeroes it on tokens (`token`) or on whole rows (`row`, by the geometric mean of m over the
+    row's trained tokens) whose m leaves `mismatch_bounds`."""
 
     clip_low: float = 0.2
     clip_high: float = 0.2
     normalisation: str = "token"
     entropy_coef: float = 0.0
+    mismatch_cap: float | None = None
+    mismatch_mask: str = "off"
+    mismatch_bounds: tuple[float, float] = (0.5, 2.0)
 
     def __post_init__(self) -> None:
         if self.normalisation not in NORMALISATIONS:
             raise ValueError(f"normalisation must be one of {NORMALISATIONS}")
         if self.entropy_coef < 0:
             raise ValueError("entropy_coef must not be negative")
+        if self.mismatch_cap is not None and not self.mismatch_cap > 0:
+            raise ValueError(f"mismatch_cap must be above 0, not {self.mismatch_cap}")
+        if self.mismatch_mask not in MISMATCH_MASKS:
+            raise ValueError(f"mismatch_mask must be one of {MISMATCH_MASKS}")
+        low, high = self.mismatch_bounds
+        if not 0 <= low < 1 < high:
+            raise ValueError(
+                "mismatch_bounds must be [low, high] with 0 <= low < 1 < high, "
+                f"not {list(self.mismatch_bounds)}"
+            )
+
+    @property
+    def corrects_mismatch(self) -> bool:
+        return self.mismatch_cap is not None or self.mismatch_mask != "off"
 
 
 @dataclass(frozen=True, slots=True)
 class Predictions:
     """The model's log-distributions at the predecessors of some tokens, each distinct
-    predecessor computed once: a long row's logits (tokens x vocabulary) are never formed whole,
-    only where a token is trained or its log-probability is asked for."""
+    predecessor (and sampling distribution) computed once: a long row's logits (tokens x
+    vocabulary) are never formed whole, only where a token is trained or its log-probability
+    is asked for."""
 
     log_distribution: torch.Tensor
     """(distinct predecessors, vocabulary)."""
@@ -55,14 +94,21 @@ class Predictions:
 
     def entropies(self) -> torch.Tensor:
         distribution = self.log_distribution
-        entropy = -(distribution.exp() * distribution).sum(dim=-1)[self.rows]
+        # Tokens a cut removed hold -inf: they add nothing (and no NaN to the gradient).
+        finite = torch.where(torch.isfinite(distribution), distribution, 0.0)
+        entropy = -(distribution.exp() * finite).sum(dim=-1)[self.rows]
         return torch.where(self.predicted, entropy, torch.zeros_like(entropy))
 
 
-def predictions(model: TinyDecoder, batch: ModelBatch, index: torch.Tensor) -> Predictions:
+def predictions(
+    model: TinyDecoder, batch: ModelBatch, index: torch.Tensor, scored: bool = False
+) -> Predictions:
     """Forward `batch` and read the distributions predicting the tokens at `index` (the model
-    computes logits only at their distinct predecessors: `at=`)."""
-    positions, read = _predictors(batch, index)
+    computes logits only at their distinct predecessors: `at=`). `scored`: `index` is the
+    batch's targets, each read under the distribution it was sampled from (its temperature,
+    top-p and top-k, `train.distribution`); otherwise the model's own distribution."""
+    sampling = _target_sampling(batch) if scored else None
+    positions, read = _predictors(batch, index, sampling)
     return read(model(batch.token_ids, batch.position_ids, batch.layout, at=positions))
 
 
@@ -71,26 +117,57 @@ def logprobs_from_logits(
 ) -> torch.Tensor:
     """Log-probability of the tokens at `index`, each read from its predecessor's row of
     `logits` (every forwarded token's; 0 for a token that nothing predicts)."""
-    positions, read = _predictors(batch, index)
+    positions, read = _predictors(batch, index, None)
     return read(logits[positions]).logprobs()
 
 
-def _predictors(batch: ModelBatch, index: torch.Tensor):
-    """The distinct positions whose logits predict the tokens at `index`, and how to read the
+def _target_sampling(batch: ModelBatch) -> torch.Tensor | None:
+    """(targets, 3): each target's temperature, top-p and top-k; None when the batch carries
+    none (the model's own distribution). An unknown one (NaN) is an error: a run fills them
+    with its own settings first (`batch.fill_unknown_sampling`)."""
+    values = batch.target_values
+    if not all(name in values for name in SAMPLING_VALUES):
+        return None
+    sampling = torch.stack([values[name].to(torch.float64) for name in SAMPLING_VALUES], dim=1)
+    if bool(torch.isnan(sampling).any()):
+        raise ValueError(
+            "a trained token's sampling distribution is unknown (its call recorded no "
+            "`sampling`): fill it with the run's settings first (fill_unknown_sampling)"
+        )
+    return sampling
+
+
+def _predictors(batch: ModelBatch, index: torch.Tensor, sampling: torch.Tensor | None):
+    """The distinct positions whose logits predict the tokens at `index` (one per distinct
+    sampling distribution there, when `sampling` gives each token's), and how to read the
     `Predictions` from the logits at those positions."""
     predecessor = batch.predecessor[index]
-    positions, rows = torch.unique(predecessor.clamp(min=0), return_inverse=True)
+    tokens = batch.token_ids[index]
+    key = predecessor.clamp(min=0)
+    if sampling is not None:
+        settings, setting_of = torch.unique(sampling, dim=0, return_inverse=True)
+        key = key * len(settings) + setting_of
+    distinct, rows = torch.unique(key, return_inverse=True)
+    positions = distinct if sampling is None else distinct // len(settings)
 
     def read(logits: torch.Tensor) -> Predictions:
-        return Predictions(
-            torch.log_softmax(logits, dim=-1), rows, predecessor >= 0, batch.token_ids[index]
-        )
+        if sampling is None:
+            log_distribution = torch.log_softmax(logits, dim=-1)
+        else:
+            temperature, top_p, top_k = settings[distinct % len(settings)].unbind(dim=1)
+            top_k = top_k.long()
+            keep = None
+            if cuts(temperature, top_p, top_k):  # the scored tokens stay in (see there)
+                keep = torch.zeros(logits.shape, dtype=torch.bool, device=logits.device)
+                keep[rows, tokens] = True
+            log_distribution = sampling_distribution(logits, temperature, top_p, top_k, keep)
+        return Predictions(log_distribution, rows, predecessor >= 0, tokens)
 
     return positions, read
 
 
 def token_logprobs(model: TinyDecoder, batch: ModelBatch) -> torch.Tensor:
-    """Log-probability of every forwarded token under `model`."""
+    """Log-probability of every forwarded token under `model`'s own distribution."""
     return predictions(model, batch, torch.arange(batch.num_tokens)).logprobs()
 
 
@@ -100,30 +177,89 @@ def row_logprobs(model: TinyDecoder, batch: ModelBatch) -> list[torch.Tensor]:
     return [per_row[s:e] for s, e in zip(batch.row_bounds[:-1], batch.row_bounds[1:], strict=True)]
 
 
+@dataclass(frozen=True, slots=True)
+class PolicyTerms:
+    """A batch's policy-gradient loss and what its forward measured, per target token."""
+
+    loss: torch.Tensor
+    logprobs: torch.Tensor
+    """The learner's log-probabilities of the targets before the update (detached), under the
+    distribution each was sampled from."""
+    sampler_logprobs: torch.Tensor
+    weights: torch.Tensor | None = None
+    """The mismatch weight of each target when a correction is on (0: masked)."""
+
+
 def policy_loss(
     model: TinyDecoder,
     batch: ModelBatch,
     settings: LossSettings = LossSettings(),
     denominator: float | None = None,
 ) -> torch.Tensor:
+    """The clipped policy-gradient loss of a batch (`policy_terms`)."""
+    return policy_terms(model, batch, settings, denominator).loss
+
+
+def policy_terms(
+    model: TinyDecoder,
+    batch: ModelBatch,
+    settings: LossSettings = LossSettings(),
+    denominator: float | None = None,
+) -> PolicyTerms:
     """The clipped policy-gradient loss of a batch; needs `logprobs` (sampling) and `advantages`
-    on its targets. `denominator` replaces the batch's own count of trained tokens (or of rows
-    that train something): with the count over all micro-batches of a step, the micro-batch
-    losses add up to the loss of the whole step."""
+    on its targets, each target scored under the distribution it was sampled from. `denominator`
+    replaces the batch's own count of trained tokens (or of rows that train something): with
+    the count over all micro-batches of a step, the micro-batch losses add up to the loss of
+    the whole step."""
     missing = {"logprobs", "advantages"} - batch.target_values.keys()
     if missing and len(batch.target_index):
         raise ValueError(f"policy loss needs {sorted(missing)} on every trained token")
     if not len(batch.target_index):
-        return _nothing_trained(model, batch)
-    predicted = predictions(model, batch, batch.target_index)
+        nothing = torch.zeros(0)
+        return PolicyTerms(_nothing_trained(model, batch), nothing, nothing)
+    predicted = predictions(model, batch, batch.target_index, scored=True)
     logprobs = predicted.logprobs()
     old = batch.target_values["logprobs"].to(logprobs.dtype)
     advantages = batch.target_values["advantages"].to(logprobs.dtype)
-    ratio = torch.exp(logprobs - old)
+    weights = None
+    if settings.corrects_mismatch:
+        weights = _mismatch_weights(logprobs.detach() - old, batch, settings)
+        ratio = torch.exp(logprobs - logprobs.detach())
+    else:
+        ratio = torch.exp(logprobs - old)
     clipped = ratio.clamp(1.0 - settings.clip_low, 1.0 + settings.clip_high)
     per_token = -torch.minimum(ratio * advantages, clipped * advantages)
+    if weights is not None:
+        per_token = per_token * weights
     if settings.entropy_coef:
         per_token = per_token - settings.entropy_coef * predicted.entropies()
+    return PolicyTerms(
+        _normalised(per_token, batch, settings, denominator), logprobs.detach(), old, weights
+    )
+
+
+def _mismatch_weights(
+    log_ratio: torch.Tensor, batch: ModelBatch, settings: LossSettings
+) -> torch.Tensor:
+    """Each target's mismatch ratio, capped and masked as `settings` say."""
+    weights = torch.exp(log_ratio)
+    low, high = settings.mismatch_bounds
+    if settings.mismatch_mask == "token":
+        weights = torch.where((weights < low) | (weights > high), 0.0, weights)
+    elif settings.mismatch_mask == "row":
+        rows = batch.target_rows
+        sums = torch.zeros(batch.num_rows, dtype=log_ratio.dtype).index_add(0, rows, log_ratio)
+        counts = torch.bincount(rows, minlength=batch.num_rows).clamp(min=1)
+        row_ratio = torch.exp(sums / counts)[rows]
+        weights = torch.where((row_ratio < low) | (row_ratio > high), 0.0, weights)
+    if settings.mismatch_cap is not None:
+        weights = weights.clamp(max=settings.mismatch_cap)
+    return weights
+
+
+def _normalised(
+    per_token: torch.Tensor, batch: ModelBatch, settings: LossSettings, denominator: float | None
+) -> torch.Tensor:
     if settings.normalisation == "token":
         return per_token.sum() / (denominator or len(per_token))
     row_sums = torch.zeros(batch.num_rows, dtype=per_token.dtype).index_add(
