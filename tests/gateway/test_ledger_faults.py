@@ -10,12 +10,14 @@ import json
 import os
 import tracemalloc
 
+import numpy as np
 import pytest
 
 from callgrove.episode import read_episodes
 from callgrove.gateway import app as gateway_app
 from callgrove.gateway import ledger as gateway_ledger
 from callgrove.gateway.ledger import CALLS_SUFFIX, EPISODES_FILE, QUARANTINE, LedgerInUse
+from callgrove.policy import Sample
 
 from .helpers import gateway_client, scripted, write_script
 
@@ -381,3 +383,72 @@ def test_closed_episodes_release_their_files_and_calls(tmp_path, script):
     files = open_files()
     assert gateway.recover() == 0 and open_files() == files  # restarting opens none of them
     gateway.release()
+
+
+class Answering:
+    """A policy that answers what the test says, as a faulty upstream might."""
+
+    def __init__(self, inner, change):
+        self.inner = inner
+        self.change = change
+
+    async def sample(self, prompt_ids, params):
+        sample = await self.inner.sample(prompt_ids, params)
+        return self.change(sample)
+
+
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        (
+            lambda s: Sample(s.completion_ids * 0 - 1, s.logprobs, 1, "stop"),
+            "outside the vocabulary",
+        ),
+        (
+            lambda s: Sample(s.completion_ids + 10**6, s.logprobs, 1, "stop"),
+            "outside the vocabulary",
+        ),
+        (lambda s: Sample(s.completion_ids.astype(float), s.logprobs, 1, "stop"), "not integers"),
+        (lambda s: Sample(s.completion_ids, -s.logprobs, 1, "stop"), "at most 0"),
+        (lambda s: Sample(s.completion_ids, s.logprobs * np.nan, 1, "stop"), "finite"),
+        (lambda s: Sample(s.completion_ids, s.logprobs[:1], 1, "stop"), "log-probabilities for"),
+        (
+            lambda s: Sample(np.tile(s.completion_ids, 30), np.tile(s.logprobs, 30), 1, "stop"),
+            "more than the 20",
+        ),
+        (lambda s: Sample(s.completion_ids, s.logprobs, 2**70, "stop"), "policy_version"),
+        (lambda s: Sample(s.completion_ids, s.logprobs, "3", "stop"), "policy_version"),
+    ],
+)
+def test_an_upstream_answer_that_cannot_be_a_call_is_a_failed_call(tmp_path, script, change, said):
+    async def go():
+        _, client = gateway_client(Answering(scripted(script), change), tmp_path / "ledger")
+        async with client:
+            refused = await client.post("/e/ep/v1/messages", json=BODY)
+            return refused, (await client.post("/e/ep/close", json={})).json()
+
+    refused, record = run(go())
+    assert refused.status_code == 502 and said in refused.json()["error"]["message"]
+    assert [c for a in record["agents"] for c in a["calls"]] == []
+    assert said in record["meta"]["gateway"]["failed_calls"][0]["error"]
+
+
+def test_the_ledger_is_private_and_keys_guard_health_and_close(tmp_path, script):
+    ledger = tmp_path / "ledger"
+
+    async def go():
+        _, client = gateway_client(scripted(script), ledger, tokens=["tok"])
+        async with client:
+            await client.post("/e/ep/v1/messages", json=BODY, headers={"x-api-key": "tok"})
+            anonymous = (await client.get("/health")).json()
+            keyed = (await client.get("/health", headers={"x-api-key": "tok"})).json()
+            wrong_episode = await client.post("/e/ep/close", headers={"x-api-key": "cg:other:tok"})
+            closed = await client.post("/e/ep/close", headers={"x-api-key": "cg:ep:tok"})
+            return anonymous, keyed, wrong_episode, closed
+
+    anonymous, keyed, wrong_episode, closed = run(go())
+    assert anonymous == {"ok": True} and keyed["episodes"] == 1
+    assert wrong_episode.status_code == 403 and closed.status_code == 200
+    assert ledger.stat().st_mode & 0o777 == 0o700
+    for path in ledger.iterdir():
+        assert path.stat().st_mode & 0o777 == 0o600, path.name

@@ -279,6 +279,40 @@ class Turn:
     call_id: str | None = None  # handed out when the reply starts before the call is recorded
 
 
+INT64_MAX = int(np.iinfo(np.int64).max)
+
+
+def upstream_problem(
+    prompt: np.ndarray, sample: Sample, max_tokens: int, vocab_size: int
+) -> str | None:
+    """What makes an upstream's sample unusable as a recorded call, or None: the ledger holds
+    only token ids the policy has, log-probabilities that are ones, and what was asked for."""
+    ids, logprobs, version = sample.completion_ids, sample.logprobs, sample.policy_version
+    for name, values in (("prompt", prompt), ("completion", ids)):
+        if values.dtype.kind not in "iu":
+            return f"{name} token ids are not integers ({values.dtype})"
+        if len(values) and (int(values.min()) < 0 or int(values.max()) >= vocab_size):
+            return (
+                f"{name} token ids run from {int(values.min())} to {int(values.max())}, "
+                f"outside the vocabulary [0, {vocab_size})"
+            )
+    if not len(ids):
+        return "the completion has no tokens"
+    if len(ids) > max_tokens:
+        return f"{len(ids)} completion tokens, more than the {max_tokens} asked for"
+    if logprobs is None or len(logprobs) != len(ids):
+        return f"{0 if logprobs is None else len(logprobs)} log-probabilities for {len(ids)} tokens"
+    if not np.all(np.isfinite(logprobs)) or float(np.max(logprobs)) > 0:
+        return "log-probabilities must be finite and at most 0"
+    if version is not None and (
+        not isinstance(version, int | np.integer)
+        or isinstance(version, bool)
+        or not 0 <= int(version) <= INT64_MAX
+    ):
+        return f"policy_version {version!r} is not a non-negative 64-bit integer"
+    return None
+
+
 class LedgerWriteError(RuntimeError):
     """A call's line could not be written or made durable: the call is not recorded."""
 
@@ -325,6 +359,7 @@ class Gateway:
         # How long a close waits for the episode's calls in flight; later ones are refused.
         self.close_wait = close_wait
         # Open episodes only: a closed one's file is closed and its calls let go.
+        self.vocab_size = chat.vocab_size
         self.episodes: dict[str, EpisodeState] = {}
         self.quarantined: dict[str, str] = {}  # damaged ledger files: episode -> why
         self.strays: list[str] = []  # files in the ledger folder that are no episode's
@@ -607,7 +642,9 @@ class Gateway:
                 new = messages[turn.cut :] if base else messages
             else:
                 prompt, suffix, new = self._render(messages, turn, base)
-                sample = await self.policy.sample(prompt, turn.params)
+                sample = self._checked(
+                    prompt, await self.policy.sample(prompt, turn.params), turn.params
+                )
                 response = self.chat.parse(sample.completion_ids)
             return await self._record(turn, base, prompt, suffix, new, sample, response)
         except Exception as error:
@@ -662,7 +699,7 @@ class Gateway:
                 async for piece in pieces:
                     received.append(piece)
                     yield b"".join(out.text(plain.add(piece.token_ids)))
-                sample = sample_from_pieces(received, version)
+                sample = self._checked(prompt, sample_from_pieces(received, version), turn.params)
                 response = self.chat.parse(sample.completion_ids)
                 reply = await self._record(turn, turn.base, prompt, suffix, new, sample, response)
                 recorded = True
@@ -722,6 +759,7 @@ class Gateway:
         state, agent, hashes = turn.state, turn.agent, turn.hashes
         if state.closed:
             raise closed_error(state.id, while_in_flight=True)
+
         previous = new[-1] if new else (base.response if base else None)
         state.seq += 1
         call = Call(
@@ -768,6 +806,14 @@ class Gateway:
             sample.policy_version,
             call_id=call.id,
         )
+
+    def _checked(self, prompt: np.ndarray, sample: Sample, params: SamplingParams) -> Sample:
+        """The upstream's sample, if it can be recorded (`upstream_problem`); else a failed
+        call, never a recorded one."""
+        problem = upstream_problem(prompt, sample, params.max_tokens, self.vocab_size)
+        if problem is not None:
+            raise UpstreamError(f"upstream answer refused: {problem}", 502)
+        return sample
 
     async def _append_call(self, state: EpisodeState, call: Call, line: bytes) -> None:
         """Append a call's line and wait until it is durable; `LedgerWriteError` if it is not
@@ -845,6 +891,7 @@ class Gateway:
         prompt, sample, raw = await chat(
             openai_history(chat_request.messages), openai_tools(chat_request.tools), params
         )
+        sample = self._checked(prompt, sample, params)
         response = openai_message(raw, "upstream choices[0].message")
         if base is not None:
             length = base.call.full_len
