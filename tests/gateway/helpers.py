@@ -39,10 +39,24 @@ def scripted(path: Path) -> ScriptedPolicy:
     return ScriptedPolicy(Script.load(path), Chat.builtin())
 
 
+class GatewayClient(httpx.AsyncClient):
+    """A client of an in-process gateway that releases the gateway (its files and the ledger
+    folder's lock) when it is closed, as a stopped gateway process would."""
+
+    def __init__(self, gateway: Gateway):
+        super().__init__(
+            transport=httpx.ASGITransport(app=gateway.app()), base_url="http://gateway"
+        )
+        self.gateway = gateway
+
+    async def __aexit__(self, *exc) -> None:
+        await super().__aexit__(*exc)
+        self.gateway.release()
+
+
 def gateway_client(policy, ledger: Path, **options) -> tuple[Gateway, httpx.AsyncClient]:
     gateway = Gateway(policy, Chat.builtin(), ledger, **options)
-    transport = httpx.ASGITransport(app=gateway.app())
-    return gateway, httpx.AsyncClient(transport=transport, base_url="http://gateway")
+    return gateway, GatewayClient(gateway)
 
 
 def policy_client(policy, **options) -> httpx.AsyncClient:

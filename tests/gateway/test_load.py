@@ -23,12 +23,19 @@ RULES = [
 ]
 
 
+LEADERS: dict[str, asyncio.Event] = {}  # per episode: its leader (a0) has made its first call
+
+
 async def agent_calls(
     client: httpx.AsyncClient, episode: str, agent: int, answered=lambda call_id: None
 ) -> list[str]:
     """Two calls of one agent, the second continuing the first; returns the recorded call ids.
+    The subagents (parent `a0`) start once their leader has called, as a parent calls first.
 
     `answered` hears each call id as soon as its response has completed."""
+    leader = LEADERS.setdefault(episode, asyncio.Event())
+    if agent:
+        await leader.wait()
     headers = {
         "x-callgrove-agent": f"a{agent}",
         "x-callgrove-start": "root" if agent == 0 else "fresh",
@@ -37,9 +44,13 @@ async def agent_calls(
         headers["x-callgrove-parent"] = "a0"
     messages = [{"role": "user", "content": f"first task of {agent}"}]
     ids = []
-    first = await client.post(
-        f"/e/{episode}/v1/chat/completions", json={"messages": messages}, headers=headers
-    )
+    try:
+        first = await client.post(
+            f"/e/{episode}/v1/chat/completions", json={"messages": messages}, headers=headers
+        )
+    finally:
+        if not agent:
+            leader.set()
     first.raise_for_status()
     ids.append(first.headers["x-callgrove-call"])
     answered(ids[-1])

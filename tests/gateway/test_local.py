@@ -49,7 +49,7 @@ def test_a_local_gateway_samples_on_the_loops_event_loop_with_the_loops_sampling
                 }
                 answer = await client.post("/e/ep1/v1/chat/completions", json=body)
                 capped = await client.post(
-                    "/e/ep1/v1/chat/completions", json={**body, "max_tokens": 2}
+                    "/e/ep1/v1/chat/completions", json={**body, "max_tokens": 3}
                 )
                 record = (await client.post("/e/ep1/close", json={})).json()
         return loop, answer, capped, record
@@ -62,7 +62,7 @@ def test_a_local_gateway_samples_on_the_loops_event_loop_with_the_loops_sampling
     (first_loop, first), (_, second) = policy.calls
     assert first_loop is loop
     assert (first.temperature, first.top_p, first.seed) == (0.7, 0.9, 11)
-    assert (first.max_tokens, second.max_tokens) == (5, 2)
+    assert (first.max_tokens, second.max_tokens) == (5, 3)
     assert first.stop == ("END", "STOP") and first.stop_token_ids == chat.stop_token_ids
     calls = record["agents"][0]["calls"]
     assert [c["policy_version"] for c in calls] == [3, 3]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
@@ -158,6 +159,7 @@ def gateway(
 ) -> None:
     """Capture gateway: harnesses in front, UPSTREAM behind, every call in LEDGER."""
     from callgrove.gateway.app import Gateway
+    from callgrove.gateway.ledger import QUARANTINE, LedgerInUse
     from callgrove.gateway.serve import model_chat, model_tokenizer
     from callgrove.gateway.web import serve
     from callgrove.policy.http import HttpPolicyClient
@@ -183,17 +185,30 @@ def gateway(
     except (ImportError, OSError, ValueError) as error:
         err.print(f"error: {safe(error)}")
         raise typer.Exit(EXIT_USAGE) from None
-    server = Gateway(
-        policy,
-        chat,
-        ledger,
-        tokens=_tokens(token, "CALLGROVE_TOKEN"),
-        max_tokens=max_tokens,
-        passthrough=passthrough,
-    )
-    recovered = server.recover()
+    try:
+        server = Gateway(
+            policy,
+            chat,
+            ledger,
+            tokens=_tokens(token, "CALLGROVE_TOKEN"),
+            max_tokens=max_tokens,
+            passthrough=passthrough,
+        )
+    except (LedgerInUse, OSError) as error:
+        err.print(f"error: {safe(error)}")
+        raise typer.Exit(EXIT_USAGE) from None
+    with warnings.catch_warnings(record=True) as found:
+        warnings.simplefilter("always")
+        recovered = server.recover()
+    for warning in found:
+        err.print(f"warning: {safe(warning.message)}")
     if recovered:
-        err.print(f"recovered {recovered} episode ledger(s) from {ledger}")
+        err.print(f"recovered {recovered} open episode ledger(s) from {ledger}")
+    if server.quarantined:
+        err.print(
+            f"quarantined {len(server.quarantined)} damaged episode ledger(s) in "
+            f"{ledger / QUARANTINE}: {', '.join(sorted(server.quarantined))}"
+        )
     serve(server.app(), host, port, _announce("gateway", host))
 
 

@@ -18,13 +18,17 @@ whole and starts a new tree.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
+import shutil
 import time
+import warnings
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 import orjson
 from starlette.applications import Starlette
@@ -34,6 +38,7 @@ from starlette.routing import Route
 
 from callgrove.episode import TOKEN_DTYPE, Agent, Call, Episode, encode_episode
 from callgrove.episode.record import base_of, concat, segments
+from callgrove.formats import InputError
 from callgrove.gateway.apis import (
     ChatRequest,
     Reply,
@@ -56,6 +61,7 @@ from callgrove.gateway.attribution import (
     Spawn,
     episode_from_key,
     identify,
+    is_episode_id,
     match_spawn,
     spawns_in,
     valid_episode,
@@ -63,12 +69,21 @@ from callgrove.gateway.attribution import (
 from callgrove.gateway.chat import Chat, PlainText, tools_message
 from callgrove.gateway.ledger import (
     CALLS_SUFFIX,
+    EPISODES_FILE,
+    LOCK_FILE,
+    QUARANTINE,
     AppendFile,
+    CloseBody,
+    LedgerLock,
     append_episode,
     call_from_line,
     call_line,
+    close_body,
     close_record,
+    last_line,
+    private_folder,
     read_ledger,
+    stored_episode_ids,
 )
 from callgrove.gateway.web import (
     DEFAULT_BODY_LIMIT,
@@ -142,7 +157,7 @@ class EpisodeState:
     """One episode's ledger file and the calls it holds, as the gateway continues them."""
 
     id: str
-    file: AppendFile
+    file: AppendFile | None  # None: read back only (a closed episode's record rebuilt)
     seq: int = 0
     numbered: int = 0  # the number of the newest call id handed out (`c<number>`)
     agents: dict[str, Agent] = field(default_factory=dict)
@@ -151,7 +166,29 @@ class EpisodeState:
     prompt_keys: dict[str, str] = field(default_factory=dict)
     spawns: list[Spawn] = field(default_factory=list)
     failed: list[dict[str, Any]] = field(default_factory=list)
+    closing: bool = False  # a close waits for the calls in flight: it takes no new ones
     closed: bool = False
+    closed_with: dict[str, Any] | None = None  # the close's body, from its `closing` line
+    in_flight: int = 0  # calls taken and not yet recorded or failed
+    idle: asyncio.Event | None = None  # set when the last call in flight ends (while closing)
+    syncing: set[asyncio.Future[None]] = field(default_factory=set)  # lines written, not synced
+
+    def enter(self) -> None:
+        self.in_flight += 1
+
+    def leave(self) -> None:
+        self.in_flight -= 1
+        if self.in_flight == 0 and self.idle is not None:
+            self.idle.set()
+
+    def forget(self, call_id: str) -> None:
+        """Drop a replayed call whose line was never made durable (its fsync failed)."""
+        recorded = self.by_id.pop(call_id, None)
+        if recorded is None:
+            return
+        recorded.agent.calls.remove(recorded.call)
+        self.by_history[recorded.history].remove(recorded)
+        self.prompt_keys.pop(call_id, None)
 
     def full_ids(self, call: Call) -> np.ndarray:
         """A recorded call's prompt and completion, its prompt reference read through the
@@ -178,6 +215,13 @@ class EpisodeState:
         if agent is not None:
             return agent
         parent, start, name = who.parent, who.start, who.name
+        if parent is not None and (parent == who.agent or parent not in self.agents):
+            what = "itself" if parent == who.agent else "no agent that has called"
+            raise HttpError(
+                400,
+                f"episode {self.id!r}: agent {who.agent!r} names parent {parent!r}, {what} in "
+                "this episode (a parent makes a call before its subagents do)",
+            )
         if start != "root":
             spawn = match_spawn(self.spawns, messages)
             if spawn is not None:
@@ -235,6 +279,55 @@ class Turn:
     call_id: str | None = None  # handed out when the reply starts before the call is recorded
 
 
+INT64_MAX = int(np.iinfo(np.int64).max)
+
+
+def upstream_problem(
+    prompt: np.ndarray, sample: Sample, max_tokens: int, vocab_size: int
+) -> str | None:
+    """What makes an upstream's sample unusable as a recorded call, or None: the ledger holds
+    only token ids the policy has, log-probabilities that are ones, and what was asked for."""
+    ids, logprobs, version = sample.completion_ids, sample.logprobs, sample.policy_version
+    for name, values in (("prompt", prompt), ("completion", ids)):
+        if values.dtype.kind not in "iu":
+            return f"{name} token ids are not integers ({values.dtype})"
+        if len(values) and (int(values.min()) < 0 or int(values.max()) >= vocab_size):
+            return (
+                f"{name} token ids run from {int(values.min())} to {int(values.max())}, "
+                f"outside the vocabulary [0, {vocab_size})"
+            )
+    if not len(ids):
+        return "the completion has no tokens"
+    if len(ids) > max_tokens:
+        return f"{len(ids)} completion tokens, more than the {max_tokens} asked for"
+    if logprobs is None or len(logprobs) != len(ids):
+        return f"{0 if logprobs is None else len(logprobs)} log-probabilities for {len(ids)} tokens"
+    if not np.all(np.isfinite(logprobs)) or float(np.max(logprobs)) > 0:
+        return "log-probabilities must be finite and at most 0"
+    if version is not None and (
+        not isinstance(version, int | np.integer)
+        or isinstance(version, bool)
+        or not 0 <= int(version) <= INT64_MAX
+    ):
+        return f"policy_version {version!r} is not a non-negative 64-bit integer"
+    return None
+
+
+class LedgerWriteError(RuntimeError):
+    """A call's line could not be written or made durable: the call is not recorded."""
+
+
+def closed_error(episode_id: str, while_in_flight: bool = False) -> HttpError:
+    """What a call to a closed episode gets: a 400 that the harnesses' clients do not retry
+    (Claude Code retries a 409 for minutes), naming the episode."""
+    why = (
+        "was closed while this call was in flight; the call is not recorded"
+        if while_in_flight
+        else "is closed; it takes no more calls"
+    )
+    return HttpError(400, f"episode {episode_id!r} {why}", no_retry=True)
+
+
 class Gateway:
     """The gateway's state (episodes, ledger folder) and its HTTP routes."""
 
@@ -249,11 +342,12 @@ class Gateway:
         max_tokens: int = 4096,
         passthrough: bool = False,
         sampling: SamplingParams | None = None,
+        close_wait: float = 30.0,
     ):
         self.policy = policy
         self.chat = chat
-        self.ledger = Path(ledger)
-        self.ledger.mkdir(parents=True, exist_ok=True)
+        self.ledger = private_folder(Path(ledger))
+        self._lock = LedgerLock(self.ledger)  # `LedgerInUse` while another gateway holds it
         self.tokens = tokens or []
         self.body_limit = body_limit
         self.max_tokens = max_tokens
@@ -262,35 +356,108 @@ class Gateway:
         # A training loop's own sampling (temperature, top-p, seed, stop strings; its
         # max_tokens caps the request's): the calls are sampled as the loop samples its own.
         self.sampling = sampling
+        # How long a close waits for the episode's calls in flight; later ones are refused.
+        self.close_wait = close_wait
+        # Open episodes only: a closed one's file is closed and its calls let go.
+        self.vocab_size = chat.vocab_size
         self.episodes: dict[str, EpisodeState] = {}
+        self.quarantined: dict[str, str] = {}  # damaged ledger files: episode -> why
+        self.strays: list[str] = []  # files in the ledger folder that are no episode's
         self._in_flight = 0  # calls being handled now
+
+    def release(self) -> None:
+        """Close every open episode's file and give up the ledger folder's lock."""
+        for state in self.episodes.values():
+            if state.file is not None:
+                state.file.close()
+                state.file = None
+        self.episodes.clear()
+        self._lock.release()
 
     # -- episodes ------------------------------------------------------------------------------
 
+    def _path(self, episode_id: str) -> Path:
+        return self.ledger / f"{valid_episode(episode_id)}{CALLS_SUFFIX}"
+
     def episode(self, episode_id: str) -> EpisodeState:
-        """The open state of an episode, recovered from its ledger file on first use."""
+        """The open state of an episode, recovered from its ledger file on first use. A closed
+        episode raises the error late calls get; a damaged file is quarantined (and raises)."""
         state = self.episodes.get(episode_id)
-        if state is None:
-            path = self.ledger / f"{valid_episode(episode_id)}{CALLS_SUFFIX}"
-            lines = list(read_ledger(path)) if path.exists() else []
+        if state is not None:
+            return state
+        path = self._path(episode_id)
+        self._refuse_quarantined(episode_id, path)
+        if not path.exists():
             state = EpisodeState(episode_id, AppendFile(path))
-            for line in lines:
-                self._replay(state, line)
-            self.episodes[episode_id] = state
+        else:
+            tail = last_line(path)
+            if tail is not None and "closed" in tail:
+                raise closed_error(episode_id)
+            state = self._read_back(episode_id, path)
+            if state.closed_with is not None:  # a close cut by a crash: finish it
+                self._finish_close(state, close_body(episode_id, state.closed_with))
+                raise closed_error(episode_id)
+            state.file = AppendFile(path)
+        self.episodes[episode_id] = state
         return state
 
+    def _refuse_quarantined(self, episode_id: str, path: Path) -> None:
+        if episode_id in self.quarantined or (self.ledger / QUARANTINE / path.name).exists():
+            reason = self.quarantined.get(episode_id, "see the quarantine folder")
+            raise HttpError(400, f"episode {episode_id!r} is quarantined: {reason}", no_retry=True)
+
+    def _read_back(self, episode_id: str, path: Path) -> EpisodeState:
+        """An episode's state from its ledger file (no file opened for writing); a damaged file
+        is moved to the quarantine folder and reported, and `HttpError` says so."""
+        state = EpisodeState(episode_id, None)
+        try:
+            for line in read_ledger(path):
+                self._replay(state, line)
+        except (ValueError, KeyError, TypeError, AttributeError, msgspec.MsgspecError) as error:
+            self._quarantine(episode_id, path, f"{type(error).__name__}: {error}"[:2000])
+            self._refuse_quarantined(episode_id, path)
+        return state
+
+    def _quarantine(self, episode_id: str, path: Path, reason: str) -> None:
+        folder = private_folder(self.ledger / QUARANTINE)
+        shutil.move(path, folder / path.name)
+        (folder / f"{path.name}.reason").write_text(reason + "\n")
+        self.quarantined[episode_id] = reason
+        warnings.warn(
+            f"{path}: damaged ledger file, episode {episode_id!r} quarantined in "
+            f"{folder / path.name}: {reason}",
+            stacklevel=3,
+        )
+
     def recover(self) -> int:
-        """Open every episode that has a ledger file (after a restart); returns how many."""
-        for path in sorted(self.ledger.glob(f"*{CALLS_SUFFIX}")):
-            self.episode(path.name[: -len(CALLS_SUFFIX)])
+        """Open every open episode that has a ledger file (after a restart), finishing closes
+        a crash cut short; returns how many are open. A damaged file is quarantined and a file
+        that is no episode's is listed in `strays`, both reported: the others still serve."""
+        for path in sorted(self.ledger.iterdir()):
+            name = path.name
+            if name in (EPISODES_FILE, LOCK_FILE, QUARANTINE):
+                continue
+            episode_id = name[: -len(CALLS_SUFFIX)]
+            if not (name.endswith(CALLS_SUFFIX) and path.is_file() and is_episode_id(episode_id)):
+                self.strays.append(name)
+                warnings.warn(f"{path}: not an episode's ledger file; left alone", stacklevel=2)
+                continue
+            with contextlib.suppress(HttpError):  # closed, or quarantined and reported
+                self.episode(episode_id)
         return len(self.episodes)
 
     def _replay(self, state: EpisodeState, line: dict[str, Any]) -> None:
         if "closed" in line:
             state.closed = True
             return
+        if "closing" in line:
+            state.closed_with = line["closing"]
+            return
         if "failed" in line:
-            state.failed.append(line["failed"])
+            failure = line["failed"]
+            state.failed.append(failure)
+            if failure.get("call") is not None:
+                state.forget(failure["call"])
             return
         info = line["agent"]
         agent = state.agents.get(info["id"])
@@ -298,7 +465,7 @@ class Gateway:
             agent = state.agents[info["id"]] = Agent(
                 id=info["id"], name=info["name"], parent=info["parent"], start=info["start"]
             )
-        call = call_from_line(line)
+        call = call_from_line(line, state.id)
         recorded_base = base_of(call, state.find, state.id)  # a call recorded before it, or none
         agent.add(call)
         content = call.content or {}
@@ -319,23 +486,116 @@ class Gateway:
         if call.id.startswith("c") and number.isdigit():
             state.numbered = max(state.numbered, int(number))
 
-    def close_episode(self, episode_id: str, body: dict[str, Any] | None = None) -> Episode:
-        """Close the episode: its record goes to `episodes.jsonl` and is returned."""
-        state = self.episode(episode_id)
-        if state.closed:
-            raise HttpError(409, f"episode {episode_id!r} is already closed", "conflict")
-        body = body or {}
-        rewards = body.get("rewards") or {}
-        if not isinstance(rewards, dict) or not all(
-            isinstance(v, int | float) and not isinstance(v, bool) for v in rewards.values()
-        ):
-            raise HttpError(400, "rewards must be an object of numbers")
-        episode = close_record(
-            episode_id, list(state.agents.values()), state.prompt_keys, state.failed, body
-        )
-        append_episode(self.ledger, episode)
-        state.file.append_now(orjson.dumps({"closed": time.time()}) + b"\n")
+    async def close(self, episode_id: str, data: dict[str, Any] | None = None) -> Episode:
+        """Close the episode once its calls in flight have been recorded (waiting at most
+        `close_wait` seconds; those still in flight then are refused, not recorded): its record
+        goes to `episodes.jsonl` and is returned. Closing again with the same body returns the
+        same record and stores nothing."""
+        body = close_body(episode_id, data or {})
+        state = self._closable(episode_id, body)
+        if isinstance(state, Episode):
+            return state
+        state.closing = True
+        try:
+            if state.in_flight:
+                state.idle = asyncio.Event()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(state.idle.wait(), self.close_wait)
+            state.closed = True  # what is still in flight now is refused when it ends
+            if state.syncing:  # lines already written: their calls are in (or out) once synced
+                await asyncio.gather(*state.syncing, return_exceptions=True)
+            return self._finish_close(state, body)
+        finally:
+            state.closing = False
+
+    def close_episode(self, episode_id: str, data: dict[str, Any] | None = None) -> Episode:
+        """`close` from code without an event loop: calls still in flight are refused."""
+        body = close_body(episode_id, data or {})
+        state = self._closable(episode_id, body)
+        if isinstance(state, Episode):
+            return state
         state.closed = True
+        return self._finish_close(state, body)
+
+    def _closable(self, episode_id: str, body: CloseBody) -> EpisodeState | Episode:
+        """The open episode to close, or the record of one closed before with this body."""
+        state = self.episodes.get(episode_id)
+        if state is not None:
+            if state.closing or state.closed:
+                raise HttpError(409, f"episode {episode_id!r} is being closed", "conflict")
+            return state
+        path = self._path(episode_id)
+        self._refuse_quarantined(episode_id, path)
+        if not path.exists():
+            raise HttpError(404, f"episode {episode_id!r} has no calls in this ledger", "not_found")
+        tail = last_line(path)
+        if tail is not None and "closed" in tail:
+            return self._stored_close(episode_id, path, body)
+        try:
+            return self.episode(episode_id)
+        except HttpError:
+            if episode_id in self.quarantined:
+                raise
+            return self._stored_close(episode_id, path, body)  # a cut close, just finished
+
+    def _stored_close(self, episode_id: str, path: Path, body: CloseBody) -> Episode:
+        """The record a closed episode was stored with, rebuilt from its ledger, if `body` is
+        the one it was closed with."""
+        state = self._read_back(episode_id, path)
+        if state.closed_with is None or close_body(episode_id, state.closed_with) != body:
+            raise HttpError(
+                409,
+                f"episode {episode_id!r} is already closed"
+                + ("" if state.closed_with is None else " with another body"),
+                "conflict",
+            )
+        return self._record_of(state, body)
+
+    def _record_of(self, state: EpisodeState, body: CloseBody) -> Episode:
+        try:
+            return close_record(
+                state.id, list(state.agents.values()), state.prompt_keys, state.failed, body
+            )
+        except InputError as error:
+            raise HttpError(400, f"the episode cannot close: {error}") from None
+
+    def _finish_close(self, state: EpisodeState, body: CloseBody) -> Episode:
+        """Write the close: the `closing` line (its body), the record, the `closed` line. Once
+        the `closing` line is durable the close holds: a crash after it is finished on restart,
+        storing the record once."""
+        try:
+            episode = self._record_of(state, body)
+            file = state.file or AppendFile(self._path(state.id))
+        except BaseException:
+            state.closed = False
+            raise
+        try:
+            if state.closed_with is None:
+                closing = {"closing": msgspec.to_builtins(body), "time": time.time()}
+                try:
+                    file.append_now(orjson.dumps(closing) + b"\n")
+                except OSError as error:
+                    state.closed = False
+                    raise HttpError(
+                        500, f"the ledger could not record the close: {error}", "server_error"
+                    ) from None
+            state.closed = True
+            self.episodes.pop(state.id, None)  # its calls and file are let go
+            try:
+                if state.closed_with is None or state.id not in stored_episode_ids(self.ledger):
+                    append_episode(self.ledger, episode)
+                file.append_now(orjson.dumps({"closed": time.time()}) + b"\n")
+            except (OSError, InputError) as error:
+                raise HttpError(
+                    500,
+                    f"episode {state.id!r} is closed but its record could not be stored yet "
+                    f"({error}); a restarted gateway stores it",
+                    "server_error",
+                ) from None
+        finally:
+            if state.closed:
+                file.close()
+                state.file = None
         return episode
 
     # -- one call ------------------------------------------------------------------------------
@@ -343,16 +603,16 @@ class Gateway:
     def _turn(self, api: str, chat_request: ChatRequest, episode_id: str, who: Identity) -> Turn:
         """Who calls, which recorded call the request extends, how it is sampled."""
         state = self.episode(episode_id)
-        if state.closed:
-            raise HttpError(
-                409, f"episode {episode_id!r} is closed; it takes no more calls", "conflict"
-            )
+        if state.closing or state.closed:
+            raise closed_error(episode_id)
         agent = state.agent_for(who, chat_request.messages)
         messages = chat_request.messages
         tools = tools_message(chat_request.tools)
         tools_hash = hashlib.blake2b(message_key(tools) if tools else b"", digest_size=16).digest()
         hashes = chain_hashes(messages)
         base, cut = state.base_for(agent, hashes, messages, tools_hash, who.purpose == "compaction")
+        params = self._params(chat_request)
+        state.enter()  # `leave` once the call is recorded or failed
         return Turn(
             api,
             chat_request,
@@ -364,7 +624,7 @@ class Gateway:
             hashes,
             base,
             cut,
-            self._params(chat_request),
+            params,
         )
 
     async def call(
@@ -382,11 +642,15 @@ class Gateway:
                 new = messages[turn.cut :] if base else messages
             else:
                 prompt, suffix, new = self._render(messages, turn, base)
-                sample = await self.policy.sample(prompt, turn.params)
+                sample = self._checked(
+                    prompt, await self.policy.sample(prompt, turn.params), turn.params
+                )
                 response = self.chat.parse(sample.completion_ids)
+            return await self._record(turn, base, prompt, suffix, new, sample, response)
         except Exception as error:
             raise await self._failed(turn, error) from None
-        return await self._record(turn, base, prompt, suffix, new, sample, response)
+        finally:
+            turn.state.leave()
 
     def streams(self, chat_request: ChatRequest) -> bool:
         """Whether this request's reply is streamed as the upstream samples it."""
@@ -400,13 +664,15 @@ class Gateway:
         error events; either way the ledger records the failure. The call's line is durable
         before the terminal events are sent."""
         turn = self._turn(api, chat_request, episode_id, who)
-        prompt, suffix, new = self._render(chat_request.messages, turn, turn.base)
-        pieces = self.policy.stream(prompt, turn.params)  # type: ignore[attr-defined]
         try:
+            prompt, suffix, new = self._render(chat_request.messages, turn, turn.base)
+            pieces = self.policy.stream(prompt, turn.params)  # type: ignore[attr-defined]
             first = await anext(pieces)
         except StopAsyncIteration:
+            turn.state.leave()
             raise await self._failed(turn, UpstreamError("upstream stream sent nothing")) from None
         except Exception as error:
+            turn.state.leave()
             raise await self._failed(turn, error) from None
         turn.call_id = turn.state.next_call_id()
         return turn.call_id, self._stream_events(turn, prompt, suffix, new, first, pieces)
@@ -433,7 +699,7 @@ class Gateway:
                 async for piece in pieces:
                     received.append(piece)
                     yield b"".join(out.text(plain.add(piece.token_ids)))
-                sample = sample_from_pieces(received, version)
+                sample = self._checked(prompt, sample_from_pieces(received, version), turn.params)
                 response = self.chat.parse(sample.completion_ids)
                 reply = await self._record(turn, turn.base, prompt, suffix, new, sample, response)
                 recorded = True
@@ -451,6 +717,7 @@ class Gateway:
             raise
         finally:
             self._in_flight -= 1
+            turn.state.leave()
 
     async def _client_left(self, turn: Turn, pieces: AsyncIterator[Piece]) -> None:
         await self._record_failure(
@@ -465,6 +732,9 @@ class Gateway:
         gateway itself raised is the client's own mistake: not recorded)."""
         if isinstance(error, HttpError):
             return error
+        if isinstance(error, LedgerWriteError):
+            await self._record_failure(turn.state, turn.agent, turn.api, str(error))
+            return HttpError(500, str(error), "server_error")
         if isinstance(error, UpstreamError):
             await self._record_failure(turn.state, turn.agent, turn.api, str(error))
             return HttpError(error.status, str(error), "upstream_error")
@@ -484,8 +754,12 @@ class Gateway:
         sample: Sample,
         response: Message,
     ) -> Reply:
-        """Add the call to its agent and its line to the ledger; returns once it is durable."""
+        """Write the call's line and, once it is durable, add the call to its agent: a call is
+        in the episode only if its line is on disk. Refused once the episode is closed."""
         state, agent, hashes = turn.state, turn.agent, turn.hashes
+        if state.closed:
+            raise closed_error(state.id, while_in_flight=True)
+
         previous = new[-1] if new else (base.response if base else None)
         state.seq += 1
         call = Call(
@@ -500,16 +774,17 @@ class Gateway:
             purpose=turn.who.purpose,
             content={"prompt": [m.as_dict() for m in new], "response": response.as_dict()},
         )
-        agent.add(call)
         history = chain_hashes([response], hashes[-1] if hashes else b"")[0]
         prompt_key = hashes[-1].hex() if hashes else ""
-        state.remember(
-            Recorded(call, response, previous, history, turn.tools_hash, agent), prompt_key
-        )
         line = call_line(
             call,
-            agent,
             {
+                "agent": {
+                    "id": agent.id,
+                    "name": agent.name,
+                    "parent": agent.parent,
+                    "start": agent.start,
+                },
                 "history": history.hex(),
                 "prompt_key": prompt_key,
                 "tools": turn.tools_hash.hex(),
@@ -518,7 +793,11 @@ class Gateway:
                 "time": time.time(),
             },
         )
-        await state.file.append(line, alone=await self._alone())
+        await self._append_call(state, call, line)
+        agent.add(call)
+        state.remember(
+            Recorded(call, response, previous, history, turn.tools_hash, agent), prompt_key
+        )
         return Reply(
             response,
             sample.finish_reason,
@@ -527,6 +806,36 @@ class Gateway:
             sample.policy_version,
             call_id=call.id,
         )
+
+    def _checked(self, prompt: np.ndarray, sample: Sample, params: SamplingParams) -> Sample:
+        """The upstream's sample, if it can be recorded (`upstream_problem`); else a failed
+        call, never a recorded one."""
+        problem = upstream_problem(prompt, sample, params.max_tokens, self.vocab_size)
+        if problem is not None:
+            raise UpstreamError(f"upstream answer refused: {problem}", 502)
+        return sample
+
+    async def _append_call(self, state: EpisodeState, call: Call, line: bytes) -> None:
+        """Append a call's line and wait until it is durable; `LedgerWriteError` if it is not
+        (a line left unsynced is revoked by a `failed` line naming the call)."""
+        alone = await self._alone()
+        if state.closed or state.file is None:  # closed while this call waited its turn
+            raise closed_error(state.id, while_in_flight=True)
+        try:
+            state.file.write(line)
+        except OSError as error:
+            raise LedgerWriteError(f"the ledger could not record the call: {error}") from None
+        synced = asyncio.ensure_future(state.file.sync_written(alone))
+        state.syncing.add(synced)
+        try:
+            await asyncio.shield(synced)
+        except OSError as error:
+            revoked = {"agent": None, "call": call.id, "error": f"not made durable: {error}"}
+            with contextlib.suppress(OSError):
+                state.file.append_now(orjson.dumps({"failed": revoked}) + b"\n")
+            raise LedgerWriteError(f"the ledger could not make the call durable: {error}") from None
+        finally:
+            state.syncing.discard(synced)
 
     def _params(self, chat_request: ChatRequest) -> SamplingParams:
         max_tokens = min(chat_request.max_tokens, self.max_tokens)
@@ -582,6 +891,7 @@ class Gateway:
         prompt, sample, raw = await chat(
             openai_history(chat_request.messages), openai_tools(chat_request.tools), params
         )
+        sample = self._checked(prompt, sample, params)
         response = openai_message(raw, "upstream choices[0].message")
         if base is not None:
             length = base.call.full_len
@@ -594,9 +904,18 @@ class Gateway:
     async def _record_failure(
         self, state: EpisodeState, agent: Agent, api: str, message: str
     ) -> None:
+        if state.closed or state.file is None:
+            return  # the episode is closed: nothing goes after its `closed` line
         failure = {"agent": agent.id, "api": api, "error": message, "time": time.time()}
+        try:
+            await state.file.append(orjson.dumps({"failed": failure}) + b"\n")
+        except OSError as error:
+            warnings.warn(
+                f"{state.file.path}: the failed call could not be recorded ({error}): {message}",
+                stacklevel=2,
+            )
+            return
         state.failed.append(failure)
-        await state.file.append(orjson.dumps({"failed": failure}) + b"\n")
 
     # -- HTTP ----------------------------------------------------------------------------------
 
@@ -610,7 +929,7 @@ class Gateway:
                 Route(f"{prefix}/v1/messages/count_tokens", self.count_tokens, methods=["POST"]),
                 Route(f"{prefix}/v1/models", self.models, methods=["GET"]),
             ]
-        routes.append(Route("/e/{episode}/close", self.close, methods=["POST"]))
+        routes.append(Route("/e/{episode}/close", self.close_route, methods=["POST"]))
         return Starlette(routes=routes)
 
     def _attribute(self, request: Request) -> str:
@@ -646,9 +965,7 @@ class Gateway:
                     return streamed
                 reply = await self.call(api, chat_request, episode, who)
             except HttpError as error:
-                return json_response(
-                    error_json(api, error.status, error.message, error.kind), error.status
-                )
+                return error.response(error_json(api, error.status, error.message, error.kind))
             headers = {
                 "x-callgrove-policy-version": str(reply.policy_version),
                 "x-callgrove-episode": episode,
@@ -689,17 +1006,25 @@ class Gateway:
             }
         )
 
-    async def close(self, request: Request) -> Response:
+    async def close_route(self, request: Request) -> Response:
         try:
-            check_token(request_key(request), self.tokens)
             episode = valid_episode(request.path_params["episode"])
+            key_episode, token = episode_from_key(request_key(request))
+            check_token(token, self.tokens)
+            if key_episode not in (None, episode):
+                raise HttpError(403, f"the key names episode {key_episode!r}, not {episode!r}")
             body = await read_json(request, self.body_limit, empty_ok=True)
-            record = self.close_episode(episode, body)
+            record = await self.close(episode, body)
         except HttpError as error:
-            return json_response(
-                error_json("chat", error.status, error.message, error.kind), error.status
-            )
+            return error.response(error_json("chat", error.status, error.message, error.kind))
         return Response(encode_episode(record), media_type="application/json")
 
     async def health(self, request: Request) -> Response:
-        return json_response({"ok": True, "episodes": len(self.episodes)})
+        """Liveness; the counts only to a client with a key (when keys are required)."""
+        try:
+            check_token(episode_from_key(request_key(request))[1], self.tokens)
+        except HttpError:
+            return json_response({"ok": True})
+        return json_response(
+            {"ok": True, "episodes": len(self.episodes), "quarantined": len(self.quarantined)}
+        )

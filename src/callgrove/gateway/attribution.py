@@ -38,9 +38,15 @@ SPAWN_TOOLS = frozenset({"Agent", "Task"})
 CLAUDE_COMPACTION_MARK = "summary of the conversation"
 
 
+def is_episode_id(value: str) -> bool:
+    """Whether `value` is an episode id safe as a file name in the ledger folder (no
+    separators, no dot-dot)."""
+    return EPISODE_ID.fullmatch(value) is not None and ".." not in value
+
+
 def valid_episode(value: str) -> str:
-    """An episode id safe as a file name in the ledger folder (no separators, no dot-dot)."""
-    if not EPISODE_ID.fullmatch(value) or ".." in value:
+    """`value`, if it is an episode id (`is_episode_id`); else a 400."""
+    if not is_episode_id(value):
         raise HttpError(400, f"invalid episode id {value[:80]!r}: letters, digits, . _ - only")
     return value
 

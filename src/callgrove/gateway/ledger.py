@@ -1,25 +1,29 @@
 """The ledger: one append-only file per episode, one JSON line per call, fsynced before replying.
 
-`LEDGER/EPISODE.calls.jsonl` gets a line for each call as it completes (the call's tokens,
-log-probabilities, agent and the hashes that let a restarted gateway continue histories), a
-line for each failed upstream call, and a last `closed` line once the episode is closed. Lines
-are written whole with one `write` and made durable by a group commit: concurrent calls share
-one `fsync`, and none is answered before the `fsync` that covers its line has returned. A call
-with no other in flight fsyncs in place: handing off to the sync thread and back would only add
-two wake-ups to its latency (and a request arriving meanwhile waits at most one fsync). The
-hot path uses `fdatasync`: it makes the appended bytes and the file's new size durable, which
-is all a reader needs, and skips the timestamps. A
-gateway restarted after a crash reads every complete line back; a cut last line is reported and
-cut off, so the next append starts a fresh line.
+`LEDGER/EPISODE.calls.jsonl` gets a line for each call as it completes (the call in the episode
+format's own form, with the agent and the hashes that let a restarted gateway continue
+histories), a line for each failed upstream call, and, once the episode is closed, a `closing`
+line (the close's body) and a `closed` line. Lines are written whole with one `write` (a write
+that fails part way is cut back off) and made durable by a group commit: concurrent calls share
+one `fsync`, and none is answered, or joins its episode, before the `fsync` that covers its line
+has returned. A call with no other in flight fsyncs in place: handing off to the sync thread and
+back would only add two wake-ups to its latency (and a request arriving meanwhile waits at most
+one fsync). The hot path uses `fdatasync`: it makes the appended bytes and the file's new size
+durable, which is all a reader needs, and skips the timestamps. A gateway restarted after a
+crash reads every complete line back; a cut last line is reported and cut off, so the next
+append starts a fresh line.
 
 Closing turns the calls into an episode record (`callgrove.episode/1`) appended to
-`LEDGER/episodes.jsonl`, also fsynced.
+`LEDGER/episodes.jsonl`, also fsynced, between the `closing` and `closed` lines: a close cut by
+a crash is finished on restart, and stores the record once. The folder and its files are
+private to their owner; one gateway at a time holds the folder's lock.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import os
 import threading
 import warnings
@@ -28,22 +32,26 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+import msgspec
 import orjson
 
-from callgrove.episode import (
-    LOGPROB_DTYPE,
-    TOKEN_DTYPE,
-    Agent,
-    Call,
-    Episode,
-    EpisodeWriter,
-    encode_episode,
-)
-from callgrove.formats.wire import WirePolicy, WireRun
+from callgrove.episode import Agent, Call, Episode, EpisodeWriter, encode_episode
+from callgrove.episode.checks import check_episode, check_run
+
+# The codec's own form of one call: a ledger line is that plus the gateway's fields, so a field
+# the format gains is written and read back here too.
+from callgrove.episode.codec import _call_from_wire, _call_to_wire
+from callgrove.formats import InputError
+from callgrove.formats.jsonl import json_numbers
+from callgrove.formats.wire import WireCall, WirePolicy, WireRun
+from callgrove.gateway.web import HttpError
 
 EPISODES_FILE = "episodes.jsonl"
 CALLS_SUFFIX = ".calls.jsonl"
+LOCK_FILE = ".gateway.lock"
+QUARANTINE = "quarantine"  # damaged calls files are moved here, each with a `.reason` beside it
+PRIVATE_FILE = 0o600
+PRIVATE_FOLDER = 0o700
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -123,19 +131,38 @@ _SYNCER = _Syncer()
 
 
 class AppendFile:
-    """An append-only file whose `append` returns once the line is durable (group-committed)."""
+    """An append-only file whose `append` returns once the line is durable (group-committed).
+
+    A write that fails part way (a full disk) is cut back off, so the file always ends with a
+    whole line and holds no line whose call was not answered as recorded."""
 
     def __init__(self, path: Path):
         self.path = path
-        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, PRIVATE_FILE)
+        self.size = os.fstat(self.fd).st_size  # bytes of whole lines
         self.written = 0  # lines written, and of them made durable (the syncer advances it)
         self.synced = 0
 
-    async def append(self, line: bytes, alone: bool = False) -> None:
-        """Append `line`; return once it is durable. `alone`: no other call is in flight, so
-        the fsync runs right here, sparing two thread hand-offs that would only add latency."""
-        _write_all(self.fd, line)
+    def write(self, line: bytes) -> None:
+        """Write one whole line, or (on an error) nothing: a partial write is cut off."""
+        try:
+            _write_all(self.fd, line)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self.fd, self.size)
+            raise
+        self.size += len(line)
         self.written += 1
+
+    async def append(self, line: bytes, alone: bool = False) -> None:
+        """Append `line`; return once it is durable."""
+        self.write(line)
+        await self.sync_written(alone)
+
+    async def sync_written(self, alone: bool = False) -> None:
+        """Return once every line written so far is durable. `alone`: no other call is in
+        flight, so the fsync runs right here, sparing two thread hand-offs that would only add
+        latency."""
         if alone:
             os.fdatasync(self.fd)
             self.synced = max(self.synced, self.written)
@@ -143,18 +170,55 @@ class AppendFile:
         await _SYNCER.durable(self, self.written)
 
     def append_now(self, line: bytes) -> None:
-        """Append and fsync without an event loop (closing from code, recovery repairs)."""
-        _write_all(self.fd, line)
+        """Append and fsync without an event loop (closing, recovery repairs)."""
+        self.write(line)
         os.fsync(self.fd)
-        self.written += 1
         self.synced = max(self.synced, self.written)
 
     def close(self) -> None:
         os.close(self.fd)
 
 
+def private_folder(path: Path) -> Path:
+    """`path` as a folder only its owner can read: the ledger holds every prompt and tool
+    output. An existing folder is narrowed too."""
+    path.mkdir(parents=True, exist_ok=True, mode=PRIVATE_FOLDER)
+    if path.stat().st_mode & 0o077:
+        path.chmod(PRIVATE_FOLDER)
+    return path
+
+
+class LedgerLock:
+    """An exclusive lock on a ledger folder, held for a gateway's life: two gateways on one
+    folder would hand out the same call ids and interleave one episode's lines."""
+
+    def __init__(self, ledger: Path):
+        fd = os.open(ledger / LOCK_FILE, os.O_RDWR | os.O_CREAT, PRIVATE_FILE)
+        # A file object: a gateway dropped without `release` frees the lock as it is freed.
+        self._file = os.fdopen(fd, "r+b", buffering=0)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = self._file.read(64).decode(errors="replace").strip() or "unknown"
+            self._file.close()
+            raise LedgerInUse(
+                f"{ledger}: another gateway (pid {holder}) records into this ledger folder; "
+                "give each gateway its own --ledger"
+            ) from None
+        self._file.truncate(0)
+        self._file.write(f"{os.getpid()}\n".encode())
+
+    def release(self) -> None:
+        self._file.close()  # closing the descriptor releases the lock
+
+
+class LedgerInUse(RuntimeError):
+    """The ledger folder is locked by another gateway."""
+
+
 def read_ledger(path: Path) -> Iterator[dict[str, Any]]:
-    """The complete lines of a calls file; a cut last line (a crash mid-write) is cut off."""
+    """The complete lines of a calls file; a cut last line (a crash mid-write) is cut off.
+    A line that is not a JSON object raises `ValueError` naming the file and line."""
     data = path.read_bytes()
     end = data.rfind(b"\n") + 1
     if end < len(data):
@@ -177,47 +241,82 @@ def read_ledger(path: Path) -> Iterator[dict[str, Any]]:
         yield line
 
 
-def call_line(call: Call, agent: Agent, extra: dict[str, Any]) -> bytes:
-    """A call as one ledger line, its prompt as a reference into its base call."""
-    record: dict[str, Any] = {
-        "id": call.id,
-        "seq": call.seq,
-        "agent": {"id": agent.id, "name": agent.name, "parent": agent.parent, "start": agent.start},
-        "purpose": call.purpose,
-        "kept": call.kept,
-        "completion_ids": call.completion_ids,
-        "logprobs": call.logprobs,
-        "policy_version": call.policy_version,
-        **extra,
-        "content": call.content,
-    }
-    if call.prompt_from is not None:
-        record["prompt_from"] = call.prompt_from
-        record["prompt_from_len"] = call.prompt_from_len
-        record["prompt_suffix_ids"] = call.prompt_suffix
-    else:
-        record["prompt_ids"] = call.prompt_suffix
-    return orjson.dumps(record, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n"
+def last_line(path: Path) -> dict[str, Any] | None:
+    """The last whole line of a calls file, read from its end (None: none, or not an object);
+    a closed episode is known by it without reading its calls."""
+    with open(path, "rb") as stream:
+        size = stream.seek(0, os.SEEK_END)
+        block = min(size, 1 << 16)
+        while True:
+            stream.seek(size - block)
+            data = stream.read(block)
+            end = data.rfind(b"\n")
+            start = data.rfind(b"\n", 0, end) + 1 if end >= 0 else -1
+            if end < 0 or (start == 0 and block < size):
+                if block == size:
+                    return None
+                block = min(size, block * 4)
+                continue
+            break
+    try:
+        line = orjson.loads(data[start:end])
+    except orjson.JSONDecodeError:
+        return None
+    return line if isinstance(line, dict) else None
 
 
-def call_from_line(line: dict[str, Any]) -> Call:
+def call_line(call: Call, extra: dict[str, Any]) -> bytes:
+    """A call as one ledger line: the episode format's own form of the call (its prompt as a
+    reference into its base call) with the gateway's fields beside it."""
+    wire = msgspec.json.encode(_call_to_wire(call, json_numbers))
+    return wire[:-1] + b"," + orjson.dumps(extra)[1:] + b"\n"
+
+
+_LINE_DECODER = msgspec.json.Decoder(WireCall)
+
+
+def call_from_line(raw: bytes | dict[str, Any], episode: str) -> Call:
     """The call of a ledger line; its prompt reference stays a call id, checked where it is read
     (the episode names a call it does not hold)."""
-    return Call(
-        id=line["id"],
-        seq=line["seq"],
-        completion_ids=np.asarray(line["completion_ids"], dtype=TOKEN_DTYPE),
-        prompt_suffix=np.asarray(
-            line.get("prompt_suffix_ids", line.get("prompt_ids")), dtype=TOKEN_DTYPE
-        ),
-        prompt_from=line.get("prompt_from"),
-        prompt_from_len=line.get("prompt_from_len", 0),
-        logprobs=np.asarray(line["logprobs"], dtype=LOGPROB_DTYPE),
-        policy_version=line.get("policy_version"),
-        purpose=line.get("purpose", "turn"),
-        kept=line.get("kept", True),
-        content=line.get("content"),
+    wire = (
+        _LINE_DECODER.decode(raw)
+        if isinstance(raw, bytes)
+        else msgspec.convert(raw, WireCall, strict=False)
     )
+    call = _call_from_wire(wire, episode)
+    if wire.prompt_from is not msgspec.UNSET:
+        call.prompt_from = wire.prompt_from
+    return call
+
+
+class CloseRun(msgspec.Struct, forbid_unknown_fields=True):
+    """The `run` a close request may give (its policy span is the calls' own)."""
+
+    id: str | None = None
+    type: str = "train"
+    step: int | None = None
+
+
+class CloseBody(msgspec.Struct, forbid_unknown_fields=True):
+    """A close request's body, as the episode format types its fields."""
+
+    rewards: dict[str, float] = {}
+    task: Any = None
+    ok: bool = True
+    run: CloseRun | None = None
+    group: str | None = None
+
+
+def close_body(episode: str, data: dict[str, Any]) -> CloseBody:
+    """The close request's body, checked as the episode format checks it; a 400 naming the
+    field that does not fit."""
+    try:
+        body = msgspec.convert(data, CloseBody)
+        run = body.run or CloseRun()
+        check_run(episode, WireRun(id=run.id, type=run.type, step=run.step), body.rewards)
+    except (msgspec.ValidationError, InputError) as error:
+        raise HttpError(400, f"episode {episode!r}: close body: {error}") from None
+    return body
 
 
 def close_record(
@@ -225,9 +324,10 @@ def close_record(
     agents: list[Agent],
     prompt_keys: dict[str, str],
     failed: list[dict[str, Any]],
-    body: dict[str, Any],
+    body: CloseBody,
 ) -> Episode:
-    """The episode record of a ledger's calls and the close request's body.
+    """The episode record of a ledger's calls and the close request's body, checked against
+    the episode format (`InputError` names what does not fit).
 
     A call that the same agent asked again with the same prompt (a retry) is kept only in its
     last attempt; the others are recorded with `kept: false`.
@@ -241,27 +341,50 @@ def close_record(
                 earlier.kept = False
             latest[key] = call
     versions = [c.policy_version for a in agents for c in a.calls if c.policy_version is not None]
-    run = body.get("run")
-    return Episode(
+    run = body.run or CloseRun()
+    episode = Episode(
         id=episode_id,
         agents=agents,
-        group=body.get("group"),
-        task=body.get("task"),
+        group=body.group,
+        task=body.task,
         run=WireRun(
-            id=(run or {}).get("id"),
-            type=(run or {}).get("type", "train"),
-            step=(run or {}).get("step"),
+            id=run.id,
+            type=run.type,
+            step=run.step,
             policy=WirePolicy(start=min(versions), end=max(versions)) if versions else None,
         ),
-        ok=bool(body.get("ok", True)),
-        rewards={str(k): float(v) for k, v in (body.get("rewards") or {}).items()},
+        ok=body.ok,
+        rewards=dict(body.rewards),
         objective="rl",
         meta={"gateway": {"failed_calls": failed}} if failed else None,
     )
+    check_episode(episode)
+    return episode
+
+
+class _Named(msgspec.Struct):
+    id: str
+
+
+def stored_episode_ids(ledger: Path) -> set[str]:
+    """The ids of the episodes `episodes.jsonl` holds (a cut or unreadable line holds none)."""
+    path = ledger / EPISODES_FILE
+    if not path.exists():
+        return set()
+    decoder = msgspec.json.Decoder(_Named)
+    found = set()
+    with open(path, "rb") as stream:
+        for raw in stream:
+            with contextlib.suppress(msgspec.DecodeError):
+                found.add(decoder.decode(raw).id)
+    return found
 
 
 def append_episode(ledger: Path, episode: Episode) -> bytes:
-    """Append the closed episode to `LEDGER/episodes.jsonl`, durably; returns its line."""
-    with EpisodeWriter(ledger / EPISODES_FILE, append=True) as writer:
+    """Append the closed episode to `LEDGER/episodes.jsonl` (created private), durably;
+    returns its line."""
+    path = ledger / EPISODES_FILE
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT, PRIVATE_FILE))
+    with EpisodeWriter(path, append=True) as writer:
         writer.write(episode)
     return encode_episode(episode)

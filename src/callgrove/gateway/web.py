@@ -17,11 +17,25 @@ DEFAULT_BODY_LIMIT = 32 * 1024 * 1024
 class HttpError(Exception):
     """An error answered to the client (in its API's error shape) with an HTTP status."""
 
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error"):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        kind: str = "invalid_request_error",
+        *,
+        no_retry: bool = False,
+    ):
         super().__init__(message)
         self.status = status
         self.message = message
         self.kind = kind
+        # The OpenAI and Anthropic clients (and the harnesses built on them) honour this header:
+        # an error that asking again cannot mend is not retried.
+        self.headers = {"x-should-retry": "false"} if no_retry else None
+
+    def response(self, payload: Any) -> Response:
+        """`payload` (the error in the client's API shape) answered with this status."""
+        return json_response(payload, self.status, self.headers)
 
 
 def json_response(
