@@ -530,3 +530,22 @@ def test_passthrough_records_the_token_ids_the_upstream_reports(tmp_path):
     assert (
         Chat.builtin().decode(np.asarray(one["prompt_ids"])).startswith("<|start|>user\nstart now")
     )
+
+
+def test_a_call_records_what_was_sampled_and_what_the_client_asked():
+    from callgrove.gateway.apis import ChatRequest
+    from callgrove.gateway.app import recorded_sampling
+
+    sent = {"temperature": 0.7, "top_p": 1.0, "top_k": None}
+
+    def request(**settings):
+        return ChatRequest("chat", [], [], "m", False, 8, **settings)
+
+    asked = request(temperature=0.7)
+    assert recorded_sampling(sent, asked) == sent
+    replaced = request(temperature=0.2, top_p=0.5)
+    assert recorded_sampling(sent, replaced) == {
+        **sent,
+        "requested": {"temperature": 0.2, "top_p": 0.5, "top_k": None},
+    }
+    assert recorded_sampling(None, asked) is None

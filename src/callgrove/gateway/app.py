@@ -36,7 +36,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from callgrove.episode import TOKEN_DTYPE, Agent, Call, Episode, encode_episode
+from callgrove.episode import TOKEN_DTYPE, Agent, Call, Episode, encode_episode, sampling_record
 from callgrove.episode.record import base_of, concat, segments
 from callgrove.formats import InputError
 from callgrove.gateway.apis import (
@@ -259,6 +259,18 @@ class EpisodeState:
                 own = [r for r in found if r.agent is agent]
                 return (own or found)[-1], index + 1
         return None, 0
+
+
+def recorded_sampling(sent: dict | None, request: ChatRequest) -> dict | None:
+    """A call's `sampling`: the distribution the policy sampled from (what was sent upstream,
+    which its logprobs are under), with the client's own request beside it (`requested`) where
+    the two differ (a training loop's settings replace the client's)."""
+    if sent is None:
+        return None
+    asked = sampling_record(request.temperature, request.top_p)
+    if all(sent.get(key) == value for key, value in asked.items()):
+        return sent
+    return {**sent, "requested": asked}
 
 
 @dataclass(eq=False)
@@ -773,6 +785,7 @@ class Gateway:
             policy_version=sample.policy_version,
             purpose=turn.who.purpose,
             content={"prompt": [m.as_dict() for m in new], "response": response.as_dict()},
+            sampling=recorded_sampling(sample.sampling, turn.request),
         )
         history = chain_hashes([response], hashes[-1] if hashes else b"")[0]
         prompt_key = hashes[-1].hex() if hashes else ""

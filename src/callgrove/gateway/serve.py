@@ -3,7 +3,8 @@
 `/v1/completions` takes the prompt as text or as token ids, `/v1/chat/completions` renders the
 messages with the chat format; both answer whole or as SSE, with vLLM's token extras
 (`prompt_token_ids`, per-choice `token_ids`, per-token logprobs; `return_tokens_as_token_ids`
-names tokens `token_id:N`) and the policy version (`policy_version`) in every response.
+names tokens `token_id:N`), the policy version (`policy_version`) and the distribution the
+logprobs are under (`sampling`, as a call records it) in every response.
 """
 
 from __future__ import annotations
@@ -210,6 +211,7 @@ class PolicyServer:
             "created": int(time.time()),
             "model": request.model,
             "policy_version": sample.policy_version,
+            "sampling": sample.sampling,  # the distribution the logprobs are under
         }
         usage = {
             "prompt_tokens": len(prompt_ids),
@@ -276,7 +278,7 @@ class PolicyServer:
             )
         as_ids = bool(data.get("return_tokens_as_token_ids"))
         choice: dict[str, Any] = {}
-        top: dict[str, Any] = {}
+        top: dict[str, Any] = {"sampling": sample.sampling}  # what the logprobs are under
         if data.get("logprobs"):
             choice["logprobs"] = _chat_logprobs(
                 self.chat, sample.completion_ids, sample.logprobs, as_ids
