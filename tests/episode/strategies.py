@@ -40,6 +40,17 @@ reward_maps = st.dictionaries(st.text(max_size=5), finite, max_size=3)
 token_lists = st.lists(st.integers(0, 2**31 - 1), max_size=6)
 
 
+# A call's `sampling`: valid settings, sometimes with keys of a source's own.
+samplings = st.fixed_dictionaries(
+    {
+        "temperature": st.floats(0, 4),
+        "top_p": st.floats(1e-6, 1),
+        "top_k": st.none() | st.integers(1, 1 << 40),
+    },
+    optional={"min_p": st.floats(0, 1), "engine": json_objects},
+)
+
+
 @st.composite
 def calls_in_seq_order(draw: st.DrawFn, count: int) -> list[Call]:
     """`count` calls with distinct seqs, each prompt full or compact over an earlier call."""
@@ -61,6 +72,7 @@ def calls_in_seq_order(draw: st.DrawFn, count: int) -> list[Call]:
                 st.none() | finite | st.lists(finite, min_size=size, max_size=size).map(np.asarray)
             ),
             content=draw(st.none() | json_objects),
+            sampling=draw(st.none() | samplings),
         )
         if calls and draw(st.booleans()):
             source = draw(st.sampled_from(calls))
