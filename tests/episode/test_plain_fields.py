@@ -15,9 +15,15 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def test_the_plain_fields_are_those_no_form_spells_its_own_way():
-    assert [f.name for f in PLAIN_CALL_FIELDS] == ["policy_version", "purpose", "kept", "content"]
+    assert [f.name for f in PLAIN_CALL_FIELDS] == [
+        "policy_version",
+        "purpose",
+        "kept",
+        "content",
+        "sampling",
+    ]
     assert {f.name for f in PLAIN_CALL_FIELDS} <= set(CALL_TYPE.names)
-    assert {"content"} == JSON_CALL_FIELDS
+    assert {"content", "sampling"} == JSON_CALL_FIELDS
     assert not CALL_TYPE.field("purpose").nullable
     assert CALL_TYPE.field("policy_version").nullable
 

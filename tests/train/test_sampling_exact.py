@@ -262,3 +262,31 @@ def test_mismatch_corrections_cap_and_mask_the_tokens_they_should():
     reference = gradient(policy_terms(model, replace(batch, target_values=on_policy)).loss)
     torch.testing.assert_close(corrected, reference, rtol=1e-4, atol=1e-6)
     assert float(corrected.abs().sum()) > 0
+
+
+def test_a_training_step_at_half_temperature_records_and_scores_it(tmp_path):
+    """`callgrove train examples/train.toml --steps 1` at temperature 0.5 and top-p 0.9."""
+    import json
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from callgrove.cli import app
+    from callgrove.episode import load
+
+    config = Path(__file__).resolve().parents[2] / "examples" / "train.toml"
+    out = tmp_path / "run"
+    arguments = ["train", str(config), "--steps", "1", "--out", str(out), "--quiet"]
+    arguments += ["--set", "sampling.temperature=0.5", "--set", "sampling.top_p=0.9"]
+    arguments += ["--set", "dispatch.groups_per_step=2", "--set", "monitor.plot=false"]
+    result = CliRunner().invoke(app, arguments)
+    assert result.exit_code == 0, result.output
+    calls = [c for e in load(out / "step_1" / "train" / "traces.jsonl") for c in e.calls()]
+    assert calls and all(c.sampling == sampling_record(0.5, 0.9) for c in calls)
+    (metrics,) = [
+        json.loads(line)
+        for line in (out / "metrics.jsonl").read_text().splitlines()
+        if '"step"' in line and '"final"' not in line
+    ]
+    assert 0 <= metrics["train/mismatch/all/max_abs"] < 1e-3
+    assert metrics["train/unknown_sampling_calls"] == 0

@@ -75,3 +75,22 @@ def test_smollm2_converts_renders_samples_and_tree_packs():
         torch.testing.assert_close(got, want, rtol=0, atol=1e-4)
     completion = packed_logprobs[1][len(prompt) :].double().numpy()
     np.testing.assert_allclose(free.logprobs, completion, atol=1e-4)
+
+
+def test_smollm2_with_lora_scores_what_it_sampled_at_temperature_and_top_p():
+    """The README's recipe samples SmolLM2 at temperature 0.7: through the real weights, LoRA
+    and the chat template, the learner scores every trained token under the distribution it
+    was sampled from, tree-packed and packed."""
+    from callgrove.policy.backends import LearnerConfig, ModelSettings, build_policy
+
+    from .test_sampling_exact import assert_scored_as_sampled, sample_episode
+
+    torch.set_num_threads(2)
+    for batching in ("tree", "packed"):
+        policy = build_policy(
+            ModelSettings(name="smollm2-135m", options={"lora_rank": 16}),
+            LearnerConfig(batching=batching),
+            seed=0,
+        )
+        episode = sample_episode(policy.sampler, policy.renderer, 0.7, 0.9)
+        assert_scored_as_sampled(episode, policy.learner, 0.7, 0.9)
