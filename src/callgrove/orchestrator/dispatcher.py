@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from callgrove.episode import Episode, off_policy_steps
+from callgrove.formats.ranges import check_range
 from callgrove.formats.wire import WireEnv, WirePolicy, WireRun
 from callgrove.orchestrator.env import Environment, cancelled_error, run_episode
 from callgrove.policy import PolicyClient, SamplingParams
@@ -55,12 +56,12 @@ class DispatchSettings:
 
     def __post_init__(self) -> None:
         for name in ("group_size", "groups_per_step", "max_in_flight"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"dispatch.{name} must be at least 1")
-        if self.max_off_policy_steps < 0:
-            raise ValueError("dispatch.max_off_policy_steps must not be negative")
+            check_range(name, getattr(self, name), at_least=1)
+        check_range("max_off_policy_steps", self.max_off_policy_steps, at_least=0)
+        if self.episode_timeout is not None:
+            check_range("episode_timeout", self.episode_timeout, above=0)
         if self.max_in_flight < self.group_size:
-            raise ValueError("dispatch.max_in_flight must hold at least one group")
+            raise ValueError("max_in_flight must hold at least one group (group_size)")
 
 
 @dataclass(eq=False)

@@ -22,6 +22,7 @@ from torch import nn
 
 from callgrove.batch import PackSettings, Sample, pack
 from callgrove.batch.tree import TreeSettings, pack_samples
+from callgrove.formats.ranges import check_choice, check_range
 from callgrove.train.batches import ModelBatch, micro_batch_model_batch, tree_model_batch
 from callgrove.train.loss import LossSettings, policy_loss, supervised_loss
 from callgrove.train.model import TinyConfig, TinyDecoder
@@ -62,10 +63,13 @@ class LearnerSettings:
     objective: str = "rl"
 
     def __post_init__(self) -> None:
-        if self.batching not in BATCHINGS:
-            raise ValueError(f"batching must be one of {BATCHINGS}, not {self.batching!r}")
-        if self.objective not in OBJECTIVES:
-            raise ValueError(f"objective must be one of {OBJECTIVES}, not {self.objective!r}")
+        check_choice("batching", self.batching, BATCHINGS)
+        check_choice("objective", self.objective, OBJECTIVES)
+        TreeSettings(self.tree_scope)  # checks the scope
+        check_range("learning_rate", self.learning_rate, above=0)
+        check_range("weight_decay", self.weight_decay, at_least=0)
+        check_range("max_grad_norm", self.max_grad_norm, above=0)
+        check_range("seq_len", self.seq_len, at_least=1)
 
 
 class ModelLearner:

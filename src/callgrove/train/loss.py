@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from callgrove.formats.ranges import check_choice, check_range
 from callgrove.train.batches import ModelBatch
 from callgrove.train.model import TinyDecoder
 
@@ -29,10 +30,10 @@ class LossSettings:
     entropy_coef: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.normalisation not in NORMALISATIONS:
-            raise ValueError(f"normalisation must be one of {NORMALISATIONS}")
-        if self.entropy_coef < 0:
-            raise ValueError("entropy_coef must not be negative")
+        check_choice("normalisation", self.normalisation, NORMALISATIONS)
+        check_range("clip_low", self.clip_low, at_least=0, below=1)
+        check_range("clip_high", self.clip_high, at_least=0)
+        check_range("entropy_coef", self.entropy_coef, at_least=0)
 
 
 @dataclass(frozen=True, slots=True)
