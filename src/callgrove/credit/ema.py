@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -32,6 +33,12 @@ class EMABaseline(Algorithm):
         check_range("decay", self.decay, at_least=0, below=1)
         if self.initial is not None:
             check_range("initial", self.initial)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"baselines": dict(self.baselines)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.baselines = {str(k): float(v) for k, v in state["baselines"].items()}
 
     def score_group(self, episodes: Sequence[Episode]) -> list[Credit]:
         by_seat: dict[str, list[Trace]] = {}

@@ -234,6 +234,41 @@ def config_from_dict(raw: dict[str, Any], source: str = "config") -> TrainConfig
         raise ConfigError(f"{source}: {_readable(str(error))}") from None
 
 
+# What a resumed run may set otherwise than the run it continues: how far it goes, where and how
+# it runs, what it reports. Anything else would make the steps before and after disagree.
+CHANGEABLE_ON_RESUME = (
+    "run.steps",
+    "run.out",
+    "run.executor",
+    "run.eval_every",
+    "run.eval_repeats",
+    "run.keep_freed_memory",
+    "monitor.*",
+    "ray.*",
+)
+
+
+def check_resume(started: dict[str, Any], config: TrainConfig, folder: str) -> None:
+    """Refuse to continue a run (its config as saved, `started`) with other settings than
+    `CHANGEABLE_ON_RESUME`; the error names each changed one."""
+    before = msgspec.to_builtins(config_from_dict(started, source=f"{folder}'s checkpoint"))
+    now = msgspec.to_builtins(config)
+    changed = [
+        f"{section}.{key} {before[section].get(key)!r} -> {value!r}"
+        for section, values in now.items()
+        for key, value in values.items()
+        if before[section].get(key) != value
+        and f"{section}.{key}" not in CHANGEABLE_ON_RESUME
+        and f"{section}.*" not in CHANGEABLE_ON_RESUME
+    ]
+    if changed:
+        raise ConfigError(
+            f"{folder} was started with other settings ({', '.join(changed)}); a run continues "
+            f"with the settings it started with (only {', '.join(CHANGEABLE_ON_RESUME)} may "
+            "change): set them back, or start a new run in another run.out"
+        )
+
+
 def parse_override(text: str) -> tuple[str, Any]:
     """`section.key=value` with the value read as TOML (`4`, `true`, `"x"`, `[1, 2]`), else a
     plain string."""

@@ -12,6 +12,7 @@ tokens (`sft`: imported transcripts, no advantages; a mean over the step's loss 
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -106,6 +107,8 @@ class ModelLearner:
         return policy_loss(self.model, batch, self.settings.loss, denominator)
 
     def train_step(self, samples: Sequence[Sample]) -> StepReport:
+        """One optimizer step over `samples`; `FloatingPointError` (and no step) when the loss
+        or the gradient is not finite."""
         started = time.perf_counter()
         batches = self.model_batches(samples)
         loss_tokens = sum(s.num_loss_tokens for s in samples)
@@ -122,6 +125,13 @@ class ModelLearner:
             grad_norm = float(
                 torch.nn.utils.clip_grad_norm_(self.trainable.values(), self.settings.max_grad_norm)
             )
+            if not (math.isfinite(total) and math.isfinite(grad_norm)):
+                # Stepping would write nan into every weight, and all later steps with them.
+                self.optimizer.zero_grad(set_to_none=True)
+                raise FloatingPointError(
+                    f"loss {total} and gradient norm {grad_norm} of {len(samples)} samples are "
+                    "not both finite: no optimizer step taken"
+                )
             self.optimizer.step()
         self._version += 1
         return StepReport(
