@@ -22,6 +22,7 @@ from callgrove.cli import app
 from callgrove.episode import load
 from callgrove.orchestrator import sinks
 from callgrove.orchestrator.config import ConfigError, config_from_dict
+from callgrove.orchestrator.dispatcher import Dispatcher
 from callgrove.orchestrator.envs import Copy
 from callgrove.orchestrator.errors import RunError
 from callgrove.orchestrator.loop import train, train_async
@@ -308,3 +309,12 @@ def test_train_without_torch_names_the_extra(tmp_path):
     )
     assert done.returncode == 2, done.stderr
     assert "pip install 'callgrove[train]'" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_runner_failing_outside_its_episode_stops_the_run(tmp_path, monkeypatch):
+    async def broken(self, episode, task):
+        raise ConnectionResetError("worker lost")
+
+    monkeypatch.setattr(Dispatcher, "_run_here", broken)
+    with pytest.raises(RunError, match="generation failed: ConnectionResetError: worker lost"):
+        run_within(tiny(tmp_path))

@@ -5,7 +5,9 @@ Invariants:
   dropped as stale), from `evaluate`, or from `stop` (cancelled in flight, or finished after
   the last step). A failed episode comes back as itself (`ok: false`, its errors), counted in
   `dispatcher/errored/{train,eval}`; a cancelled one carries a `Cancelled` error and is counted
-  in `dispatcher/cancelled/{train,eval}`. Nothing is invented for a failure.
+  in `dispatcher/cancelled/{train,eval}`. Nothing is invented for a failure. A failure outside
+  any episode (the environment's `task()` or `eval_tasks()`, a runner that raises) stops
+  generation, and the next `collect` (or `evaluate`) raises it as a `RunError`.
 - Each episode's `run.policy` is the span of policy versions its generation covered (the
   version when it started, the version when it ended); staleness is only ever derived from it
   (`callgrove.episode.off_policy_steps`).
