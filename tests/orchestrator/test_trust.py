@@ -87,7 +87,12 @@ def test_an_environment_failing_outside_any_episode_stops_the_run_with_its_cause
     tmp_path, env, message
 ):
     with pytest.raises(RunError, match=message):
-        run_within(tiny(tmp_path, env__name=env, run__eval_every=1))
+        run_within(tiny(tmp_path, env__name=env, run__eval_every=1), seconds=30)
+
+
+def test_a_factory_that_returns_no_environment_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match=r"returned dict, not an environment"):
+        run_within(tiny(tmp_path, env__name=f"{HERE}:not_an_environment"), seconds=30)
 
 
 def test_a_bad_reward_fails_its_episode_and_the_run_goes_on(tmp_path):
@@ -226,7 +231,6 @@ def _junk_metrics(out: Path) -> None:
         ({"env__name": "no_such_module_here:Env"}, r"cannot import no_such_module_here"),
         ({"env__name": f"{HERE}:Missing"}, r"has no Missing"),
         ({"env__name": "nope"}, r"unknown environment 'nope'"),
-        ({"env__name": f"{HERE}:not_an_environment"}, r"not an environment"),
         ({"env__name": f"{HERE}:refuses_to_build"}, r"RuntimeError: licence server down"),
         ({"model__name": "Qwen/Qwen2-0.5B"}, r"hub ids .* are not fetched"),
         ({"model__name": "hf:/no/such/model"}, r"neither a checkpoint folder"),
@@ -317,4 +321,4 @@ def test_a_runner_failing_outside_its_episode_stops_the_run(tmp_path, monkeypatc
 
     monkeypatch.setattr(Dispatcher, "_run_here", broken)
     with pytest.raises(RunError, match="generation failed: ConnectionResetError: worker lost"):
-        run_within(tiny(tmp_path))
+        run_within(tiny(tmp_path), seconds=30)
