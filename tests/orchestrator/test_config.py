@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
-import pytest
+import math
+import subprocess
+import sys
 
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from callgrove.formats.ranges import check_range
 from callgrove.orchestrator.config import (
     ConfigError,
     config_from_dict,
@@ -12,6 +19,7 @@ from callgrove.orchestrator.config import (
     resolve,
     to_toml,
 )
+from callgrove.policy.backends import LearnerConfig
 
 
 def test_unknown_keys_and_wrong_types_name_the_key(tmp_path):
@@ -55,3 +63,104 @@ def test_overrides_and_round_trip(tmp_path):
     assert load_config(again) == config
     with pytest.raises(ConfigError, match=r"section\.key=value"):
         parse_override("steps")
+
+
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("sampling.temperature", NAN),
+        ("sampling.temperature", -0.5),
+        ("sampling.top_p", 0.0),
+        ("sampling.max_tokens", 0),
+        ("train.learning_rate", INF),
+        ("train.learning_rate", NAN),
+        ("train.weight_decay", -1.0),
+        ("train.max_grad_norm", 0.0),
+        ("train.entropy_coef", NAN),
+        ("train.clip_low", 1.5),
+        ("train.seq_len", 0),
+        ("model.d_model", 0),
+        ("model.n_layers", -1),
+        ("model.n_heads", 0),
+        ("model.d_ff", 0),
+        ("model.max_batch", 0),
+        ("dispatch.episode_timeout", 0.0),
+        ("dispatch.episode_timeout", NAN),
+        ("dispatch.max_off_policy_steps", -1),
+        ("run.seed", -1),
+        ("run.steps", -1),
+        ("run.eval_every", -2),
+        ("run.eval_repeats", 0),
+        ("algorithm.decay", 1.0),
+        ("algorithm.decay", NAN),
+        ("degeneracy.repetition_run", 0),
+        ("degeneracy.gibberish_logprob", NAN),
+        ("monitor.samples_per_step", -1),
+        ("ray.env_workers", 0),
+        ("data.rows_per_step", 0),
+    ],
+)
+def test_every_numeric_setting_is_checked_for_its_range_at_load(key, value):
+    section, name = key.split(".")
+    with pytest.raises(ConfigError, match=rf"{section}: {name} must be .*, not {value!r}"):
+        load_config(None, {key: value})
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "known"),
+    [
+        ("algorithm.scope", "galaxy", "seat"),
+        ("algorithm.name", "ppo", "grpo"),
+        ("run.executor", "slurm", "ray"),
+        ("train.tree_scope", "forest", "group"),
+        ("train.normalisation", "row", "sequence"),
+        ("degeneracy.drop", ["boredom"], "gibberish"),
+    ],
+)
+def test_unknown_choices_are_refused_with_what_is_known(key, value, known):
+    with pytest.raises(ConfigError, match=rf"{key.split('.')[0]}: .*{known}.*not"):
+        load_config(None, {key: value})
+
+
+def test_model_errors_say_what_is_accepted():
+    with pytest.raises(ConfigError, match=r"heads of even width"):
+        load_config(None, {"model.d_model": 30, "model.n_heads": 4})
+    with pytest.raises(ConfigError, match=r"hub ids .* are not fetched"):
+        load_config(None, {"model.name": "HuggingFaceTB/SmolLM2-135M"})
+
+
+@given(st.floats(allow_nan=True, allow_infinity=True))
+def test_a_checked_float_is_finite_and_inside_its_bounds(value):
+    try:
+        check_range("x", value, above=0.0, at_most=1.0)
+    except ValueError as error:
+        assert "x must be a finite number > 0.0 and <= 1.0" in str(error)
+        assert not (math.isfinite(value) and 0.0 < value <= 1.0)
+    else:
+        assert math.isfinite(value) and 0.0 < value <= 1.0
+
+
+# A config read where importing torch fails as it does when torch is not installed.
+WITHOUT_TORCH = """
+import sys
+sys.modules["torch"] = None
+from callgrove.orchestrator.config import ConfigError, load_config
+print(load_config(None).train.learning_rate)
+try:
+    load_config(None, {"sampling.temperature": float("nan")})
+except ConfigError as error:
+    print(error)
+"""
+
+
+def test_configs_load_without_torch():
+    done = subprocess.run(
+        [sys.executable, "-c", WITHOUT_TORCH], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    default, refused = done.stdout.strip().splitlines()
+    assert float(default) == LearnerConfig().learning_rate
+    assert "sampling: temperature must be a finite number >= 0, not nan" in refused

@@ -134,3 +134,40 @@ def test_rewards_per_agent_and_unknown_env():
     assert episode.agent("fork-4").rewards == {"score": 0.4}  # a digit of the right length, wrong
     with pytest.raises(ValueError, match="unknown environment 'nope'"):
         make_env("nope")
+
+
+class Scored:
+    """Returns whatever reward it is given, or gives it to an agent of its own."""
+
+    name = "scored"
+
+    def __init__(self, reward, own: bool = False):
+        self.reward, self.own = reward, own
+
+    async def run(self, episode, task):
+        await episode.leader.ask("go")
+        if self.own:
+            episode.leader.reward(score=self.reward)
+            return 1.0
+        return self.reward
+
+
+BAD_REWARDS = [float("nan"), float("inf"), -float("inf"), 1e308, "1", True, None]
+
+
+@pytest.mark.parametrize(
+    ("reward", "own"),
+    [(r, False) for r in [*BAD_REWARDS, {"a": 1.0, "b": "x"}]] + [(r, True) for r in BAD_REWARDS],
+)
+def test_a_reward_that_is_not_a_sane_number_fails_its_episode_alone(reward, own):
+    episode = run(Scored(reward, own), "t", ScriptedPolicy("1"))
+    assert not episode.ok and episode.rewards == {}
+    assert [e.type for e in episode.errors] == ["RewardError"]
+    assert episode.agent("leader").calls  # what ran is kept
+
+
+@pytest.mark.parametrize("reward", [0, -3, 2.5, np.float32(0.5), {"a": 1, "b": -1e12}])
+def test_numbers_are_rewards(reward):
+    episode = run(Scored(reward), "t", ScriptedPolicy("1"))
+    assert episode.ok, episode.errors
+    assert all(type(v) is float for v in episode.rewards.values())

@@ -4,6 +4,8 @@ checkpoint continues exactly where it stopped."""
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
 import torch
 
@@ -141,3 +143,22 @@ def test_a_checkpoint_of_other_settings_is_refused(tmp_path):
 def test_an_empty_step_still_counts():
     step = learner(LearnerSettings()).train_step([])
     assert step.loss == 0.0 and step.forwarded_tokens == 0
+
+
+class _RunsCode:
+    """Unpickled, it would create `marker`: what a crafted checkpoint could do instead."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (self.marker.touch, ())
+
+
+def test_a_checkpoint_that_would_run_code_is_refused_unrun(tmp_path):
+    learner(LearnerSettings()).save(tmp_path / "ckpt")
+    marker = tmp_path / "ran"
+    torch.save({"version": _RunsCode(marker)}, tmp_path / "ckpt" / "trainer.pt")
+    with pytest.raises(pickle.UnpicklingError, match="Weights only load failed"):
+        learner(LearnerSettings()).load(tmp_path / "ckpt")
+    assert not marker.exists()

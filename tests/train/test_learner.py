@@ -49,3 +49,26 @@ def test_state_round_trip_and_empty_steps():
         assert torch.equal(weight, again.weights()[name])
     report = again.train_step([])  # everything dropped: still a step
     assert again.version == 2 and report.samples == 0 and np.isfinite(report.loss)
+
+
+@pytest.mark.parametrize("poison", ["loss", "gradient"])
+def test_a_step_whose_loss_or_gradient_is_not_finite_changes_nothing(poison, monkeypatch):
+    learner = TinyLearner(CONFIG, seed=0)
+    before = learner.weights()
+    if poison == "loss":
+        monkeypatch.setattr(
+            TinyLearner, "loss", lambda self, batch, d: self.model.embed.weight.sum() * np.nan
+        )
+    else:  # a loss of 0.0 whose gradient is infinite (the square root's at 0)
+        monkeypatch.setattr(
+            TinyLearner,
+            "loss",
+            lambda self, batch, d: (
+                (self.model.embed.weight - self.model.embed.weight.detach()).sqrt().sum()
+            ),
+        )
+    with pytest.raises(FloatingPointError, match="not both finite: no optimizer step taken"):
+        learner.train_step(samples())
+    assert learner.version == 0
+    for name, weight in learner.weights().items():
+        assert torch.equal(weight, before[name])

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from callgrove.cli.app import EXIT_USAGE, app, err, out
+from callgrove.cli.app import EXIT_FAILED, EXIT_USAGE, app, err, out
 
 
 @app.command("train")
@@ -33,6 +33,7 @@ def train_command(
     rewards.png; run the same command again after a crash to continue from the checkpoint.
     """
     from callgrove.orchestrator.config import ConfigError, load_config, parse_override
+    from callgrove.orchestrator.errors import RunError
 
     overrides = {}
     try:
@@ -52,6 +53,23 @@ def train_command(
     except ConfigError as error:
         err.print(f"error: {error}", markup=False)
         raise typer.Exit(EXIT_USAGE) from None
+    except ModuleNotFoundError as error:  # torch (callgrove.train names its extra), wandb, ...
+        err.print(f"error: {error}", markup=False)
+        raise typer.Exit(EXIT_USAGE) from None
+    except RunError as error:
+        err.print(f"error: {error}", markup=False)
+        raise typer.Exit(EXIT_FAILED) from None
+    except OSError as error:  # a full disk, a folder made read-only under a run
+        where = f"{error.filename}: " if error.filename else ""
+        err.print(f"error: {where}{error.strerror or error}", markup=False)
+        raise typer.Exit(EXIT_FAILED) from None
+    if summary.first_step == summary.last_step:
+        out.print(
+            f"nothing to train: {summary.out} holds {summary.last_step} steps and run.steps is "
+            f"{resolved.run.steps}",
+            markup=False,
+        )
+        return
     rewards = [
         m["train/all/episode/reward/mean"]
         for m in summary.metrics

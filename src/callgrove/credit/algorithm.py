@@ -17,6 +17,7 @@ from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -109,6 +110,15 @@ class Algorithm(ABC):
 
     @abstractmethod
     def score_group(self, episodes: Sequence[Episode]) -> list[Credit]: ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """What the algorithm learnt from earlier groups (plain data, for a checkpoint)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a `state_dict`."""
+        if state:
+            raise ValueError(f"{type(self).__name__} keeps no state, got {sorted(state)}")
 
     def call_advantages(self, credit: Credit) -> Iterator[tuple[Call, Advantage]]:
         for call in credit.trace.calls():

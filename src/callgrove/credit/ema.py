@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from callgrove.credit.algorithm import Algorithm, Credit, Trace
 from callgrove.episode import Episode
+from callgrove.formats.ranges import check_range
 
 
 @dataclass
@@ -28,8 +30,15 @@ class EMABaseline(Algorithm):
     baselines: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.decay < 1.0:
-            raise ValueError(f"decay is {self.decay}, expected 0 <= decay < 1")
+        check_range("decay", self.decay, at_least=0, below=1)
+        if self.initial is not None:
+            check_range("initial", self.initial)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"baselines": dict(self.baselines)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.baselines = {str(k): float(v) for k, v in state["baselines"].items()}
 
     def score_group(self, episodes: Sequence[Episode]) -> list[Credit]:
         by_seat: dict[str, list[Trace]] = {}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 from callgrove.credit.algorithm import (
     Algorithm,
@@ -15,6 +15,7 @@ from callgrove.credit.algorithm import (
     seat_traces,
 )
 from callgrove.episode import Episode
+from callgrove.formats.ranges import check_choice
 
 Scope = Literal["seat", "episode"]
 
@@ -56,8 +57,7 @@ class GRPO(_PooledBaseline):
     std_epsilon: float = 1e-6
 
     def __post_init__(self) -> None:
-        if self.scope not in ("seat", "episode"):
-            raise ValueError(f"scope is {self.scope!r}, expected 'seat' or 'episode'")
+        check_choice("scope", self.scope, get_args(Scope))
 
     def score_episode(self, episode: Episode) -> list[Trace]:
         return seat_traces(episode) if self.scope == "seat" else episode_trace(episode)

@@ -16,6 +16,7 @@ from typing import Any
 
 import msgspec
 
+from callgrove.formats.ranges import check_choice, check_range
 from callgrove.orchestrator.degeneracy import DegeneracySettings
 from callgrove.orchestrator.dispatcher import DispatchSettings
 from callgrove.orchestrator.step import AlgorithmSettings
@@ -46,6 +47,13 @@ class RunSection(_Section):
     pages instead of faulting in fresh ones (`callgrove.orchestrator.memory`); the process then
     never gives memory back."""
 
+    def __post_init__(self) -> None:
+        check_range("steps", self.steps, at_least=0)
+        check_range("seed", self.seed, at_least=0)  # the generators of tasks take no negatives
+        check_choice("executor", self.executor, EXECUTORS)
+        check_range("eval_every", self.eval_every, at_least=0)
+        check_range("eval_repeats", self.eval_repeats, at_least=1)
+
 
 class EnvSection(_Section):
     name: str = "relay"
@@ -59,6 +67,19 @@ class SamplingSection(_Section):
     stop: list[str] = msgspec.field(default_factory=list)
     """Stop strings: a completion ends once its text ends one (the renderer reads it)."""
 
+    def __post_init__(self) -> None:
+        sampling_params(self, ())  # the sampler's own checks
+
+
+def sampling_params(section: SamplingSection, stop_token_ids: tuple[int, ...]) -> SamplingParams:
+    return SamplingParams(
+        max_tokens=section.max_tokens,
+        temperature=section.temperature,
+        top_p=section.top_p,
+        stop_token_ids=stop_token_ids,
+        stop=tuple(section.stop),
+    )
+
 
 class DispatchSection(_Section):
     group_size: int = 8
@@ -66,6 +87,9 @@ class DispatchSection(_Section):
     max_in_flight: int = 256
     max_off_policy_steps: int = 1
     episode_timeout: float | None = 300.0
+
+    def __post_init__(self) -> None:
+        DispatchSettings(**msgspec.structs.asdict(self))  # the dispatcher's own checks
 
 
 class AlgorithmSection(_Section):
@@ -75,6 +99,19 @@ class AlgorithmSection(_Section):
     local_seats: list[str] = msgspec.field(default_factory=lambda: ["helper"])
     decay: float = 0.9
 
+    def __post_init__(self) -> None:
+        algorithm_settings(self)  # the algorithms' own checks
+
+
+def algorithm_settings(section: AlgorithmSection) -> AlgorithmSettings:
+    return AlgorithmSettings(
+        name=section.name,
+        scope=section.scope,
+        scale_by_std=section.scale_by_std,
+        local_seats=tuple(section.local_seats),
+        decay=section.decay,
+    )
+
 
 class DegeneracySection(_Section):
     gibberish_logprob: float = -9.0
@@ -82,6 +119,22 @@ class DegeneracySection(_Section):
     repetition_logprob: float = -0.01
     repetition_run: int = 64
     drop: list[str] = msgspec.field(default_factory=lambda: ["gibberish", "repetition"])
+
+    def __post_init__(self) -> None:
+        degeneracy_settings(self, ())  # the detectors' own checks
+
+
+def degeneracy_settings(
+    section: DegeneracySection, stop_token_ids: tuple[int, ...]
+) -> DegeneracySettings:
+    return DegeneracySettings(
+        gibberish_logprob=section.gibberish_logprob,
+        gibberish_tokens=section.gibberish_tokens,
+        repetition_logprob=section.repetition_logprob,
+        repetition_run=section.repetition_run,
+        drop=tuple(section.drop),
+        stop_token_ids=stop_token_ids,
+    )
 
 
 class MonitorSection(_Section):
@@ -92,11 +145,17 @@ class MonitorSection(_Section):
     wandb_project: str = "callgrove"
     tensorboard: bool = False
 
+    def __post_init__(self) -> None:
+        check_range("samples_per_step", self.samples_per_step, at_least=0)
+
 
 class RaySection(_Section):
     address: str = ""
     """Empty: start a local Ray; else a cluster address (`ray://host:10001` or `auto`)."""
     env_workers: int = 2
+
+    def __post_init__(self) -> None:
+        check_range("env_workers", self.env_workers, at_least=1)
 
 
 class DataSection(_Section):
@@ -111,6 +170,10 @@ class DataSection(_Section):
     allow_dropped_content: bool = False
     """Train even where the model's chat template leaves message content (such as tool calls)
     out of the tokens; counted and reported. By default that is an error."""
+
+    def __post_init__(self) -> None:
+        check_range("rows_per_step", self.rows_per_step, at_least=1)
+        check_range("max_row_tokens", self.max_row_tokens, at_least=0)
 
 
 class TrainConfig(_Section):
@@ -139,41 +202,14 @@ class Resolved:
 
 
 def resolve(config: TrainConfig, stop_token_ids: tuple[int, ...]) -> Resolved:
-    try:
-        if config.run.executor not in EXECUTORS:
-            raise ValueError(
-                f"run.executor must be one of {EXECUTORS}, not {config.run.executor!r}"
-            )
-        if config.run.steps < 0:
-            raise ValueError("run.steps must not be negative")
-        return Resolved(
-            config,
-            DispatchSettings(**msgspec.structs.asdict(config.dispatch)),
-            SamplingParams(
-                max_tokens=config.sampling.max_tokens,
-                temperature=config.sampling.temperature,
-                top_p=config.sampling.top_p,
-                stop_token_ids=stop_token_ids,
-                stop=tuple(config.sampling.stop),
-            ),
-            AlgorithmSettings(
-                name=config.algorithm.name,
-                scope=config.algorithm.scope,
-                scale_by_std=config.algorithm.scale_by_std,
-                local_seats=tuple(config.algorithm.local_seats),
-                decay=config.algorithm.decay,
-            ),
-            DegeneracySettings(
-                gibberish_logprob=config.degeneracy.gibberish_logprob,
-                gibberish_tokens=config.degeneracy.gibberish_tokens,
-                repetition_logprob=config.degeneracy.repetition_logprob,
-                repetition_run=config.degeneracy.repetition_run,
-                drop=tuple(config.degeneracy.drop),
-                stop_token_ids=stop_token_ids,
-            ),
-        )
-    except ValueError as error:
-        raise ConfigError(str(error)) from None
+    """The settings objects of a config (each section was checked when it was read)."""
+    return Resolved(
+        config,
+        DispatchSettings(**msgspec.structs.asdict(config.dispatch)),
+        sampling_params(config.sampling, stop_token_ids),
+        algorithm_settings(config.algorithm),
+        degeneracy_settings(config.degeneracy, stop_token_ids),
+    )
 
 
 def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None) -> TrainConfig:
@@ -196,6 +232,41 @@ def config_from_dict(raw: dict[str, Any], source: str = "config") -> TrainConfig
         return msgspec.convert(raw, TrainConfig)
     except msgspec.ValidationError as error:
         raise ConfigError(f"{source}: {_readable(str(error))}") from None
+
+
+# What a resumed run may set otherwise than the run it continues: how far it goes, where and how
+# it runs, what it reports. Anything else would make the steps before and after disagree.
+CHANGEABLE_ON_RESUME = (
+    "run.steps",
+    "run.out",
+    "run.executor",
+    "run.eval_every",
+    "run.eval_repeats",
+    "run.keep_freed_memory",
+    "monitor.*",
+    "ray.*",
+)
+
+
+def check_resume(started: dict[str, Any], config: TrainConfig, folder: str) -> None:
+    """Refuse to continue a run (its config as saved, `started`) with other settings than
+    `CHANGEABLE_ON_RESUME`; the error names each changed one."""
+    before = msgspec.to_builtins(config_from_dict(started, source=f"{folder}'s checkpoint"))
+    now = msgspec.to_builtins(config)
+    changed = [
+        f"{section}.{key} {before[section].get(key)!r} -> {value!r}"
+        for section, values in now.items()
+        for key, value in values.items()
+        if before[section].get(key) != value
+        and f"{section}.{key}" not in CHANGEABLE_ON_RESUME
+        and f"{section}.*" not in CHANGEABLE_ON_RESUME
+    ]
+    if changed:
+        raise ConfigError(
+            f"{folder} was started with other settings ({', '.join(changed)}); a run continues "
+            f"with the settings it started with (only {', '.join(CHANGEABLE_ON_RESUME)} may "
+            "change): set them back, or start a new run in another run.out"
+        )
 
 
 def parse_override(text: str) -> tuple[str, Any]:

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from callgrove.episode import Call
+from callgrove.formats.ranges import check_choice, check_range
 from callgrove.rows import EpisodeRows, Row
 
 
@@ -34,9 +35,12 @@ class DegeneracySettings:
     stop_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        unknown = set(self.drop) - set(DETECTORS)
-        if unknown:
-            raise ValueError(f"degeneracy.drop names unknown detectors {sorted(unknown)}")
+        check_range("gibberish_logprob", self.gibberish_logprob, at_most=0)
+        check_range("gibberish_tokens", self.gibberish_tokens, at_least=1)
+        check_range("repetition_logprob", self.repetition_logprob, at_most=0)
+        check_range("repetition_run", self.repetition_run, at_least=1)
+        for name in self.drop:
+            check_choice("drop", name, DETECTORS)
 
 
 def _token_arrays(calls: Sequence[Call]) -> tuple[np.ndarray, np.ndarray]:

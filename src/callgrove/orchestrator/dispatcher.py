@@ -5,7 +5,9 @@ Invariants:
   dropped as stale), from `evaluate`, or from `stop` (cancelled in flight, or finished after
   the last step). A failed episode comes back as itself (`ok: false`, its errors), counted in
   `dispatcher/errored/{train,eval}`; a cancelled one carries a `Cancelled` error and is counted
-  in `dispatcher/cancelled/{train,eval}`. Nothing is invented for a failure.
+  in `dispatcher/cancelled/{train,eval}`. Nothing is invented for a failure. A failure outside
+  any episode (the environment's `task()` or `eval_tasks()`, a runner that raises) stops
+  generation, and the next `collect` (or `evaluate`) raises it as a `RunError`.
 - Each episode's `run.policy` is the span of policy versions its generation covered (the
   version when it started, the version when it ended); staleness is only ever derived from it
   (`callgrove.episode.off_policy_steps`).
@@ -33,8 +35,10 @@ from typing import Any
 import numpy as np
 
 from callgrove.episode import Episode, off_policy_steps
+from callgrove.formats.ranges import check_range
 from callgrove.formats.wire import WireEnv, WirePolicy, WireRun
 from callgrove.orchestrator.env import Environment, cancelled_error, run_episode
+from callgrove.orchestrator.errors import RunError
 from callgrove.policy import PolicyClient, SamplingParams
 from callgrove.policy.render import Renderer
 
@@ -55,12 +59,12 @@ class DispatchSettings:
 
     def __post_init__(self) -> None:
         for name in ("group_size", "groups_per_step", "max_in_flight"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"dispatch.{name} must be at least 1")
-        if self.max_off_policy_steps < 0:
-            raise ValueError("dispatch.max_off_policy_steps must not be negative")
+            check_range(name, getattr(self, name), at_least=1)
+        check_range("max_off_policy_steps", self.max_off_policy_steps, at_least=0)
+        if self.episode_timeout is not None:
+            check_range("episode_timeout", self.episode_timeout, above=0)
         if self.max_in_flight < self.group_size:
-            raise ValueError("dispatch.max_in_flight must hold at least one group")
+            raise ValueError("max_in_flight must hold at least one group (group_size)")
 
 
 @dataclass(eq=False)
@@ -114,14 +118,33 @@ class Dispatcher:
         self._live: dict[int, asyncio.Task[Group]] = {}
         # The episode tasks of each group (or evaluation) still gathering, for `stop`.
         self._episode_tasks: dict[str, list[asyncio.Task[Episode]]] = {}
-        self._done: asyncio.Queue[Group] = asyncio.Queue()
+        # Finished groups; None once generation failed outside any episode (`_failure`).
+        self._done: asyncio.Queue[Group | None] = asyncio.Queue()
+        self._failure: RunError | None = None
         self._changed = asyncio.Condition()
         self._producer: asyncio.Task[None] | None = None
 
     # -- generation ------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._producer = asyncio.create_task(self._produce())
+        self._producer = self._watched(self._produce())
+
+    def _watched(self, work: Awaitable[Any]) -> asyncio.Task[Any]:
+        """A task whose failure stops the run: nothing else awaits it, so `collect` is woken to
+        raise it (else the loop would wait for groups that never come)."""
+        task = asyncio.ensure_future(work)
+        task.add_done_callback(self._failed)
+        return task
+
+    def _failed(self, task: asyncio.Task[Any]) -> None:
+        if task.cancelled() or task.exception() is None or self._failure is not None:
+            return
+        error = task.exception()
+        if not isinstance(error, RunError):
+            wrapped = RunError(f"generation failed: {type(error).__name__}: {error}")
+            wrapped.__cause__, error = error, wrapped
+        self._failure = error
+        self._done.put_nowait(None)
 
     async def notify(self) -> None:
         """Wake the producer: the policy version moved or room was freed."""
@@ -149,12 +172,18 @@ class Dispatcher:
         return index
 
     def task_of(self, index: int) -> Any:
-        return self.env.task(np.random.default_rng([self.seed, index]))
+        try:
+            return self.env.task(np.random.default_rng([self.seed, index]))
+        except Exception as error:
+            raise RunError(
+                f"environment {self.env.name!r}: task() of group {index} raised "
+                f"{type(error).__name__}: {error}"
+            ) from error
 
     def _launch(self, index: int) -> None:
         group = Group(index, self.task_of(index))
         self.in_flight_episodes += self.settings.group_size
-        self._live[index] = asyncio.create_task(self._run_group(group))
+        self._live[index] = self._watched(self._run_group(group))
 
     async def _run_group(self, group: Group) -> Group:
         launch = uuid.uuid4().hex[:8]  # tells this launch of the group from one after a restart
@@ -181,6 +210,10 @@ class Dispatcher:
         self._episode_tasks[key] = running
         try:
             return list(await asyncio.gather(*running))
+        except BaseException:
+            for task in running:  # one raised outside its episode: the others stop with it
+                task.cancel()
+            raise
         finally:
             del self._episode_tasks[key]
 
@@ -225,6 +258,9 @@ class Dispatcher:
         trained, stale = [], []
         while len(trained) < self.settings.groups_per_step:
             group = await self._done.get()
+            if group is None:
+                self._done.put_nowait(None)  # and for whoever collects next
+                raise self._failure  # type: ignore[misc]
             for episode in group.episodes:
                 episode.run.step = step  # type: ignore[union-attr]
             if self.is_stale(group, step):
@@ -243,7 +279,8 @@ class Dispatcher:
 
     def pending_groups(self) -> list[int]:
         """Groups launched but not yet handed to a step: a restart launches them again."""
-        finished = [group.index for group in self._done._queue]  # type: ignore[attr-defined]
+        queued = self._done._queue  # type: ignore[attr-defined]
+        finished = [group.index for group in queued if group is not None]
         return sorted([*self._live, *finished, *self._relaunch])
 
     # -- evaluation ------------------------------------------------------------------------
@@ -252,7 +289,14 @@ class Dispatcher:
         """Each evaluation task `repeats` times, all at once, on the current policy version."""
         version = self.policy.version
         episodes, tasks = [], []
-        for number, task in enumerate(self.env.eval_tasks()):
+        try:
+            eval_tasks = list(self.env.eval_tasks())
+        except Exception as error:
+            raise RunError(
+                f"environment {self.env.name!r}: eval_tasks() raised {type(error).__name__}: "
+                f"{error}"
+            ) from error
+        for number, task in enumerate(eval_tasks):
             for repeat in range(repeats):
                 episodes.append(
                     Episode(id=f"eval{step}-{number}-{repeat}", group=f"eval{step}-{number}")
@@ -278,8 +322,10 @@ class Dispatcher:
         for running in list(self._episode_tasks.values()):
             for task in running:
                 task.cancel()
-        await asyncio.gather(*self._live.values())  # each finished group joins the queue
+        # Each finished group joins the queue; a failed one is already the run's failure.
+        await asyncio.gather(*self._live.values(), return_exceptions=True)
         groups = []
         while not self._done.empty():
-            groups.append(self._done.get_nowait())
+            if (group := self._done.get_nowait()) is not None:
+                groups.append(group)
         return [episode for group in groups for episode in group.episodes]

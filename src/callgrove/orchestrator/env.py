@@ -38,6 +38,7 @@ agent is added for a failure: an episode that never started has no agents.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -142,7 +143,7 @@ class AgentHandle:
         """This agent's own rewards (its seat is scored by these instead of the episode's)."""
         self.record.rewards = {
             **(self.record.rewards or {}),
-            **{k: float(v) for k, v in named.items()},
+            **{k: reward_value(k, v) for k, v in named.items()},
         }
 
 
@@ -296,7 +297,26 @@ async def run_episode(
     return episode
 
 
+# Beyond this a group's mean or spread of rewards may overflow to infinity.
+MAX_REWARD = 1e12
+
+
+class RewardError(ValueError):
+    """A reward that is not a finite number of sane size: it fails its episode."""
+
+
+def reward_value(name: str, value: Any) -> float:
+    """A reward as a float: an int or float (not a bool or a string, which would pass as one by
+    coercion), finite, of magnitude at most `MAX_REWARD`."""
+    if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
+        raise RewardError(f"reward {name!r} is {value!r}, not a number")
+    number = float(value)
+    if not math.isfinite(number) or abs(number) > MAX_REWARD:
+        raise RewardError(f"reward {name!r} is {number!r}: it must be finite, within ±{MAX_REWARD}")
+    return number
+
+
 def _rewards(result: Rewards) -> dict[str, float]:
     if isinstance(result, dict):
-        return {str(k): float(v) for k, v in result.items()}
-    return {"reward": float(result)}
+        return {str(k): reward_value(str(k), v) for k, v in result.items()}
+    return {"reward": reward_value("reward", result)}

@@ -22,13 +22,21 @@ import msgspec
 from rich.console import Console
 
 from callgrove.orchestrator import monitors, sinks
-from callgrove.orchestrator.config import Resolved, TrainConfig, resolve, to_toml
+from callgrove.orchestrator.config import ConfigError, Resolved, TrainConfig, resolve, to_toml
 from callgrove.orchestrator.dispatcher import Dispatcher
+from callgrove.orchestrator.env import Environment
 from callgrove.orchestrator.envs import make_env
 from callgrove.orchestrator.memory import keep_freed_memory
+from callgrove.orchestrator.run_folder import (
+    learner_step,
+    nothing_to_do,
+    open_run,
+    policy_backend,
+    restore,
+)
 from callgrove.orchestrator.step import make_algorithm, prepare_step
 from callgrove.orchestrator.supervised import SupervisedSummary, train_supervised
-from callgrove.policy.backends import PolicyBackend, build_policy
+from callgrove.policy.backends import PolicyBackend
 
 
 @dataclass
@@ -76,26 +84,56 @@ def steady_heap(young_threshold: int = 50_000) -> Iterator[None]:
 
 
 async def train_async(config: TrainConfig, console: Console) -> RunSummary:
+    with open_run(config) as checkpoint:
+        return await _train(config, console, checkpoint)
+
+
+def environment(config: TrainConfig) -> Environment:
+    try:
+        return make_env(config.env.name, config.env.options)
+    except ValueError as error:
+        raise ConfigError(f"env: {error}") from None
+
+
+async def _train(
+    config: TrainConfig, console: Console, checkpoint: dict[str, Any] | None
+) -> RunSummary:
     out = Path(config.run.out)
-    out.mkdir(parents=True, exist_ok=True)
-    backend = build_policy(config.model, config.train, config.run.seed)
+    if (done := nothing_to_do(checkpoint, config.run.steps)) is not None:
+        return RunSummary(out, done, done, sinks.read_metrics(out))
+    env = environment(config)
+    backend = policy_backend(config)
     resolved = resolve(config, tuple(backend.renderer.stop_token_ids))
-    env = make_env(config.env.name, config.env.options)
     algorithm = make_algorithm(resolved.algorithm)
 
-    checkpoint = sinks.load_checkpoint(out)
     progress: dict[str, Any] = {
         "step": 0,
         "next_group": 0,
         "pending": [],
         "run_id": uuid.uuid4().hex,
     }
-    if checkpoint is not None:
+
+    def state() -> dict[str, Any]:
+        return {
+            "progress": progress,
+            "learner": backend.learner.state_dict(),
+            "sampler": backend.sampler.state_dict(),
+            "algorithm": algorithm.state_dict(),
+            "config": msgspec.to_builtins(config),
+        }
+
+    if checkpoint is None:
+        sinks.save_checkpoint(out, state())  # the folder is a run from here on
+    else:
         progress = checkpoint["progress"]
-        backend.learner.load_state_dict(checkpoint["learner"])
-        backend.sampler.load_state_dict(checkpoint["sampler"])
+        restore(
+            out,
+            checkpoint,
+            ("learner", backend.learner),
+            ("sampler", backend.sampler),
+            ("algorithm", algorithm),
+        )
         await backend.sampler.load_weights(backend.learner.weights(), backend.learner.version)
-        algorithm = checkpoint["algorithm"]
     first = int(progress["step"])
     sinks.rewind(out, first)
     (out / "config.toml").write_text(to_toml(config))
@@ -132,16 +170,7 @@ async def train_async(config: TrainConfig, console: Console) -> RunSummary:
                 "run_id": progress["run_id"],
                 "counters": dict(dispatcher.counters),
             }
-            sinks.save_checkpoint(
-                out,
-                {
-                    "progress": progress,
-                    "learner": backend.learner.state_dict(),
-                    "sampler": backend.sampler.state_dict(),
-                    "algorithm": algorithm,
-                    "config": msgspec.to_builtins(config),
-                },
-            )
+            sinks.save_checkpoint(out, state())
             display.update(step, metrics, dispatcher.in_flight_episodes)
     finally:
         leftovers = await dispatcher.stop()
@@ -176,7 +205,7 @@ async def _step(
     groups = [group.episodes for group in collected.trained]
     prepared = prepare_step(groups, algorithm, resolved.degeneracy, resolved.sampling)
     trained_at = time.perf_counter()
-    report = await asyncio.to_thread(backend.learner.train_step, prepared.samples)
+    report = await asyncio.to_thread(learner_step, step, backend.learner, prepared.samples)
     train_seconds = time.perf_counter() - trained_at
     await backend.sampler.load_weights(backend.learner.weights(), backend.learner.version)
     if executor:

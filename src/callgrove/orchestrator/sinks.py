@@ -30,8 +30,10 @@ from typing import Any, Protocol
 
 from callgrove.episode import Episode, EpisodeWriter
 from callgrove.formats.output import NewFile, write_text
+from callgrove.orchestrator.errors import RunError
 
 CHECKPOINT = "checkpoint.pt"
+CHECKPOINT_KEYS = frozenset({"progress", "learner", "config"})
 METRICS = "metrics.jsonl"
 
 
@@ -66,25 +68,45 @@ def step_dir(out: Path, step: int) -> Path:
 
 
 def rewind(out: Path, step: int) -> None:
-    """Forget everything after `step`: later step directories and metrics lines."""
+    """Forget everything after `step`: later step directories and metrics lines, and the
+    `final` line of the process that ran before (the counters go on; this one writes its own)."""
     for child in out.glob("step_*"):
         number = child.name.removeprefix("step_")
         if number.isdigit() and int(number) > step:
             shutil.rmtree(child)
     metrics = out / METRICS
     if metrics.exists():
-        kept = [line for line in _lines(metrics) if json.loads(line).get("step", 0) <= step]
+        kept = [
+            line
+            for line, record in _metric_lines(metrics)
+            if record.get("step", 0) <= step and not record.get("final")
+        ]
         write_text(metrics, "".join(kept))
 
 
-def _lines(path: Path) -> list[str]:
-    """Whole lines only: a line cut by a crash is dropped."""
-    return [line for line in path.read_text().splitlines(keepends=True) if line.endswith("\n")]
+def _metric_lines(path: Path) -> list[tuple[str, dict[str, Any]]]:
+    """Whole lines only (a line cut by a crash is dropped), each with its record; a line that
+    is not a metrics record is an error naming it."""
+    lines = []
+    for number, line in enumerate(path.read_text().splitlines(keepends=True), 1):
+        if not line.endswith("\n"):
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            record = None
+        if not isinstance(record, dict):
+            raise RunError(
+                f"{path} line {number}: not a metrics record ({line.strip()[:60]!r}); "
+                "the file is damaged: remove that line to continue"
+            )
+        lines.append((line, record))
+    return lines
 
 
 def read_metrics(out: Path) -> list[dict[str, Any]]:
     path = out / METRICS
-    return [json.loads(line) for line in _lines(path)] if path.exists() else []
+    return [record for _, record in _metric_lines(path)] if path.exists() else []
 
 
 def save_checkpoint(out: Path, state: dict[str, Any]) -> None:
@@ -102,12 +124,25 @@ def save_checkpoint(out: Path, state: dict[str, Any]) -> None:
 
 
 def load_checkpoint(out: Path) -> dict[str, Any] | None:
+    """The checkpoint of `out` (None if it has none), read as data: tensors, numbers, strings
+    and containers, never objects whose loading runs code."""
     path = out / CHECKPOINT
     if not path.exists():
         return None
     import torch
 
-    return torch.load(path, weights_only=False)
+    try:
+        state = torch.load(path, weights_only=True)
+    except Exception as error:
+        first_line = (str(error).strip().splitlines() or [""])[0]
+        raise RunError(
+            f"{path} cannot be read as a checkpoint ({type(error).__name__}: {first_line}): it "
+            "is damaged or was not written by callgrove train; restore it, or move the run "
+            "folder away to start over"
+        ) from None
+    if not isinstance(state, dict) or not state.keys() >= CHECKPOINT_KEYS:
+        raise RunError(f"{path} is not a callgrove train checkpoint (no {sorted(CHECKPOINT_KEYS)})")
+    return state
 
 
 class MetricSink(Protocol):

@@ -21,6 +21,7 @@ from callgrove.batch import Sample, build_samples, fill_unknown_sampling
 from callgrove.credit import GRPO, Algorithm, EMABaseline, HierarchicalGRPO, finalize_group
 from callgrove.episode import Episode
 from callgrove.forest import compact_prompts
+from callgrove.formats.ranges import check_choice
 from callgrove.orchestrator import degeneracy
 from callgrove.policy import SamplingParams
 from callgrove.rows import EpisodeRows, build_rows
@@ -37,8 +38,11 @@ class AlgorithmSettings:
     decay: float = 0.9
 
     def __post_init__(self) -> None:
-        if self.name not in ALGORITHMS:
-            raise ValueError(f"algorithm.name must be one of {ALGORITHMS}, not {self.name!r}")
+        check_choice("name", self.name, ALGORITHMS)
+        # Each algorithm checks its own settings; all are built here, so a setting the chosen
+        # one ignores is still refused when it is wrong (`scope = "galaxy"`).
+        GRPO(scope=self.scope, scale_by_std=self.scale_by_std)  # type: ignore[arg-type]
+        EMABaseline(decay=self.decay)
 
 
 def make_algorithm(settings: AlgorithmSettings) -> Algorithm:

@@ -36,7 +36,14 @@ from callgrove.episode import Episode, load
 from callgrove.formats.problems import Diagnostics, Problem
 from callgrove.orchestrator import monitors, sinks
 from callgrove.orchestrator.config import ConfigError, DataSection, TrainConfig, to_toml
-from callgrove.policy.backends import PolicyBackend, build_policy
+from callgrove.orchestrator.run_folder import (
+    learner_step,
+    nothing_to_do,
+    open_run,
+    policy_backend,
+    restore,
+)
+from callgrove.policy.backends import PolicyBackend
 from callgrove.rows import build_rows
 from callgrove.transcripts import (
     ImportReport,
@@ -221,17 +228,34 @@ class SupervisedSummary:
 
 def train_supervised(config: TrainConfig, console: Console) -> SupervisedSummary:
     """Run (or resume) supervised fine-tuning as `config` describes."""
+    with open_run(config) as checkpoint:
+        return _train(config, console, checkpoint)
+
+
+def _train(
+    config: TrainConfig, console: Console, checkpoint: dict[str, Any] | None
+) -> SupervisedSummary:
     out = Path(config.run.out)
-    out.mkdir(parents=True, exist_ok=True)
-    backend = build_policy(config.model, config.train, config.run.seed)
+    backend = policy_backend(config)
     data = load_data(config.data, backend.model_folder, _vocab_size(backend))
     _print_account(console, data)
+    if (done := nothing_to_do(checkpoint, config.run.steps)) is not None:
+        return SupervisedSummary(out, done, done, sinks.read_metrics(out), data)
 
-    checkpoint = sinks.load_checkpoint(out)
     progress: dict[str, Any] = {"step": 0, "run_id": uuid.uuid4().hex}
-    if checkpoint is not None:
+
+    def state() -> dict[str, Any]:
+        return {
+            "progress": progress,
+            "learner": backend.learner.state_dict(),
+            "config": msgspec.to_builtins(config),
+        }
+
+    if checkpoint is None:
+        sinks.save_checkpoint(out, state())  # the folder is a run from here on
+    else:
         progress = checkpoint["progress"]
-        backend.learner.load_state_dict(checkpoint["learner"])
+        restore(out, checkpoint, ("learner", backend.learner))
     first = int(progress["step"])
     sinks.rewind(out, first)
     (out / "config.toml").write_text(to_toml(config))
@@ -243,14 +267,7 @@ def train_supervised(config: TrainConfig, console: Console) -> SupervisedSummary
             for sink in metric_sinks:
                 sink.log(step, metrics)
             progress = {"step": step, "run_id": progress["run_id"]}
-            sinks.save_checkpoint(
-                out,
-                {
-                    "progress": progress,
-                    "learner": backend.learner.state_dict(),
-                    "config": msgspec.to_builtins(config),
-                },
-            )
+            sinks.save_checkpoint(out, state())
             if config.monitor.live:
                 console.print(
                     f"step {step}: loss {metrics['train/loss']:.4f} · "
@@ -278,7 +295,7 @@ def _step(
 ) -> dict[str, float]:
     samples, epoch = step_samples(data.samples, step, config.data.rows_per_step, config.run.seed)
     started = time.perf_counter()
-    report = backend.learner.train_step(samples)
+    report = learner_step(step, backend.learner, samples)
     elapsed = time.perf_counter() - started
     return monitors.learner_metrics(report, backend.learner.version) | {
         "data/epoch": float(epoch),

@@ -14,10 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from callgrove.formats.ranges import check_range
 from callgrove.policy.learner import Learner, TrainableSampler
 from callgrove.policy.render import CharRenderer, Renderer
 
 if TYPE_CHECKING:
+    from callgrove.train import TinyConfig
     from callgrove.train.learner import LearnerSettings
 
 
@@ -32,6 +34,12 @@ class ModelSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     d_ff: int = 128
     max_batch: int = 512
     options: dict[str, Any] = {}
+
+    def __post_init__(self) -> None:
+        _factory(self.name)
+        check_range("max_batch", self.max_batch, at_least=1)
+        if self.name == "tiny":
+            with_trainer(lambda: tiny_config(self))
 
 
 class LearnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -61,8 +69,18 @@ class LearnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     def __post_init__(self) -> None:
         # The learner's own checks run where the config is read, so a value outside its choices
-        # (`objective = "rlhf"`) is a config error naming the key and what it may be.
-        learner_settings(self)
+        # or range (`objective = "rlhf"`, `learning_rate = inf`) is a config error naming the key.
+        with_trainer(lambda: learner_settings(self))
+
+
+def with_trainer(check: Callable[[], object]) -> None:
+    """Run a check of settings the trainer defines (they live beside torch). Without torch a
+    config still loads; training then says which extra to install."""
+    try:
+        import callgrove.train  # noqa: F401
+    except ModuleNotFoundError:
+        return
+    check()
 
 
 def learner_settings(learner: LearnerConfig) -> LearnerSettings:
@@ -115,27 +133,40 @@ def register_backend(prefix: str, factory: BackendFactory) -> None:
 
 
 def build_policy(model: ModelSettings, learner: LearnerConfig, seed: int) -> PolicyBackend:
-    prefix = model.name.split(":", 1)[0]
+    return _factory(model.name)(model, learner, seed)
+
+
+def _factory(name: str) -> BackendFactory:
+    prefix = name.split(":", 1)[0]
     if prefix not in _BACKENDS:
         known = ", ".join(sorted(_BACKENDS))
-        raise ValueError(f"model.name {model.name!r}: no backend {prefix!r} (known: {known})")
-    return _BACKENDS[prefix](model, learner, seed)
+        raise ValueError(
+            f"name {name!r}: no backend {prefix!r} (known: {known}; `hf:PATH` is a local "
+            "checkpoint folder or .gguf file: hub ids such as 'org/model' are not fetched)"
+        )
+    return _BACKENDS[prefix]
 
 
-def _tiny(model: ModelSettings, learner: LearnerConfig, seed: int) -> PolicyBackend:
-    """The reference decoder over the character vocabulary of the built-in environments."""
-    from callgrove.policy.local import LocalSampler
+def tiny_config(model: ModelSettings) -> TinyConfig:
+    """The reference decoder's size (it checks itself) over the character vocabulary."""
     from callgrove.train import TinyConfig
-    from callgrove.train.learner import TinyLearner
 
-    renderer = CharRenderer()
-    config = TinyConfig(
-        vocab_size=renderer.vocab_size,
+    return TinyConfig(
+        vocab_size=CharRenderer().vocab_size,
         d_model=model.d_model,
         n_heads=model.n_heads,
         n_layers=model.n_layers,
         d_ff=model.d_ff,
     )
+
+
+def _tiny(model: ModelSettings, learner: LearnerConfig, seed: int) -> PolicyBackend:
+    """The reference decoder over the character vocabulary of the built-in environments."""
+    from callgrove.policy.local import LocalSampler
+    from callgrove.train.learner import TinyLearner
+
+    renderer = CharRenderer()
+    config = tiny_config(model)
     trainer = TinyLearner(config, learner_settings(learner), seed)
     from callgrove.train import TinyDecoder
 

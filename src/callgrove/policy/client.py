@@ -8,6 +8,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import numpy as np
 
 from callgrove.episode import sampling_record
+from callgrove.formats.ranges import check_range
 
 FinishReason = Literal["stop", "length"]
 
@@ -32,12 +33,9 @@ class SamplingParams:
         return sampling_record(self.temperature, self.top_p)
 
     def __post_init__(self) -> None:
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must not be negative, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        check_range("max_tokens", self.max_tokens, at_least=1)
+        check_range("temperature", self.temperature, at_least=0)
+        check_range("top_p", self.top_p, above=0, at_most=1)
 
 
 @dataclass(frozen=True, slots=True)

@@ -75,7 +75,10 @@ def resolve_model(name: str) -> ModelSource:
         return ModelSource(path)
     if path.is_file() and path.suffix == ".gguf":
         return ModelSource(path.parent, path.name)
-    raise FileNotFoundError(f"model {path}: neither a checkpoint folder nor a .gguf file")
+    raise FileNotFoundError(
+        f"model {path}: neither a checkpoint folder nor a .gguf file (hub ids are not fetched: "
+        "download the model and name its folder)"
+    )
 
 
 def cache_root() -> Path:

@@ -125,7 +125,7 @@ class HFLearner(ModelLearner):
         for name in (_WEIGHTS, _TRAINER_STATE):
             if not (folder / name).is_file():
                 raise FileNotFoundError(f"checkpoint {folder} has no {name}")
-        state = torch.load(folder / _TRAINER_STATE, weights_only=False)
+        state = torch.load(folder / _TRAINER_STATE, weights_only=True)  # data, never code
         state["weights"] = load_file(folder / _WEIGHTS)
         self.load_state_dict(state)
 

@@ -12,6 +12,7 @@ tokens (`sft`: imported transcripts, no advantages; a mean over the step's loss 
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from torch import nn
 
 from callgrove.batch import PackSettings, Sample, pack
 from callgrove.batch.tree import TreeSettings, pack_samples
+from callgrove.formats.ranges import check_choice, check_range
 from callgrove.train.batches import ModelBatch, micro_batch_model_batch, tree_model_batch
 from callgrove.train.loss import LossSettings, PolicyTerms, policy_terms, supervised_loss
 from callgrove.train.model import TinyConfig, TinyDecoder
@@ -66,10 +68,13 @@ class LearnerSettings:
     objective: str = "rl"
 
     def __post_init__(self) -> None:
-        if self.batching not in BATCHINGS:
-            raise ValueError(f"batching must be one of {BATCHINGS}, not {self.batching!r}")
-        if self.objective not in OBJECTIVES:
-            raise ValueError(f"objective must be one of {OBJECTIVES}, not {self.objective!r}")
+        check_choice("batching", self.batching, BATCHINGS)
+        check_choice("objective", self.objective, OBJECTIVES)
+        TreeSettings(self.tree_scope)  # checks the scope
+        check_range("learning_rate", self.learning_rate, above=0)
+        check_range("weight_decay", self.weight_decay, at_least=0)
+        check_range("max_grad_norm", self.max_grad_norm, above=0)
+        check_range("seq_len", self.seq_len, at_least=1)
 
 
 class ModelLearner:
@@ -116,6 +121,8 @@ class ModelLearner:
         return policy_terms(self.model, batch, self.settings.loss, denominator)
 
     def train_step(self, samples: Sequence[Sample]) -> StepReport:
+        """One optimizer step over `samples`; `FloatingPointError` (and no step) when the loss
+        or the gradient is not finite."""
         started = time.perf_counter()
         with_samples = self.batches_with_samples(samples)
         batches = [batch for batch, _ in with_samples]
@@ -137,6 +144,13 @@ class ModelLearner:
             grad_norm = float(
                 torch.nn.utils.clip_grad_norm_(self.trainable.values(), self.settings.max_grad_norm)
             )
+            if not (math.isfinite(total) and math.isfinite(grad_norm)):
+                # Stepping would write nan into every weight, and all later steps with them.
+                self.optimizer.zero_grad(set_to_none=True)
+                raise FloatingPointError(
+                    f"loss {total} and gradient norm {grad_norm} of {len(samples)} samples are "
+                    "not both finite: no optimizer step taken"
+                )
             self.optimizer.step()
         self._version += 1
         return StepReport(

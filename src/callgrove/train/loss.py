@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from callgrove.formats.ranges import check_choice, check_range
 from callgrove.train.batches import ModelBatch
 from callgrove.train.distribution import cuts, sampling_distribution
 from callgrove.train.model import TinyDecoder
@@ -53,20 +54,16 @@ class LossSettings:
     mismatch_bounds: tuple[float, float] = (0.5, 2.0)
 
     def __post_init__(self) -> None:
-        if self.normalisation not in NORMALISATIONS:
-            raise ValueError(f"normalisation must be one of {NORMALISATIONS}")
-        if self.entropy_coef < 0:
-            raise ValueError("entropy_coef must not be negative")
-        if self.mismatch_cap is not None and not self.mismatch_cap > 0:
-            raise ValueError(f"mismatch_cap must be above 0, not {self.mismatch_cap}")
-        if self.mismatch_mask not in MISMATCH_MASKS:
-            raise ValueError(f"mismatch_mask must be one of {MISMATCH_MASKS}")
+        check_choice("normalisation", self.normalisation, NORMALISATIONS)
+        check_range("clip_low", self.clip_low, at_least=0, below=1)
+        check_range("clip_high", self.clip_high, at_least=0)
+        check_range("entropy_coef", self.entropy_coef, at_least=0)
+        if self.mismatch_cap is not None:
+            check_range("mismatch_cap", self.mismatch_cap, above=0)
+        check_choice("mismatch_mask", self.mismatch_mask, MISMATCH_MASKS)
         low, high = self.mismatch_bounds
-        if not 0 <= low < 1 < high:
-            raise ValueError(
-                "mismatch_bounds must be [low, high] with 0 <= low < 1 < high, "
-                f"not {list(self.mismatch_bounds)}"
-            )
+        check_range("mismatch_bounds[0]", low, at_least=0, below=1)
+        check_range("mismatch_bounds[1]", high, above=1)
 
     @property
     def corrects_mismatch(self) -> bool:

@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from callgrove.formats.ranges import check_range
+
 
 @dataclass(frozen=True, slots=True)
 class TinyConfig:
@@ -23,6 +25,16 @@ class TinyConfig:
     n_layers: int = 2
     d_ff: int = 64
     rope_base: float = 10000.0
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff"):
+            check_range(name, getattr(self, name), at_least=1)
+        check_range("rope_base", self.rope_base, above=1)
+        if self.d_model % (2 * self.n_heads):
+            raise ValueError(
+                f"d_model ({self.d_model}) must split into n_heads ({self.n_heads}) heads of even "
+                "width (rotary embeddings rotate pairs): a multiple of 2 * n_heads"
+            )
 
 
 class VarlenLayout:
@@ -159,8 +171,6 @@ class TinyDecoder(nn.Module):
 
     def __init__(self, config: TinyConfig = TinyConfig()):
         super().__init__()
-        if config.d_model % (2 * config.n_heads):
-            raise ValueError("d_model must split into heads of even width for rotary embeddings")
         self.config = config
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))

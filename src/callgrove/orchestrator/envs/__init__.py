@@ -17,18 +17,36 @@ ENVIRONMENTS: dict[str, Callable[..., Environment]] = {
 
 
 def make_env(name: str, options: dict[str, Any] | None = None) -> Environment:
-    """A built-in environment, or `module:attribute` naming a factory (class or function)."""
+    """A built-in environment, or `module:attribute` naming a factory (class or function).
+    Whatever keeps it from being built is a `ValueError` naming the environment and why."""
     if ":" in name:
         import importlib
 
         module, _, attribute = name.partition(":")
-        factory = getattr(importlib.import_module(module), attribute)
+        try:
+            factory = getattr(importlib.import_module(module), attribute)
+        except ImportError as error:
+            raise ValueError(f"environment {name!r}: cannot import {module}: {error}") from None
+        except AttributeError:
+            raise ValueError(f"environment {name!r}: module {module} has no {attribute}") from None
     elif name in ENVIRONMENTS:
         factory = ENVIRONMENTS[name]
     else:
         known = ", ".join(sorted(ENVIRONMENTS))
         raise ValueError(f"unknown environment {name!r}; built in: {known}, or module:attribute")
-    return factory(**(options or {}))
+    try:
+        env = factory(**(options or {}))
+    except Exception as error:  # options it rejects (TypeError), or its own checks
+        raise ValueError(
+            f"environment {name!r} with options {options or {}} could not be built: "
+            f"{type(error).__name__}: {error}"
+        ) from error
+    if not isinstance(env, Environment):
+        raise ValueError(
+            f"environment {name!r}: its factory returned {type(env).__name__}, not an "
+            "environment (an object with name, task, eval_tasks and run)"
+        )
+    return env
 
 
 __all__ = ["ENVIRONMENTS", "Arithmetic", "Copy", "Relay", "make_env"]

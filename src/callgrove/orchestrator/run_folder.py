@@ -1,0 +1,119 @@
+"""A run's folder: one `callgrove train` in it at a time, and continued only as it was started.
+
+A folder with a checkpoint is continued, with the settings it was started with (those of
+`config.CHANGEABLE_ON_RESUME` aside); a folder holding a run's files but no checkpoint is
+refused, since it can be neither continued nor redone without overwriting what it holds. A run
+writes its first checkpoint (step 0) before anything else, so a folder it left holds one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from callgrove.batch import Sample
+from callgrove.orchestrator.config import ConfigError, TrainConfig, check_resume
+from callgrove.orchestrator.errors import RunError
+from callgrove.orchestrator.sinks import CHECKPOINT, METRICS, load_checkpoint
+from callgrove.policy.backends import PolicyBackend, build_policy
+from callgrove.policy.learner import Learner
+
+if TYPE_CHECKING:
+    from callgrove.train.learner import StepReport
+
+LOCK = ".lock"
+# What a run writes besides its checkpoint (step_N folders too).
+RUN_FILES = ("config.toml", METRICS, "unused", "rewards.png", "loss.png")
+
+
+@contextlib.contextmanager
+def open_run(config: TrainConfig) -> Iterator[dict[str, Any] | None]:
+    """Create and lock `run.out` for this process; yields the checkpoint to continue from
+    (None: a new run)."""
+    out = Path(config.run.out)
+    with _locked(out):
+        checkpoint = load_checkpoint(out)
+        if checkpoint is None:
+            written = sorted(
+                [name for name in RUN_FILES if (out / name).exists()]
+                + [p.name for p in out.glob("step_*")]
+            )
+            if written:
+                raise RunError(
+                    f"{out} holds a run ({', '.join(written[:4])}) but no {CHECKPOINT}: it can "
+                    "be neither continued nor started over without overwriting it; restore "
+                    "the checkpoint, or move the folder away"
+                )
+        else:
+            check_resume(checkpoint["config"], config, str(out))
+        yield checkpoint
+
+
+@contextlib.contextmanager
+def _locked(out: Path) -> Iterator[None]:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        lock = (out / LOCK).open("a+")
+    except (FileExistsError, NotADirectoryError):
+        raise RunError(f"run.out {out}: a file is in the way, not a folder") from None
+    except OSError as error:
+        raise RunError(f"run.out {out}: cannot write there ({error.strerror})") from None
+    with lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            holder = lock.read().strip() or "?"
+            raise RunError(
+                f"{out} is in use by another callgrove train (process {holder}); wait for it "
+                "to end, or choose another run.out"
+            ) from None
+        lock.truncate(0)
+        lock.write(str(os.getpid()))
+        lock.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def policy_backend(config: TrainConfig) -> PolicyBackend:
+    try:
+        return build_policy(config.model, config.train, config.run.seed)
+    except (ValueError, FileNotFoundError) as error:
+        raise ConfigError(f"model: {error}") from None
+
+
+def restore(out: Path, checkpoint: dict[str, Any], *parts: tuple[str, Any]) -> None:
+    """Load each named part of a checkpoint into its holder (a learner, a sampler, ...)."""
+    for key, holder in parts:
+        try:
+            holder.load_state_dict(checkpoint[key])
+        except (KeyError, TypeError, ValueError, RuntimeError) as error:
+            first_line = (str(error).strip().splitlines() or [""])[0]
+            raise RunError(
+                f"{out / CHECKPOINT}: its {key} does not fit this run "
+                f"({type(error).__name__}: {first_line})"
+            ) from None
+
+
+def nothing_to_do(checkpoint: dict[str, Any] | None, steps: int) -> int | None:
+    """The step a run already finished when it holds all `steps` (rerunning it changes
+    nothing), else None."""
+    done = int(checkpoint["progress"]["step"]) if checkpoint else 0
+    return done if checkpoint and done >= steps else None
+
+
+def learner_step(step: int, learner: Learner, samples: Sequence[Sample]) -> StepReport:
+    """One optimizer step; a loss or gradient that is not finite stops the run there (the
+    learner took no step, so nothing of it is saved)."""
+    try:
+        return learner.train_step(samples)
+    except FloatingPointError as error:
+        raise RunError(
+            f"step {step}: {error}; the run stops here, its checkpoint is of step {step - 1}"
+        ) from None
