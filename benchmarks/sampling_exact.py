@@ -72,7 +72,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    print("backend   T    top_p  tokens  exact: mean ratio  max |diff|   T=1 scoring: mean ratio  max |diff|")
+    print(
+        "backend   T    top_p  tokens  exact: mean ratio  max |diff|   T=1 scoring: mean ratio  max |diff|"
+    )
     for name in args.backends.split(","):
         policy = backend(name)
         env = make_env("relay", {})

@@ -149,7 +149,7 @@ def episode_rows_of(episode: Episode, max_identical: int) -> list[EpisodeRows]:
     return [build_rows(episode, RowSettings(max_identical_trained=max_identical))]
 
 
-def tiny_llama(dtype: torch.dtype, attention: str = "sdpa", seed: int = 0):
+def tiny_llama(dtype: torch.dtype, attention: str = "sdpa", seed: int = 0, vocab: int = VOCAB):
     """A randomly initialised small `LlamaForCausalLM` (grouped-query attention, no weight
     tying) with blockwise attention over `attention`, behind the reference interface."""
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -159,7 +159,7 @@ def tiny_llama(dtype: torch.dtype, attention: str = "sdpa", seed: int = 0):
 
     torch.manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=VOCAB,
+        vocab_size=vocab,
         hidden_size=32,
         intermediate_size=64,
         num_hidden_layers=2,

@@ -24,6 +24,8 @@ from callgrove.train import ModelBatch, VarlenLayout
 from callgrove.train.learner import LearnerSettings, ModelLearner
 from callgrove.train.loss import LossSettings, policy_terms
 
+from .helpers import tiny_llama
+
 CASES = [(t, p) for t in (0.5, 0.7, 1.0) for p in (0.9, 1.0)]
 TOLERANCE = 1e-4
 
@@ -95,34 +97,19 @@ def test_the_tiny_learner_scores_what_the_sampler_drew_from(batching, temperatur
 
 def hf_policy(batching: str):
     """A small random Llama over the character vocabulary, sampled and trained float32."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     from callgrove.policy.hf import HFSampler
-    from callgrove.train.hf_attention import register_blockwise
     from callgrove.train.hf_trainer import HFLearner
 
     renderer = CharRenderer()
-    config = LlamaConfig(
-        vocab_size=renderer.vocab_size,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-    )
-
-    def model():
-        torch.manual_seed(0)
-        built = LlamaForCausalLM(config)
-        built.set_attn_implementation(register_blockwise("sdpa"))
-        return built
 
     class Characters:
         pad_token_id = 0
 
         def decode(self, ids, skip_special_tokens=False):
             return renderer.parse(ids)
+
+    def model():
+        return tiny_llama(torch.float32, "sdpa", vocab=renderer.vocab_size).model
 
     sampler = HFSampler(model(), Characters())
     learner = HFLearner(model(), LearnerSettings(batching=batching))

@@ -29,6 +29,7 @@ from callgrove.episode.record import (
     not_an_earlier_call,
 )
 from callgrove.formats.problems import InputError, Problem
+from callgrove.formats.ranges import check_range
 from callgrove.formats.wire import WireEpisode, WireRun
 
 EMPTY_COMPLETION = "completion_ids is empty (a call samples at least one token)"
@@ -334,10 +335,6 @@ def call_problems(columns: CallColumns) -> dict[int, str]:
     return problems
 
 
-def _is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
 def sampling_problem(sampling: object) -> str | None:
     """What is wrong with a call's `sampling` (docs/episode-format.md), or None: an object
     whose `temperature` is a finite number >= 0 (0: greedy), `top_p` a number in (0, 1] and
@@ -347,14 +344,16 @@ def sampling_problem(sampling: object) -> str | None:
     missing = [key for key in ("temperature", "top_p") if key not in sampling]
     if missing:
         return lacks("sampling", missing)
-    temperature, top_p = sampling["temperature"], sampling["top_p"]
     top_k = sampling.get("top_k")
-    if not _is_number(temperature) or not math.isfinite(temperature) or temperature < 0:
-        return f"sampling.temperature must be a finite number >= 0, not {temperature!r}"
-    if not _is_number(top_p) or not 0 < top_p <= 1:
-        return f"sampling.top_p must be a number in (0, 1], not {top_p!r}"
-    if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1):
-        return f"sampling.top_k must be an int >= 1 or null (no top-k cut), not {top_k!r}"
+    try:
+        check_range("sampling.temperature", sampling["temperature"], at_least=0)
+        check_range("sampling.top_p", sampling["top_p"], above=0, at_most=1)
+        if top_k is not None and not isinstance(top_k, int):
+            raise ValueError(f"sampling.top_k must be an int or null (no cut), not {top_k!r}")
+        if top_k is not None:
+            check_range("sampling.top_k", top_k, at_least=1)
+    except ValueError as error:
+        return str(error)
     return None
 
 
