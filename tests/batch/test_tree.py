@@ -11,7 +11,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from callgrove.batch import build_samples, tree
-from callgrove.batch.tree import TreeSettings, pack_episode_rows, pack_samples, pack_tree
+from callgrove.batch.tree import (
+    SAMPLE_VALUES,
+    TreeSettings,
+    pack_episode_rows,
+    pack_samples,
+    pack_tree,
+)
 from callgrove.episode import Agent, Call, Episode, load
 from callgrove.rows import build_rows
 
@@ -211,7 +217,7 @@ def test_group_scope_forwards_the_shared_task_prompt_once():
     from_samples = pack_samples(samples, TreeSettings(scope="group"))
     assert from_samples.num_tokens == per_group.num_tokens
     assert np.array_equal(from_samples.target_nodes, per_group.target_nodes)
-    assert set(from_samples.target_values) == {"logprobs", "advantages", "policy_versions"}
+    assert set(from_samples.target_values) == set(SAMPLE_VALUES)
     per_tree = pack_episode_rows(episode_rows, TreeSettings(scope="tree"))
     from_samples_per_tree = pack_samples(samples, TreeSettings(scope="tree"))
     assert from_samples_per_tree.num_tokens == per_tree.num_tokens > per_episode.num_tokens

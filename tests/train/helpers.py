@@ -11,9 +11,9 @@ import torch
 from hypothesis import strategies as st
 
 from callgrove.batch import PackSettings, build_samples, pack
-from callgrove.batch.samples import VALUE_DTYPE
+from callgrove.batch.samples import FIELD_DTYPES, SAMPLING_FIELDS, UNSAMPLED, VALUE_DTYPE
 from callgrove.batch.tree import TreeSettings, pack_samples
-from callgrove.episode import Agent, Call, Episode, load
+from callgrove.episode import Agent, Call, Episode, load, sampling_record
 from callgrove.rows import EpisodeRows, RowSettings, build_rows
 from callgrove.train import (
     ModelBatch,
@@ -21,9 +21,9 @@ from callgrove.train import (
     TinyDecoder,
     micro_batch_model_batch,
     packed_model_batch,
-    row_logprobs,
     tree_model_batch,
 )
+from callgrove.train.loss import predictions
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 VOCAB = 80  # the bundled examples use ids below 80
@@ -40,14 +40,22 @@ def seed_episode_rows() -> list[EpisodeRows]:
     return [build_rows(episode)]
 
 
+# The distributions calls are sampled from here: every layout must score each trained token
+# under its own call's (temperature, top-p), whatever rows it shares with other calls.
+SAMPLINGS = [sampling_record(t, p) for t, p in ((1.0, 1.0), (0.7, 1.0), (0.5, 0.9), (1.3, 0.8))]
+
+
 def give_advantages(episode_rows: list[EpisodeRows], seed: int = 0) -> None:
-    """A scalar advantage on some calls and one per completion token on the others."""
+    """A scalar advantage on some calls and one per completion token on the others, and each
+    call sampled at one of `SAMPLINGS`."""
     rng = np.random.default_rng(seed)
+    distributions = np.random.default_rng(seed + 1000)
     for er in episode_rows:
         for call in er.forest.calls:
             per_token = rng.random() < 0.5
             values = rng.normal(size=len(call.completion_ids))
             call.advantages = values if per_token else float(values[0])
+            call.sampling = SAMPLINGS[int(distributions.integers(len(SAMPLINGS)))]
 
 
 def tree_batch(episode_rows: list[EpisodeRows], scope: str = "episode") -> ModelBatch:
@@ -72,6 +80,7 @@ def trained_calls(episode_rows: list[EpisodeRows]) -> list[Call]:
 def per_call_batch(episode_rows: list[EpisodeRows]) -> ModelBatch:
     """Each trained call on its own: its prompt as context, loss on its completion."""
     tokens, masks, logprobs, advantages = [], [], [], []
+    sampling: dict[str, list[np.ndarray]] = {name: [] for name in SAMPLING_FIELDS}
     for er in episode_rows:
         for call in (call for row in er.rows for call in row.loss_calls):
             mask = np.zeros(call.full_len, dtype=np.uint8)
@@ -85,8 +94,14 @@ def per_call_batch(episode_rows: list[EpisodeRows]) -> ModelBatch:
             per_token = np.zeros(call.full_len, dtype=VALUE_DTYPE)
             per_token[call.prompt_len :] = call.advantages
             advantages.append(per_token)
+            for name, key in SAMPLING_FIELDS.items():
+                per_token = np.full(call.full_len, UNSAMPLED[name], dtype=FIELD_DTYPES[name])
+                value = (call.sampling or {}).get(key)
+                per_token[call.prompt_len :] = UNSAMPLED[name] if value is None else value
+                sampling[name].append(per_token)
     cu_seqlens = np.concatenate([[0], np.cumsum([len(t) for t in tokens])])
     values = {"logprobs": np.concatenate(logprobs), "advantages": np.concatenate(advantages)}
+    values |= {name: np.concatenate(parts) for name, parts in sampling.items()}
     return packed_model_batch(
         np.concatenate(tokens), cu_seqlens, np.concatenate(masks), None, values
     )
@@ -98,11 +113,12 @@ def sample_near_the_model(model: TinyDecoder, episode_rows: list[EpisodeRows], s
     calls = trained_calls(episode_rows)
     if not calls:
         return
-    with torch.no_grad():
-        own = row_logprobs(model, per_call_batch(episode_rows))
+    batch = per_call_batch(episode_rows)
+    with torch.no_grad():  # under each call's own distribution
+        own = predictions(model, batch, batch.target_index, scored=True).logprobs()
     rng = np.random.default_rng(seed)
-    for call, logprobs in zip(calls, own, strict=True):
-        completion = logprobs[call.prompt_len :].double().numpy()
+    ends = np.cumsum([len(call.completion_ids) for call in calls])
+    for call, completion in zip(calls, np.split(own.double().numpy(), ends[:-1]), strict=True):
         call.logprobs = completion + rng.uniform(-0.3, 0.3, size=len(completion))
 
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from callgrove.batch import PackSettings, build_samples, write_samples
-from callgrove.batch.tree import TreeSettings, pack_samples
+from callgrove.batch import PackSettings, build_samples, fill_unknown_sampling, write_samples
+from callgrove.batch.tree import SAMPLE_VALUES, TreeSettings, pack_samples
 from callgrove.episode import load
 from callgrove.rows import build_rows
 from callgrove.train import (
@@ -30,6 +30,7 @@ def sample_files(tmp_path):
     episode_rows = [build_rows(e) for e in load(EXAMPLES / "login_group.jsonl")]
     give_advantages(episode_rows)
     samples = build_samples(episode_rows)
+    fill_unknown_sampling(samples, 1.0, 1.0)  # the example records no sampling: the run's
     paths = []
     for half in (0, 1):
         path = tmp_path / f"part{half}.parquet"
@@ -87,10 +88,7 @@ def test_packed_collate_yields_micro_batches_of_every_token(sample_files):
     assert sum(len(mb.target_index) for mb in micro_batches) == sum(
         s.num_loss_tokens for s in samples
     )
-    assert all(
-        set(mb.target_values) == {"logprobs", "advantages", "policy_versions"}
-        for mb in micro_batches
-    )
+    assert all(set(mb.target_values) == set(SAMPLE_VALUES) for mb in micro_batches)
 
 
 def test_workers_split_the_files(sample_files):

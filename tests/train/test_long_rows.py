@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from callgrove.train import policy_loss, supervised_loss, token_logprobs
+from callgrove.train.distribution import sampling_distribution
 
 from .helpers import (
     give_advantages,
@@ -38,9 +39,29 @@ def every_position_logprobs(model, batch, index):
     return torch.where(predecessor >= 0, picked, torch.zeros_like(picked))
 
 
+def every_position_scored_logprobs(model, batch):
+    """The reference under each target's own sampling distribution, one target at a time."""
+    logits = model(batch.token_ids, batch.position_ids, batch.layout)
+    values = batch.target_values
+    picked = []
+    for target, token in enumerate(batch.target_index.tolist()):
+        row = logits[batch.predecessor[token]][None]
+        keep = torch.zeros_like(row, dtype=torch.bool)
+        keep[0, batch.token_ids[token]] = True
+        distribution = sampling_distribution(
+            row,
+            values["temperatures"][target : target + 1].double(),
+            values["top_p"][target : target + 1].double(),
+            values["top_k"][target : target + 1].long(),
+            keep,
+        )
+        picked.append(distribution[0, batch.token_ids[token]])
+    return torch.stack(picked)
+
+
 def every_position_rl_loss(model, batch):
     """The token-normalised clipped policy loss from every position's logits."""
-    logprobs = every_position_logprobs(model, batch, batch.target_index)
+    logprobs = every_position_scored_logprobs(model, batch)
     ratio = torch.exp(logprobs - batch.target_values["logprobs"].to(logprobs.dtype))
     advantages = batch.target_values["advantages"].to(logprobs.dtype)
     clipped = ratio.clamp(0.8, 1.2)

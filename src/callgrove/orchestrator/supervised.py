@@ -31,7 +31,7 @@ import msgspec
 import numpy as np
 from rich.console import Console
 
-from callgrove.batch import Sample, build_samples
+from callgrove.batch import TOKEN_FIELDS, Sample, build_samples
 from callgrove.episode import Episode, load
 from callgrove.formats.problems import Diagnostics, Problem
 from callgrove.orchestrator import monitors, sinks
@@ -191,12 +191,11 @@ def _trained_samples(
 
 def cut(sample: Sample, length: int) -> Sample:
     """The sample's first `length` tokens (its per-token arrays sliced, metadata kept)."""
-    per_token = ("token_ids", "loss_mask", "logprobs", "advantages", "position_ids")
     return replace(
         sample,
         **{
             name: None if getattr(sample, name) is None else getattr(sample, name)[:length]
-            for name in (*per_token, "policy_versions")
+            for name in TOKEN_FIELDS
         },
     )
 
