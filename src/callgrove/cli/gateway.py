@@ -5,9 +5,8 @@ from __future__ import annotations
 import os
 import sys
 import warnings
-from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -45,13 +44,20 @@ def _chat(tokenizer: Path | None, template: Path | None, parser: str):
     return Chat.jinja(tokenizer, template, parser)  # type: ignore[arg-type]
 
 
-def _announce(what: str, host: str) -> Callable[[int], None]:
-    def ready(port: int) -> None:
+def _serve(what: str, app: Any, host: str, port: int, tokens: list[str]) -> None:
+    """Serve `app` until interrupted, warning first when it is open beyond loopback."""
+    from callgrove.gateway import web
+
+    warning = web.open_bind_warning(host, tokens)
+    if warning is not None:
+        err.print(f"warning: {what}: {warning}")
+
+    def ready(bound: int) -> None:
         # One line on stdout that scripts (and tests) wait for.
-        out.print(f"{what} listening on http://{host}:{port}")
+        out.print(f"{what} listening on http://{host}:{bound}")
         sys.stdout.flush()
 
-    return ready
+    web.serve(app, host, port, ready)
 
 
 def _tokens(tokens: list[str] | None, env: str) -> list[str]:
@@ -86,7 +92,6 @@ def serve_policy(
     """Serve a policy on an OpenAI-compatible API with vLLM's token extras."""
     from callgrove.gateway.script import Script, ScriptedPolicy
     from callgrove.gateway.serve import PolicyServer, hf_policy, reference_policy
-    from callgrove.gateway.web import serve
 
     if (script is None) == (model is None):
         err.print("error: give either --script FILE or --model (tiny, hf:PATH or a packaged name)")
@@ -103,8 +108,9 @@ def serve_policy(
     except (InputError, OSError, RuntimeError, ValueError) as error:
         err.print(f"error: {safe(error)}")
         raise typer.Exit(EXIT_USAGE) from None
-    server = PolicyServer(policy, chat, model or "policy", _tokens(token, "CALLGROVE_TOKEN"))
-    serve(server.app(), host, port, _announce("serve-policy", host))
+    tokens = _tokens(token, "CALLGROVE_TOKEN")
+    server = PolicyServer(policy, chat, model or "policy", tokens)
+    _serve("serve-policy", server.app(), host, port, tokens)
 
 
 @app.command("gateway")
@@ -161,7 +167,6 @@ def gateway(
     from callgrove.gateway.app import Gateway
     from callgrove.gateway.ledger import QUARANTINE, LedgerInUse
     from callgrove.gateway.serve import model_chat, model_tokenizer
-    from callgrove.gateway.web import serve
     from callgrove.policy.http import HttpPolicyClient
 
     if model is not None and (tokenizer or template):
@@ -185,12 +190,13 @@ def gateway(
     except (ImportError, OSError, ValueError) as error:
         err.print(f"error: {safe(error)}")
         raise typer.Exit(EXIT_USAGE) from None
+    tokens = _tokens(token, "CALLGROVE_TOKEN")
     try:
         server = Gateway(
             policy,
             chat,
             ledger,
-            tokens=_tokens(token, "CALLGROVE_TOKEN"),
+            tokens=tokens,
             max_tokens=max_tokens,
             passthrough=passthrough,
         )
@@ -209,7 +215,7 @@ def gateway(
             f"quarantined {len(server.quarantined)} damaged episode ledger(s) in "
             f"{ledger / QUARANTINE}: {', '.join(sorted(server.quarantined))}"
         )
-    serve(server.app(), host, port, _announce("gateway", host))
+    _serve("gateway", server.app(), host, port, tokens)
 
 
 def _llama_cpp_client(
