@@ -88,6 +88,9 @@ def serve_policy(
         Path | None, typer.Option("--weights", help="State dict of the reference decoder.")
     ] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the reference decoder.")] = 0,
+    max_tokens: Annotated[
+        int, typer.Option("--max-tokens", help="Most tokens a request may ask for (more: 400).")
+    ] = 4096,
 ) -> None:
     """Serve a policy on an OpenAI-compatible API with vLLM's token extras."""
     from callgrove.gateway.script import Script, ScriptedPolicy
@@ -109,7 +112,7 @@ def serve_policy(
         err.print(f"error: {safe(error)}")
         raise typer.Exit(EXIT_USAGE) from None
     tokens = _tokens(token, "CALLGROVE_TOKEN")
-    server = PolicyServer(policy, chat, model or "policy", tokens)
+    server = PolicyServer(policy, chat, model or "policy", tokens, max_tokens=max_tokens)
     _serve("serve-policy", server.app(), host, port, tokens)
 
 
