@@ -262,7 +262,7 @@ def harness(
     ] = None,
 ) -> None:
     """Run a real harness CLI offline through the gateway, score it, close its episode."""
-    from callgrove.gateway.harness import run_harness
+    from callgrove.gateway.harness import CloseFailed, run_harness
 
     try:
         run = run_harness(
@@ -280,11 +280,15 @@ def harness(
     except (ValueError, FileNotFoundError) as error:
         err.print(f"error: {safe(error)}")
         raise typer.Exit(EXIT_USAGE) from None
+    except CloseFailed as error:
+        err.print(f"error: {safe(error)}")
+        raise typer.Exit(1) from None
     agents = ", ".join(
         f"{a['id']} ({a['start']}, {len(a['calls'])} calls)" for a in run.record["agents"]
     )
     out.print(
-        f"{kind} exited {run.returncode} after {run.seconds:.1f}s; reward {run.reward}; agents: {agents}"
+        f"{kind} exited {run.returncode} after {run.seconds:.1f}s; "
+        f"{'no check' if run.reward is None else f'reward {run.reward}'}; agents: {agents}"
     )
     if run.returncode != 0:
         raise typer.Exit(1)
