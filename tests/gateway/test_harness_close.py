@@ -67,11 +67,9 @@ def test_an_unreachable_gateway_at_close_is_a_clear_error(tmp_path, fake_cli, mo
     _, cli = fake_cli
     with pytest.raises(harness.CloseFailed, match="did not answer"):
         harness.run_harness("codex", "hi", url, "ep", tmp_path / "runs", cli=cli)
-    result = CliRunner().invoke(
-        app,
-        ["harness", "codex", "hi", "--gateway", url, "--episode", "ep", "--cli", cli],
-        catch_exceptions=False,
-    )
+    folder = str(tmp_path / "cli-runs")
+    options = ["--gateway", url, "--episode", "ep", "--cli", cli, "--folder", folder]
+    result = CliRunner().invoke(app, ["harness", "codex", "hi", *options], catch_exceptions=False)
     assert result.exit_code == 1 and "did not answer" in result.output
 
 
