@@ -35,7 +35,11 @@ RULES = [
         },
     },
 ]
-CLAUDE = {"x-claude-code-session-id": "sess-1", "anthropic-version": "2023-06-01"}
+CLAUDE = {
+    "x-claude-code-session-id": "sess-1",
+    "anthropic-version": "2023-06-01",
+    "user-agent": "claude-cli/2.1.332 (external, cli)",  # leaving out run_in_background: background
+}
 
 
 def run(coroutine):

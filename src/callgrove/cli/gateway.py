@@ -5,9 +5,8 @@ from __future__ import annotations
 import os
 import sys
 import warnings
-from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -45,13 +44,20 @@ def _chat(tokenizer: Path | None, template: Path | None, parser: str):
     return Chat.jinja(tokenizer, template, parser)  # type: ignore[arg-type]
 
 
-def _announce(what: str, host: str) -> Callable[[int], None]:
-    def ready(port: int) -> None:
+def _serve(what: str, app: Any, host: str, port: int, tokens: list[str]) -> None:
+    """Serve `app` until interrupted, warning first when it is open beyond loopback."""
+    from callgrove.gateway import web
+
+    warning = web.open_bind_warning(host, tokens)
+    if warning is not None:
+        err.print(f"warning: {what}: {warning}")
+
+    def ready(bound: int) -> None:
         # One line on stdout that scripts (and tests) wait for.
-        out.print(f"{what} listening on http://{host}:{port}")
+        out.print(f"{what} listening on http://{host}:{bound}")
         sys.stdout.flush()
 
-    return ready
+    web.serve(app, host, port, ready)
 
 
 def _tokens(tokens: list[str] | None, env: str) -> list[str]:
@@ -82,11 +88,13 @@ def serve_policy(
         Path | None, typer.Option("--weights", help="State dict of the reference decoder.")
     ] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the reference decoder.")] = 0,
+    max_tokens: Annotated[
+        int, typer.Option("--max-tokens", help="Most tokens a request may ask for (more: 400).")
+    ] = 4096,
 ) -> None:
     """Serve a policy on an OpenAI-compatible API with vLLM's token extras."""
     from callgrove.gateway.script import Script, ScriptedPolicy
     from callgrove.gateway.serve import PolicyServer, hf_policy, reference_policy
-    from callgrove.gateway.web import serve
 
     if (script is None) == (model is None):
         err.print("error: give either --script FILE or --model (tiny, hf:PATH or a packaged name)")
@@ -103,8 +111,9 @@ def serve_policy(
     except (InputError, OSError, RuntimeError, ValueError) as error:
         err.print(f"error: {safe(error)}")
         raise typer.Exit(EXIT_USAGE) from None
-    server = PolicyServer(policy, chat, model or "policy", _tokens(token, "CALLGROVE_TOKEN"))
-    serve(server.app(), host, port, _announce("serve-policy", host))
+    tokens = _tokens(token, "CALLGROVE_TOKEN")
+    server = PolicyServer(policy, chat, model or "policy", tokens, max_tokens=max_tokens)
+    _serve("serve-policy", server.app(), host, port, tokens)
 
 
 @app.command("gateway")
@@ -161,7 +170,6 @@ def gateway(
     from callgrove.gateway.app import Gateway
     from callgrove.gateway.ledger import QUARANTINE, LedgerInUse
     from callgrove.gateway.serve import model_chat, model_tokenizer
-    from callgrove.gateway.web import serve
     from callgrove.policy.http import HttpPolicyClient
 
     if model is not None and (tokenizer or template):
@@ -185,12 +193,13 @@ def gateway(
     except (ImportError, OSError, ValueError) as error:
         err.print(f"error: {safe(error)}")
         raise typer.Exit(EXIT_USAGE) from None
+    tokens = _tokens(token, "CALLGROVE_TOKEN")
     try:
         server = Gateway(
             policy,
             chat,
             ledger,
-            tokens=_tokens(token, "CALLGROVE_TOKEN"),
+            tokens=tokens,
             max_tokens=max_tokens,
             passthrough=passthrough,
         )
@@ -209,7 +218,7 @@ def gateway(
             f"quarantined {len(server.quarantined)} damaged episode ledger(s) in "
             f"{ledger / QUARANTINE}: {', '.join(sorted(server.quarantined))}"
         )
-    serve(server.app(), host, port, _announce("gateway", host))
+    _serve("gateway", server.app(), host, port, tokens)
 
 
 def _llama_cpp_client(
@@ -253,7 +262,7 @@ def harness(
     ] = None,
 ) -> None:
     """Run a real harness CLI offline through the gateway, score it, close its episode."""
-    from callgrove.gateway.harness import run_harness
+    from callgrove.gateway.harness import CloseFailed, run_harness
 
     try:
         run = run_harness(
@@ -271,11 +280,15 @@ def harness(
     except (ValueError, FileNotFoundError) as error:
         err.print(f"error: {safe(error)}")
         raise typer.Exit(EXIT_USAGE) from None
+    except CloseFailed as error:
+        err.print(f"error: {safe(error)}")
+        raise typer.Exit(1) from None
     agents = ", ".join(
         f"{a['id']} ({a['start']}, {len(a['calls'])} calls)" for a in run.record["agents"]
     )
     out.print(
-        f"{kind} exited {run.returncode} after {run.seconds:.1f}s; reward {run.reward}; agents: {agents}"
+        f"{kind} exited {run.returncode} after {run.seconds:.1f}s; "
+        f"{'no check' if run.reward is None else f'reward {run.reward}'}; agents: {agents}"
     )
     if run.returncode != 0:
         raise typer.Exit(1)

@@ -63,6 +63,7 @@ from callgrove.gateway.attribution import (
     identify,
     is_episode_id,
     match_spawn,
+    spawned_agents,
     spawns_in,
     valid_episode,
 )
@@ -204,11 +205,39 @@ class EpisodeState:
         self.numbered += 1
         return f"c{self.numbered}"
 
-    def remember(self, recorded: Recorded, prompt_key: str) -> None:
+    def remember(
+        self,
+        recorded: Recorded,
+        prompt_key: str,
+        new: list[Message],
+        version: str | None = None,
+    ) -> None:
+        """Index a durable call; `new`: the messages its prompt added (tool results among them
+        settle which subagent a spawn started); `version`: its harness CLI's release."""
         self.by_history.setdefault(recorded.history, []).append(recorded)
         self.by_id[recorded.call.id] = recorded
         self.prompt_keys[recorded.call.id] = prompt_key
-        self.spawns.extend(spawns_in(recorded.agent.id, recorded.response))
+        for spawn, agent_id in spawned_agents(self.spawns, new):
+            self._settle(spawn, agent_id)
+        self.spawns.extend(spawns_in(recorded.agent.id, recorded.response, version))
+
+    def _settle(self, spawn: Spawn, agent_id: str) -> None:
+        """The harness named `agent_id` as `spawn`'s subagent: where a match by prompt gave it
+        another spawn with the same prompt (one in the foreground, one in the background), the
+        two agents trade spawns and so their starts and names."""
+        agent = self.agents.get(agent_id)
+        if spawn.taken_by == agent_id or agent is None or agent.parent != spawn.agent:
+            if spawn.taken_by is None and agent_id not in self.agents:
+                spawn.taken_by = agent_id  # the subagent has not called yet: it is reserved
+            return
+        held = next((s for s in self.spawns if s.taken_by == agent_id), None)
+        other = self.agents.get(spawn.taken_by) if spawn.taken_by else None
+        spawn.taken_by = agent_id
+        _take(agent, spawn)
+        if held is not None:
+            held.taken_by = other.id if other is not None else None
+            if other is not None:
+                _take(other, held)
 
     def agent_for(self, who: Identity, messages: list[Message]) -> Agent:
         agent = self.agents.get(who.agent)
@@ -223,9 +252,10 @@ class EpisodeState:
                 "this episode (a parent makes a call before its subagents do)",
             )
         if start != "root":
-            spawn = match_spawn(self.spawns, messages)
+            reserved = [s for s in self.spawns if s.taken_by == who.agent]
+            spawn = reserved[0] if reserved else match_spawn(self.spawns, messages)
             if spawn is not None:
-                spawn.used = True
+                spawn.taken_by = who.agent
                 parent = parent or spawn.agent
                 start = start or spawn.start
                 name = name or spawn.kind
@@ -259,6 +289,12 @@ class EpisodeState:
                 own = [r for r in found if r.agent is agent]
                 return (own or found)[-1], index + 1
         return None, 0
+
+
+def _take(agent: Agent, spawn: Spawn) -> None:
+    """`agent` is the subagent `spawn` started: its start and name are the spawn's."""
+    agent.start = spawn.start  # type: ignore[assignment]
+    agent.name = spawn.kind
 
 
 def recorded_sampling(sent: dict | None, request: ChatRequest) -> dict | None:
@@ -492,7 +528,7 @@ class Gateway:
             bytes.fromhex(line["tools"]),
             agent,
         )
-        state.remember(recorded, line["prompt_key"])
+        state.remember(recorded, line["prompt_key"], new, line.get("version"))
         state.seq = max(state.seq, call.seq)
         number = call.id[1:]
         if call.id.startswith("c") and number.isdigit():
@@ -803,13 +839,17 @@ class Gateway:
                 "tools": turn.tools_hash.hex(),
                 "api": turn.api,
                 "harness": turn.who.harness,
+                "version": turn.who.version,
                 "time": time.time(),
             },
         )
         await self._append_call(state, call, line)
         agent.add(call)
         state.remember(
-            Recorded(call, response, previous, history, turn.tools_hash, agent), prompt_key
+            Recorded(call, response, previous, history, turn.tools_hash, agent),
+            prompt_key,
+            new,
+            turn.who.version,
         )
         return Reply(
             response,

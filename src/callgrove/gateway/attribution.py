@@ -28,14 +28,28 @@ import orjson
 from callgrove.episode import AGENT_STARTS
 from callgrove.gateway.web import HttpError
 from callgrove.transcripts import Message
+from callgrove.transcripts.claude_records import SpawnArguments
 
 EPISODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 AGENT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
 UNTAGGED = "untagged"
 KEY_PREFIX = "cg:"
 SPAWN_TOOLS = frozenset({"Agent", "Task"})
-# Claude Code's compaction request ends its last user message with this instruction.
-CLAUDE_COMPACTION_MARK = "summary of the conversation"
+# Claude Code's compaction request appends its instruction to the last user message: it asks
+# for a "summary of the conversation" and opens with "CRITICAL: Respond with TEXT ONLY. Do NOT
+# call any tools." (2.1.332). Both must be there: a user's own prompt that asks for a summary of
+# the conversation is an ordinary turn.
+CLAUDE_COMPACTION_MARKS = ("summary of the conversation", "do not call any tools")
+CLAUDE_VERSION = re.compile(r"claude-cli/(\d+\.\d+\.\d+)")
+# A Task/Agent tool result names the subagent it started (the agent id its calls carry).
+SPAWNED_AGENT = re.compile(r"agentId: ([A-Za-z0-9_-]+)")
+
+
+def is_claude_compaction(messages: list[Message]) -> bool:
+    """Whether a Claude Code request is a compaction: its last user message carries the
+    compaction instruction (`CLAUDE_COMPACTION_MARKS`)."""
+    last_user = next((m.text for m in reversed(messages) if m.role == "user"), "").lower()
+    return all(mark in last_user for mark in CLAUDE_COMPACTION_MARKS)
 
 
 def is_episode_id(value: str) -> bool:
@@ -77,6 +91,7 @@ class Identity:
     # Claude Code's main thread: subagents without a parent header belong to it.
     root: str | None = None
     harness: str = "callgrove"
+    version: str | None = None  # the harness CLI's release (Claude Code's user-agent)
 
 
 def _metadata(raw: str | None) -> dict[str, Any]:
@@ -111,9 +126,9 @@ def identify(headers: Any, messages: list[Message]) -> Identity:
     if session:
         agent = headers.get("x-claude-code-agent-id")
         parent = headers.get("x-claude-code-parent-agent-id")
-        last_user = next((m.text for m in reversed(messages) if m.role == "user"), "")
-        if CLAUDE_COMPACTION_MARK in last_user and purpose == "turn":
+        if purpose == "turn" and is_claude_compaction(messages):
             purpose = "compaction"
+        agent_line = headers.get("user-agent") or ""
         return Identity(
             valid_agent(agent or session),
             None if agent else "leader",
@@ -122,6 +137,7 @@ def identify(headers: Any, messages: list[Message]) -> Identity:
             purpose,
             root=valid_agent(session),
             harness="claude-code",
+            version=version[1] if (version := CLAUDE_VERSION.search(agent_line)) else None,
         )
     thread = headers.get("thread-id")
     if thread:
@@ -153,30 +169,50 @@ class Spawn:
     prompt: str
     kind: str
     start: str
-    used: bool = False
+    tool_call_id: str = ""
+    taken_by: str | None = None  # the subagent it started, once known
 
 
-def spawns_in(agent: str, message: Message) -> list[Spawn]:
-    """The subagent starts a relayed answer asks for (Claude Code's `Agent` / `Task` tool)."""
+def spawns_in(agent: str, message: Message, version: str | None = None) -> list[Spawn]:
+    """The subagent starts a relayed answer asks for (Claude Code's `Agent` / `Task` tool), each
+    started as `SpawnArguments.start` says (the rule the importer follows too) for CLI
+    `version`."""
     found = []
     for call in message.tool_calls:
-        if call.name not in SPAWN_TOOLS or not isinstance(call.arguments, dict):
+        if call.name not in SPAWN_TOOLS:
             continue
-        prompt = call.arguments.get("prompt")
-        if not isinstance(prompt, str) or not prompt.strip():
+        arguments = SpawnArguments.of(call.arguments)
+        if arguments.prompt is None or not arguments.prompt.strip():
             continue
-        kind = str(call.arguments.get("subagent_type") or "general-purpose")
-        background = call.arguments.get("run_in_background", True)  # the harness's default
-        start = "fork" if kind == "fork" else "background" if background else "fresh"
-        found.append(Spawn(agent, prompt.strip(), kind, start))
+        kind = arguments.subagent_type or "general-purpose"
+        start = arguments.start(version=version)
+        found.append(Spawn(agent, arguments.prompt.strip(), kind, start, call.id or ""))
     return found
 
 
 def match_spawn(spawns: list[Spawn], messages: list[Message]) -> Spawn | None:
-    """The unused relayed spawn whose prompt the newest user message carries (else any user one)."""
-    users = [m.text for m in reversed(messages) if m.role == "user"]
-    for text in users:
-        for spawn in reversed(spawns):
-            if not spawn.used and spawn.prompt in text:
-                return spawn
+    """The relayed spawn not yet taken whose prompt the newest user message carries (else an
+    earlier one): one whose prompt is the whole message before one that only occurs in it,
+    and of those the oldest (subagents start in the order they were asked for)."""
+    free = [spawn for spawn in spawns if spawn.taken_by is None]
+    for text in (m.text.strip() for m in reversed(messages) if m.role == "user"):
+        whole = [spawn for spawn in free if spawn.prompt == text]
+        if whole:
+            return whole[0]
+        inside = [spawn for spawn in free if spawn.prompt in text]
+        if inside:
+            return inside[0]
     return None
+
+
+def spawned_agents(spawns: list[Spawn], messages: list[Message]) -> list[tuple[Spawn, str]]:
+    """(spawn, the agent id it started) for each tool result in `messages` that names the
+    subagent of a relayed spawn: the harness's own word, which settles a match by prompt."""
+    by_call = {spawn.tool_call_id: spawn for spawn in spawns if spawn.tool_call_id}
+    found = []
+    for message in messages:
+        spawn = by_call.get(message.tool_call_id or "") if message.role == "tool" else None
+        named = SPAWNED_AGENT.search(message.text) if spawn is not None else None
+        if named is not None:
+            found.append((spawn, named[1]))
+    return found

@@ -103,8 +103,11 @@ class Chat:
     @property
     def vocab_size(self) -> int:
         """How many token ids the format's tokenizer has."""
-        size = self.format.tokenizer.vocab_size  # type: ignore[attr-defined]
-        return int(size() if callable(size) else size)  # a method on Hugging Face tokenizers
+        tokenizer = self.format.tokenizer  # type: ignore[attr-defined]
+        if hasattr(tokenizer, "get_vocab_size"):  # a `tokenizers.Tokenizer`, added tokens too
+            return int(tokenizer.get_vocab_size())
+        size = tokenizer.vocab_size
+        return int(size() if callable(size) else size)
 
     def encode(self, text: str) -> np.ndarray:
         tokenizer = self.format.tokenizer  # type: ignore[attr-defined]

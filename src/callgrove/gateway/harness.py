@@ -63,9 +63,13 @@ class HarnessRun:
     returncode: int
     stdout: str
     stderr: str
-    reward: float
+    reward: float | None  # None: no check ran (the episode is closed without a reward)
     record: dict[str, Any]
     seconds: float
+
+
+class CloseFailed(RuntimeError):
+    """The gateway could not be reached to close the episode, or refused the close."""
 
 
 def default_cli(harness: str) -> str | None:
@@ -175,25 +179,42 @@ def run_harness(
     finally:
         shutil.rmtree(socket_dir, ignore_errors=True)
     seconds = time.monotonic() - started
-    reward = 0.0
+    reward = None
     if check:
         checked = subprocess.run(["bash", "-c", check], cwd=work, capture_output=True, timeout=120)
         reward = 1.0 if checked.returncode == 0 else 0.0
     if not close:
         return HarnessRun(harness, episode, returncode, stdout, stderr, reward, {}, seconds)
-    body = {
-        "rewards": {"check": reward},
+    body: dict[str, Any] = {
         "ok": returncode == 0,
         "task": task if task is not None else {"harness": harness, "prompt": prompt},
     }
-    closed = httpx.post(
-        f"{gateway.rstrip('/')}/e/{episode}/close",
-        json=body,
-        headers={"x-api-key": key},
-        timeout=60,
-    )
-    closed.raise_for_status()
-    return HarnessRun(harness, episode, returncode, stdout, stderr, reward, closed.json(), seconds)
+    if reward is not None:  # no check, no reward: a 0 would read as a failed check
+        body["rewards"] = {"check": reward}
+    record = close_episode(gateway, episode, key, body)
+    return HarnessRun(harness, episode, returncode, stdout, stderr, reward, record, seconds)
+
+
+def close_episode(gateway: str, episode: str, key: str, body: dict[str, Any]) -> dict[str, Any]:
+    """POST the close and return the record; `CloseFailed` saying why where there is none."""
+    url = f"{gateway.rstrip('/')}/e/{episode}/close"
+    try:
+        closed = httpx.post(url, json=body, headers={"x-api-key": key}, timeout=60)
+    except httpx.HTTPError as error:
+        raise CloseFailed(
+            f"could not close episode {episode!r}: the gateway at {gateway} did not answer "
+            f"({type(error).__name__}: {error}); its calls stay in the ledger, open"
+        ) from None
+    if closed.status_code != 200:
+        try:
+            said = closed.json()["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            said = closed.text[:300]
+        raise CloseFailed(
+            f"the gateway at {gateway} refused to close episode {episode!r} "
+            f"({closed.status_code}): {said}"
+        )
+    return closed.json()
 
 
 class Stopped(RuntimeError):

@@ -194,10 +194,21 @@ class ScriptedPolicy:
         keep = [not self.chat.is_special(int(t)) for t in ids]
         return self.chat.decode(ids[np.asarray(keep, dtype=bool)]) if len(ids) else ""
 
+    def _cut_at_stops(self, completion: np.ndarray, params: SamplingParams) -> np.ndarray:
+        """The reply up to and with the first token that is a stop token or whose text completes
+        a stop string, as a sampler would have ended it."""
+        stop_ids = np.isin(completion, np.asarray(params.stop_token_ids, dtype=completion.dtype))
+        end = int(np.argmax(stop_ids)) + 1 if stop_ids.any() else len(completion)
+        if params.stop:
+            for length in range(1, end + 1):
+                if any(stop in self.chat.text_of(completion[:length]) for stop in params.stop):
+                    return completion[:length]
+        return completion[:end]
+
     async def sample(self, prompt_ids: np.ndarray, params: SamplingParams) -> Sample:
         newest = self._text(newest_messages(self.chat, prompt_ids))
         reply = self.script.answer(newest, self._text(prompt_ids))
-        completion = self.chat.completion(reply, None)
+        completion = self._cut_at_stops(self.chat.completion(reply, None), params)
         finish = "stop"
         if len(completion) > params.max_tokens:
             completion, finish = completion[: params.max_tokens], "length"

@@ -5,22 +5,33 @@ messages with the chat format; both answer whole or as SSE, with vLLM's token ex
 (`prompt_token_ids`, per-choice `token_ids`, per-token logprobs; `return_tokens_as_token_ids`
 names tokens `token_id:N`), the policy version (`policy_version`) and the distribution the
 logprobs are under (`sampling`, as a call records it) in every response.
+
+The policy samples on an event loop of its own, in a thread of its own (`PolicyThread`): a
+decoding round never holds up `/health` or the reading of other requests, and requests that
+arrive together still batch. What the server cannot honour is refused with a 400 naming the
+field, never ignored: `max_tokens` past the server's limit, token ids outside the vocabulary,
+and the sampling options in `UNSERVED` at any but their neutral value.
 """
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from callgrove.episode import TOKEN_DTYPE
 from callgrove.gateway.apis import (
+    DEFAULT_MAX_TOKENS,
     ChatRequest,
     Reply,
     error_json,
@@ -32,6 +43,7 @@ from callgrove.gateway.apis import (
     stops_of,
 )
 from callgrove.gateway.chat import Chat, tools_message
+from callgrove.gateway.local import LoopPolicy
 from callgrove.gateway.web import (
     DEFAULT_BODY_LIMIT,
     HttpError,
@@ -45,6 +57,68 @@ from callgrove.gateway.web import (
 from callgrove.policy import PolicyClient, Sample, SamplingParams
 
 STREAM_CHUNK_TOKENS = 16
+
+# Request fields this server does not implement, with the values that ask for nothing of them
+# (absent is neutral too): any other value is a 400, as the client would get something else.
+UNSERVED: dict[str, tuple[Any, ...]] = {
+    "n": (1,),
+    "best_of": (1,),
+    "top_logprobs": (0,),
+    "prompt_logprobs": (0,),
+    "echo": (False,),
+    "suffix": ("",),
+    "presence_penalty": (0,),
+    "frequency_penalty": (0,),
+    "repetition_penalty": (1,),
+    "length_penalty": (1,),
+    "top_k": (-1, 0),
+    "min_p": (0,),
+    "min_tokens": (0,),
+    "logit_bias": ({},),
+    "bad_words": ([],),
+    "allowed_token_ids": (),
+    "ignore_eos": (False,),
+    "use_beam_search": (False,),
+    "response_format": ({"type": "text"},),
+    "guided_json": (),
+    "guided_regex": (),
+    "guided_choice": (),
+    "guided_grammar": (),
+    "tool_choice": ("auto",),
+    "skip_special_tokens": (False,),  # completions' text keeps special tokens
+    "include_stop_str_in_output": (True,),  # a stop string's token is kept
+}
+
+
+def refuse_unserved(data: dict[str, Any]) -> None:
+    """A 400 naming the first field of `UNSERVED` that asks for what this server does not do."""
+    for key, neutral in UNSERVED.items():
+        value = data.get(key)
+        if value is not None and not any(
+            (value == v and type(value) is not bool) or value is v for v in neutral
+        ):
+            raise HttpError(
+                400,
+                f"{key} {orjson.dumps(value).decode()[:80]} is not supported by this server "
+                f"(only {' or '.join(orjson.dumps(v).decode() for v in neutral) or 'absent'})",
+            )
+
+
+class PolicyThread:
+    """A policy on an event loop of its own, in a daemon thread: sampling (a decoding round
+    runs on its loop's thread) never blocks the loop that serves HTTP."""
+
+    def __init__(self, policy: PolicyClient):
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self.loop.run_forever, name="callgrove-policy", daemon=True
+        )
+        self._thread.start()
+        self.client = LoopPolicy(policy, self.loop)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(30)
 
 
 def _logprob_block(
@@ -86,12 +160,19 @@ class PolicyServer:
         model: str = "policy",
         tokens: list[str] | None = None,
         body_limit: int = DEFAULT_BODY_LIMIT,
+        max_tokens: int = DEFAULT_MAX_TOKENS,
     ):
+        """`max_tokens`: the most tokens one completion may ask for (more is a 400)."""
         self.policy = policy
         self.chat = chat
         self.model = model
         self.tokens = tokens or []
         self.body_limit = body_limit
+        self.max_tokens = max_tokens
+        self.sampler = PolicyThread(policy)
+
+    def close(self) -> None:
+        self.sampler.close()
 
     def app(self) -> Starlette:
         return Starlette(
@@ -135,10 +216,18 @@ class PolicyServer:
         top_p: float,
         stop: tuple[str, ...],
     ) -> SamplingParams:
+        refuse_unserved(data)
+        if max_tokens > self.max_tokens:
+            raise HttpError(
+                400, f"max_tokens {max_tokens} is over this server's limit of {self.max_tokens}"
+            )
         stop_ids = data.get("stop_token_ids") or []
-        if not isinstance(stop_ids, list) or not all(isinstance(t, int) for t in stop_ids):
-            raise HttpError(400, "stop_token_ids must be a list of integers")
+        if not isinstance(stop_ids, list):
+            raise HttpError(400, "stop_token_ids must be a list of token ids")
+        self._check_ids(stop_ids, "stop_token_ids")
         seed = data.get("seed")
+        if seed is not None and (type(seed) is not int or not 0 <= seed < 2**63):
+            raise HttpError(400, "seed must be a non-negative 64-bit integer")
         try:
             return SamplingParams(
                 max_tokens=max_tokens,
@@ -146,14 +235,24 @@ class PolicyServer:
                 top_p=top_p,
                 stop_token_ids=tuple(stop_ids) or self.chat.stop_token_ids,
                 stop=stop,
-                seed=seed if isinstance(seed, int) else None,
+                seed=seed,
             )
         except ValueError as error:
             raise HttpError(400, str(error)) from None
 
+    def _check_ids(self, ids: list[Any], field: str) -> None:
+        vocab = self.chat.vocab_size
+        for token in ids:
+            if type(token) is not int or not 0 <= token < vocab:
+                raise HttpError(
+                    400, f"{field} holds {token!r}, not a token id of this model [0, {vocab})"
+                )
+
     async def _sample(self, prompt: np.ndarray, params: SamplingParams) -> Sample:
+        if not len(prompt):
+            raise HttpError(400, "the prompt is empty")
         try:
-            return await self.policy.sample(prompt, params)
+            return await self.sampler.client.sample(prompt, params)
         except HttpError:
             raise
         except Exception as error:  # a backend failure is the client's 500, with its reason
@@ -168,14 +267,18 @@ class PolicyServer:
                 prompt = prompt[0]
             if isinstance(prompt, str):
                 prompt_ids = self.chat.encode(prompt)
-            elif (
-                isinstance(prompt, list)
-                and prompt
-                and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
-            ):
-                prompt_ids = np.asarray(prompt, dtype=np.int32)
+            elif isinstance(prompt, list) and prompt:
+                self._check_ids(prompt, "prompt")
+                prompt_ids = np.asarray(prompt, dtype=TOKEN_DTYPE)
             else:
                 raise HttpError(400, "prompt must be a string or a non-empty list of token ids")
+            top = data.get("logprobs")
+            if top is not None and top is not False and (type(top) is not int or top != 0):
+                raise HttpError(
+                    400,
+                    f"logprobs {top!r} asks for the top alternatives of each token, which this "
+                    "server does not return: logprobs 0 gives each sampled token's",
+                )
             request_chat = ChatRequest(
                 api="chat",
                 messages=[],
@@ -314,7 +417,7 @@ def reference_policy(chat: Chat, seed: int = 0, weights: str | None = None) -> P
     model = TinyDecoder(TinyConfig(vocab_size=chat.vocab_size, d_model=64, n_heads=4, d_ff=128))
     if weights is not None:
         model.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
-    return LocalSampler(model, seed)
+    return LocalSampler(model, seed, text_of=chat.text_of)  # text_of: for stop strings
 
 
 def model_chat(tokenizer: Any, parser: str = "hermes") -> Chat:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import socket
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
@@ -97,6 +98,22 @@ def sse_response(events: Iterable[bytes] | AsyncIterator[bytes]) -> StreamingRes
         events,
         media_type="text/event-stream",
         headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
+    )
+
+
+def open_bind_warning(host: str, tokens: Iterable[str]) -> str | None:
+    """What to warn of when a server that takes calls without a key binds beyond loopback
+    (every prompt, tool output and ledger line is then anyone's on the network), or None."""
+    if any(True for _ in tokens) or host == "localhost":
+        return None
+    try:
+        if ipaddress.ip_address(host).is_loopback:
+            return None
+    except ValueError:
+        pass  # a host name: it may resolve to any interface
+    return (
+        f"binding {host}, beyond loopback, with no --token: anyone who can reach this port can "
+        "call it without a key (give --token or CALLGROVE_TOKEN)"
     )
 
 

@@ -18,9 +18,11 @@ importance ratio.
 
 from __future__ import annotations
 
+import base64
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 from typing import Any
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import numpy as np
 import orjson
@@ -86,6 +88,44 @@ def reported_distribution(payload: dict, params: SamplingParams, tempered: bool)
     )
 
 
+TOKEN_ID_MAX = int(np.iinfo(TOKEN_DTYPE).max)
+
+
+def token_ids_of(values: Any, field: str) -> np.ndarray:
+    """An upstream's token ids as the stored dtype: every one a JSON integer that fits, else an
+    `UpstreamError` naming the field (a cast would truncate 1.5 to 1, or wrap a large id)."""
+    if not isinstance(values, list):
+        raise UpstreamError(f"upstream {field} is not a list of token ids")
+    for value in values:
+        if type(value) is not int:  # bools and floats are ints to numpy
+            raise UpstreamError(f"upstream {field} holds {value!r}, not an integer token id")
+        if not 0 <= value <= TOKEN_ID_MAX:
+            raise UpstreamError(f"upstream {field} holds {value}, not a token id")
+    return np.asarray(values, dtype=TOKEN_DTYPE)
+
+
+def logprobs_of(values: Any, field: str) -> np.ndarray:
+    """An upstream's per-token log-probabilities: JSON numbers, else an `UpstreamError` naming
+    the field (numpy would read the string "-0.5" or `true` as a number)."""
+    if not isinstance(values, list):
+        raise UpstreamError(f"upstream {field} is not a list of log-probabilities")
+    for value in values:
+        if type(value) not in (float, int):
+            raise UpstreamError(f"upstream {field} holds {value!r}, not a log-probability")
+    return np.asarray(values, dtype=LOGPROB_DTYPE)
+
+
+def version_of(payload: dict, fallback: int | None) -> int | None:
+    """The response's `policy_version`: a JSON integer (1.5 or "3" is an `UpstreamError`, never
+    rounded), else `fallback` where it says none."""
+    version = payload.get("policy_version")
+    if version is None:
+        return fallback
+    if type(version) is not int:
+        raise UpstreamError(f"upstream policy_version {version!r} is not an integer")
+    return version
+
+
 def sample_from_completion(payload: dict, fallback_version: int) -> Sample:
     """The sample a `/v1/completions` response carries; an error when its token fields lack."""
     try:
@@ -99,17 +139,16 @@ def sample_from_completion(payload: dict, fallback_version: int) -> Sample:
             "upstream response has no completion token ids (choices[0].token_ids): "
             "the server must support return_token_ids"
         )
-    if logprobs is None or len(logprobs) != len(ids) or None in logprobs:
+    if not isinstance(logprobs, list) or len(logprobs) != len(ids) or None in logprobs:
         raise UpstreamError(
             "upstream response has no per-token logprobs matching its token ids "
             "(choices[0].logprobs.token_logprobs)"
         )
-    version = payload.get("policy_version", fallback_version)
     finish = "length" if choice.get("finish_reason") == "length" else "stop"
     return Sample(
-        completion_ids=np.asarray(ids, dtype=TOKEN_DTYPE),
-        logprobs=np.asarray(logprobs, dtype=LOGPROB_DTYPE),
-        policy_version=int(version) if version is not None else fallback_version,
+        completion_ids=token_ids_of(ids, "choices[0].token_ids"),
+        logprobs=logprobs_of(logprobs, "choices[0].logprobs.token_logprobs"),
+        policy_version=version_of(payload, fallback_version),
         finish_reason=finish,
     )
 
@@ -136,17 +175,16 @@ def piece_from_chunk(payload: dict) -> Piece:
         logprobs = (choice.get("logprobs") or {}).get("token_logprobs") or []
     except (KeyError, IndexError, TypeError, AttributeError):
         raise UpstreamError("upstream stream chunk has no choices") from None
-    if len(logprobs) != len(ids) or None in logprobs:
+    if not isinstance(ids, list) or not isinstance(logprobs, list) or len(logprobs) != len(ids):
         raise UpstreamError(
             "upstream stream chunk has no per-token logprobs matching its token ids "
             "(choices[0].logprobs.token_logprobs, choices[0].token_ids)"
         )
-    version = payload.get("policy_version")
     return Piece(
-        np.asarray(ids, dtype=TOKEN_DTYPE),
-        np.asarray(logprobs, dtype=LOGPROB_DTYPE),
+        token_ids_of(ids, "stream chunk choices[0].token_ids"),
+        logprobs_of(logprobs, "stream chunk choices[0].logprobs.token_logprobs"),
         choice.get("finish_reason"),
-        int(version) if version is not None else None,
+        version_of(payload, None),
     )
 
 
@@ -194,7 +232,17 @@ def sample_from_chat(payload: dict, fallback_version: int) -> tuple[np.ndarray, 
         },
         fallback_version,
     )
-    return np.asarray(prompt, dtype=TOKEN_DTYPE), sample, message
+    return token_ids_of(prompt, "prompt_token_ids"), sample, message
+
+
+def split_credentials(url: str) -> tuple[str, tuple[str, str] | None]:
+    """(the URL without `user:password@`, the (user, password) it carried or None)."""
+    parts = urlsplit(url)
+    if parts.username is None and "@" not in parts.netloc:
+        return url, None
+    host = parts.netloc.rpartition("@")[2]
+    bare = urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
+    return bare, (unquote(parts.username or ""), unquote(parts.password or ""))
 
 
 class HttpPolicyClient:
@@ -215,8 +263,11 @@ class HttpPolicyClient:
         tempered_logprobs: bool = False,
     ):
         """`tempered_logprobs`: the server reports logprobs of the distribution it sampled from
-        at any settings (see the module)."""
-        self.base_url = base_url.rstrip("/")
+        at any settings (see the module). Credentials in the URL (`user:password@host`) are
+        sent as basic auth and kept out of the URL, so no error or ledger line can echo them."""
+        self.base_url, credentials = split_credentials(base_url.rstrip("/"))
+        if credentials is not None and token:
+            raise ValueError("give the upstream credentials in its URL or as a token, not both")
         self.tempered_logprobs = tempered_logprobs
         self.model = model
         self.timeout = timeout
@@ -224,6 +275,9 @@ class HttpPolicyClient:
         self._headers = {"content-type": "application/json"}
         if token:
             self._headers["authorization"] = f"Bearer {token}"
+        elif credentials is not None:
+            pair = base64.b64encode(":".join(credentials).encode()).decode()
+            self._headers["authorization"] = f"Basic {pair}"
         self._version = 0
         self._session: Any = None  # an aiohttp session, made in (and bound to) the running loop
         self._session_loop: Any = None

@@ -4,7 +4,8 @@
 event loop once so that every episode ready to call gets its request in, then decodes up to
 `max_batch` requests as one batch with a KV cache (`callgrove.train.decode`), and repeats while
 requests wait. A round runs on the event loop's thread from start to end, and new weights are
-loaded between rounds, so every call samples from one version.
+loaded between rounds, so every call samples from one version. A round that fails is decoded
+again request by request, so a bad request fails alone, never the callers it batched with.
 """
 
 from __future__ import annotations
@@ -82,25 +83,32 @@ class LocalSampler:
                 continue
             version = self._version
             try:
-                decoded = self.decode([r for r, _ in batch])
-            except Exception as error:  # every caller of the round learns why
-                for _, future in batch:
-                    if not future.done():
-                        future.set_exception(error)
-                continue
+                decoded: list[Decoded | Exception] = list(self.decode([r for r, _ in batch]))
+            except Exception as error:  # one bad request fails alone: decoded again one by one
+                decoded = [error] if len(batch) == 1 else [self._decode_alone(r) for r, _ in batch]
             self.rounds += 1
             self.calls += len(batch)
             for (request, future), result in zip(batch, decoded, strict=True):
-                if not future.done():
-                    future.set_result(
-                        Sample(
-                            completion_ids=result.completion_ids,
-                            logprobs=result.logprobs,
-                            policy_version=version,
-                            finish_reason="stop" if result.stopped else "length",
-                            sampling=sampling_record(request.temperature, request.top_p),
-                        )
+                if future.done():
+                    continue
+                if isinstance(result, Exception):
+                    future.set_exception(result)
+                    continue
+                future.set_result(
+                    Sample(
+                        completion_ids=result.completion_ids,
+                        logprobs=result.logprobs,
+                        policy_version=version,
+                        finish_reason="stop" if result.stopped else "length",
+                        sampling=sampling_record(request.temperature, request.top_p),
                     )
+                )
+
+    def _decode_alone(self, request: DecodeRequest) -> Decoded | Exception:
+        try:
+            return self.decode([request])[0]
+        except Exception as error:  # this request's own failure, for its caller alone
+            return error
 
     async def load_weights(self, weights: Any, version: int) -> None:
         self.model.load_state_dict(weights)

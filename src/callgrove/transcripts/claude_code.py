@@ -409,14 +409,13 @@ def _link(built: list[Built], report: ImportReport) -> list[Gap]:
 def _start_of(
     arguments: SpawnArguments, status: str | None, meta: SubagentMeta | None, copied: int
 ) -> str:
-    """`background` when it ran alongside its parent; `fork` when it started from the parent's
-    conversation (its history repeats the parent's responses); else `fresh`."""
-    if arguments.run_in_background is True or status in BACKGROUND_STATUSES:
-        return "background"
+    """`SpawnArguments.start`: the launch status tells whether it ran in the background (an
+    async launch) or not (any other status); a fork's history repeats its parent's responses."""
     said_fork = meta is not None and (meta.is_fork or meta.fork)
-    if copied or arguments.subagent_type == "fork" or said_fork:
-        return "fork"
-    return "fresh"
+    return arguments.start(
+        ran_in_background=None if status is None else status in BACKGROUND_STATUSES,
+        forked=bool(copied) or said_fork,
+    )
 
 
 def _missing_subagents(

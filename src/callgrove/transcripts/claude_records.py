@@ -127,6 +127,41 @@ class SpawnArguments(msgspec.Struct, kw_only=True):
         background = arguments.get("run_in_background")
         return cls(**texts, run_in_background=background if isinstance(background, bool) else None)
 
+    def start(
+        self,
+        *,
+        ran_in_background: bool | None = None,
+        forked: bool = False,
+        version: str | None = None,
+    ) -> str:
+        """The started subagent's `start`, one rule for the gateway and the importer:
+        `background` when it ran alongside its parent (as the harness reported it, else as the
+        call asked, else the default of the CLI `version`), a fork that ran in the background
+        included; else `fork` when it started from its parent's conversation (`forked`, or the
+        `fork` subagent type); else `fresh`."""
+        background = ran_in_background
+        if background is None:
+            background = self.run_in_background
+        if background is None:
+            background = background_by_default(version)
+        if background:
+            return "background"
+        return "fork" if forked or self.subagent_type == "fork" else "fresh"
+
+
+# Claude Code runs an Agent call that leaves out `run_in_background` in the foreground through
+# 2.1.197 and in the background from the 2.1.198 line on.
+BACKGROUND_BY_DEFAULT_SINCE = (2, 1, 198)
+
+
+def background_by_default(version: str | None) -> bool:
+    """Whether Claude Code `version` ("2.1.332") runs an Agent call in the background when the
+    call does not say; an unknown version: no (it is not claimed without evidence)."""
+    parts = (version or "").split(".")
+    if len(parts) < 3 or not all(part.isdigit() for part in parts[:3]):
+        return False
+    return tuple(int(part) for part in parts[:3]) >= BACKGROUND_BY_DEFAULT_SINCE
+
 
 # ---------------------------------------------------------------------------------------------
 # Lines

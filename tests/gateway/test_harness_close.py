@@ -1,0 +1,80 @@
+"""How `callgrove harness` closes its episode: a reward only where a check ran, and a clear
+error (not a traceback) where the gateway cannot be reached or refuses the close."""
+
+from __future__ import annotations
+
+import socket
+
+import httpx
+import pytest
+from typer.testing import CliRunner
+
+from callgrove.cli.app import app
+from callgrove.gateway import harness
+from callgrove.gateway.chat import Chat
+from callgrove.gateway.local import LocalGateway
+from callgrove.gateway.serve import PolicyThread
+
+from .helpers import scripted, write_script
+
+
+@pytest.fixture
+def gateway(tmp_path):
+    policy = scripted(write_script(tmp_path / "s.json", [{"when": "hi", "reply": "hello"}]))
+    sampler = PolicyThread(policy)
+    with LocalGateway(policy, sampler.loop, Chat.builtin(), tmp_path / "ledger") as served:
+        yield served.url
+    sampler.close()
+
+
+@pytest.fixture
+def fake_cli(monkeypatch, tmp_path):
+    """The CLI run replaced by one call to the gateway (what a harness would have made)."""
+    calls = []
+
+    def run_cli(argv, work, env, timeout, stop):
+        url, episode = calls[0]
+        httpx.post(
+            f"{url}/e/{episode}/v1/chat/completions",
+            json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+        ).raise_for_status()
+        return 0, "", ""
+
+    monkeypatch.setattr(harness, "_run_cli", run_cli)
+    cli = tmp_path / "fake-cli"
+    cli.write_text("#!/bin/sh\n")
+    cli.chmod(0o755)
+    return calls, str(cli)
+
+
+def test_without_a_check_the_episode_closes_without_a_reward(tmp_path, gateway, fake_cli):
+    calls, cli = fake_cli
+    calls.append((gateway, "plain"))
+    run = harness.run_harness("codex", "hi", gateway, "plain", tmp_path / "runs", cli=cli)
+    assert run.reward is None and run.record["rewards"] == {}
+    calls[0] = (gateway, "checked")
+    checked = harness.run_harness(
+        "codex", "hi", gateway, "checked", tmp_path / "runs", cli=cli, check="false"
+    )
+    assert checked.reward == 0.0 and checked.record["rewards"] == {"check": 0.0}
+
+
+def test_an_unreachable_gateway_at_close_is_a_clear_error(tmp_path, fake_cli, monkeypatch):
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{free.getsockname()[1]}"
+    monkeypatch.setattr(harness, "_run_cli", lambda *args: (0, "", ""))
+    _, cli = fake_cli
+    with pytest.raises(harness.CloseFailed, match="did not answer"):
+        harness.run_harness("codex", "hi", url, "ep", tmp_path / "runs", cli=cli)
+    folder = str(tmp_path / "cli-runs")
+    options = ["--gateway", url, "--episode", "ep", "--cli", cli, "--folder", folder]
+    result = CliRunner().invoke(app, ["harness", "codex", "hi", *options], catch_exceptions=False)
+    assert result.exit_code == 1 and "did not answer" in result.output
+
+
+def test_a_refused_close_names_the_gateways_reason(tmp_path, gateway, fake_cli, monkeypatch):
+    monkeypatch.setattr(harness, "_run_cli", lambda *args: (0, "", ""))  # no call: no ledger
+    _, cli = fake_cli
+    with pytest.raises(harness.CloseFailed, match="404"):
+        harness.run_harness("codex", "hi", gateway, "never", tmp_path / "runs", cli=cli)

@@ -1,0 +1,180 @@
+"""serve-policy under what clients really send: limits, a slow decode, a bad prompt batched
+with good ones, stop strings, and options it does not implement (refused, never ignored)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+
+from callgrove.gateway.chat import Chat
+from callgrove.gateway.serve import UNSERVED, reference_policy
+from callgrove.policy import Sample, SamplingParams
+from callgrove.policy.local import LocalSampler
+from callgrove.train import TinyConfig, TinyDecoder
+
+from .helpers import policy_client, scripted, write_script
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
+
+
+def run(coroutine):
+    return asyncio.run(coroutine)
+
+
+@pytest.fixture
+def script(tmp_path):
+    return write_script(tmp_path / "s.json", [{"when": "hello", "reply": "Hi there, friend!"}])
+
+
+def post(policy, path, body, **options):
+    async def go():
+        async with policy_client(policy, **options) as client:
+            return await client.post(path, json=body)
+
+    return run(go())
+
+
+def test_max_tokens_past_the_servers_limit_is_refused(script):
+    policy = scripted(script)
+    over = post(policy, "/v1/chat/completions", {**CHAT, "max_tokens": 10**9}, max_tokens=64)
+    assert over.status_code == 400 and "limit of 64" in over.json()["error"]["message"]
+    within = post(policy, "/v1/chat/completions", {**CHAT, "max_tokens": 64}, max_tokens=64)
+    assert within.status_code == 200
+
+
+class Slow:
+    """A policy whose sampling holds its thread for `seconds` (as a decoding round does)."""
+
+    def __init__(self, inner, seconds: float):
+        self.inner, self.seconds = inner, seconds
+
+    @property
+    def version(self) -> int:
+        return 0
+
+    async def sample(self, prompt_ids, params):
+        time.sleep(self.seconds)  # blocking on purpose: a round of decoding is not awaitable
+        return await self.inner.sample(prompt_ids, params)
+
+
+def test_a_long_decode_does_not_freeze_health_or_other_requests(script):
+    async def go():
+        async with policy_client(Slow(scripted(script), 1.5)) as client:
+            done = {}
+
+            async def slow():
+                await client.post("/v1/chat/completions", json=CHAT)
+                done["slow"] = time.monotonic()
+
+            decoding = asyncio.ensure_future(slow())
+            await asyncio.sleep(0.2)  # the decode has started
+            health = await client.get("/health")
+            done["health"] = time.monotonic()
+            await decoding
+            return health.status_code, done
+
+    health, done = run(go())
+    assert health == 200
+    assert done["health"] < done["slow"] - 0.5, "/health waited for a decode"
+
+
+def tiny_sampler(chat: Chat) -> LocalSampler:
+    return LocalSampler(TinyDecoder(TinyConfig(vocab_size=chat.vocab_size)), seed=0)
+
+
+def test_one_bad_prompt_fails_alone_not_its_whole_round():
+    chat = Chat.builtin()
+    sampler = tiny_sampler(chat)
+    good = chat.encode("hello")
+    poison = np.asarray([1, chat.vocab_size + 5], dtype=np.int32)  # the embedding refuses it
+
+    async def go():
+        params = SamplingParams(max_tokens=4)
+        return await asyncio.gather(
+            sampler.sample(good, params),
+            sampler.sample(poison, params),
+            sampler.sample(good, params),
+            return_exceptions=True,
+        )
+
+    first, bad, last = run(go())
+    assert isinstance(first, Sample) and isinstance(last, Sample), (first, last)
+    assert isinstance(bad, Exception) and not isinstance(bad, Sample)
+    assert len(first.completion_ids) == 4 and len(last.completion_ids) == 4
+
+
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        ({"prompt": [1, 10**6]}, "not a token id"),
+        ({"prompt": [-1]}, "not a token id"),
+        ({"prompt": [2**40]}, "not a token id"),
+        ({"prompt": [1, True]}, "not a token id"),
+        ({"prompt": ""}, "empty"),
+        ({"prompt": "hi", "stop_token_ids": [10**6]}, "stop_token_ids"),
+        ({"prompt": "hi", "seed": "seven"}, "seed"),
+        ({"prompt": "hi", "seed": 1.5}, "seed"),
+    ],
+)
+def test_client_mistakes_are_400s_naming_them(script, body, said):
+    answer = post(scripted(script), "/v1/completions", body)
+    assert answer.status_code == 400 and said in answer.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("path", "field", "value"),
+    [
+        ("/v1/chat/completions", "n", 2),
+        ("/v1/chat/completions", "top_logprobs", 3),
+        ("/v1/chat/completions", "presence_penalty", 0.5),
+        ("/v1/chat/completions", "frequency_penalty", -1),
+        ("/v1/chat/completions", "logit_bias", {"5": 10}),
+        ("/v1/chat/completions", "response_format", {"type": "json_object"}),
+        ("/v1/chat/completions", "tool_choice", "required"),
+        ("/v1/chat/completions", "top_k", 5),
+        ("/v1/completions", "n", True),
+        ("/v1/completions", "best_of", 3),
+        ("/v1/completions", "logprobs", 5),
+        ("/v1/completions", "echo", True),
+        ("/v1/completions", "min_p", 0.1),
+        ("/v1/completions", "skip_special_tokens", True),
+    ],
+)
+def test_options_the_server_does_not_implement_are_refused(script, path, field, value):
+    base = CHAT if path.endswith("chat/completions") else {"prompt": "hello"}
+    answer = post(scripted(script), path, {**base, field: value})
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"]["message"].startswith(field)
+
+
+def test_the_neutral_values_of_those_options_are_served(script):
+    neutral = {key: values[0] for key, values in UNSERVED.items() if values}
+    chat = post(scripted(script), "/v1/chat/completions", {**CHAT, **neutral})
+    assert chat.status_code == 200, chat.text
+    completion = post(scripted(script), "/v1/completions", {"prompt": "hi", **neutral})
+    assert completion.status_code == 200, completion.text
+
+
+def test_stop_strings_end_the_tiny_models_completions():
+    chat = Chat.builtin()
+    policy = reference_policy(chat, seed=1)
+    body = {"prompt": "hello there", "max_tokens": 24, "temperature": 0, "logprobs": 0}
+    free = post(policy, "/v1/completions", body).json()["choices"][0]
+    ids = free["token_ids"]
+    text = chat.text_of(np.asarray(ids[:6]))
+    stop = text[-2:]  # the greedy completion reaches it by its sixth token
+    stopped = post(policy, "/v1/completions", {**body, "stop": [stop]})
+    assert stopped.status_code == 200, stopped.text
+    choice = stopped.json()["choices"][0]
+    cut = choice["token_ids"]
+    assert cut == ids[: len(cut)] and len(cut) <= 6 and choice["finish_reason"] == "stop"
+    assert stop in chat.text_of(np.asarray(cut)) and stop not in chat.text_of(np.asarray(cut[:-1]))
+
+
+def test_stop_strings_end_a_scripted_reply(script):
+    answer = post(scripted(script), "/v1/chat/completions", {**CHAT, "stop": ["friend"]})
+    message = answer.json()["choices"][0]["message"]
+    assert answer.status_code == 200 and message["content"] == "Hi there, friend"
