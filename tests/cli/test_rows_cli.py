@@ -37,10 +37,11 @@ def test_rows_jsonl_is_the_spec_table():
     ]
     first = rows[0]
     assert set(first) == {
-        "episode", "row", "leaf", "agent", "path", "trains", "context",
+        "episode", "group", "row", "leaf", "agent", "path", "trains", "context",
         "num_tokens", "num_loss_tokens", "reward", "duplicate_of", "objective",
     }  # fmt: skip
     assert first["episode"] == "login-bug-0001" and first["agent"] == "B" and first["reward"] == 1.0
+    assert first["group"] == "grp-login"
 
 
 def test_rows_with_tokens_carries_tokens_mask_and_logprobs():

@@ -106,3 +106,23 @@ def test_usage_errors(tmp_path: Path) -> None:
     result = convert(here, "--from", "verifiers", "--to", "callgrove", "--invocations", here, "o")
     assert result.exit_code == 2 and "--invocations goes with --from gym" in result.output
     assert convert(here, "--from", "nowhere", "--to", "callgrove", "o").exit_code == 2
+
+
+def test_credit_onto_traces_of_episodes_never_scored_is_refused_or_scored(tmp_path: Path) -> None:
+    source = write_with_verifiers(tmp_path, [multi_agent_episode(0), multi_agent_episode(1)])
+    uncredited = tmp_path / "uncredited.jsonl"
+    save(uncredited, read_verifiers(source))  # read, never scored: no advantages anywhere
+    out = tmp_path / "out.jsonl"
+    result = convert(uncredited, "--from", "callgrove", "--onto", source, out)
+    assert result.exit_code == 1
+    assert f"{uncredited}:1: episode ep-0: " in result.output and "--algorithm" in result.output
+    assert not out.exists()  # no traces with null advantages were written
+    result = convert(
+        uncredited, "--from", "callgrove", "--onto", source, out, "--algorithm", "grpo"
+    )
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    solver_nodes = [node for row in rows for node in row["traces"][1]["nodes"]]
+    assert any(node.get("advantages") is not None for node in solver_nodes)
+    result = convert(uncredited, "--from", "callgrove", out, "--algorithm", "grpo")
+    assert result.exit_code == 2 and "--algorithm goes with --onto" in result.output

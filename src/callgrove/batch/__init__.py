@@ -11,6 +11,7 @@ from callgrove.batch.packing import (
 from callgrove.batch.samples import (
     NO_TOP_K,
     NO_VERSION,
+    SAMPLE_FORMS,
     SAMPLE_SCHEMA,
     TOKEN_FIELDS,
     Sample,
@@ -18,6 +19,7 @@ from callgrove.batch.samples import (
     build_samples,
     fill_unknown_sampling,
     read_samples,
+    sample_form,
     sample_from_row,
     samples_from_table,
     samples_to_table,
@@ -27,6 +29,7 @@ from callgrove.batch.samples import (
 __all__ = [
     "NO_TOP_K",
     "NO_VERSION",
+    "SAMPLE_FORMS",
     "SAMPLE_SCHEMA",
     "TOKEN_FIELDS",
     "MicroBatch",
@@ -40,6 +43,7 @@ __all__ = [
     "fill_unknown_sampling",
     "pack",
     "read_samples",
+    "sample_form",
     "sample_from_row",
     "samples_from_table",
     "samples_to_table",

@@ -6,8 +6,11 @@ an unassigned advantage never turns into zeros on the way to the trainer. Rows o
 episodes (`objective: supervised`, imported transcripts) are the exception: their samples carry
 the loss mask and no advantages (`None`), for a cross-entropy loss.
 
-Samples go to Parquet (one row per sample, per-token arrays as list columns) and to torch
-tensors (torch is the optional `train` extra and is imported only when asked for).
+Samples go to files (`write_samples`, read back by `read_samples`) in three forms, told by the
+file's suffix: Parquet and Arrow IPC (one table row per sample, per-token arrays as list
+columns, `SAMPLE_SCHEMA`) and JSON Lines (one object per sample under the same names, NaN as
+`null`); and to torch tensors (torch is the optional `train` extra and is imported only when
+asked for).
 """
 
 from __future__ import annotations
@@ -15,9 +18,11 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_type_hints
 
+import msgspec
 import numpy as np
+import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -280,7 +285,7 @@ def _missing_advantage(row: Row, call_id: str) -> InputError:
     return InputError(Problem(message, episode=row.episode.id, call=call_id))
 
 
-# Parquet ------------------------------------------------------------------------------------
+# Files ---------------------------------------------------------------------------------------
 
 _NULLABLE = ("logprobs", "advantages")  # samples without them: transcripts, supervised rows
 _ARROW_TYPES = {name: pa.from_numpy_dtype(dtype) for name, dtype in FIELD_DTYPES.items()}
@@ -313,12 +318,125 @@ def samples_to_table(samples: Sequence[Sample]) -> pa.Table:
     return pa.Table.from_batches(batches, schema=SAMPLE_SCHEMA)
 
 
-def write_samples(path: str | Path, samples: Sequence[Sample], compression: str = "zstd") -> None:
-    pq.write_table(samples_to_table(samples), path, compression=compression)
+# The forms a samples file takes, by its name's suffix.
+SAMPLE_FORMS = {".parquet": "parquet", ".arrow": "arrow", ".jsonl": "jsonl"}
+
+
+def sample_form(path: str | Path) -> str:
+    """The form of samples file `path`, from its suffix; a `ValueError` naming it otherwise."""
+    form = SAMPLE_FORMS.get(Path(path).suffix)
+    if form is None:
+        raise ValueError(f"{path}: a samples file ends in {', '.join(SAMPLE_FORMS)}")
+    return form
+
+
+def write_samples(
+    path: str | Path,
+    samples: Sequence[Sample],
+    compression: str = "zstd",
+    form: str | None = None,
+) -> None:
+    """Write `samples` to `path` as Parquet, Arrow IPC or JSON Lines: `form`, or the one its
+    suffix names (`SAMPLE_FORMS`). `compression` is Parquet's."""
+    form = form or sample_form(path)
+    if form == "parquet":
+        pq.write_table(samples_to_table(samples), path, compression=compression)
+    elif form == "arrow":
+        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, SAMPLE_SCHEMA) as writer:
+            for chunk in _token_bounded_chunks(samples):
+                writer.write_batch(_record_batch(chunk))
+    elif form == "jsonl":
+        with open(path, "wb") as stream:
+            for sample in samples:
+                stream.write(orjson.dumps(_sample_line(sample), option=_JSON_OPTIONS) + b"\n")
+    else:
+        raise ValueError(f"no samples form {form!r}: one of {', '.join(SAMPLE_FORMS.values())}")
 
 
 def read_samples(path: str | Path) -> list[Sample]:
-    return samples_from_table(pq.read_table(path, schema=SAMPLE_SCHEMA))
+    """The samples of a file `write_samples` (or `callgrove samples`) wrote, in its form:
+    Parquet, Arrow IPC or JSON Lines, told by the suffix.
+
+    Each sample comes back with the arrays `build_samples` gave it (the same dtypes; NaN
+    temperatures and top-p where a call recorded no sampling, `None` logprobs or advantages
+    where the sample had none). A file that is not a samples file, a bad line or a sample
+    whose per-token arrays differ in length raises `InputError` naming the file, the line
+    (the row, from 1, in the binary forms) and the episode."""
+    form, file = sample_form(path), str(path)
+    if form == "jsonl":
+        samples = list(_read_jsonl(file))
+    else:
+        try:
+            if form == "parquet":
+                table = pq.read_table(path, schema=SAMPLE_SCHEMA)
+            else:
+                with pa.memory_map(file) as source:
+                    table = pa.ipc.open_file(source).read_all()
+                if not table.schema.equals(SAMPLE_SCHEMA):
+                    raise pa.ArrowInvalid(f"its schema is not the samples schema: {table.schema}")
+        except (pa.ArrowException, OSError) as error:
+            raise InputError(Problem(f"not a samples file ({error})", file=file)) from None
+        samples = samples_from_table(table)
+    for number, sample in enumerate(samples, start=1):
+        _check_lengths(sample, file, number)
+    return samples
+
+
+_JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY  # NaN (unknown sampling) is written as null
+
+
+def _sample_line(sample: Sample) -> dict[str, Any]:
+    return {name: getattr(sample, name) for name in (*METADATA_FIELDS, *TOKEN_FIELDS)}
+
+
+def _line_type() -> type[msgspec.Struct]:
+    """A JSON Lines sample as msgspec checks it: the metadata as `Sample` types it, each
+    per-token field a list of its dtype's numbers (null only where NaN may stand), the whole
+    list null only where `Sample` allows `None`."""
+    hints = get_type_hints(Sample)
+    columns: list[tuple[str, Any]] = [(name, hints[name]) for name in METADATA_FIELDS]
+    for name in TOKEN_FIELDS:
+        number: Any = int if np.issubdtype(FIELD_DTYPES[name], np.integer) else float
+        if name in SAMPLING_FIELDS and number is float:
+            number = number | None
+        values: Any = list[number]  # type: ignore[valid-type]
+        columns.append((name, values | None if name in _NULLABLE else values))
+    return msgspec.defstruct("SampleLine", columns, forbid_unknown_fields=True)
+
+
+def _read_jsonl(file: str) -> Iterator[Sample]:
+    decoder = msgspec.json.Decoder(_line_type())
+    with open(file, "rb") as stream:
+        for number, line in enumerate(stream, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = decoder.decode(line)
+            except msgspec.DecodeError as error:
+                raise InputError(
+                    Problem(f"not a sample: {error}", file=file, line=number)
+                ) from None
+            values = {name: getattr(record, name) for name in METADATA_FIELDS}
+            try:
+                for name in TOKEN_FIELDS:
+                    listed = getattr(record, name)
+                    values[name] = (
+                        None if listed is None else np.array(listed, dtype=FIELD_DTYPES[name])
+                    )
+            except (OverflowError, ValueError) as error:
+                problem = Problem(
+                    f"{name}: {error}", file=file, line=number, episode=record.episode
+                )
+                raise InputError(problem) from None
+            yield Sample(**values)
+
+
+def _check_lengths(sample: Sample, file: str, line: int) -> None:
+    lengths = {name: len(array) for name, array in sample.arrays().items() if array is not None}
+    if len(set(lengths.values())) > 1:
+        shown = ", ".join(f"{name} {length}" for name, length in lengths.items())
+        message = f"row {sample.row}: per-token arrays of different lengths ({shown})"
+        raise InputError(Problem(message, file=file, line=line, episode=sample.episode))
 
 
 def samples_from_table(table: pa.Table) -> list[Sample]:

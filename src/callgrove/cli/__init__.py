@@ -7,6 +7,7 @@ from callgrove.cli.app import app, plain_help
 # Subcommand modules register themselves on import (one line each).
 from callgrove.cli import rows as _rows  # noqa: F401  isort: skip
 from callgrove.cli import convert as _convert  # noqa: F401  isort: skip
+from callgrove.cli import samples as _samples  # noqa: F401  isort: skip
 from callgrove.cli import show as _show  # noqa: F401  isort: skip
 from callgrove.cli import stats as _stats  # noqa: F401  isort: skip
 from callgrove.cli import importers as _importers  # noqa: F401  isort: skip

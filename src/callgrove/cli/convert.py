@@ -5,7 +5,9 @@ was converted, and what was not and why: bad lines and episodes (with file and l
 of episodes a source could not give as calls (the episodes' gaps), and what the target form
 cannot hold. A field callgrove's own forms do not have is never dropped quietly: convert
 refuses the episode holding it (an error naming file, line, episode and field) unless
-`--drop-unknown` is given, and then counts each one left out (docs/interop.md).
+`--drop-unknown` is given, and then counts each one left out (docs/interop.md). Credit put
+`--onto` verifiers traces is the credit IN's episodes carry: an episode never scored is an
+error (never `null` advantages written for it) unless `--algorithm` scores IN's groups first.
 """
 
 from __future__ import annotations
@@ -38,6 +40,18 @@ from callgrove.cli.app import (
     safe,
 )
 from callgrove.cli.kinds import harness_hint
+from callgrove.cli.scoring import (
+    AlgorithmOption,
+    DecayOption,
+    LocalSeatOption,
+    Located,
+    ScaleOption,
+    ScopeOption,
+    chosen_algorithm,
+    never_scored,
+    score_groups,
+    unscored_message,
+)
 from callgrove.cli.shards import (
     Executor,
     ExecutorOption,
@@ -50,7 +64,8 @@ from callgrove.cli.shards import (
     renumber,
     run_shards,
 )
-from callgrove.episode import Episode, format_for, load, open_writer
+from callgrove.credit import Algorithm
+from callgrove.episode import Episode, format_for, load, load_located, open_writer
 from callgrove.forest import compact_prompts
 from callgrove.formats.output import NewFile
 from callgrove.formats.problems import Diagnostics, InputError
@@ -146,6 +161,11 @@ def convert_command(
             "them (each one counted); by default such an episode is an error.",
         ),
     ] = False,
+    algorithm_name: AlgorithmOption = None,
+    scope: ScopeOption = None,
+    scale_by_std: ScaleOption = False,
+    local_seats: LocalSeatOption = None,
+    decay: DecayOption = None,
     jobs: JobsOption = 1,
     executor: ExecutorOption = Executor.process,
     out_option: OutputOption = None,
@@ -153,12 +173,17 @@ def convert_command(
     """Convert episodes between verifiers traces, NeMo Gym captures and callgrove files.
 
     `callgrove convert IN [--from verifiers|gym|callgrove] [--to callgrove|verifiers] OUT` (or
-    `-o OUT`); what IN holds is read from its first record when --from is not given.
+    `-o OUT`); what IN holds is read from its first record when --from is not given. With
+    `--onto`, IN's episodes must carry advantages, or `--algorithm` scores their groups.
     """
     out = one_output(out, out_option)
     from_ = from_ or _infer_source(source)
     to = to or _infer_target(out, onto)
     source = _input_path(source, from_, invocations, onto, to)
+    algorithm = chosen_algorithm(algorithm_name, scope, scale_by_std, local_seats, decay)
+    if algorithm is not None and onto is None:
+        err.print("error: --algorithm goes with --onto: the credit written onto verifiers traces")
+        raise typer.Exit(EXIT_USAGE)
     target = out / VERIFIERS_FILE if to is Target.verifiers and out.is_dir() else out
     require_output(target, [p for p in (source, invocations, onto) if p is not None])
     diagnostics = _diagnostics(drop_unknown)
@@ -178,17 +203,24 @@ def convert_command(
         else:
             episodes = _counted(progress, source, episodes, _total(source, invocations))
 
-        def counted() -> Iterator[Episode]:
-            for episode in episodes:
+        def counted() -> Iterator[Located]:
+            for line, episode in episodes:
                 if not skip_bad and diagnostics.errors:
                     raise _Stopped
+                place = Located(episode, source, line)
+                if onto is not None and algorithm is None and never_scored(episode):
+                    raise InputError(place.problem(unscored_message(episode)))
                 tally.add(episode)
-                yield episode
+                yield place
             if not skip_bad and diagnostics.errors:
                 raise _Stopped
 
         try:
-            _write(counted(), target, to, onto, tally)
+            if algorithm is None:
+                credited = (place.episode for place in counted())
+            else:
+                credited = _scored(counted(), algorithm, diagnostics)
+            _write(credited, target, to, onto, tally)
         except InputError as error:
             diagnostics.add(error.problem)
         except _Stopped:  # the first error stops the conversion; it is reported below
@@ -329,9 +361,21 @@ def _format_name(path: Path, kind: Source | Target) -> str:
 
 def _read(
     source: Path, from_: Source, invocations: Path | None, diagnostics: Diagnostics
-) -> Iterator[Episode]:
+) -> Iterator[tuple[int, Episode]]:
     options = {"invocations": invocations} if from_ is Source.gym else {}
-    return load(source, diagnostics, _format_name(source, from_), **options)
+    return load_located(source, diagnostics, _format_name(source, from_), **options)
+
+
+def _scored(
+    episodes: Iterator[Located], algorithm: Algorithm, diagnostics: Diagnostics
+) -> Iterator[Episode]:
+    """IN's episodes with every group scored by `algorithm` (all are read first, since a
+    group is scored together), in IN's order; a group that cannot be scored stops the
+    conversion, its problems in `diagnostics`."""
+    located = list(episodes)
+    if score_groups(located, algorithm, diagnostics).refused:
+        raise _Stopped
+    return iter([place.episode for place in located])
 
 
 def _total(folder: Path, invocations: Path | None) -> int:

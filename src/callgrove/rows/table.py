@@ -15,6 +15,7 @@ def row_record(row: Row, tokens: bool = False) -> dict[str, Any]:
     """The JSON object for a row (docs/episode-format.md, section 4); with `tokens`, its token ids, loss mask and logprobs."""
     record: dict[str, Any] = {
         "episode": row.episode.id,
+        "group": row.episode.group,
         "row": row.index,
         "leaf": row.leaf.id,
         "agent": row.agent.id,

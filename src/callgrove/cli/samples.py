@@ -1,0 +1,230 @@
+"""`callgrove samples`: episodes to the credited samples a trainer takes, in a file.
+
+Every episode of the inputs is read first: a group is scored together, and its episodes may
+lie in several files. With `--algorithm` each group is scored (`scoring.score_groups`);
+without it the advantages the episodes carry are used, and an episode that carries none is an
+error, never a sample of `null` advantages. Failed episodes (`ok: false`) take no credit and
+episodes without calls have no rows: both are skipped and counted. Supervised episodes
+(imported transcripts) give samples without advantages, for a cross-entropy loss, and are
+counted apart.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated
+
+import numpy as np
+import orjson
+import typer
+from rich.table import Table
+
+from callgrove.batch import SAMPLE_FORMS, Sample, build_samples, sample_form, write_samples
+from callgrove.cli.app import (
+    EXIT_USAGE,
+    FilesArg,
+    app,
+    err,
+    out,
+    progress_bar,
+    reading,
+    reject_foreign_files,
+    require_files,
+    require_output,
+    safe,
+)
+from callgrove.cli.rows import MaxIdentical, Outcome
+from callgrove.cli.scoring import (
+    AlgorithmOption,
+    DecayOption,
+    LocalSeatOption,
+    Located,
+    ScaleOption,
+    ScopeOption,
+    chosen_algorithm,
+    never_scored,
+    score_groups,
+    unscored_message,
+)
+from callgrove.episode import load_located
+from callgrove.formats.output import NewFile
+from callgrove.formats.problems import InputError
+from callgrove.rows import RowSettings, build_rows
+
+SKIPPED_FAILED = "failed (ok false): no credit"
+SKIPPED_NO_CALLS = "no calls: no rows"
+SKIPPED_REFUSED = "in a group that was not scored"
+
+
+@dataclass
+class SampleTally:
+    """What the samples written add up to, and what was left out and why."""
+
+    read: int = 0
+    samples: int = 0
+    num_tokens: int = 0
+    num_loss_tokens: int = 0
+    supervised: int = 0  # episodes whose samples carry no advantages (cross-entropy)
+    unknown_sampling_tokens: int = 0  # trained tokens whose call recorded no sampling
+    skipped: Counter[str] = field(default_factory=Counter)
+
+    def add(self, samples: list[Sample]) -> None:
+        self.samples += len(samples)
+        for sample in samples:
+            self.num_tokens += sample.num_tokens
+            self.num_loss_tokens += sample.num_loss_tokens
+            trained = sample.loss_mask == 1
+            self.unknown_sampling_tokens += int(np.isnan(sample.temperatures[trained]).sum())
+
+
+@app.command("samples")
+def samples_command(
+    files: FilesArg,
+    out_file: Annotated[
+        Path,
+        typer.Option(
+            "--out",
+            "-o",
+            metavar="OUT",
+            help=f"The samples file; its form follows the suffix ({', '.join(SAMPLE_FORMS)}).",
+            show_default=False,
+        ),
+    ],
+    algorithm_name: AlgorithmOption = None,
+    scope: ScopeOption = None,
+    scale_by_std: ScaleOption = False,
+    local_seats: LocalSeatOption = None,
+    decay: DecayOption = None,
+    max_identical: MaxIdentical = 1,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="The summary as one JSON object on stdout.")
+    ] = False,
+) -> None:
+    """Score groups, build rows and samples, and write them for a trainer.
+
+    Each sample is a row with every per-token array a trainer takes (token_ids, loss_mask,
+    logprobs, advantages, position_ids, policy_versions, temperatures, top_p, top_k) and its
+    episode, group, agent, seat and row; `callgrove.read_samples` reads the file back.
+    """
+    try:
+        form = sample_form(out_file)
+    except ValueError as error:
+        err.print(f"error: --out {safe(error)}")
+        raise typer.Exit(EXIT_USAGE) from None
+    algorithm = chosen_algorithm(algorithm_name, scope, scale_by_std, local_seats, decay)
+    require_files(files)
+    reject_foreign_files(files)
+    require_output(out_file, files, "--out")
+    outcome, tally = Outcome(), SampleTally()
+    located = _read(files, outcome)
+    tally.read = len(located)
+    scoring = score_groups(located, algorithm, outcome.diagnostics) if algorithm else None
+    settings = RowSettings(max_identical_trained=max_identical)
+    samples: list[Sample] = []
+    for item in located:
+        episode = item.episode
+        if scoring is not None and id(item) in scoring.refused:
+            tally.skipped[SKIPPED_REFUSED] += 1
+            continue
+        if not episode.ok:
+            tally.skipped[SKIPPED_FAILED] += 1
+            continue
+        if not any(agent.calls for agent in episode.agents):
+            tally.skipped[SKIPPED_NO_CALLS] += 1
+            continue
+        if never_scored(episode):
+            outcome.diagnostics.add(item.problem(unscored_message(episode)))
+            continue
+        try:
+            made = build_samples(build_rows(episode, settings))
+        except InputError as error:
+            where = {"file": str(item.file), "line": item.line, "episode": episode.id}
+            outcome.diagnostics.add(error.located(**where).problem)
+            continue
+        except ValueError as error:  # an episode that cannot become rows must not stop the rest
+            outcome.diagnostics.add(item.problem(str(error)))
+            continue
+        outcome.episodes += 1
+        tally.supervised += episode.supervised
+        tally.add(made)
+        samples.extend(made)
+    _write(out_file, samples, form)
+    status = outcome.report()
+    if as_json:
+        record = {
+            "out": str(out_file),
+            "form": form,
+            "algorithm": None if algorithm_name is None else algorithm_name.value,
+            "episodes_read": tally.read,
+            "episodes_sampled": outcome.episodes,
+            "groups_scored": None if scoring is None else scoring.groups,
+            "samples": tally.samples,
+            "num_tokens": tally.num_tokens,
+            "num_loss_tokens": tally.num_loss_tokens,
+            "supervised_episodes": tally.supervised,
+            "unknown_sampling_tokens": tally.unknown_sampling_tokens,
+            "skipped": dict(tally.skipped),
+            "errors": len(outcome.diagnostics.errors),
+        }
+        sys.stdout.buffer.write(orjson.dumps(record) + b"\n")
+    else:
+        out.print(_summary_table(out_file, form, algorithm_name, scoring, tally, outcome))
+    raise typer.Exit(status)
+
+
+def _read(files: list[Path], outcome: Outcome) -> list[Located]:
+    located: list[Located] = []
+    with progress_bar("bytes") as progress:
+        for path in files:
+            pairs = reading(progress, path, load_located(path, outcome.diagnostics))
+            located.extend(Located(episode, path, line) for line, episode in pairs)
+    return located
+
+
+def _write(path: Path, samples: list[Sample], form: str) -> None:
+    """The samples written beside `path` and moved into place once complete."""
+    new = NewFile(path)
+    try:
+        write_samples(new.temp, samples, form=form)
+    except BaseException:
+        new.discard()
+        raise
+    new.commit()
+
+
+def _summary_table(path, form, algorithm_name, scoring, tally: SampleTally, outcome) -> Table:
+    table = Table(
+        title=safe(f"samples -> {path} ({form})"), title_justify="left", show_header=False
+    )
+    table.add_column("what")
+    table.add_column("count", justify="right")
+    if scoring is None:
+        table.add_row("advantages", "as the episodes carry them")
+    else:
+        table.add_row("algorithm", algorithm_name.value)
+        table.add_row("groups scored", f"{scoring.groups:,}")
+        if scoring.alone:
+            table.add_row("episodes with no group (scored alone)", f"{scoring.alone:,}")
+    for what, count in (
+        ("episodes read", tally.read),
+        ("episodes sampled", outcome.episodes),
+        ("samples", tally.samples),
+        ("num_tokens", tally.num_tokens),
+        ("num_loss_tokens", tally.num_loss_tokens),
+    ):
+        table.add_row(what, f"{count:,}")
+    if tally.supervised:
+        table.add_row("supervised episodes (no advantages: cross-entropy)", f"{tally.supervised:,}")
+    if tally.unknown_sampling_tokens:
+        table.add_row(
+            "trained tokens with no recorded sampling (NaN temperature, top_p)",
+            f"{tally.unknown_sampling_tokens:,}",
+        )
+    for reason, count in tally.skipped.most_common():
+        table.add_row(f"skipped: {reason}", f"{count:,}")
+    if outcome.diagnostics.errors:
+        table.add_row("not used: errors (on stderr)", f"{len(outcome.diagnostics.errors):,}")
+    return table
