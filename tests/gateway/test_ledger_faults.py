@@ -376,12 +376,13 @@ def test_closed_episodes_release_their_files_and_calls(tmp_path, script):
             return files, open_files(), grown, len(gateway.episodes)
 
     files_before, files_after, grown, still_open = run(go())
-    assert still_open == 0 and files_after == files_before
+    # Other fds of the process may close meanwhile; 200 episodes must open none for good.
+    assert still_open == 0 and files_after <= files_before
     assert grown / 200 < 1024, f"{grown / 200:.0f} bytes kept per closed episode"
 
     gateway, _ = gateway_client(scripted(script), ledger)
     files = open_files()
-    assert gateway.recover() == 0 and open_files() == files  # restarting opens none of them
+    assert gateway.recover() == 0 and open_files() <= files  # restarting opens none of them
     gateway.release()
 
 
