@@ -277,3 +277,19 @@ def test_a_training_step_at_half_temperature_records_and_scores_it(tmp_path):
     ]
     assert 0 <= metrics["train/mismatch/all/max_abs"] < 1e-3
     assert metrics["train/unknown_sampling_calls"] == 0
+
+
+def test_tokens_an_older_version_sampled_are_told_apart():
+    """`on_policy` holds the tokens the trained weights sampled: there only the two sides'
+    computation differs; `all` also holds the policy's change since an older version."""
+    policy = tiny_policy("tree")
+    train_on(sample_episode(policy.sampler, policy.renderer, 0.7, 1.0), policy.learner)
+    stale = sample_episode(policy.sampler, policy.renderer, 0.7, 1.0, seed=1)  # version 0
+    report = train_on(stale, policy.learner)  # trains version 1
+    assert "on_policy/max_abs" not in report.mismatch
+    assert report.mismatch["all/max_abs"] > 1e-3
+    learner = policy.learner
+    asyncio.run(policy.sampler.load_weights(learner.weights(), learner.version))
+    fresh = sample_episode(policy.sampler, policy.renderer, 0.7, 1.0, seed=2)
+    report = train_on(fresh, learner)
+    assert report.mismatch["on_policy/max_abs"] < TOLERANCE

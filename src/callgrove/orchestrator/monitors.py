@@ -165,7 +165,7 @@ class LiveDisplay:
         line = (
             f"step {step}/{self.total}  {seats}  tok/s {metrics.get('throughput/tokens_per_s', 0):.0f}"
             f"  in flight {in_flight}  stale {metrics.get('off_policy/mean', 0):.2f}"
-            f"  mismatch {metrics.get('train/mismatch/all/mean_abs', 0):.1e}"
+            f"  mismatch {_mismatch(metrics)}"
         )
         if self._live is None:
             self.console.print(line)
@@ -184,13 +184,21 @@ class LiveDisplay:
             f"tokens/s {metrics.get('throughput/tokens_per_s', 0):.0f} · in flight {in_flight}"
             f" · off-policy {metrics.get('off_policy/mean', 0):.2f}"
             f" · forwarded ratio {metrics.get('train/forwarded_token_ratio', 0):.2f}"
-            f" · sampler/learner mismatch {metrics.get('train/mismatch/all/mean_abs', 0):.1e}"
+            f" · sampler/learner mismatch {_mismatch(metrics)}"
         )
         self._live.update(table, refresh=True)
 
     def close(self) -> None:
         if self._live is not None:
             self._live.stop()
+
+
+def _mismatch(metrics: dict[str, float]) -> str:
+    """The step's mean logprob difference between learner and sampler: on the tokens the trained
+    weights sampled, and over all (older versions' calls too)."""
+    on_policy = metrics.get("train/mismatch/on_policy/mean_abs")
+    every = metrics.get("train/mismatch/all/mean_abs", 0.0)
+    return f"{every:.1e}" if on_policy is None else f"{on_policy:.1e} (all {every:.1e})"
 
 
 def plot_run(metrics: Sequence[dict[str, Any]], path: Path) -> Path | None:
@@ -226,11 +234,13 @@ def plot_run(metrics: Sequence[dict[str, Any]], path: Path) -> Path | None:
         ratio.plot(steps, values, color="tab:green")
     ratio.set_ylabel("row tokens / forwarded tokens")
     ratio.grid(alpha=0.3)
-    for key, label in (("mean_abs", "mean |learner - sampler| logprob"), ("k3", "KL k3")):
+    for key, label in (
+        ("on_policy/mean_abs", "mean |learner - sampler| logprob, the trained version's calls"),
+        ("all/mean_abs", "mean |learner - sampler| logprob, all calls"),
+        ("all/k3", "KL k3, all calls"),
+    ):
         points = [
-            (m["step"], m[f"train/mismatch/all/{key}"])
-            for m in lines
-            if f"train/mismatch/all/{key}" in m
+            (m["step"], m[f"train/mismatch/{key}"]) for m in lines if f"train/mismatch/{key}" in m
         ]
         if points:
             steps, values = zip(*points, strict=True)

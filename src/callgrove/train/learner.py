@@ -138,7 +138,14 @@ class ModelLearner:
             loss.backward()
             total += float(loss.detach())
             if isinstance(terms, PolicyTerms):
-                measured.append((terms, rows_of[batch.target_rows.numpy()]))
+                versions = batch.target_values.get("policy_versions")
+                measured.append(
+                    Measured(
+                        terms,
+                        rows_of[batch.target_rows.numpy()],
+                        None if versions is None else versions.numpy(),
+                    )
+                )
         grad_norm = 0.0
         if batches and loss_tokens:
             grad_norm = float(
@@ -160,7 +167,7 @@ class ModelLearner:
             forwarded_tokens=sum(b.num_tokens for b in batches),
             row_tokens=sum(b.num_row_tokens for b in batches),
             grad_norm=grad_norm,
-            mismatch=mismatch_metrics(measured, samples),
+            mismatch=mismatch_metrics(measured, samples, self._version - 1),
             extra={"seconds": time.perf_counter() - started},
         )
 
@@ -185,38 +192,60 @@ class ModelLearner:
         self._version = int(state["version"])
 
 
+@dataclass(frozen=True, slots=True)
+class Measured:
+    """What one batch's forward measured on its targets, and whose they are."""
+
+    terms: PolicyTerms
+    samples: np.ndarray
+    """The index in the step's samples of each target's row."""
+    versions: np.ndarray | None
+    """The policy version that sampled each target (None: not carried)."""
+
+
 def mismatch_metrics(
-    measured: Sequence[tuple[PolicyTerms, np.ndarray]], samples: Sequence[Sample]
+    measured: Sequence[Measured], samples: Sequence[Sample], version: int
 ) -> dict[str, float]:
     """The learner's log-probability of each trained token against the sampler's, measured in
-    the step's forward before its update, overall (`all`) and per seat: the mean and largest
-    absolute difference, the k3 estimate of KL(sampler || learner) (the mean of m - 1 - log m,
-    m the ratio of the learner's probability to the sampler's; 0 when they agree), the mean of
-    m (1 when they agree), and, with a
-    correction on, the share of tokens it masked."""
+    the step's forward before its update: the mean and largest absolute difference, the k3
+    estimate of KL(sampler || learner) (the mean of m - 1 - log m, m the ratio of the learner's
+    probability to the sampler's; 0 when they agree), the mean of m (1 when they agree), and,
+    with a correction on, the share of tokens it masked. Over every trained token (`all`), per
+    seat, and over the tokens sampled by the very weights being trained (`on_policy`, version
+    `version`): there the two sides differ only by how they compute, while the others also
+    hold the policy's change since an older version sampled them."""
     if not measured:
         return {}
     difference = np.concatenate(
-        [t.logprobs.double().numpy() - t.sampler_logprobs.double().numpy() for t, _ in measured]
+        [
+            m.terms.logprobs.double().numpy() - m.terms.sampler_logprobs.double().numpy()
+            for m in measured
+        ]
     )
-    sample_of = np.concatenate([rows for _, rows in measured])
-    weights = [t.weights for t, _ in measured]
+    weights = [m.terms.weights for m in measured]
     masked = (
         np.concatenate([w.numpy() == 0 for w in weights])
         if all(w is not None for w in weights)
         else None
     )
-    seats = np.asarray([s.seat for s in samples], dtype=object)[sample_of]
+    seats = np.asarray([s.seat for s in samples], dtype=object)[
+        np.concatenate([m.samples for m in measured])
+    ]
+    groups = {"all": slice(None)}
+    groups |= {seat: seats == seat for seat in sorted(set(seats.tolist()))}
+    if all(m.versions is not None for m in measured):
+        groups["on_policy"] = np.concatenate([m.versions for m in measured]) == version
     metrics: dict[str, float] = {}
-    for seat in ("all", *sorted(set(seats.tolist()))):
-        chosen = slice(None) if seat == "all" else seats == seat
+    for name, chosen in groups.items():
         d = difference[chosen]
-        metrics[f"{seat}/mean_abs"] = float(np.abs(d).mean())
-        metrics[f"{seat}/max_abs"] = float(np.abs(d).max())
-        metrics[f"{seat}/k3"] = float(np.mean(np.expm1(d) - d))
-        metrics[f"{seat}/ratio_mean"] = float(np.mean(np.exp(d)))
+        if not d.size:
+            continue
+        metrics[f"{name}/mean_abs"] = float(np.abs(d).mean())
+        metrics[f"{name}/max_abs"] = float(np.abs(d).max())
+        metrics[f"{name}/k3"] = float(np.mean(np.expm1(d) - d))
+        metrics[f"{name}/ratio_mean"] = float(np.mean(np.exp(d)))
         if masked is not None:
-            metrics[f"{seat}/masked"] = float(masked[chosen].mean())
+            metrics[f"{name}/masked"] = float(masked[chosen].mean())
     return metrics
 
 
