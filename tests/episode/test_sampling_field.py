@@ -5,7 +5,9 @@ refused by every reader and writer with a message naming the episode and call.""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -105,3 +107,17 @@ def test_every_valid_sampling_survives_the_binary_form(tmp_path_factory, tempera
     save(path, [episode])
     (back,) = load(path)
     assert by_id(back) == by_id(episode)
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".arrow"])
+def test_binary_files_written_before_the_column_read_with_sampling_unknown(suffix):
+    """tests/data/before_sampling holds examples/login_bug.jsonl as the binary writer wrote it
+    before calls had a `sampling` column."""
+    data = Path(__file__).resolve().parents[1] / "data" / "before_sampling"
+    (old,) = load(data / f"login_bug{suffix}")
+    (same,) = load(Path(__file__).resolve().parents[2] / "examples" / "login_bug.jsonl")
+    assert [c.id for c in old.calls()] == [c.id for c in same.calls()]
+    assert all(c.sampling is None for c in old.calls())
+    for was, now in zip(old.calls(), same.calls(), strict=True):
+        assert (old.full_ids(was) == same.full_ids(now)).all()
+        assert np.allclose(was.logprobs, now.logprobs, atol=1e-7)  # stored as float32

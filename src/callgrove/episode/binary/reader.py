@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 from callgrove.episode.binary.schema import (
     FLOAT_DTYPE,
     JSON_CALL_FIELDS,
+    LATER_CALL_COLUMNS,
     LAYOUT,
     PARQUET_SUFFIX,
     SCHEMA,
@@ -123,10 +124,12 @@ def _same_type(found: pa.DataType, expected: pa.DataType) -> bool:
     """Type equality that ignores whether nested fields are marked nullable (the rows' own
     checks catch nulls where they are not allowed)."""
     if pa.types.is_struct(expected):
-        return (
-            pa.types.is_struct(found)
-            and [f.name for f in found] == [f.name for f in expected]
-            and all(_same_type(a.type, b.type) for a, b in zip(found, expected, strict=True))
+        if not pa.types.is_struct(found):
+            return False
+        names = {f.name for f in found}
+        fields = [f for f in expected if f.name in names or f.name not in LATER_CALL_COLUMNS]
+        return [f.name for f in found] == [f.name for f in fields] and all(
+            _same_type(a.type, b.type) for a, b in zip(found, fields, strict=True)
         )
     if pa.types.is_map(expected):
         return (
@@ -176,6 +179,7 @@ class _Calls:
 
     def __init__(self, calls: pa.StructArray):
         field = calls.field
+        self.calls_type, self.count = calls.type, len(calls)
         self.prompt_from = field("prompt_from").to_pylist()
         self.prompt_from_len = _values(field("prompt_from_len"))
         self.problems: dict[int, str] = {}
@@ -236,6 +240,8 @@ class _Calls:
         return calls
 
     def _plain(self, field: Any, name: str) -> list[Any]:
+        if name in LATER_CALL_COLUMNS and self.calls_type.get_field_index(name) < 0:
+            return [None] * self.count  # a file written before the column existed
         column = field(name)
         if name not in JSON_CALL_FIELDS:
             return _values(column)

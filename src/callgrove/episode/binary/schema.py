@@ -49,6 +49,10 @@ def plain_field(info: msgspec.structs.FieldInfo) -> pa.Field:
     return pa.field(info.name, _SCALARS.get(kind, _JSON), nullable=nullable)
 
 
+# Call columns added to the layout after files were first written: a file that predates one
+# lacks it, and reads as if every call held null there (`sampling`: unknown).
+LATER_CALL_COLUMNS = frozenset({"sampling"})
+
 # The plain call fields stored as JSON text.
 JSON_CALL_FIELDS = frozenset(f.name for f in PLAIN_CALL_FIELDS if _kind(f)[0] not in _SCALARS)
 
