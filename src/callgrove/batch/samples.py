@@ -185,10 +185,11 @@ def _build(rows: Sequence[Row], columns: RowColumns) -> list[Sample]:
         ],
         **_sampling_per_call(calls),
     }
-    completions = {
-        name: _on_completions(columns, values, UNSAMPLED[name], FIELD_DTYPES[name])
+    segment_lengths = columns.segment_lengths()
+    versions, temperatures, top_p, top_k = (
+        _on_completions(columns.walk_call, segment_lengths, values, name)
         for name, values in per_call.items()
-    }
+    )
     bounds = columns.row_bounds
     positions = _positions(int(np.diff(bounds).max()))
     token_ids, loss_mask = columns.token_ids, columns.loss_mask
@@ -211,7 +212,10 @@ def _build(rows: Sequence[Row], columns: RowColumns) -> list[Sample]:
                 logprobs=None if without_logprobs else logprobs[first:last],
                 advantages=None if is_supervised else advantages[first:last],
                 position_ids=positions[: last - first],
-                **{name: values[first:last] for name, values in completions.items()},
+                policy_versions=versions[first:last],
+                temperatures=temperatures[first:last],
+                top_p=top_p[first:last],
+                top_k=top_k[first:last],
                 episode=episode.id,
                 group=episode.group,
                 agent=agent.id,
@@ -226,24 +230,30 @@ def _build(rows: Sequence[Row], columns: RowColumns) -> list[Sample]:
     return samples
 
 
-def _sampling_per_call(calls: Sequence[Call]) -> dict[str, list]:
+def _sampling_per_call(calls: Sequence[Call]) -> dict[str, tuple]:
     """Each call's temperature, top-p and top-k (`UNKNOWN_SAMPLING` where it recorded none)."""
-    per_call: dict[str, list] = {name: [] for name in SAMPLING_FIELDS}
-    for call in calls:
-        sampling = call.sampling
-        for name, key in SAMPLING_FIELDS.items():
-            value = UNKNOWN_SAMPLING[name] if sampling is None else sampling.get(key)
-            per_call[name].append(NO_TOP_K if value is None else value)
-    return per_call
+    unknown = tuple(UNKNOWN_SAMPLING.values())
+    per_call = [
+        unknown
+        if (s := c.sampling) is None
+        else (s["temperature"], s["top_p"], s.get("top_k") or NO_TOP_K)  # null: no cut
+        for c in calls
+    ]
+    columns = tuple(zip(*per_call, strict=True)) or ((),) * len(SAMPLING_FIELDS)
+    return dict(zip(SAMPLING_FIELDS, columns, strict=True))
 
 
-def _on_completions(columns: RowColumns, per_call: list, fill: Any, dtype: type) -> np.ndarray:
-    """A per-call value on each row token of the call's completion, `fill` on prompt tokens:
-    each walk pair adds two segments to its row (`RowColumns.segment_lengths`)."""
+def _on_completions(
+    walk_call: np.ndarray, segment_lengths: np.ndarray, per_call: Any, name: str
+) -> np.ndarray:
+    """A per-call value of field `name` on each row token of the call's completion, the
+    unsampled fill on prompt tokens: each walk pair adds two segments to its row
+    (`RowColumns.segment_lengths`)."""
+    dtype = FIELD_DTYPES[name]
     values = np.asarray(per_call, dtype=dtype)
-    segments = np.full(2 * len(columns.walk_call), fill, dtype=dtype)
-    segments[1::2] = values[columns.walk_call]
-    return np.repeat(segments, columns.segment_lengths())
+    segments = np.full(2 * len(walk_call), UNSAMPLED[name], dtype=dtype)
+    segments[1::2] = values[walk_call]
+    return np.repeat(segments, segment_lengths)
 
 
 def fill_unknown_sampling(
