@@ -26,6 +26,7 @@ finds the files, splits the session file into agents, and links subagents to the
 from __future__ import annotations
 
 import os
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,11 +37,13 @@ import orjson
 from callgrove.episode import Gap, Spawn
 from callgrove.transcripts.claude_history import (
     AgentHistory,
+    Earlier,
     Entry,
     LineGraph,
     build_graph,
     derive_history,
     fork_context,
+    is_response,
 )
 from callgrove.transcripts.claude_history import user_messages as _user_messages
 from callgrove.transcripts.claude_records import (
@@ -58,6 +61,7 @@ from callgrove.transcripts.ledger import (
     CLAUDE_CODE,
     ImportReport,
     collector_paused,
+    parse_timestamp,
     read_records,
     refuse_file,
     sniff,
@@ -186,7 +190,7 @@ class Built:
     history: AgentHistory
 
 
-def _build(unit: Unit, report: ImportReport, responses: set[str], turns: dict) -> Built:
+def _build(unit: Unit, report: ImportReport, responses: Earlier, turns: dict) -> Built:
     """The unit's graph and history; every line accounted for in `report`."""
     graph = build_graph(unit.entries, unit.file_rank, responses)
     context = fork_context(graph)
@@ -210,14 +214,70 @@ def _build(unit: Unit, report: ImportReport, responses: set[str], turns: dict) -
 # A session: its units, built and linked
 
 
+@dataclass(eq=False)
+class SessionLines:
+    """One session's files, read: its agents' lines, not yet built."""
+
+    files: SessionFiles
+    id: str
+    main: list[Entry]
+    units: list[Unit]
+    started: float  # the time of its file's first timed line (a fork-session's copies are older)
+
+
 def import_claude_code(
     path: str | os.PathLike[str], report: ImportReport | None = None
 ) -> list[Transcript]:
-    """Every session under `path` (a session file or a project folder), with its subagents."""
+    """Every session under `path` (a session file or a project folder), with its subagents;
+    a response several sessions' files hold becomes a call of the session that made it only
+    (`made_elsewhere`)."""
     report = report if report is not None else ImportReport()
     with collector_paused():
-        sessions = [_session(files, report) for files in find_sessions(path, report)]
+        read = [_read(files, report) for files in find_sessions(path, report)]
+        lines = [s for s in read if s is not None]
+        sessions = [
+            _session(s, elsewhere, report)
+            for s, elsewhere in zip(lines, made_elsewhere(lines), strict=True)
+        ]
     return [s for s in sessions if s is not None]
+
+
+def made_elsewhere(sessions: list[SessionLines]) -> list[dict[str, str]]:
+    """For each session, the responses its files repeat that another session read here made:
+    response key -> that session's id.
+
+    `claude --continue --fork-session` starts a session whose file begins with the earlier
+    session's lines, uuids and message ids unchanged. The session that made a response is the
+    one its lines name in `requestSessionId` (2.1.332 writes it on the copies), else (earlier
+    releases copy the lines as they were) the one that started first: a fork-session's file
+    starts when it forks, after the responses it copies."""
+    holders: dict[str, list[int]] = {}
+    named: dict[str, str] = {}
+    for k, session in enumerate(sessions):
+        for unit in session.units:
+            for entry in unit.entries:
+                record = entry.record
+                key = record.response_key() if isinstance(record, AssistantLine) else None
+                if key is None or not is_response(record):
+                    continue
+                places = holders.setdefault(key, [])
+                if not places or places[-1] != k:
+                    places.append(k)
+                maker = record.request_session_id
+                if maker and maker != session.id:
+                    named[key] = maker
+    place_of = {session.id: k for k, session in enumerate(sessions)}
+    out: list[dict[str, str]] = [{} for _ in sessions]
+    for key, places in holders.items():
+        if len(places) < 2:
+            continue
+        maker = place_of.get(named.get(key, ""))
+        if maker not in places:
+            maker = min(places, key=lambda k: (sessions[k].started, k))
+        for k in places:
+            if k != maker:
+                out[k][key] = sessions[maker].id
+    return out
 
 
 def _is_session_file(path: Path, report: ImportReport) -> bool:
@@ -235,7 +295,7 @@ def _entries(path: Path, report: ImportReport) -> list[Entry]:
     ]
 
 
-def _session(files: SessionFiles, report: ImportReport) -> Transcript | None:
+def _read(files: SessionFiles, report: ImportReport) -> SessionLines | None:
     if not _is_session_file(files.main, report):
         return None
     files.subagents = [(p, how) for p, how in files.subagents if _is_session_file(p, report)]
@@ -243,14 +303,42 @@ def _session(files: SessionFiles, report: ImportReport) -> Transcript | None:
     units = _split_main(main)
     for rank, (path, layout) in enumerate(files.subagents, start=1):
         units.append(_file_unit(path, layout, rank, report))
-    responses: set[str] = set()
+    times = (parse_timestamp(e.record.timestamp) for e in main)
+    return SessionLines(
+        files,
+        next((e.record.session_id for e in main if e.record.session_id), files.main.stem),
+        main,
+        units,
+        next((t for t in times if t is not None), float("inf")),
+    )
+
+
+def _session(
+    lines: SessionLines, elsewhere: dict[str, str], report: ImportReport
+) -> Transcript | None:
+    files, main, units = lines.files, lines.main, lines.units
+    responses: Earlier = dict(elsewhere)
     turns: dict[str, Turn | None] = {}  # uuid -> history there, of the agents built so far
     built: list[Built] = []
     for unit in units:
         done = _build(unit, report, responses, turns)
         built.append(done)
-        responses.update(c.content.message_id for c in done.history.calls if c.content.message_id)
+        for call in done.history.calls:
+            key = call.content.message_id or call.content.request_id
+            if key:
+                responses.setdefault(key, None)
         turns.update(done.history.turn_at(done.graph))
+    copied: Counter[str] = Counter()
+    for b in built:
+        copied.update(b.history.copied_from)
+    for maker, count in sorted(copied.items()):
+        report.problem(
+            f"{count} response(s) repeat those of session {maker} (`claude --continue "
+            "--fork-session` copies the earlier session's lines): history here, trained once, "
+            f"as calls of {maker}",
+            str(files.main),
+            severity="warning",
+        )
     if not any(unit.agent.calls for unit in units):
         report.problem(
             "no model response in this session: nothing to train on, no episode written",
@@ -265,7 +353,7 @@ def _session(files: SessionFiles, report: ImportReport) -> Transcript | None:
     )
     first_prompt = built[0].history.first_prompt
     return Transcript(
-        id=next((e.record.session_id for e in main if e.record.session_id), files.main.stem),
+        id=lines.id,
         agents=[leader, *others],
         gaps=gaps,
         task={"prompt": first_prompt} if first_prompt else None,
