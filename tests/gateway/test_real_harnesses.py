@@ -941,3 +941,38 @@ def test_a_closed_episode_stops_the_harness_at_once(tmp_path, harness):
     closed = [json.loads(line) for line in (ledger / EPISODES_FILE).read_text().splitlines()]
     assert [e["id"] for e in closed] == ["closed-ep"]
     check_cli(ledger)
+
+
+def test_claude_code_background_fork_is_background_to_the_gateway_and_the_importer(tmp_path):
+    """A fork that runs in the background: one start rule (`SpawnArguments.start`) makes it
+    `background` in the gateway's record and in the import of the CLI's own session files."""
+    fork = {
+        "name": "Agent",
+        "arguments": {
+            "description": "f",
+            "prompt": "FORK-DIRECTIVE: compute",
+            "subagent_type": "fork",
+            "run_in_background": True,
+        },
+    }
+    rules = [
+        {"when": "FORK-DIRECTIVE", "reply": "fork result 3"},
+        {"when": "fork result 3", "reply": "Leader done after fork.", "times": 1},
+        {"when": "START-FORK", "reply": {"text": "Forking.", "tool_calls": [fork]}, "times": 1},
+    ]
+    run, ledger = scripted_run(
+        tmp_path,
+        rules,
+        "Leader waiting.",
+        "claude-code",
+        "START-FORK please",
+        "cc-bgfork",
+        timeout=120,
+    )
+    leader, sub = run.record["agents"]
+    assert (sub["parent"], sub["start"]) == (leader["id"], "background")
+    (project,) = (tmp_path / "runs" / "cc-bgfork" / "home" / ".claude" / "projects").iterdir()
+    (transcript,) = import_claude_code(project)
+    starts = {a.id: a.start for a in transcript.agents}
+    assert starts == {"main": "root", f"agent-{sub['id']}": "background"}
+    check_cli(ledger)
