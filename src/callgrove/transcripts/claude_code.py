@@ -25,8 +25,9 @@ finds the files, splits the session file into agents, and links subagents to the
 
 from __future__ import annotations
 
+import math
 import os
-from collections import Counter
+from collections import ChainMap, Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,7 +44,6 @@ from callgrove.transcripts.claude_history import (
     build_graph,
     derive_history,
     fork_context,
-    is_response,
 )
 from callgrove.transcripts.claude_history import user_messages as _user_messages
 from callgrove.transcripts.claude_records import (
@@ -55,7 +55,7 @@ from callgrove.transcripts.claude_records import (
     decode_content,
     decode_line,
     decode_raw,
-    session_of,
+    links_of,
 )
 from callgrove.transcripts.ledger import (
     CLAUDE_CODE,
@@ -88,6 +88,7 @@ LEADER_ID = "main"
 class SessionFiles:
     main: Path
     subagents: list[tuple[Path, str]] = field(default_factory=list)  # (file, "flat"/"nested")
+    started: float = math.inf  # the time of the file's first timed line (inf: none found)
 
 
 def find_sessions(path: str | os.PathLike[str], report: ImportReport) -> list[SessionFiles]:
@@ -125,29 +126,39 @@ def find_sessions(path: str | os.PathLike[str], report: ImportReport) -> list[Se
 def _with_subagents(main: Path, flat: dict[str, list[Path]]) -> SessionFiles:
     nested_dir = main.with_suffix("") / "subagents"
     nested = sorted(nested_dir.glob("agent-*.jsonl")) if nested_dir.is_dir() else []
-    session_id = _peek_session_id(main) or main.stem
-    subagents = [(p, "flat") for p in flat.get(session_id, []) if p != main]
+    session_id, started = _peek(main)
+    subagents = [(p, "flat") for p in flat.get(session_id or main.stem, []) if p != main]
     subagents += [(p, "nested") for p in nested]
-    return SessionFiles(main, subagents)
+    return SessionFiles(main, subagents, math.inf if started is None else started)
 
 
 def _flat_agent_files(folder: Path) -> dict[str, list[Path]]:
     """`agent-*.jsonl` files of a folder, by the session id their lines carry."""
     out: dict[str, list[Path]] = {}
     for path in sorted(folder.glob("agent-*.jsonl")):
-        out.setdefault(_peek_session_id(path) or "", []).append(path)
+        out.setdefault(_peek(path)[0] or "", []).append(path)
     return out
 
 
-def _peek_session_id(path: Path, limit: int = 20) -> str | None:
+def _peek(path: Path, limit: int = 20) -> tuple[str | None, float | None]:
+    """The first `sessionId` and the first time among a file's first `limit` lines."""
+    session: str | None = None
+    started: float | None = None
     try:
         with open(path, "rb") as stream:
             for _, raw in zip(range(limit), stream, strict=False):
-                if found := session_of(raw):
-                    return found
+                links = links_of(raw)
+                if links is None:
+                    continue
+                if session is None and isinstance(links.session_id, str) and links.session_id:
+                    session = links.session_id
+                if started is None:
+                    started = parse_timestamp(links.timestamp)
+                if session is not None and started is not None:
+                    break
     except OSError:
-        return None
-    return None
+        pass
+    return session, started
 
 
 # ---------------------------------------------------------------------------------------------
@@ -214,70 +225,25 @@ def _build(unit: Unit, report: ImportReport, responses: Earlier, turns: dict) ->
 # A session: its units, built and linked
 
 
-@dataclass(eq=False)
-class SessionLines:
-    """One session's files, read: its agents' lines, not yet built."""
-
-    files: SessionFiles
-    id: str
-    main: list[Entry]
-    units: list[Unit]
-    started: float  # the time of its file's first timed line (a fork-session's copies are older)
-
-
 def import_claude_code(
     path: str | os.PathLike[str], report: ImportReport | None = None
 ) -> list[Transcript]:
-    """Every session under `path` (a session file or a project folder), with its subagents;
-    a response several sessions' files hold becomes a call of the session that made it only
-    (`made_elsewhere`)."""
-    report = report if report is not None else ImportReport()
-    with collector_paused():
-        read = [_read(files, report) for files in find_sessions(path, report)]
-        lines = [s for s in read if s is not None]
-        sessions = [
-            _session(s, elsewhere, report)
-            for s, elsewhere in zip(lines, made_elsewhere(lines), strict=True)
-        ]
-    return [s for s in sessions if s is not None]
-
-
-def made_elsewhere(sessions: list[SessionLines]) -> list[dict[str, str]]:
-    """For each session, the responses its files repeat that another session read here made:
-    response key -> that session's id.
+    """Every session under `path` (a session file or a project folder), with its subagents.
 
     `claude --continue --fork-session` starts a session whose file begins with the earlier
-    session's lines, uuids and message ids unchanged. The session that made a response is the
-    one its lines name in `requestSessionId` (2.1.332 writes it on the copies), else (earlier
-    releases copy the lines as they were) the one that started first: a fork-session's file
-    starts when it forks, after the responses it copies."""
-    holders: dict[str, list[int]] = {}
-    named: dict[str, str] = {}
-    for k, session in enumerate(sessions):
-        for unit in session.units:
-            for entry in unit.entries:
-                record = entry.record
-                key = record.response_key() if isinstance(record, AssistantLine) else None
-                if key is None or not is_response(record):
-                    continue
-                places = holders.setdefault(key, [])
-                if not places or places[-1] != k:
-                    places.append(k)
-                maker = record.request_session_id
-                if maker and maker != session.id:
-                    named[key] = maker
-    place_of = {session.id: k for k, session in enumerate(sessions)}
-    out: list[dict[str, str]] = [{} for _ in sessions]
-    for key, places in holders.items():
-        if len(places) < 2:
-            continue
-        maker = place_of.get(named.get(key, ""))
-        if maker not in places:
-            maker = min(places, key=lambda k: (sessions[k].started, k))
-        for k in places:
-            if k != maker:
-                out[k][key] = sessions[maker].id
-    return out
+    session's lines, uuids and message ids unchanged. Sessions are built in the order they
+    started (a forked session's file starts when it forks, after the responses it copies), and
+    a response an earlier session made a call is history in a later one: each trains once."""
+    report = report if report is not None else ImportReport()
+    sessions = find_sessions(path, report)
+    made: dict[str, str] = {}  # response key -> the session it is a call of
+    built: dict[int, Transcript] = {}
+    with collector_paused():
+        for k in sorted(range(len(sessions)), key=lambda k: (sessions[k].started, k)):
+            transcript = _session(sessions[k], made, report)
+            if transcript is not None:
+                built[k] = transcript
+    return [built[k] for k in sorted(built)]
 
 
 def _is_session_file(path: Path, report: ImportReport) -> bool:
@@ -295,29 +261,19 @@ def _entries(path: Path, report: ImportReport) -> list[Entry]:
     ]
 
 
-def _read(files: SessionFiles, report: ImportReport) -> SessionLines | None:
+def _session(files: SessionFiles, made: dict[str, str], report: ImportReport) -> Transcript | None:
+    """One session's transcript; `made`: the responses sessions built before it made calls,
+    which this one's lines repeat as history (updated with this session's own calls)."""
     if not _is_session_file(files.main, report):
         return None
     files.subagents = [(p, how) for p, how in files.subagents if _is_session_file(p, report)]
     main = _entries(files.main, report)
+    session_id = next((e.record.session_id for e in main if e.record.session_id), files.main.stem)
     units = _split_main(main)
     for rank, (path, layout) in enumerate(files.subagents, start=1):
         units.append(_file_unit(path, layout, rank, report))
-    times = (parse_timestamp(e.record.timestamp) for e in main)
-    return SessionLines(
-        files,
-        next((e.record.session_id for e in main if e.record.session_id), files.main.stem),
-        main,
-        units,
-        next((t for t in times if t is not None), float("inf")),
-    )
-
-
-def _session(
-    lines: SessionLines, elsewhere: dict[str, str], report: ImportReport
-) -> Transcript | None:
-    files, main, units = lines.files, lines.main, lines.units
-    responses: Earlier = dict(elsewhere)
+    own: dict[str, str | None] = {}  # this session's calls (None: made by an agent here)
+    responses = ChainMap(own, made)
     turns: dict[str, Turn | None] = {}  # uuid -> history there, of the agents built so far
     built: list[Built] = []
     for unit in units:
@@ -326,19 +282,10 @@ def _session(
         for call in done.history.calls:
             key = call.content.message_id or call.content.request_id
             if key:
-                responses.setdefault(key, None)
+                own[key] = None
         turns.update(done.history.turn_at(done.graph))
-    copied: Counter[str] = Counter()
-    for b in built:
-        copied.update(b.history.copied_from)
-    for maker, count in sorted(copied.items()):
-        report.problem(
-            f"{count} response(s) repeat those of session {maker} (`claude --continue "
-            "--fork-session` copies the earlier session's lines): history here, trained once, "
-            f"as calls of {maker}",
-            str(files.main),
-            severity="warning",
-        )
+    made.update(dict.fromkeys(own, session_id))
+    _report_copies(built, session_id, files, report)
     if not any(unit.agent.calls for unit in units):
         report.problem(
             "no model response in this session: nothing to train on, no episode written",
@@ -353,7 +300,7 @@ def _session(
     )
     first_prompt = built[0].history.first_prompt
     return Transcript(
-        id=lines.id,
+        id=session_id,
         agents=[leader, *others],
         gaps=gaps,
         task={"prompt": first_prompt} if first_prompt else None,
@@ -363,6 +310,38 @@ def _session(
             "version": next((e.record.version for e in main if e.record.version), None),
         },
     )
+
+
+def _report_copies(
+    built: list[Built], session_id: str, files: SessionFiles, report: ImportReport
+) -> None:
+    """How many responses the session repeats from each earlier session (a warning each);
+    and each response that says another session made it (`requestSessionId`, 2.1.332) but no
+    earlier session read here did: it stays a call here, so nothing is lost."""
+    copied: Counter[str] = Counter()
+    for b in built:
+        copied.update(b.history.copied_from)
+        for response in b.graph.responses:
+            first = b.graph.entries[response.lines[0]]
+            record = first.record
+            maker = record.request_session_id if isinstance(record, AssistantLine) else None
+            if not response.copied and maker and maker != session_id:
+                report.problem(
+                    f"this response names session {maker} as the one that made it "
+                    "(requestSessionId), and no session read before this one holds it: "
+                    "kept as a call here",
+                    first.file,
+                    first.number,
+                    severity="warning",
+                )
+    for maker, count in sorted(copied.items()):
+        report.problem(
+            f"{count} response(s) repeat those of session {maker} (`claude --continue "
+            "--fork-session` copies the earlier session's lines): history here, trained once, "
+            f"as calls of {maker}",
+            str(files.main),
+            severity="warning",
+        )
 
 
 def _split_main(entries: list[Entry]) -> list[Unit]:

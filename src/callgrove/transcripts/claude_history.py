@@ -15,7 +15,7 @@ per summary, and says for every line what it became. Nothing in the graph change
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,8 +111,7 @@ def _is_tool_results(record: SessionLine | OtherLine) -> bool:
     return bool(blocks) and all(isinstance(b, ToolResultBlock) for b in blocks)
 
 
-def is_response(record: SessionLine | OtherLine) -> bool:
-    """An assistant line the model wrote (not an error the CLI wrote itself)."""
+def _is_response(record: SessionLine | OtherLine) -> bool:
     return (
         isinstance(record, AssistantLine)
         and record.message is not None
@@ -127,7 +126,7 @@ def is_response(record: SessionLine | OtherLine) -> bool:
 # Responses made before the lines being read, by key -> where: None for an earlier agent of
 # this session (a fork repeats its parent's responses), else the id of another session
 # (`claude --continue --fork-session` copies the earlier session's lines into its own file).
-Earlier = dict[str, str | None]
+Earlier = Mapping[str, str | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,7 +206,7 @@ def _responses(
     open_by_key: dict[str, int] = {}
     for i, entry in enumerate(entries):
         record = entry.record
-        if not is_response(record):
+        if not _is_response(record):
             continue
         assert isinstance(record, AssistantLine) and record.message is not None
         message_id = record.message.id

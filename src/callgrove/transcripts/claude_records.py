@@ -298,13 +298,13 @@ _TYPED = msgspec.json.Decoder(SessionLine)
 _LINKS = msgspec.json.Decoder(_Kind)
 
 
-def session_of(raw: bytes) -> str | None:
-    """The `sessionId` a line names, read without decoding the rest of it."""
+def links_of(raw: bytes) -> Link | None:
+    """A line's links (its session, time, place in the tree), read without decoding the rest
+    of it; None for a line that is no JSON object of the expected shape."""
     try:
-        found = _LINKS.decode(raw).session_id
+        return _LINKS.decode(raw)
     except (msgspec.ValidationError, msgspec.DecodeError):
         return None
-    return found if isinstance(found, str) and found else None
 
 
 def decode_raw(raw: bytes) -> SessionLine | OtherLine | None:
