@@ -5,12 +5,14 @@ same prompt, and a user prompt that merely mentions a summary of the conversatio
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 
 from callgrove.gateway.attribution import identify, spawns_in
 from callgrove.transcripts import Message, ToolCall
 from callgrove.transcripts.claude_records import SpawnArguments, background_by_default
+from callgrove.transcripts.codex_records import agent_name
 
 from .helpers import gateway_client, scripted, write_script
 
@@ -159,3 +161,96 @@ def test_two_subagents_with_one_prompt_get_their_own_starts(tmp_path, order):
         "bg-agent": ("lead", "background"),
         "fg-agent": ("lead", "fresh"),
     }
+
+
+CODEX_SPAWNS = [
+    {"name": "spawn_agent", "arguments": {"message": "CHILD-TASK one", "task_name": "alpha"}},
+    {
+        "name": "spawn_agent",
+        "arguments": {"message": "CHILD-TASK two", "task_name": "beta", "agent_type": "explorer"},
+    },
+]
+
+
+def codex_headers(thread: str, path: str, parent: str | None = None) -> dict[str, str]:
+    meta = {"request_kind": "turn", "history_initialization": "new", "agent_name": path}
+    headers = {"session-id": "lead-t", "thread-id": thread}
+    if parent:
+        headers["x-codex-parent-thread-id"] = parent
+        meta["parent_thread_id"] = parent
+    return {**headers, "x-codex-turn-metadata": json.dumps(meta)}
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+@pytest.mark.parametrize("children_first", [True, False], ids=["children-first", "leader-first"])
+@pytest.mark.parametrize("restart", [False, True], ids=["live", "restarted"])
+def test_codex_subagents_are_named_as_the_importer_names_them(
+    tmp_path, version, children_first, restart
+):
+    """Codex sends `agent_name: /root` for every thread of a v1 run, leader and subagents: the
+    gateway names each subagent by the importer's rule (`codex_records.agent_name`): the role
+    its `spawn_agent` call asked for, else the nickname (v1) or the task path (v2) the call's
+    output gives, whichever of the leader's next request and the subagent's first call comes
+    first, and again when a gateway reads the ledger back."""
+    rules = [
+        {"when": "CHILD-TASK", "reply": "child done"},
+        {"when": "agent", "reply": "leader done"},
+        {"when": "start", "reply": {"tool_calls": CODEX_SPAWNS}},
+    ]
+    script = write_script(tmp_path / "s.json", rules)
+    paths = {"kid-1": "/root/alpha", "kid-2": "/root/beta"}
+    outputs = {
+        "v1": [
+            {"agent_id": "kid-1", "nickname": "Banach"},
+            {"agent_id": "kid-2", "nickname": "Cicero"},
+        ],
+        "v2": [{"task_name": "/root/alpha"}, {"task_name": "/root/beta"}],
+    }[version]
+
+    async def children(client):
+        for kid, task in (("kid-1", "CHILD-TASK one"), ("kid-2", "CHILD-TASK two")):
+            path = paths[kid] if version == "v2" else "/root"
+            body = {"model": "m", "input": [{"role": "user", "content": task}]}
+            answered = await client.post(
+                "/e/ep/v1/responses", json=body, headers=codex_headers(kid, path, "lead-t")
+            )
+            assert answered.status_code == 200, answered.text
+
+    async def go():
+        _, client = gateway_client(scripted(script), tmp_path / "ledger")
+        async with client:
+            start = {"model": "m", "input": [{"role": "user", "content": "start"}]}
+            first = await client.post(
+                "/e/ep/v1/responses", json=start, headers=codex_headers("lead-t", "/root")
+            )
+            calls = [i for i in first.json()["output"] if i["type"] == "function_call"]
+            assert [c["name"] for c in calls] == ["spawn_agent"] * 2
+            if children_first:
+                await children(client)
+            answers = [
+                {"type": "function_call_output", "call_id": c["call_id"], "output": json.dumps(o)}
+                for c, o in zip(calls, outputs, strict=True)
+            ]
+            second = {**start, "input": [*start["input"], *calls, *answers]}
+            answered = await client.post(
+                "/e/ep/v1/responses", json=second, headers=codex_headers("lead-t", "/root")
+            )
+            assert answered.status_code == 200, answered.text
+            if not children_first:
+                await children(client)
+            if not restart:
+                return (await client.post("/e/ep/close", json={})).json()
+        _, again = gateway_client(scripted(script), tmp_path / "ledger")
+        async with again:
+            return (await again.post("/e/ep/close", json={})).json()
+
+    record = asyncio.run(go())
+    names = {a["id"]: (a["name"], a["parent"]) for a in record["agents"]}
+    nickname = "Banach" if version == "v1" else "/root/alpha"
+    assert names == {
+        "lead-t": ("leader", None),
+        "kid-1": (nickname, "lead-t"),
+        "kid-2": ("explorer", "lead-t"),  # the role the spawn asked for comes first
+    }
+    assert agent_name(None, "Banach", subagent=True) == "Banach"
+    assert agent_name("explorer", "Cicero", "/root/beta", subagent=True) == "explorer"

@@ -334,7 +334,8 @@ def test_responses_api_with_codex_headers_and_forks(tmp_path):
     )
     assert [i["type"] for i in done] == ["reasoning", "function_call"]
     leader, worker = record["agents"]
-    assert (worker["parent"], worker["start"], worker["name"]) == ("root-t", "fork", "worker")
+    # `agent_name` "worker" names no task path (`/root/NAME`), and no spawn_agent call started it
+    assert (worker["parent"], worker["start"], worker["name"]) == ("root-t", "fork", "subagent")
     assert worker["calls"][0]["prompt_from"] == leader["calls"][0]["id"]  # the fork extends exactly
     compaction = leader["calls"][1]
     assert (

@@ -12,6 +12,7 @@ import asyncio
 import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 from contextlib import ExitStack, contextmanager
@@ -22,6 +23,7 @@ import pytest
 
 from callgrove.gateway.harness import run_harness
 from callgrove.gateway.ledger import EPISODES_FILE
+from callgrove.transcripts import ImportReport, import_claude_code, import_codex
 
 from .helpers import SRC, server_process, write_script
 
@@ -750,3 +752,227 @@ plot = false
     changed = [n for n, w in trained.items() if not torch.equal(w, initial[n])]
     assert "model.embed_tokens.weight" in changed and len(changed) == len(initial), changed
     check_cli(runs / "ledger")
+
+
+# The faults real runs showed (issue: capture under real harnesses), one test each where the
+# harness itself can show it.
+
+
+def test_claude_code_fork_session_trains_each_response_once(tmp_path):
+    """`claude --continue --fork-session` starts a new session whose file repeats the first
+    session's responses. The gateway records each call once (the forked session's call extends
+    the first session's last one), and importing the project folder gives the same calls:
+    the copies are history in the forked session, calls of the session that made them."""
+    step = {
+        "text": "Running.",
+        "tool_calls": [
+            {"name": "Bash", "arguments": {"command": "echo tool-out", "description": "x"}}
+        ],
+    }
+    rules = [
+        {"when": "SECOND-ASK", "reply": "second answer"},
+        {"when": "FIRST-ASK", "reply": step, "times": 1},
+        {"when": "tool-out", "reply": "first answer", "times": 1},
+    ]
+    with gateway_for(tmp_path, rules, "default") as (gateway, ledger):
+        runs = tmp_path / "runs"
+        common = {"cli": cli("claude"), "timeout": 90}
+        skip = ["--dangerously-skip-permissions"]
+        first = run_harness(
+            "claude-code",
+            "FIRST-ASK go",
+            gateway,
+            "cc-fs",
+            runs,
+            close=False,
+            extra_args=skip,
+            **common,
+        )
+        forked = run_harness(
+            "claude-code",
+            "SECOND-ASK go",
+            gateway,
+            "cc-fs",
+            runs,
+            extra_args=["--continue", "--fork-session", *skip],
+            **common,
+        )
+    assert [first.returncode, forked.returncode] == [0, 0], forked.stderr[-2000:]
+    calls = [c for a in forked.record["agents"] for c in a["calls"]]
+    answers = [c["content"]["response"]["content"] for c in calls]
+    assert answers == ["Running.", "first answer", "second answer"]
+    assert calls[2]["prompt_from"] == calls[1]["id"]
+    check_cli(ledger)
+
+    report = ImportReport()
+    (project,) = (runs / "cc-fs" / "home" / ".claude" / "projects").iterdir()
+    transcripts = import_claude_code(project, report)
+    assert len(transcripts) == 2  # two session files
+    imported = [c.response.text for t in transcripts for a in t.agents for c in a.calls]
+    assert sorted(imported) == sorted(answers)  # each response trains once
+    (copies,) = [p.message for p in report.diagnostics.problems]
+    assert copies.startswith("2 response(s) repeat those of session ")
+
+
+def test_codex_subagents_are_named_as_the_importer_names_them(tmp_path):
+    """Codex 0.169 (multi-agent v1) sends `agent_name: /root` for the leader and every
+    subagent; the gateway names them as the importer of Codex's own session files does: the
+    role a `spawn_agent` call asked for, else the nickname Codex gave the new thread."""
+    spawns = {
+        "tool_calls": [
+            {
+                "name": "spawn_agent",
+                "arguments": {"message": "CHILD-TASK one", "fork_context": False},
+            },
+            {
+                "name": "spawn_agent",
+                "arguments": {
+                    "message": "CHILD-TASK two",
+                    "fork_context": False,
+                    "agent_type": "explorer",
+                },
+            },
+        ]
+    }
+    rules = [
+        {"when": "CHILD-TASK", "reply": "child says 9"},
+        {"when": "START-CODEX", "reply": spawns, "times": 1},
+        SPAWN_WAIT,
+        {"when": "child says 9", "reply": "leader done after child", "times": 1},
+    ]
+    run, ledger = scripted_run(
+        tmp_path, rules, "leader waiting", "codex", "START-CODEX please", "cx-names", timeout=90
+    )
+    names = {a["id"]: a["name"] for a in run.record["agents"]}
+    transcripts = import_codex(tmp_path / "runs" / "cx-names" / "home" / ".codex" / "sessions")
+    imported = {a.id: a.name for t in transcripts for a in t.agents}
+    assert names == imported
+    leader, *children = run.record["agents"]
+    assert leader["name"] == "leader" and len(children) == 2
+    nicknames = [
+        json.loads(m["content"])["nickname"]
+        for c in leader["calls"]
+        for m in c["content"]["prompt"]
+        if m["role"] == "tool" and '"nickname"' in (m["content"] or "")
+    ]
+    assert sorted(a["name"] for a in children) == sorted([nicknames[0], "explorer"])
+    check_cli(ledger)
+
+
+def test_claude_code_two_subagents_with_one_prompt(tmp_path):
+    """One foreground and one background subagent started with the same prompt in one
+    response: each gets its own start, as the tool results the leader reads name them."""
+    same = "SAME-TASK: look around"
+    rules = [
+        {"when": "SAME-TASK", "reply": "looked around"},
+        {
+            "when": "START-TWO",
+            "reply": {
+                "text": "Two helpers.",
+                "tool_calls": [agent(same, False), agent(same, True)],
+            },
+            "times": 1,
+        },
+    ]
+    run, ledger = scripted_run(
+        tmp_path, rules, "Leader done.", "claude-code", "START-TWO please", "cc-same", timeout=120
+    )
+    agents = {a["id"]: a for a in run.record["agents"]}
+    leader = next(a for a in agents.values() if a["start"] == "root")
+    spawn_call = next(c for c in leader["calls"] if c["content"]["response"].get("tool_calls"))
+    asked = {
+        t["id"]: t["function"]["arguments"]["run_in_background"]
+        for t in spawn_call["content"]["response"]["tool_calls"]
+    }
+    started = {}  # tool call id -> the agent it started, as the tool results say
+    for call in leader["calls"]:
+        for m in call["content"]["prompt"]:
+            found = re.search(r"agentId: ([A-Za-z0-9_-]+)", m["content"] or "")
+            if m["role"] == "tool" and m.get("tool_call_id") in asked and found:
+                started[m["tool_call_id"]] = found[1]
+    assert len(started) == 2
+    for use_id, background in asked.items():
+        sub = agents[started[use_id]]
+        assert (sub["parent"], sub["start"]) == (
+            leader["id"],
+            "background" if background else "fresh",
+        )
+    check_cli(ledger)
+
+
+def test_claude_code_prompt_asking_for_a_summary_is_a_turn(tmp_path):
+    """A user's own prompt that asks for a "summary of the conversation" is an ordinary turn:
+    only Claude Code's full compaction instruction makes a compaction."""
+    rules = [{"when": "summary of the conversation", "reply": "Here is a summary."}]
+    run, ledger = scripted_run(
+        tmp_path,
+        rules,
+        "default",
+        "claude-code",
+        "Please write a summary of the conversation so far.",
+        "cc-summary",
+        timeout=90,
+    )
+    (leader,) = run.record["agents"]
+    assert [c["purpose"] for c in leader["calls"]] == ["turn"]
+    assert leader["calls"][0]["content"]["response"]["content"] == "Here is a summary."
+    check_cli(ledger)
+
+
+@pytest.mark.parametrize("harness", ["claude-code", "codex"])
+def test_a_closed_episode_stops_the_harness_at_once(tmp_path, harness):
+    """A call to a closed episode is answered so that the harness gives up at once (Claude
+    Code retries a 409 for minutes): a second run on the closed episode ends within seconds,
+    records nothing, and the closed record stays as it was."""
+    rules = [{"when": "HELLO", "reply": "hello back"}]
+    with gateway_for(tmp_path, rules, "ok") as (gateway, ledger):
+        common = {"cli": cli("claude" if harness == "claude-code" else "codex"), "timeout": 90}
+        first = run_harness(
+            harness, "HELLO there", gateway, "closed-ep", tmp_path / "runs", **common
+        )
+        again = run_harness(
+            harness, "HELLO again", gateway, "closed-ep", tmp_path / "runs", close=False, **common
+        )
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert first.reward is None and first.record["rewards"] == {}  # no check: no reward
+    assert again.returncode != 0
+    assert again.seconds < 30, again.seconds
+    assert "closed" in again.stdout + again.stderr
+    closed = [json.loads(line) for line in (ledger / EPISODES_FILE).read_text().splitlines()]
+    assert [e["id"] for e in closed] == ["closed-ep"]
+    check_cli(ledger)
+
+
+def test_claude_code_background_fork_is_background_to_the_gateway_and_the_importer(tmp_path):
+    """A fork that runs in the background: one start rule (`SpawnArguments.start`) makes it
+    `background` in the gateway's record and in the import of the CLI's own session files."""
+    fork = {
+        "name": "Agent",
+        "arguments": {
+            "description": "f",
+            "prompt": "FORK-DIRECTIVE: compute",
+            "subagent_type": "fork",
+            "run_in_background": True,
+        },
+    }
+    rules = [
+        {"when": "FORK-DIRECTIVE", "reply": "fork result 3"},
+        {"when": "fork result 3", "reply": "Leader done after fork.", "times": 1},
+        {"when": "START-FORK", "reply": {"text": "Forking.", "tool_calls": [fork]}, "times": 1},
+    ]
+    run, ledger = scripted_run(
+        tmp_path,
+        rules,
+        "Leader waiting.",
+        "claude-code",
+        "START-FORK please",
+        "cc-bgfork",
+        timeout=120,
+    )
+    leader, sub = run.record["agents"]
+    assert (sub["parent"], sub["start"]) == (leader["id"], "background")
+    (project,) = (tmp_path / "runs" / "cc-bgfork" / "home" / ".claude" / "projects").iterdir()
+    (transcript,) = import_claude_code(project)
+    starts = {a.id: a.start for a in transcript.agents}
+    assert starts == {"main": "root", f"agent-{sub['id']}": "background"}
+    check_cli(ledger)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -18,7 +19,8 @@ from callgrove.transcripts import ImportReport, Renderer, import_claude_code
 from .helpers import Generated, assert_every_line_accounted, assert_prefix_stable
 
 GENERATED = Generated("claude_code", import_claude_code)
-SCENARIOS = GENERATED.scenarios
+FORK_SESSION = "fork_session"  # two sessions: tested on its own below
+SCENARIOS = [s for s in GENERATED.scenarios if s != FORK_SESSION]
 requests = GENERATED.requests
 imported = GENERATED.imported
 
@@ -62,8 +64,9 @@ def api_messages(call) -> int:
 
 
 def test_the_generated_scenarios_are_all_there():
-    assert SCENARIOS == [
+    assert GENERATED.scenarios == [
         "background_subagent",
+        "fork_session",
         "fork_subagent",
         "fresh_subagent",
         "leader_compaction",
@@ -201,3 +204,83 @@ def test_a_captured_subagent_compaction_is_what_the_gateway_saw():
     assert report.diagnostics.problems == []
     assert_every_line_accounted(report)
     assert_prefix_stable(Renderer().episode(transcript))
+
+
+# `claude --continue --fork-session` (the `fork_session` scenario): the second run's session
+# file begins with the first session's lines (uuids and message ids unchanged; 2.1.332 adds
+# `requestSessionId` naming the first session to the copied responses, 2.1.197 copies them as
+# they were), then its own turn. Each response the server answered must be one call, of the
+# session that sent it.
+
+
+def fork_session_folder(tmp_path: Path, as_written: bool) -> tuple[Path, str, str]:
+    """The scenario's two session files in a folder: (folder, first session, forked session).
+    Not `as_written`: the copies without `requestSessionId`, as 2.1.197 writes them, and the
+    forked session's file named to be read first."""
+    log = requests(FORK_SESSION)
+    first, forked = log[0]["session_id"], log[-1]["session_id"]
+    folder = tmp_path / "sessions"
+    folder.mkdir()
+    for path in (GENERATED.folder / FORK_SESSION / "sessions").glob("*.jsonl"):
+        lines = path.read_text().splitlines()
+        if not as_written:
+            lines = [
+                json.dumps({k: v for k, v in json.loads(line).items() if k != "requestSessionId"})
+                for line in lines
+            ]
+        name = path.name if as_written or path.stem != forked else f"0-{path.name}"
+        (folder / name).write_text("\n".join(lines) + "\n")
+    return folder, first, forked
+
+
+@pytest.mark.parametrize("as_written", [True, False], ids=["2.1.332", "copied-unchanged"])
+def test_a_fork_session_trains_each_response_once_in_the_session_that_made_it(tmp_path, as_written):
+    folder, first, forked = fork_session_folder(tmp_path, as_written)
+
+    def response_uuids(path: Path) -> set[str]:
+        lines = [json.loads(line) for line in path.read_text().splitlines()]
+        return {line["uuid"] for line in lines if line.get("type") == "assistant"}
+
+    forked_file = next(folder.glob(f"*{forked}.jsonl"))
+    assert response_uuids(folder / f"{first}.jsonl") < response_uuids(forked_file)
+    report = ImportReport()
+    transcripts = {t.id: t for t in import_claude_code(folder, report)}
+    log = requests(FORK_SESSION)
+    expected = {
+        session: [f"main/{r['message_id']}" for r in log if r["session_id"] == session]
+        for session in (first, forked)
+    }
+    found = {
+        session: [c.id for c in sorted(t.agents[0].calls, key=lambda c: c.order)]
+        for session, t in transcripts.items()
+    }
+    assert found == expected
+    # The forked session's call continues the copied history: its context holds the first
+    # session's answers, as messages.
+    (own,) = transcripts[forked].agents[0].calls
+    history = [m.text for m in own.context.messages_since(None)]
+    assert "Printed word-one." in history and "I will print it." in history
+    copies = len(expected[first])
+    assert [p.message.split(" (")[0] for p in report.diagnostics.problems] == [
+        f"{copies} response(s) repeat those of session {first}"
+    ]
+    assert report.diagnostics.problems[0].file.endswith(f"{forked}.jsonl")
+    assert_every_line_accounted(report)
+    for transcript in transcripts.values():
+        assert_prefix_stable(Renderer().episode(transcript))
+
+
+def test_a_forked_session_read_alone_keeps_the_calls_it_copied(tmp_path):
+    """Without the session that made them, the copies are the only record of those responses:
+    they are calls of the forked session."""
+    folder, first, forked = fork_session_folder(tmp_path, True)
+    (folder / f"{first}.jsonl").unlink()
+    report = ImportReport()
+    (transcript,) = import_claude_code(folder, report)
+    assert transcript.id == forked
+    log = requests(FORK_SESSION)
+    assert [c.id for c in transcript.agents[0].calls] == [f"main/{r['message_id']}" for r in log]
+    # The copies name the session that made them: each is reported, kept as a call here.
+    named = [p.message.split(" (")[0] for p in report.diagnostics.problems]
+    copies = sum(r["session_id"] == first for r in log)
+    assert named == [f"this response names session {first} as the one that made it"] * copies

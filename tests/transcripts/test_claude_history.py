@@ -129,7 +129,7 @@ PARALLEL = lines(
 
 
 def test_the_graph_groups_responses_and_chains_parallel_tool_results():
-    graph = build_graph(PARALLEL, 0, set())
+    graph = build_graph(PARALLEL, 0, {})
     assert graph.parent == (None, 0, 1, 1, 2, 4, 5)
     assert [r.lines for r in graph.responses] == [(1, 2), (6,)]
     assert graph.history_parent[4] == 3  # the second result continues the first
@@ -138,7 +138,7 @@ def test_the_graph_groups_responses_and_chains_parallel_tool_results():
 
 
 def test_histories_are_a_pure_function_of_the_graph():
-    graph = build_graph(PARALLEL, 0, set())
+    graph = build_graph(PARALLEL, 0, {})
     first = derive_history(graph, TranscriptAgent("main", "leader"))
     again = derive_history(graph, TranscriptAgent("main", "leader"))
     assert [c.id for c in first.calls] == [c.id for c in again.calls] == ["main/m1", "main/m2"]
@@ -161,7 +161,7 @@ def test_histories_are_a_pure_function_of_the_graph():
 
 
 def test_a_response_an_earlier_agent_made_a_call_is_history_here():
-    graph = build_graph(PARALLEL, 0, {"m1"})
+    graph = build_graph(PARALLEL, 0, {"m1": None})
     history = derive_history(graph, TranscriptAgent("fork", "fork"))
     assert [c.id for c in history.calls] == ["fork/m2"] and history.copied_responses == 1
     assert history.calls[0].base_call() is None

@@ -57,6 +57,7 @@ from callgrove.gateway.apis import (
 )
 from callgrove.gateway.attribution import (
     UNTAGGED,
+    CodexNames,
     Identity,
     Spawn,
     episode_from_key,
@@ -166,6 +167,7 @@ class EpisodeState:
     by_id: dict[str, Recorded] = field(default_factory=dict)
     prompt_keys: dict[str, str] = field(default_factory=dict)
     spawns: list[Spawn] = field(default_factory=list)
+    codex_names: CodexNames = field(default_factory=CodexNames)
     failed: list[dict[str, Any]] = field(default_factory=list)
     closing: bool = False  # a close waits for the calls in flight: it takes no new ones
     closed: bool = False
@@ -220,6 +222,11 @@ class EpisodeState:
         for spawn, agent_id in spawned_agents(self.spawns, new):
             self._settle(spawn, agent_id)
         self.spawns.extend(spawns_in(recorded.agent.id, recorded.response, version))
+        for thread, name in self.codex_names.answered(new):
+            agent = self.agents.get(thread)
+            if agent is not None and agent.parent is not None:
+                agent.name = name
+        self.codex_names.relayed(recorded.response)
 
     def _settle(self, spawn: Spawn, agent_id: str) -> None:
         """The harness named `agent_id` as `spawn`'s subagent: where a match by prompt gave it
@@ -260,6 +267,8 @@ class EpisodeState:
                 start = start or spawn.start
                 name = name or spawn.kind
             parent = parent or who.root
+            if who.harness == "codex":
+                name = self.codex_names.started(who.agent, who.path)
         start = start or ("root" if parent is None else "fresh")
         agent = Agent(
             id=who.agent,
@@ -513,6 +522,8 @@ class Gateway:
             agent = state.agents[info["id"]] = Agent(
                 id=info["id"], name=info["name"], parent=info["parent"], start=info["start"]
             )
+            if line.get("harness") == "codex" and agent.parent is not None:
+                agent.name = state.codex_names.started(agent.id, line.get("path"))
         call = call_from_line(line, state.id)
         recorded_base = base_of(call, state.find, state.id)  # a call recorded before it, or none
         agent.add(call)
@@ -840,6 +851,7 @@ class Gateway:
                 "api": turn.api,
                 "harness": turn.who.harness,
                 "version": turn.who.version,
+                "path": turn.who.path,
                 "time": time.time(),
             },
         )

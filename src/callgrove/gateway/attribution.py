@@ -9,7 +9,9 @@ the episode `untagged`. The agent comes from, in order:
 - Claude Code's `x-claude-code-session-id` (the main thread), `x-claude-code-agent-id` and
   `x-claude-code-parent-agent-id` (subagents);
 - Codex's `thread-id`, `x-codex-parent-thread-id` and `x-codex-turn-metadata`
-  (`agent_name`, `history_initialization`, `request_kind`);
+  (`history_initialization`, `request_kind`); a subagent's name is the importer's
+  (`codex_records.agent_name`), read from the `spawn_agent` call that started it and the
+  tool output naming the new thread (`CodexNames`);
 - otherwise one agent, `main`, per episode.
 
 A subagent whose parent is not named (Claude Code names none for subagents of the main thread)
@@ -20,21 +22,25 @@ first messages carry; that call also tells its start: a `fork`, a `background` r
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import orjson
 
 from callgrove.episode import AGENT_STARTS
 from callgrove.gateway.web import HttpError
 from callgrove.transcripts import Message
 from callgrove.transcripts.claude_records import SpawnArguments
+from callgrove.transcripts.codex_records import agent_name
 
 EPISODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 AGENT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
 UNTAGGED = "untagged"
 KEY_PREFIX = "cg:"
 SPAWN_TOOLS = frozenset({"Agent", "Task"})
+CODEX_SPAWN_TOOL = "spawn_agent"
+CODEX_ROOT = "/root"  # the leader's `agent_name`, and every thread's in a v1 run
 # Claude Code's compaction request appends its instruction to the last user message: it asks
 # for a "summary of the conversation" and opens with "CRITICAL: Respond with TEXT ONLY. Do NOT
 # call any tools." (2.1.332). Both must be there: a user's own prompt that asks for a summary of
@@ -92,6 +98,7 @@ class Identity:
     root: str | None = None
     harness: str = "callgrove"
     version: str | None = None  # the harness CLI's release (Claude Code's user-agent)
+    path: str | None = None  # a Codex v2 subagent's task path (`/root/NAME`)
 
 
 def _metadata(raw: str | None) -> dict[str, Any]:
@@ -152,13 +159,20 @@ def identify(headers: Any, messages: list[Message]) -> Identity:
             start = "fork"
         return Identity(
             valid_agent(thread),
-            str(meta.get("agent_name") or ("leader" if not parent else "subagent")),
+            None if parent else agent_name(None, None, subagent=False),
             valid_agent(str(parent)) if parent else None,
             start,
             purpose,
             harness="codex",
+            path=codex_path(meta.get("agent_name")),
         )
     return Identity("main", "leader", None, "root", purpose)
+
+
+def codex_path(value: Any) -> str | None:
+    """The task path a Codex request's `agent_name` gives, when it names one thread: v2 sends
+    `/root/NAME` for a subagent; the bare `/root` (every thread of a v1 run) names none."""
+    return value if isinstance(value, str) and value.startswith(CODEX_ROOT + "/") else None
 
 
 @dataclass
@@ -216,3 +230,68 @@ def spawned_agents(spawns: list[Spawn], messages: list[Message]) -> list[tuple[S
         if named is not None:
             found.append((spawn, named[1]))
     return found
+
+
+class CodexSpawned(msgspec.Struct):
+    """The output of Codex's `spawn_agent`: the thread it started and its nickname (v1), or
+    the path of the task it started (v2)."""
+
+    agent_id: str | None = None
+    nickname: str | None = None
+    task_name: str | None = None
+
+
+_CODEX_SPAWNED = msgspec.json.Decoder(CodexSpawned)
+
+
+@dataclass
+class CodexNames:
+    """Codex subagents' names as the importer gives them (`codex_records.agent_name`), from
+    what the gateway relays: the role a `spawn_agent` call asks for (`agent_type`), and the
+    nickname (v1) or task path (v2) its output names. The output reaches the gateway in the
+    parent's next request, which may come before or after the subagent's own first call."""
+
+    roles: dict[str, str | None] = field(default_factory=dict)  # spawn call id -> its role
+    learned: dict[str, tuple[str | None, str | None]] = field(default_factory=dict)
+    paths: dict[str, str] = field(default_factory=dict)  # v2 task path -> thread
+    path_of: dict[str, str] = field(default_factory=dict)  # thread -> its v2 task path
+
+    def relayed(self, message: Message) -> None:
+        """Note the `spawn_agent` calls of an answer the gateway relayed."""
+        for call in message.tool_calls:
+            if call.name == CODEX_SPAWN_TOOL and call.id:
+                arguments = call.arguments if isinstance(call.arguments, dict) else {}
+                role = arguments.get("agent_type")
+                self.roles[call.id] = role if isinstance(role, str) and role else None
+
+    def answered(self, messages: list[Message]) -> list[tuple[str, str]]:
+        """(thread, its name) for each thread that has called and that a `spawn_agent` output
+        in `messages` names; one that has not called yet takes its name when it does."""
+        named = []
+        for message in messages:
+            if message.role != "tool" or message.tool_call_id not in self.roles:
+                continue
+            try:
+                spawned = _CODEX_SPAWNED.decode(message.text)
+            except (msgspec.ValidationError, msgspec.DecodeError):
+                continue  # a failed spawn answers with an error text and starts no thread
+            key = spawned.agent_id or spawned.task_name
+            if not key:
+                continue
+            self.learned[key] = (self.roles[message.tool_call_id], spawned.nickname)  # type: ignore[index]
+            thread = self.paths.get(key, key)
+            if thread in self.path_of or spawned.agent_id:
+                named.append((thread, self.name_of(thread)))
+        return named
+
+    def started(self, thread: str, path: str | None) -> str:
+        """The name of a subagent thread making its first call (`path`: its v2 task path)."""
+        if path:
+            self.paths[path] = thread
+            self.path_of[thread] = path
+        return self.name_of(thread)
+
+    def name_of(self, thread: str) -> str:
+        path = self.path_of.get(thread)
+        role, nickname = self.learned.get(thread) or self.learned.get(path or "") or (None, None)
+        return agent_name(role, nickname, path, subagent=True)

@@ -38,7 +38,10 @@ def _joiner(
         except OSError:
             writer.close()
             return
-        await asyncio.gather(_pipe(reader, far_writer), _pipe(far_reader, writer))
+        # A relay that stops cancels its connections: each pipe closes its writer and the
+        # connection ends there (a cancelled handler would be reported by asyncio's server).
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.gather(_pipe(reader, far_writer), _pipe(far_reader, writer))
 
     return handle
 
@@ -80,9 +83,20 @@ class UnixToTcp:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._loop.call_soon_threadsafe(self._server.close)
+        stopped = asyncio.run_coroutine_threadsafe(self._stop(), self._loop)
+        with contextlib.suppress(TimeoutError):
+            stopped.result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
+
+    async def _stop(self) -> None:
+        """Stop serving and end the connections still open (a CLI that exits may leave its
+        keep-alive connections behind), so no piping task outlives the relay."""
+        self._server.close()
+        open_ = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in open_:
+            task.cancel()
+        await asyncio.gather(*open_, return_exceptions=True)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,9 @@ finds the files, splits the session file into agents, and links subagents to the
 
 from __future__ import annotations
 
+import math
 import os
+from collections import ChainMap, Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +38,7 @@ import orjson
 from callgrove.episode import Gap, Spawn
 from callgrove.transcripts.claude_history import (
     AgentHistory,
+    Earlier,
     Entry,
     LineGraph,
     build_graph,
@@ -52,12 +55,13 @@ from callgrove.transcripts.claude_records import (
     decode_content,
     decode_line,
     decode_raw,
-    session_of,
+    links_of,
 )
 from callgrove.transcripts.ledger import (
     CLAUDE_CODE,
     ImportReport,
     collector_paused,
+    parse_timestamp,
     read_records,
     refuse_file,
     sniff,
@@ -84,6 +88,7 @@ LEADER_ID = "main"
 class SessionFiles:
     main: Path
     subagents: list[tuple[Path, str]] = field(default_factory=list)  # (file, "flat"/"nested")
+    started: float = math.inf  # the time of the file's first timed line (inf: none found)
 
 
 def find_sessions(path: str | os.PathLike[str], report: ImportReport) -> list[SessionFiles]:
@@ -121,29 +126,39 @@ def find_sessions(path: str | os.PathLike[str], report: ImportReport) -> list[Se
 def _with_subagents(main: Path, flat: dict[str, list[Path]]) -> SessionFiles:
     nested_dir = main.with_suffix("") / "subagents"
     nested = sorted(nested_dir.glob("agent-*.jsonl")) if nested_dir.is_dir() else []
-    session_id = _peek_session_id(main) or main.stem
-    subagents = [(p, "flat") for p in flat.get(session_id, []) if p != main]
+    session_id, started = _peek(main)
+    subagents = [(p, "flat") for p in flat.get(session_id or main.stem, []) if p != main]
     subagents += [(p, "nested") for p in nested]
-    return SessionFiles(main, subagents)
+    return SessionFiles(main, subagents, math.inf if started is None else started)
 
 
 def _flat_agent_files(folder: Path) -> dict[str, list[Path]]:
     """`agent-*.jsonl` files of a folder, by the session id their lines carry."""
     out: dict[str, list[Path]] = {}
     for path in sorted(folder.glob("agent-*.jsonl")):
-        out.setdefault(_peek_session_id(path) or "", []).append(path)
+        out.setdefault(_peek(path)[0] or "", []).append(path)
     return out
 
 
-def _peek_session_id(path: Path, limit: int = 20) -> str | None:
+def _peek(path: Path, limit: int = 20) -> tuple[str | None, float | None]:
+    """The first `sessionId` and the first time among a file's first `limit` lines."""
+    session: str | None = None
+    started: float | None = None
     try:
         with open(path, "rb") as stream:
             for _, raw in zip(range(limit), stream, strict=False):
-                if found := session_of(raw):
-                    return found
+                links = links_of(raw)
+                if links is None:
+                    continue
+                if session is None and isinstance(links.session_id, str) and links.session_id:
+                    session = links.session_id
+                if started is None:
+                    started = parse_timestamp(links.timestamp)
+                if session is not None and started is not None:
+                    break
     except OSError:
-        return None
-    return None
+        pass
+    return session, started
 
 
 # ---------------------------------------------------------------------------------------------
@@ -186,7 +201,7 @@ class Built:
     history: AgentHistory
 
 
-def _build(unit: Unit, report: ImportReport, responses: set[str], turns: dict) -> Built:
+def _build(unit: Unit, report: ImportReport, responses: Earlier, turns: dict) -> Built:
     """The unit's graph and history; every line accounted for in `report`."""
     graph = build_graph(unit.entries, unit.file_rank, responses)
     context = fork_context(graph)
@@ -213,11 +228,22 @@ def _build(unit: Unit, report: ImportReport, responses: set[str], turns: dict) -
 def import_claude_code(
     path: str | os.PathLike[str], report: ImportReport | None = None
 ) -> list[Transcript]:
-    """Every session under `path` (a session file or a project folder), with its subagents."""
+    """Every session under `path` (a session file or a project folder), with its subagents.
+
+    `claude --continue --fork-session` starts a session whose file begins with the earlier
+    session's lines, uuids and message ids unchanged. Sessions are built in the order they
+    started (a forked session's file starts when it forks, after the responses it copies), and
+    a response an earlier session made a call is history in a later one: each trains once."""
     report = report if report is not None else ImportReport()
+    sessions = find_sessions(path, report)
+    made: dict[str, str] = {}  # response key -> the session it is a call of
+    built: dict[int, Transcript] = {}
     with collector_paused():
-        sessions = [_session(files, report) for files in find_sessions(path, report)]
-    return [s for s in sessions if s is not None]
+        for k in sorted(range(len(sessions)), key=lambda k: (sessions[k].started, k)):
+            transcript = _session(sessions[k], made, report)
+            if transcript is not None:
+                built[k] = transcript
+    return [built[k] for k in sorted(built)]
 
 
 def _is_session_file(path: Path, report: ImportReport) -> bool:
@@ -235,22 +261,31 @@ def _entries(path: Path, report: ImportReport) -> list[Entry]:
     ]
 
 
-def _session(files: SessionFiles, report: ImportReport) -> Transcript | None:
+def _session(files: SessionFiles, made: dict[str, str], report: ImportReport) -> Transcript | None:
+    """One session's transcript; `made`: the responses sessions built before it made calls,
+    which this one's lines repeat as history (updated with this session's own calls)."""
     if not _is_session_file(files.main, report):
         return None
     files.subagents = [(p, how) for p, how in files.subagents if _is_session_file(p, report)]
     main = _entries(files.main, report)
+    session_id = next((e.record.session_id for e in main if e.record.session_id), files.main.stem)
     units = _split_main(main)
     for rank, (path, layout) in enumerate(files.subagents, start=1):
         units.append(_file_unit(path, layout, rank, report))
-    responses: set[str] = set()
+    own: dict[str, str | None] = {}  # this session's calls (None: made by an agent here)
+    responses = ChainMap(own, made)
     turns: dict[str, Turn | None] = {}  # uuid -> history there, of the agents built so far
     built: list[Built] = []
     for unit in units:
         done = _build(unit, report, responses, turns)
         built.append(done)
-        responses.update(c.content.message_id for c in done.history.calls if c.content.message_id)
+        for call in done.history.calls:
+            key = call.content.message_id or call.content.request_id
+            if key:
+                own[key] = None
         turns.update(done.history.turn_at(done.graph))
+    made.update(dict.fromkeys(own, session_id))
+    _report_copies(built, session_id, files, report)
     if not any(unit.agent.calls for unit in units):
         report.problem(
             "no model response in this session: nothing to train on, no episode written",
@@ -265,7 +300,7 @@ def _session(files: SessionFiles, report: ImportReport) -> Transcript | None:
     )
     first_prompt = built[0].history.first_prompt
     return Transcript(
-        id=next((e.record.session_id for e in main if e.record.session_id), files.main.stem),
+        id=session_id,
         agents=[leader, *others],
         gaps=gaps,
         task={"prompt": first_prompt} if first_prompt else None,
@@ -275,6 +310,38 @@ def _session(files: SessionFiles, report: ImportReport) -> Transcript | None:
             "version": next((e.record.version for e in main if e.record.version), None),
         },
     )
+
+
+def _report_copies(
+    built: list[Built], session_id: str, files: SessionFiles, report: ImportReport
+) -> None:
+    """How many responses the session repeats from each earlier session (a warning each);
+    and each response that says another session made it (`requestSessionId`, 2.1.332) but no
+    earlier session read here did: it stays a call here, so nothing is lost."""
+    copied: Counter[str] = Counter()
+    for b in built:
+        copied.update(b.history.copied_from)
+        for response in b.graph.responses:
+            first = b.graph.entries[response.lines[0]]
+            record = first.record
+            maker = record.request_session_id if isinstance(record, AssistantLine) else None
+            if not response.copied and maker and maker != session_id:
+                report.problem(
+                    f"this response names session {maker} as the one that made it "
+                    "(requestSessionId), and no session read before this one holds it: "
+                    "kept as a call here",
+                    first.file,
+                    first.number,
+                    severity="warning",
+                )
+    for maker, count in sorted(copied.items()):
+        report.problem(
+            f"{count} response(s) repeat those of session {maker} (`claude --continue "
+            "--fork-session` copies the earlier session's lines): history here, trained once, "
+            f"as calls of {maker}",
+            str(files.main),
+            severity="warning",
+        )
 
 
 def _split_main(entries: list[Entry]) -> list[Unit]:

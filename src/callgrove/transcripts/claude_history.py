@@ -14,7 +14,8 @@ per summary, and says for every line what it became. Nothing in the graph change
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,14 +123,22 @@ def _is_response(record: SessionLine | OtherLine) -> bool:
 # The graph
 
 
+# Responses made before the lines being read, by key -> where: None for an earlier agent of
+# this session (a fork repeats its parent's responses), else the id of another session
+# (`claude --continue --fork-session` copies the earlier session's lines into its own file).
+Earlier = Mapping[str, str | None]
+
+
 @dataclass(frozen=True, slots=True)
 class Response:
-    """The lines of one API response (one per content block), and whether an earlier agent
-    already made it a call (a fork repeats its parent's responses: history, not calls)."""
+    """The lines of one API response (one per content block), and whether it was made
+    elsewhere (`copied`: history here, not a call; `made_in`: the other session it was made
+    in, None for an earlier agent of this session)."""
 
     lines: tuple[int, ...]
     key: str | None  # `message.id`, else `requestId`
     copied: bool
+    made_in: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,7 +155,7 @@ class LineGraph:
     latest: dict[str, int]  # uuid -> its last line
 
 
-def build_graph(entries: Sequence[Entry], rank: int, earlier_responses: set[str]) -> LineGraph:
+def build_graph(entries: Sequence[Entry], rank: int, earlier_responses: Earlier) -> LineGraph:
     entries = tuple(entries)
     parent, dangling = _parents(entries)
     responses, response_of = _responses(entries, parent, earlier_responses)
@@ -187,13 +196,12 @@ def _parents(entries: tuple[Entry, ...]) -> tuple[tuple[int | None, ...], tuple[
 
 
 def _responses(
-    entries: tuple[Entry, ...], parent: tuple[int | None, ...], earlier: set[str]
+    entries: tuple[Entry, ...], parent: tuple[int | None, ...], earlier: Earlier
 ) -> tuple[tuple[Response, ...], tuple[int | None, ...]]:
     """Assistant lines grouped into API responses: lines sharing `message.id` are one response;
     lines with only a `requestId` are one when each continues the previous."""
     groups: list[list[int]] = []
     keys: list[str | None] = []
-    copied: list[bool] = []
     response_of: list[int | None] = [None] * len(entries)
     open_by_key: dict[str, int] = {}
     for i, entry in enumerate(entries):
@@ -202,7 +210,7 @@ def _responses(
             continue
         assert isinstance(record, AssistantLine) and record.message is not None
         message_id = record.message.id
-        key = message_id or record.request_id
+        key = record.response_key()
         current = open_by_key.get(key) if key else None
         up = parent[i]
         if current is not None and (
@@ -214,11 +222,11 @@ def _responses(
         response_of[i] = len(groups)
         groups.append([i])
         keys.append(key)
-        copied.append(message_id in earlier)
         if key:
             open_by_key[key] = response_of[i]  # type: ignore[assignment]
     responses = tuple(
-        Response(tuple(g), k, c) for g, k, c in zip(groups, keys, copied, strict=True)
+        Response(tuple(g), k, k is not None and k in earlier, earlier.get(k) if k else None)
+        for g, k in zip(groups, keys, strict=True)
     )
     return responses, tuple(response_of)
 
@@ -284,6 +292,8 @@ class AgentHistory:
     failed_uses: frozenset[str]  # tool calls whose result is an error
     first_prompt: str | None
     copied_responses: int  # responses of earlier agents its history repeats (a fork)
+    # responses other sessions made that its history repeats (`--fork-session`), by session
+    copied_from: dict[str, int]
 
     def turn_at(self, graph: LineGraph) -> dict[str, Turn | None]:
         """The history at each uuid (its last line)."""
@@ -333,7 +343,7 @@ def derive_history(
                 message = assistant_message(_records(graph, graph.responses[response]))
                 response_turns[response] = Turn(message, before)
             turns[i] = response_turns[response]
-            outcomes.append(Outcome(i, used="message (an earlier agent's response, repeated)"))
+            outcomes.append(Outcome(i, used=_copy_used(graph.responses[response])))
             continue
         if response is not None:
             call = response_calls.get(response)
@@ -429,8 +439,17 @@ def derive_history(
         results=results,
         failed_uses=frozenset(failed),
         first_prompt=first_prompt,
-        copied_responses=len(response_turns),
+        copied_responses=sum(graph.responses[r].made_in is None for r in response_turns),
+        copied_from=dict(
+            Counter(made for r in response_turns if (made := graph.responses[r].made_in))
+        ),
     )
+
+
+def _copy_used(response: Response) -> str:
+    if response.made_in is None:
+        return "message (an earlier agent's response, repeated)"
+    return "message (a response another session made, repeated: trained there)"
 
 
 def _fork_context_outcome(i: int, record: ForkContextRef, start: Turn | None) -> Outcome:

@@ -244,8 +244,16 @@ class UserLine(Link, tag_field="type", tag="user"):
 class AssistantLine(Link, tag_field="type", tag="assistant"):
     message: AssistantMessage | None = None
     request_id: str | None = None
+    # The session that made the request, written (2.1.332) on a response another session's
+    # file repeats: `claude --continue --fork-session` copies the earlier session's lines.
+    request_session_id: str | None = None
     is_api_error_message: bool = False
     is_aborted_mid_stream: bool = False
+
+    def response_key(self) -> str | None:
+        """What names the API response this line is a block of: `message.id`, else
+        `requestId`."""
+        return (self.message.id if self.message else None) or self.request_id
 
     def is_synthetic(self) -> bool:
         """An error the CLI wrote itself, not a model response."""
@@ -290,13 +298,13 @@ _TYPED = msgspec.json.Decoder(SessionLine)
 _LINKS = msgspec.json.Decoder(_Kind)
 
 
-def session_of(raw: bytes) -> str | None:
-    """The `sessionId` a line names, read without decoding the rest of it."""
+def links_of(raw: bytes) -> Link | None:
+    """A line's links (its session, time, place in the tree), read without decoding the rest
+    of it; None for a line that is no JSON object of the expected shape."""
     try:
-        found = _LINKS.decode(raw).session_id
+        return _LINKS.decode(raw)
     except (msgspec.ValidationError, msgspec.DecodeError):
         return None
-    return found if isinstance(found, str) and found else None
 
 
 def decode_raw(raw: bytes) -> SessionLine | OtherLine | None:

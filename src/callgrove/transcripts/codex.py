@@ -33,7 +33,7 @@ from callgrove.transcripts.codex_history import (
     place_lines,
     response_message,
 )
-from callgrove.transcripts.codex_records import SessionMeta, decode_record
+from callgrove.transcripts.codex_records import SessionMeta, agent_name, decode_record
 from callgrove.transcripts.ledger import (
     CODEX,
     ImportReport,
@@ -100,8 +100,9 @@ def _read_threads(files: list[Path], report: ImportReport) -> list[Transcript]:
         for start in placement.threads:
             runs = [run for run in placement.runs if run.thread == start.id]
             graph = build_graph(start, runs, entries)
-            name = start.meta.agent_role or start.meta.agent_nickname
-            agent = TranscriptAgent(start.id, str(name or "leader"), meta={"file": start.file})
+            meta = start.meta
+            name = agent_name(meta.agent_role, meta.agent_nickname, meta.agent_path, subagent=False)
+            agent = TranscriptAgent(start.id, name, meta={"file": start.file})
             history = derive_thread(graph, entries, agent)
             agent.calls = list(history.calls)
             threads.append(Thread(graph, history, agent))
@@ -211,9 +212,9 @@ def _link(parent: Thread, child: Thread) -> None:
     """The child's parent agent, start, and the parent call that spawned it (when recorded)."""
     agent = child.agent
     agent.parent = parent.id
-    agent.start = "fork" if child.graph.start.meta.forked_from_id else "fresh"
-    if agent.name == "leader":
-        agent.name = "subagent"
+    meta = child.graph.start.meta
+    agent.start = "fork" if meta.forked_from_id else "fresh"
+    agent.name = agent_name(meta.agent_role, meta.agent_nickname, meta.agent_path, subagent=True)
     use_id, link = parent.graph.spawned.get(child.id), "spawn event"
     if use_id is None:  # else a spawn tool's output names the new thread
         outputs = parent.graph.outputs.items()

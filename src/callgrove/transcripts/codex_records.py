@@ -22,6 +22,7 @@ class SessionMetaPayload(msgspec.Struct, kw_only=True):
     source: Any = None  # "exec", "cli", or {"subagent": {"thread_spawn": {"parent_thread_id"}}}
     agent_role: str | None = None
     agent_nickname: str | None = None
+    agent_path: str | None = None  # multi-agent v2: `/root/NAME`
     base_instructions: Any = None  # the system message (a string or {"text": ...})
     instructions: Any = None  # its name in older releases
     cli_version: str | None = None
@@ -36,6 +37,16 @@ class SessionMetaPayload(msgspec.Struct, kw_only=True):
         parent = spawn.get("parent_thread_id") if isinstance(spawn, dict) else None
         parent = parent or self.parent_thread_id
         return parent if isinstance(parent, str) else None
+
+
+def agent_name(
+    role: str | None, nickname: str | None, path: str | None = None, *, subagent: bool
+) -> str:
+    """A Codex agent's name, one rule for the gateway and the importer: the role it was spawned
+    as (`agent_type`), else the nickname Codex gave it, else its task path (multi-agent v2:
+    `/root/NAME`), else `subagent` (or `leader`). Never the bare `/root` that Codex sends as
+    the `agent_name` of every thread of a v1 run."""
+    return role or nickname or path or ("subagent" if subagent else "leader")
 
 
 class CompactedPayload(msgspec.Struct, kw_only=True):

@@ -51,7 +51,8 @@ def bash(command: str) -> dict[str, Any]:
     return {"name": "Bash", "input": {"command": command, "description": "print a word"}}
 
 
-# Each scenario: the prompts of the CLI runs (the later ones continue the session), and rules:
+# Each scenario: the prompts of the CLI runs (the later ones continue the session, with
+# `later_runs` as their options), and rules:
 # the first rule whose marker is in the request's newest user text gives the answer (text,
 # tool calls, input tokens reported). Compaction requests are answered with a summary.
 SCENARIOS: dict[str, dict[str, Any]] = {
@@ -93,6 +94,17 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         "runs": ["START: say one word.", "/compact", "NEXT: say another word."],
         "rules": [
             ("START", ("One.", [], USAGE_SMALL)),
+            ("NEXT", ("Two.", [], USAGE_SMALL)),
+        ],
+    },
+    # `claude --continue --fork-session`: the second run writes a session file of its own that
+    # repeats the first session's lines, then its own turn.
+    "fork_session": {
+        "runs": ["START: print a word.", "NEXT: say another word."],
+        "later_runs": ["--continue", "--fork-session"],
+        "rules": [
+            ("START", ("I will print it.", [bash("echo word-one")], USAGE_SMALL)),
+            ("word-one", ("Printed word-one.", [], USAGE_SMALL)),
             ("NEXT", ("Two.", [], USAGE_SMALL)),
         ],
     },
@@ -232,7 +244,8 @@ def run_scenario(claude: str, name: str, spec: dict[str, Any]) -> None:
             for index, prompt in enumerate(spec["runs"]):
                 command = [claude, "-p", prompt, "--output-format", "json"]
                 command += ["--model", "claude-sonnet-4-5", "--dangerously-skip-permissions"]
-                command += ["--session-id", SESSION] if index == 0 else ["--continue"]
+                later = spec.get("later_runs", ["--continue"])
+                command += ["--session-id", SESSION] if index == 0 else later
                 done = run_cli(command, work, env, 120)
                 print(f"{name} run {index}: exit {done.returncode}", file=sys.stderr)
                 print(done.stdout[-1500:], done.stderr[-1500:], file=sys.stderr)
