@@ -25,6 +25,8 @@ from callgrove.gateway.ledger import EPISODES_FILE
 
 from .helpers import SRC, server_process, write_script
 
+pytestmark = pytest.mark.harness
+
 BIN = Path(__file__).resolve().parents[2] / ".harness" / "node_modules" / ".bin"
 
 
