@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.demo-installed
 
-.PHONY: setup demo test lint format bench clean
+.PHONY: setup demo test test-fast lint format bench clean
 # The real harness CLIs the gateway tests drive, pinned; installed into an ignored folder.
 HARNESS := .harness
 HARNESS_CLIS := @anthropic-ai/claude-code@2.1.332 @openai/codex@0.169.0
@@ -66,6 +66,12 @@ test: lint $(HARNESS)/.installed
 	test -x /usr/bin/chromium || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium)
 	command -v ip >/dev/null || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y iproute2)
 	$(BIN)/pytest -n 2 tests
+
+# The tier to run on every change: the torch-free data rooms without their slow tests (about a
+# minute on two idle cores), and lint. docs/development.md lists the tiers.
+FAST_TESTS := tests/episode tests/forest tests/credit tests/batch tests/synth tests/test_architecture.py
+test-fast: lint
+	$(BIN)/pytest -n 2 -m "not (slow or hf or harness or llama_cpp or browser or processes)" $(FAST_TESTS)
 
 # The one benchmark: every stage at three sizes beside verifiers, NeMo Gym and the numpy floor
 # (a couple of minutes; `callgrove bench --full --stream-gb 2` for the published sizes and the

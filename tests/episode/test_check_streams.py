@@ -39,6 +39,7 @@ def _peak_kib(*args: str) -> int:
     return int(done.stderr.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", [[], ["--json"]])
 def test_check_memory_does_not_grow_with_the_episodes(tmp_path, mode):
     small, large = tmp_path / "small.jsonl", tmp_path / "large.jsonl"

@@ -80,6 +80,7 @@ def test_a_pickle_round_trip_keeps_the_record_and_its_rows():
     assert rows_of(back) == rows_of(original)
 
 
+@pytest.mark.slow
 def test_long_prompt_chains_copy_and_pickle_without_recursion():
     chain = long_chain()
     for copied in (copy.deepcopy(chain), pickle.loads(pickle.dumps(chain))):

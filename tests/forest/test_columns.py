@@ -45,6 +45,7 @@ def credited(draw):
     return episode
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(credited(), min_size=1, max_size=3))
 def test_columns_of_many_episodes_equal_the_reference_row_by_row(batch):

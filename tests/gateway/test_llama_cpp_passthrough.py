@@ -22,6 +22,7 @@ import time
 
 import httpx
 import numpy as np
+import pytest
 import torch
 
 from callgrove.episode import load
@@ -30,6 +31,7 @@ from callgrove.train.hf_model import HFPolicyModel, checkpoint_folder, load_mode
 
 from .helpers import SRC, server_process, stop_group
 
+pytestmark = pytest.mark.llama_cpp
 QUESTION = "What is 2 + 3?"
 
 

@@ -8,12 +8,15 @@ import os
 import signal
 
 import httpx
+import pytest
 
 from callgrove.episode import read_episodes
 from callgrove.gateway.ledger import EPISODES_FILE
 from callgrove.rows import build_rows, check_rows
 
 from .helpers import server_process, write_script
+
+pytestmark = pytest.mark.processes
 
 EPISODES = 20
 AGENTS = 5

@@ -27,6 +27,8 @@ from callgrove.transcripts import ImportReport, import_claude_code, import_codex
 
 from .helpers import SRC, server_process, write_script
 
+pytestmark = pytest.mark.harness
+
 BIN = Path(__file__).resolve().parents[2] / ".harness" / "node_modules" / ".bin"
 
 

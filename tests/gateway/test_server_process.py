@@ -9,6 +9,10 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.processes
+
 ROOT = str(Path(__file__).resolve().parents[2])
 
 # The test process: starts a long-lived child as `server_process` does, says its pid, waits.

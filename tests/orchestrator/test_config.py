@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from callgrove.credit import EMABaseline, HierarchicalGRPO
 from callgrove.formats.ranges import check_range
 from callgrove.orchestrator.config import (
     ConfigError,
@@ -43,7 +44,7 @@ def test_unknown_keys_and_wrong_types_name_the_key(tmp_path):
 
 def test_overrides_and_round_trip(tmp_path):
     path = tmp_path / "c.toml"
-    path.write_text('[run]\nsteps = 3\n[algorithm]\nname = "grpo"\n')
+    path.write_text('[run]\nsteps = 3\n[algorithm]\nname = "hierarchical_grpo"\n')
     config = load_config(
         path,
         dict(
@@ -57,7 +58,8 @@ def test_overrides_and_round_trip(tmp_path):
         ),
     )
     assert (config.run.steps, config.dispatch.group_size, config.env.name) == (7, 2, "copy")
-    assert config.algorithm.name == "grpo" and config.algorithm.local_seats == []
+    assert isinstance(config.algorithm, HierarchicalGRPO)
+    assert config.algorithm.local_seats == frozenset()
     again = tmp_path / "again.toml"
     again.write_text(to_toml(config))
     assert load_config(again) == config
@@ -94,8 +96,9 @@ NAN, INF = float("nan"), float("inf")
         ("run.steps", -1),
         ("run.eval_every", -2),
         ("run.eval_repeats", 0),
-        ("algorithm.decay", 1.0),
+        ("algorithm.decay", 1.0),  # with algorithm.name = "ema" (below)
         ("algorithm.decay", NAN),
+        ("algorithm.std_epsilon", 0.0),
         ("degeneracy.repetition_run", 0),
         ("degeneracy.gibberish_logprob", NAN),
         ("monitor.samples_per_step", -1),
@@ -105,8 +108,9 @@ NAN, INF = float("nan"), float("inf")
 )
 def test_every_numeric_setting_is_checked_for_its_range_at_load(key, value):
     section, name = key.split(".")
+    chosen = {"algorithm.name": "ema"} if name == "decay" else {}
     with pytest.raises(ConfigError, match=rf"{section}: {name} must be .*, not {value!r}"):
-        load_config(None, {key: value})
+        load_config(None, {**chosen, key: value})
 
 
 @pytest.mark.parametrize(
@@ -123,6 +127,34 @@ def test_every_numeric_setting_is_checked_for_its_range_at_load(key, value):
 def test_unknown_choices_are_refused_with_what_is_known(key, value, known):
     with pytest.raises(ConfigError, match=rf"{key.split('.')[0]}: .*{known}.*not"):
         load_config(None, {key: value})
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "key", "value"),
+    [
+        ("hierarchical_grpo", "scope", "seat"),
+        ("grpo", "local_seats", ["helper"]),
+        ("grpo", "decay", 0.5),
+        ("ema", "scale_by_std", True),
+    ],
+)
+def test_a_setting_the_chosen_algorithm_does_not_read_is_an_error(algorithm, key, value):
+    with pytest.raises(ConfigError, match=rf"algorithm\.{key}: not a setting of algorithm"):
+        load_config(None, {"algorithm.name": algorithm, f"algorithm.{key}": value})
+
+
+def test_the_saved_config_holds_the_chosen_algorithm_and_its_settings_only():
+    config = load_config(None, {"algorithm.name": "ema", "algorithm.decay": 0.5})
+    assert config.algorithm == EMABaseline(decay=0.5)
+    saved = to_toml(config)
+    section = saved.split("[algorithm]\n")[1].split("\n\n")[0]
+    assert section.splitlines() == ['name = "ema"', "decay = 0.5"]  # no other algorithm's keys
+    assert load_config(None, {"algorithm.name": "ema"}).algorithm.decay == 0.9  # one default
+
+
+def test_a_run_refuses_one_seed_for_every_call():
+    with pytest.raises(ConfigError, match=r"sampling\.seed: a run seeds its sampler"):
+        load_config(None, {"sampling.seed": 3})
 
 
 def test_model_errors_say_what_is_accepted():

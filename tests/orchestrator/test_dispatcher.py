@@ -95,12 +95,27 @@ def test_faults_are_counted_recorded_and_nothing_is_lost_or_invented():
 
 def test_stop_cancels_what_is_in_flight_and_hands_it_back():
     class Slow(Faulty):
+        """Every episode hangs; the fourth to start sets `all_hanging`."""
+
         kinds = ("hang",)
 
+        def __init__(self):
+            super().__init__()
+            self.started = 0
+            self.all_hanging = asyncio.Event()
+
+        async def run(self, episode, task):
+            self.started += 1
+            if self.started == 4:
+                self.all_hanging.set()
+            return await super().run(episode, task)
+
     async def go():
-        d = dispatcher(Slow(), ScriptedPolicy(), group_size=2, groups_per_step=1, max_in_flight=4)
+        env = Slow()
+        d = dispatcher(env, ScriptedPolicy(), group_size=2, groups_per_step=1, max_in_flight=4)
         d.start()
-        await asyncio.sleep(0.05)
+        await asyncio.wait_for(env.all_hanging.wait(), timeout=30)
+        await asyncio.sleep(0)  # a fifth launch, were it allowed, would start by now
         return d, await d.stop()
 
     d, leftovers = asyncio.run(go())

@@ -68,13 +68,16 @@ class Hanging:
     name = "hanging"
 
     async def run(self, episode: EpisodeRun, task):
+        answered = asyncio.Event()
+
         async def forever(agent):
             while True:
                 await agent.ask("more")
+                answered.set()
 
         episode.leader.background("looper", forever)
         await episode.leader.ask(task)
-        await asyncio.sleep(0.05)
+        await asyncio.wait_for(answered.wait(), timeout=30)  # the looper has a call to keep
         return 1.0
 
 

@@ -24,6 +24,7 @@ from callgrove.rows import build_rows, check_rows
 TINY = {
     "model": {"d_model": 16, "n_heads": 2, "d_ff": 32},
     "env": {"name": "relay", "options": {"eval_size": 2}},
+    "sampling": {"max_tokens": 4},
     "dispatch": {"group_size": 2, "groups_per_step": 2},
     "monitor": {"live": False},
 }

@@ -9,6 +9,8 @@ from callgrove.orchestrator.config import config_from_dict
 from callgrove.orchestrator.loop import train
 from callgrove.rows import build_rows, check_rows
 
+pytestmark = pytest.mark.processes
+
 pytest.importorskip("ray")
 
 
@@ -18,6 +20,7 @@ def test_a_tiny_run_on_local_ray(tmp_path):
             "run": {"steps": 2, "out": str(tmp_path), "executor": "ray", "eval_every": 2},
             "model": {"d_model": 16, "n_heads": 2, "d_ff": 32},
             "env": {"name": "relay", "options": {"eval_size": 2}},
+            "sampling": {"max_tokens": 4},
             "dispatch": {"group_size": 2, "groups_per_step": 2},
             "monitor": {"live": False, "plot": False},
             "ray": {"env_workers": 2},

@@ -32,6 +32,7 @@ HERE = __name__  # environments below are named `module:attribute`, as a user's 
 TINY = {
     "model": {"d_model": 16, "n_heads": 2, "d_ff": 32},
     "env": {"name": "copy", "options": {"eval_size": 2}},
+    "sampling": {"max_tokens": 4},
     "dispatch": {"group_size": 2, "groups_per_step": 2},
     "monitor": {"live": False, "plot": False},
 }

@@ -24,6 +24,8 @@ from callgrove.rows import build_rows
 
 from .episodes import HOSTILE_TEXT, LOGIN_BUG, LOGIN_GROUP, unusual_episode
 
+pytestmark = pytest.mark.browser
+
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 BROWSER_SECONDS = 20
 

@@ -19,6 +19,8 @@ from callgrove.train.hf_trainer import HFLearner
 from callgrove.train.learner import LearnerSettings
 from train.helpers import VOCAB, tiny_llama
 
+pytestmark = pytest.mark.hf
+
 ALPHABET = "".join(chr(ord("0") + i) for i in range(VOCAB))
 
 

@@ -34,6 +34,8 @@ from .helpers import (
 )
 from .test_equivalence import assert_same_training
 
+pytestmark = pytest.mark.hf
+
 DTYPES = (torch.float64, torch.float32)
 ATTENTION = ("eager", "sdpa")
 TOLERANCE = 1e-5

@@ -19,6 +19,8 @@ from callgrove.train.learner import LearnerSettings
 
 from .helpers import EXAMPLES, give_advantages, sample_near_the_model, tiny_llama
 
+pytestmark = pytest.mark.hf
+
 
 def group_samples(supervised: bool = False, seed: int = 2):
     episodes = list(load(EXAMPLES / "login_group.jsonl"))

@@ -11,6 +11,7 @@ import asyncio
 import json
 
 import numpy as np
+import pytest
 import torch
 
 from callgrove.batch.tree import pack_tree
@@ -24,6 +25,8 @@ from callgrove.train.hf_model import (
     load_model,
     resolve_model,
 )
+
+pytestmark = pytest.mark.hf
 
 
 def test_smollm2_converts_renders_samples_and_tree_packs():

@@ -17,21 +17,13 @@ from typing import Annotated, get_args
 import typer
 
 from callgrove.cli.app import EXIT_USAGE, err, safe
-from callgrove.credit import Algorithm, Scope, finalize_group
+from callgrove.credit import ALGORITHMS, Algorithm, Scope, finalize_group
 from callgrove.episode import Episode
 from callgrove.formats.problems import Diagnostics, Problem
-from callgrove.orchestrator.step import ALGORITHMS, AlgorithmSettings, make_algorithm
 
 AlgorithmName = StrEnum("AlgorithmName", {name: name for name in ALGORITHMS})  # type: ignore[misc]
 ScopeName = StrEnum("ScopeName", {name: name for name in get_args(Scope)})  # type: ignore[misc]
 
-# The settings each algorithm reads (`make_algorithm`): one given to another is refused, not
-# ignored.
-_SETTINGS_OF = {
-    "grpo": {"scope", "scale_by_std"},
-    "hierarchical_grpo": {"local_seats", "scale_by_std"},
-    "ema": {"decay"},
-}
 _OPTION_NAMES = {
     "scope": "--scope",
     "scale_by_std": "--scale-by-std",
@@ -93,11 +85,12 @@ def chosen_algorithm(
         if given:
             _usage(f"{_OPTION_NAMES[next(iter(given))]} goes with --algorithm ({_CHOICES})")
         return None
+    kind = ALGORITHMS[name.value]
     for key in given:
-        if key not in _SETTINGS_OF[name.value]:
+        if key not in kind.__struct_fields__:  # one given to another is refused, not ignored
             _usage(f"{_OPTION_NAMES[key]} is not a setting of --algorithm {name.value}")
     try:
-        return make_algorithm(AlgorithmSettings(name=name.value, **given))
+        return kind(**given)
     except ValueError as error:
         _usage(str(error))
         raise  # unreachable: _usage exits

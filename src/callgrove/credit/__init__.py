@@ -15,10 +15,18 @@ from callgrove.credit.algorithm import (
 from callgrove.credit.ema import EMABaseline
 from callgrove.credit.grpo import GRPO, HierarchicalGRPO, Scope
 
+BuiltinAlgorithm = GRPO | HierarchicalGRPO | EMABaseline
+"""The algorithms a config names (`[algorithm] name = ...`): each is its own settings struct."""
+ALGORITHMS: dict[str, type[GRPO | HierarchicalGRPO | EMABaseline]] = {
+    kind.__struct_config__.tag: kind for kind in (GRPO, HierarchicalGRPO, EMABaseline)
+}
+
 __all__ = [
+    "ALGORITHMS",
     "GRPO",
     "Advantage",
     "Algorithm",
+    "BuiltinAlgorithm",
     "Credit",
     "EMABaseline",
     "GroupCredit",

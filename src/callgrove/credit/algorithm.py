@@ -13,7 +13,6 @@ assigned 0.0.
 from __future__ import annotations
 
 import math
-from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -94,7 +93,7 @@ def episode_trace(episode: Episode) -> list[Trace]:
     return [Trace(episode, trainable, None, episode.reward)]
 
 
-class Algorithm(ABC):
+class Algorithm:
     """Turns a group of episodes into credit on their calls.
 
     `score_episode` says which traces of one episode take part and what each earned;
@@ -105,11 +104,13 @@ class Algorithm(ABC):
     refuses credit for them.
     """
 
+    __slots__ = ()  # the built-in algorithms are msgspec structs: their settings are the config
+
     def score_episode(self, episode: Episode) -> list[Trace]:
         return seat_traces(episode)
 
-    @abstractmethod
-    def score_group(self, episodes: Sequence[Episode]) -> list[Credit]: ...
+    def score_group(self, episodes: Sequence[Episode]) -> list[Credit]:
+        raise NotImplementedError(f"{type(self).__name__} must define score_group")
 
     def state_dict(self) -> dict[str, Any]:
         """What the algorithm learnt from earlier groups (plain data, for a checkpoint)."""

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from callgrove.credit.algorithm import Algorithm, Credit, Trace
@@ -13,8 +13,15 @@ from callgrove.episode import Episode
 from callgrove.formats.ranges import check_range
 
 
-@dataclass
-class EMABaseline(Algorithm):
+class EMABaseline(
+    Algorithm,
+    msgspec.Struct,
+    kw_only=True,
+    forbid_unknown_fields=True,
+    tag_field="name",
+    tag="ema",
+    dict=True,
+):
     """Advantage = reward minus the seat's exponential moving average of earlier rewards.
 
     Traces are seats' traces (`agent_reward`). The state lives on the instance, so one instance
@@ -26,13 +33,17 @@ class EMABaseline(Algorithm):
     """
 
     decay: float = 0.9
+    """How much of the baseline each group keeps."""
     initial: float | None = None
-    baselines: dict[str, float] = field(default_factory=dict)
+    """A new seat's first baseline (None: its first group's mean)."""
 
     def __post_init__(self) -> None:
         check_range("decay", self.decay, at_least=0, below=1)
         if self.initial is not None:
             check_range("initial", self.initial)
+        # What it learnt, not a setting: kept off the struct's fields, so a config that holds
+        # this algorithm never saves it.
+        self.baselines: dict[str, float] = {}
 
     def state_dict(self) -> dict[str, Any]:
         return {"baselines": dict(self.baselines)}

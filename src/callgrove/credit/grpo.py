@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
 from typing import Literal, get_args
+
+import msgspec
 
 from callgrove.credit.algorithm import (
     Algorithm,
@@ -15,16 +16,23 @@ from callgrove.credit.algorithm import (
     seat_traces,
 )
 from callgrove.episode import Episode
-from callgrove.formats.ranges import check_choice
+from callgrove.formats.ranges import check_choice, check_range
 
 Scope = Literal["seat", "episode"]
 
 
-class _PooledBaseline(Algorithm):
+class _PooledBaseline(
+    Algorithm, msgspec.Struct, kw_only=True, forbid_unknown_fields=True, tag_field="name"
+):
     """Splits the group's traces into pools and baselines each trace against its own pool."""
 
-    scale_by_std: bool
-    std_epsilon: float
+    scale_by_std: bool = False
+    """Divide each pool's advantages by its reward std."""
+    std_epsilon: float = 1e-6
+    """Added to the std before dividing, so a pool of equal rewards gives 0.0."""
+
+    def __post_init__(self) -> None:
+        check_range("std_epsilon", self.std_epsilon, above=0)
 
     def pool_of(self, trace: Trace) -> Hashable:
         raise NotImplementedError
@@ -41,8 +49,7 @@ class _PooledBaseline(Algorithm):
         ]
 
 
-@dataclass
-class GRPO(_PooledBaseline):
+class GRPO(_PooledBaseline, tag="grpo"):
     """Advantage = reward minus the group mean (divided by the group std if `scale_by_std`).
 
     `scope="seat"`: every trainable agent is a trace rewarded by `agent_reward` (its own
@@ -52,12 +59,13 @@ class GRPO(_PooledBaseline):
     and all its trainable agents' calls share that advantage.
     """
 
-    scope: Scope = "seat"
-    scale_by_std: bool = False
-    std_epsilon: float = 1e-6
+    scope: str = "seat"  # a `Scope`, checked below so the error lists the choices
+    """`seat`: a trace per trainable agent, baselined within its seat; `episode`: one trace per
+    episode."""
 
     def __post_init__(self) -> None:
-        check_choice("scope", self.scope, get_args(Scope))
+        super().__post_init__()
+        check_choice("scope", self.scope, get_args(Scope))  # a constructor does not check types
 
     def score_episode(self, episode: Episode) -> list[Trace]:
         return seat_traces(episode) if self.scope == "seat" else episode_trace(episode)
@@ -66,8 +74,7 @@ class GRPO(_PooledBaseline):
         return trace.seat
 
 
-@dataclass
-class HierarchicalGRPO(_PooledBaseline):
+class HierarchicalGRPO(_PooledBaseline, tag="hierarchical_grpo"):
     """GRPO where some seats are compared within their own episode.
 
     A trace whose seat is in `local_seats` (say the several solvers one proposer spawned) is
@@ -77,11 +84,11 @@ class HierarchicalGRPO(_PooledBaseline):
     takes the episode reward. A local seat with one trace in its episode gets advantage 0.0.
     """
 
-    local_seats: frozenset[str]
-    scale_by_std: bool = False
-    std_epsilon: float = 1e-6
+    local_seats: frozenset[str] = frozenset()
+    """Seats baselined within their own episode (the others across the group)."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         self.local_seats = frozenset(self.local_seats)
 
     def pool_of(self, trace: Trace) -> Hashable:

@@ -282,10 +282,6 @@ def responses_request(data: dict[str, Any]) -> ChatRequest:
     return _common("responses", data, messages, data.get("tools"), "max_output_tokens")
 
 
-def count_tokens_request(data: dict[str, Any]) -> list[Message]:
-    return anthropic_messages(data)
-
-
 # ---------------------------------------------------------------------------------------------
 # Replies
 

@@ -24,7 +24,7 @@ import shutil
 import time
 import warnings
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -912,7 +912,7 @@ class Gateway:
                 stop_token_ids=self.chat.stop_token_ids,
                 stop=chat_request.stop,
             )
-        return replace(
+        return msgspec.structs.replace(
             self.sampling,
             max_tokens=min(max_tokens, self.sampling.max_tokens),
             stop_token_ids=self.chat.stop_token_ids,

@@ -16,14 +16,15 @@ from typing import Any
 
 import msgspec
 
+from callgrove.credit import ALGORITHMS, GRPO, Algorithm, BuiltinAlgorithm
 from callgrove.formats.ranges import check_choice, check_range
 from callgrove.orchestrator.degeneracy import DegeneracySettings
 from callgrove.orchestrator.dispatcher import DispatchSettings
-from callgrove.orchestrator.step import AlgorithmSettings
 from callgrove.policy import SamplingParams
 from callgrove.policy.backends import LearnerConfig, ModelSettings
 
 EXECUTORS = ("local", "ray")
+_DEFAULT_ALGORITHM = GRPO
 
 
 class ConfigError(ValueError):
@@ -58,83 +59,6 @@ class RunSection(_Section):
 class EnvSection(_Section):
     name: str = "relay"
     options: dict[str, Any] = {}
-
-
-class SamplingSection(_Section):
-    max_tokens: int = 4
-    temperature: float = 1.0
-    top_p: float = 1.0
-    stop: list[str] = msgspec.field(default_factory=list)
-    """Stop strings: a completion ends once its text ends one (the renderer reads it)."""
-
-    def __post_init__(self) -> None:
-        sampling_params(self, ())  # the sampler's own checks
-
-
-def sampling_params(section: SamplingSection, stop_token_ids: tuple[int, ...]) -> SamplingParams:
-    return SamplingParams(
-        max_tokens=section.max_tokens,
-        temperature=section.temperature,
-        top_p=section.top_p,
-        stop_token_ids=stop_token_ids,
-        stop=tuple(section.stop),
-    )
-
-
-class DispatchSection(_Section):
-    group_size: int = 8
-    groups_per_step: int = 4
-    max_in_flight: int = 256
-    max_off_policy_steps: int = 1
-    episode_timeout: float | None = 300.0
-
-    def __post_init__(self) -> None:
-        DispatchSettings(**msgspec.structs.asdict(self))  # the dispatcher's own checks
-
-
-class AlgorithmSection(_Section):
-    name: str = "hierarchical_grpo"
-    scope: str = "seat"
-    scale_by_std: bool = False
-    local_seats: list[str] = msgspec.field(default_factory=lambda: ["helper"])
-    decay: float = 0.9
-
-    def __post_init__(self) -> None:
-        algorithm_settings(self)  # the algorithms' own checks
-
-
-def algorithm_settings(section: AlgorithmSection) -> AlgorithmSettings:
-    return AlgorithmSettings(
-        name=section.name,
-        scope=section.scope,
-        scale_by_std=section.scale_by_std,
-        local_seats=tuple(section.local_seats),
-        decay=section.decay,
-    )
-
-
-class DegeneracySection(_Section):
-    gibberish_logprob: float = -9.0
-    gibberish_tokens: int = 2
-    repetition_logprob: float = -0.01
-    repetition_run: int = 64
-    drop: list[str] = msgspec.field(default_factory=lambda: ["gibberish", "repetition"])
-
-    def __post_init__(self) -> None:
-        degeneracy_settings(self, ())  # the detectors' own checks
-
-
-def degeneracy_settings(
-    section: DegeneracySection, stop_token_ids: tuple[int, ...]
-) -> DegeneracySettings:
-    return DegeneracySettings(
-        gibberish_logprob=section.gibberish_logprob,
-        gibberish_tokens=section.gibberish_tokens,
-        repetition_logprob=section.repetition_logprob,
-        repetition_run=section.repetition_run,
-        drop=tuple(section.drop),
-        stop_token_ids=stop_token_ids,
-    )
 
 
 class MonitorSection(_Section):
@@ -180,35 +104,46 @@ class TrainConfig(_Section):
     run: RunSection = msgspec.field(default_factory=RunSection)
     env: EnvSection = msgspec.field(default_factory=EnvSection)
     model: ModelSettings = msgspec.field(default_factory=ModelSettings)
-    sampling: SamplingSection = msgspec.field(default_factory=SamplingSection)
-    dispatch: DispatchSection = msgspec.field(default_factory=DispatchSection)
-    algorithm: AlgorithmSection = msgspec.field(default_factory=AlgorithmSection)
+    sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
+    dispatch: DispatchSettings = msgspec.field(default_factory=DispatchSettings)
+    algorithm: BuiltinAlgorithm = msgspec.field(default_factory=_DEFAULT_ALGORITHM)
+    """A tagged union: `name` picks the algorithm, and only its own settings may follow."""
     train: LearnerConfig = msgspec.field(default_factory=LearnerConfig)
-    degeneracy: DegeneracySection = msgspec.field(default_factory=DegeneracySection)
+    degeneracy: DegeneracySettings = msgspec.field(default_factory=DegeneracySettings)
     monitor: MonitorSection = msgspec.field(default_factory=MonitorSection)
     ray: RaySection = msgspec.field(default_factory=RaySection)
     data: DataSection = msgspec.field(default_factory=DataSection)
 
+    def __post_init__(self) -> None:
+        if self.sampling.seed is not None:
+            # One seed on every call would draw the same completion for every episode of a group.
+            raise ValueError("sampling.seed: a run seeds its sampler from run.seed")
+
 
 @dataclass(frozen=True)
 class Resolved:
-    """The settings objects the loop runs with, built (and so checked) from a config."""
+    """What the loop runs with beyond the config: the settings that also stop at the renderer's
+    stop tokens, and a fresh algorithm (one that learns keeps its state on itself)."""
 
     config: TrainConfig
-    dispatch: DispatchSettings
     sampling: SamplingParams
-    algorithm: AlgorithmSettings
     degeneracy: DegeneracySettings
+    algorithm: Algorithm
 
 
 def resolve(config: TrainConfig, stop_token_ids: tuple[int, ...]) -> Resolved:
-    """The settings objects of a config (each section was checked when it was read)."""
+    def with_stops(given: tuple[int, ...]) -> tuple[int, ...]:
+        return tuple(dict.fromkeys(given + stop_token_ids))
+
     return Resolved(
         config,
-        DispatchSettings(**msgspec.structs.asdict(config.dispatch)),
-        sampling_params(config.sampling, stop_token_ids),
-        algorithm_settings(config.algorithm),
-        degeneracy_settings(config.degeneracy, stop_token_ids),
+        msgspec.structs.replace(
+            config.sampling, stop_token_ids=with_stops(config.sampling.stop_token_ids)
+        ),
+        msgspec.structs.replace(
+            config.degeneracy, stop_token_ids=with_stops(config.degeneracy.stop_token_ids)
+        ),
+        msgspec.structs.replace(config.algorithm),
     )
 
 
@@ -228,10 +163,17 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
 
 
 def config_from_dict(raw: dict[str, Any], source: str = "config") -> TrainConfig:
+    algorithm = raw.get("algorithm")
+    if isinstance(algorithm, dict):
+        name = algorithm.setdefault("name", _DEFAULT_ALGORITHM.__struct_config__.tag)
+        try:
+            check_choice("name", name, ALGORITHMS)
+        except ValueError as error:
+            raise ConfigError(f"{source}: algorithm: {error}") from None
     try:
         return msgspec.convert(raw, TrainConfig)
     except msgspec.ValidationError as error:
-        raise ConfigError(f"{source}: {_readable(str(error))}") from None
+        raise ConfigError(f"{source}: {_readable(str(error), raw)}") from None
 
 
 # What a resumed run may set otherwise than the run it continues: how far it goes, where and how
@@ -293,11 +235,16 @@ def set_dotted(raw: dict[str, Any], dotted: str, value: Any) -> None:
     node[key] = value
 
 
-def _readable(message: str) -> str:
-    """msgspec's `Object contains unknown field `x` - at `$.run`` as `run.x: unknown key`."""
+def _readable(message: str, raw: dict[str, Any]) -> str:
+    """msgspec's `Object contains unknown field `x` - at `$.run`` as `run.x: unknown key`; a key
+    of another algorithm than the one named says so."""
     unknown = re.match(r"Object contains unknown field `([^`]+)`(?: - at `\$\.?([^`]*)`)?", message)
     if unknown:
         where = ".".join(p for p in (unknown.group(2), unknown.group(1)) if p)
+        if unknown.group(2) == "algorithm":
+            name = raw["algorithm"]["name"]
+            settings = ", ".join(ALGORITHMS[name].__struct_fields__)
+            return f"{where}: not a setting of algorithm {name!r} (its settings: {settings})"
         return f"{where}: unknown key"
     typed = re.match(r"(.*) - at `\$\.?([^`]*)`", message)
     if typed:
@@ -325,7 +272,7 @@ def _toml_value(value: Any) -> str:
         return repr(value)
     if isinstance(value, str):
         return msgspec.json.encode(value).decode()
-    if isinstance(value, list):
+    if isinstance(value, list | tuple):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     if isinstance(value, dict):
         inner = ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items())

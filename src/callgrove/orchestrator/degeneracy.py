@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from callgrove.episode import Call
@@ -25,14 +26,19 @@ from callgrove.formats.ranges import check_choice, check_range
 from callgrove.rows import EpisodeRows, Row
 
 
-@dataclass(frozen=True, slots=True)
-class DegeneracySettings:
+class DegeneracySettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """`[degeneracy]`: the detectors' thresholds and which of them drop a row."""
+
     gibberish_logprob: float = -9.0
+    """A sampled token at or below this log-probability is drawn from the tail."""
     gibberish_tokens: int = 2
     repetition_logprob: float = -0.01
+    """A sampled token at or above this log-probability is near-certain."""
     repetition_run: int = 64
     drop: tuple[str, ...] = ("gibberish", "repetition")
+    """The detectors whose flag keeps a row from training (every detector still measures)."""
     stop_token_ids: tuple[int, ...] = ()
+    """Tokens that end a completion, for truncation (a run adds its renderer's)."""
 
     def __post_init__(self) -> None:
         check_range("gibberish_logprob", self.gibberish_logprob, at_most=0)

@@ -32,6 +32,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from callgrove.episode import Episode, off_policy_steps
@@ -48,14 +49,18 @@ SUBSETS = ("train", "eval")
 EpisodeRunner = Callable[[Episode, Any], Awaitable[Episode]]
 
 
-@dataclass(frozen=True, slots=True)
-class DispatchSettings:
+class DispatchSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """`[dispatch]`: how many episodes run, in which groups, and how far ahead of training."""
+
     group_size: int = 8
+    """Episodes of one task, compared with each other when credit is assigned."""
     groups_per_step: int = 4
     max_in_flight: int = 256
     """Episodes in flight at most (training generation; evaluation runs besides)."""
     max_off_policy_steps: int = 1
+    """How many steps generation may run ahead of training (0: strictly on-policy)."""
     episode_timeout: float | None = 300.0
+    """Seconds an episode may run before it ends as a `Timeout` error (None: no limit)."""
 
     def __post_init__(self) -> None:
         for name in ("group_size", "groups_per_step", "max_in_flight"):

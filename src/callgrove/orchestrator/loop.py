@@ -34,7 +34,7 @@ from callgrove.orchestrator.run_folder import (
     policy_backend,
     restore,
 )
-from callgrove.orchestrator.step import make_algorithm, prepare_step
+from callgrove.orchestrator.step import prepare_step
 from callgrove.orchestrator.supervised import SupervisedSummary, train_supervised
 from callgrove.policy.backends import PolicyBackend
 
@@ -104,7 +104,7 @@ async def _train(
     env = environment(config)
     backend = policy_backend(config)
     resolved = resolve(config, tuple(backend.renderer.stop_token_ids))
-    algorithm = make_algorithm(resolved.algorithm)
+    algorithm = resolved.algorithm
 
     progress: dict[str, Any] = {
         "step": 0,
@@ -144,7 +144,7 @@ async def _train(
         executor.policy if executor else backend.sampler,
         backend.renderer,
         resolved.sampling,
-        resolved.dispatch,
+        config.dispatch,
         run_id=progress["run_id"],
         seed=config.run.seed,
         next_group=int(progress["next_group"]),
@@ -157,9 +157,7 @@ async def _train(
     dispatcher.start()
     try:
         for step in range(first + 1, config.run.steps + 1):
-            metrics, table = await _step(
-                step, config, resolved, backend, dispatcher, algorithm, out, executor
-            )
+            metrics, table = await _step(step, config, resolved, backend, dispatcher, out, executor)
             for sink in metric_sinks:
                 sink.log(step, metrics)
                 sink.log_samples(step, table)
@@ -195,7 +193,6 @@ async def _step(
     resolved: Resolved,
     backend: PolicyBackend,
     dispatcher: Dispatcher,
-    algorithm: Any,
     out: Path,
     executor: Any,
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
@@ -203,7 +200,7 @@ async def _step(
     collected = await dispatcher.collect(step)
     waited = time.perf_counter() - started
     groups = [group.episodes for group in collected.trained]
-    prepared = prepare_step(groups, algorithm, resolved.degeneracy, resolved.sampling)
+    prepared = prepare_step(groups, resolved.algorithm, resolved.degeneracy, resolved.sampling)
     trained_at = time.perf_counter()
     report = await asyncio.to_thread(learner_step, step, backend.learner, prepared.samples)
     train_seconds = time.perf_counter() - trained_at

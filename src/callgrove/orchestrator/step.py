@@ -18,41 +18,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from callgrove.batch import Sample, build_samples, fill_unknown_sampling
-from callgrove.credit import GRPO, Algorithm, EMABaseline, HierarchicalGRPO, finalize_group
+from callgrove.credit import Algorithm, finalize_group
 from callgrove.episode import Episode
 from callgrove.forest import compact_prompts
-from callgrove.formats.ranges import check_choice
 from callgrove.orchestrator import degeneracy
 from callgrove.policy import SamplingParams
 from callgrove.rows import EpisodeRows, build_rows
-
-ALGORITHMS = ("grpo", "hierarchical_grpo", "ema")
-
-
-@dataclass(frozen=True, slots=True)
-class AlgorithmSettings:
-    name: str = "grpo"
-    scope: str = "seat"
-    scale_by_std: bool = False
-    local_seats: tuple[str, ...] = ()
-    decay: float = 0.9
-
-    def __post_init__(self) -> None:
-        check_choice("name", self.name, ALGORITHMS)
-        # Each algorithm checks its own settings; all are built here, so a setting the chosen
-        # one ignores is still refused when it is wrong (`scope = "galaxy"`).
-        GRPO(scope=self.scope, scale_by_std=self.scale_by_std)  # type: ignore[arg-type]
-        EMABaseline(decay=self.decay)
-
-
-def make_algorithm(settings: AlgorithmSettings) -> Algorithm:
-    if settings.name == "grpo":
-        return GRPO(scope=settings.scope, scale_by_std=settings.scale_by_std)  # type: ignore[arg-type]
-    if settings.name == "hierarchical_grpo":
-        return HierarchicalGRPO(
-            local_seats=frozenset(settings.local_seats), scale_by_std=settings.scale_by_std
-        )
-    return EMABaseline(decay=settings.decay)
 
 
 @dataclass

@@ -533,10 +533,6 @@ def _first_argument(arguments: Any) -> str:
     return arguments if isinstance(arguments, str) else ""
 
 
-def _box_exit(box: Box, offset: int) -> tuple[int, int]:
-    return box.right, box.centre_y + offset
-
-
 def _gap_x(column: int, offset: int) -> int:
     """The middle of the gap right of `column` (within its band)."""
     return column_x(column) + BOX_WIDTH + GAP // 2 + offset

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
+import msgspec
 import numpy as np
 
 from callgrove.episode import sampling_record
@@ -13,19 +14,21 @@ from callgrove.formats.ranges import check_range
 FinishReason = Literal["stop", "length"]
 
 
-@dataclass(frozen=True, slots=True)
-class SamplingParams:
-    """How one call is sampled. No hidden top-k: the full distribution, tempered and top-p cut."""
+class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """How one call is sampled, and a run's `[sampling]`. No hidden top-k: the full
+    distribution, tempered and top-p cut."""
 
     max_tokens: int = 64
     temperature: float = 1.0
     top_p: float = 1.0
-    # Sampling ends after any of these tokens, which is kept as the completion's last token.
     stop_token_ids: tuple[int, ...] = ()
-    # Sampling ends once the decoded completion ends with any of these strings (backends that
-    # can decode: a tokenizer is needed to tell).
+    """Sampling ends after any of these tokens, which is kept as the completion's last token
+    (a run adds its renderer's)."""
     stop: tuple[str, ...] = ()
+    """Sampling ends once the decoded completion ends with any of these strings (backends that
+    can decode: a tokenizer is needed to tell)."""
     seed: int | None = None
+    """One call's seed (a run seeds its sampler from `run.seed` instead)."""
 
     def recorded(self) -> dict[str, Any]:
         """These settings as a call's `sampling`: the distribution a sampler that applies them
