@@ -31,14 +31,13 @@ import orjson
 from callgrove.episode import AGENT_STARTS
 from callgrove.gateway.web import HttpError
 from callgrove.transcripts import Message
-from callgrove.transcripts.claude_records import SpawnArguments
+from callgrove.transcripts.claude_records import SPAWN_TOOLS, SpawnArguments
 from callgrove.transcripts.codex_records import agent_name
 
 EPISODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 AGENT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
 UNTAGGED = "untagged"
 KEY_PREFIX = "cg:"
-SPAWN_TOOLS = frozenset({"Agent", "Task"})
 CODEX_SPAWN_TOOL = "spawn_agent"
 CODEX_ROOT = "/root"  # the leader's `agent_name`, and every thread's in a v1 run
 # Claude Code's compaction request appends its instruction to the last user message: it asks

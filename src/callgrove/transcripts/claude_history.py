@@ -22,6 +22,7 @@ from typing import Any
 import msgspec
 
 from callgrove.transcripts.claude_records import (
+    SPAWN_TOOLS,
     AssistantLine,
     Block,
     ForkContextRef,
@@ -49,8 +50,6 @@ from callgrove.transcripts.model import (
     Turn,
     extend,
 )
-
-SPAWN_TOOLS = frozenset({"Task", "Agent"})
 
 
 class Entry(msgspec.Struct, frozen=True):

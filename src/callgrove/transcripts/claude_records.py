@@ -106,6 +106,10 @@ def content_text(content: Any) -> str:
     return msgspec.json.encode(content).decode()
 
 
+SPAWN_TOOLS = frozenset({"Agent", "Task"})
+"""The tools a Claude Code leader starts a subagent with (releases have named it both ways)."""
+
+
 class SpawnArguments(msgspec.Struct, kw_only=True):
     """The input of a Task/Agent tool call: the subagent it asks for."""
 
