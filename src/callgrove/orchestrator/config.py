@@ -22,6 +22,7 @@ from callgrove.orchestrator.dispatcher import DispatchSettings
 from callgrove.orchestrator.step import AlgorithmSettings
 from callgrove.policy import SamplingParams
 from callgrove.policy.backends import LearnerConfig, ModelSettings
+from callgrove.rows import RowSettings
 
 EXECUTORS = ("local", "ray")
 
@@ -176,6 +177,26 @@ class DataSection(_Section):
         check_range("max_row_tokens", self.max_row_tokens, at_least=0)
 
 
+class RowsSection(_Section):
+    """`[rows]`: how episodes become training rows (`callgrove.rows.RowSettings`)."""
+
+    scheme: str = "exactly_once"
+    """`exactly_once` (every kept call trained once), or a baseline: `leader_only`,
+    `drop_subagents`, `per_agent`, `first_branch` (`callgrove.rows.schemes`)."""
+    background_reward: str = "own"
+    """A background agent's calls: `own` rewards (else the episode's), the `episode`'s, or
+    `none` (they do not train)."""
+    train_compaction: bool = True
+    """Whether compaction (summary) calls train."""
+
+    def __post_init__(self) -> None:
+        row_settings(self)  # the rows stage's own checks
+
+
+def row_settings(section: RowsSection) -> RowSettings:
+    return RowSettings(**msgspec.structs.asdict(section))
+
+
 class TrainConfig(_Section):
     run: RunSection = msgspec.field(default_factory=RunSection)
     env: EnvSection = msgspec.field(default_factory=EnvSection)
@@ -188,6 +209,7 @@ class TrainConfig(_Section):
     monitor: MonitorSection = msgspec.field(default_factory=MonitorSection)
     ray: RaySection = msgspec.field(default_factory=RaySection)
     data: DataSection = msgspec.field(default_factory=DataSection)
+    rows: RowsSection = msgspec.field(default_factory=RowsSection)
 
 
 @dataclass(frozen=True)
@@ -199,6 +221,7 @@ class Resolved:
     sampling: SamplingParams
     algorithm: AlgorithmSettings
     degeneracy: DegeneracySettings
+    rows: RowSettings
 
 
 def resolve(config: TrainConfig, stop_token_ids: tuple[int, ...]) -> Resolved:
@@ -209,6 +232,7 @@ def resolve(config: TrainConfig, stop_token_ids: tuple[int, ...]) -> Resolved:
         sampling_params(config.sampling, stop_token_ids),
         algorithm_settings(config.algorithm),
         degeneracy_settings(config.degeneracy, stop_token_ids),
+        row_settings(config.rows),
     )
 
 
