@@ -186,16 +186,29 @@ def markdown(table: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(runs: list[dict], path: Path) -> None:
+def running_mean(values: np.ndarray, window: int) -> np.ndarray:
+    return np.convolve(values, np.ones(window) / window, mode="valid")
+
+
+def line_style(names: list[str], condition: str) -> dict:
+    """One colour per condition in every panel; exactly-once thick and black."""
+    if condition == "exactly_once":
+        return {"lw": 2.4, "color": "black"}
+    return {"lw": 1.2, "color": f"C{names.index(condition)}"}
+
+
+def plot(runs: list[dict], table: list[dict], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    envs = list(SEATS)
-    figure, axes = plt.subplots(len(envs), 3, figsize=(16, 4.2 * len(envs)), squeeze=False)
+    envs = [env for env in SEATS if any(r["env"] == env for r in runs)]
+    figure, axes = plt.subplots(len(envs), 4, figsize=(22, 4.6 * len(envs)), squeeze=False)
     for row, env in enumerate(envs):
-        for condition, _ in conditions(env):
+        names = [condition for condition, _ in conditions(env)]
+        for condition in names:
+            style = line_style(names, condition)
             mine = [r for r in runs if r["env"] == env and r["condition"] == condition]
             if not mine:
                 continue
@@ -203,19 +216,34 @@ def plot(runs: list[dict], path: Path) -> None:
             x = np.arange(1, steps + 1)
             reward = np.mean([r["reward"][:steps] for r in mine], axis=0)
             window = max(1, steps // 10)
-            smooth = np.convolve(reward, np.ones(window) / window, mode="valid")
-            style = {"lw": 2.2} if condition == "exactly_once" else {"lw": 1.2}
-            axes[row][0].plot(x[window - 1 :], smooth, label=condition, **style)
+            axes[row][0].plot(
+                x[window - 1 :], running_mean(reward, window), label=condition, **style
+            )
             axes[row][1].plot(x, np.mean([r["loss_tokens"][:steps] for r in mine], axis=0), **style)
-            axes[row][2].plot(x[1:], np.mean([r["step_s"][1:steps] for r in mine], axis=0), **style)
+            seconds = np.mean([r["step_s"][1:steps] for r in mine], axis=0)
+            axes[row][2].plot(x[window:], running_mean(seconds, window), **style)
+        seats = [c for c in SEAT_COLUMNS if c in SEATS[env]]
+        mine = [t for t in table if t["env"] == env]
+        width = 0.8 / max(1, len(mine))
+        for number, line in enumerate(mine):
+            axes[row][3].bar(
+                np.arange(len(seats)) + number * width,
+                [line["seats_last"][seat]["mean"] for seat in seats],
+                width,
+                label=line["condition"],
+                color=line_style(names, line["condition"])["color"],
+            )
+        axes[row][3].set_xticks(np.arange(len(seats)) + 0.4 - width / 2, seats, fontsize=8)
         axes[row][0].set_title(f"{env}: episode reward (mean of seeds, running mean)")
         axes[row][1].set_title(f"{env}: loss tokens trained per step")
-        axes[row][2].set_title(f"{env}: step time (s)")
+        axes[row][2].set_title(f"{env}: step time (s, mean of seeds, running mean)")
+        axes[row][3].set_title(f"{env}: score per seat, last 20% of steps")
         axes[row][0].legend(fontsize=7)
-        for ax in axes[row]:
+        axes[row][3].set_ylim(0, 1)
+        for ax in axes[row][:3]:
             ax.set_xlabel("step")
     figure.tight_layout()
-    figure.savefig(path, dpi=110)
+    figure.savefig(path, dpi=100)
 
 
 def main() -> None:
@@ -274,7 +302,7 @@ def write_results(runs: list[dict], args: argparse.Namespace) -> None:
         json.dumps({"steps": steps, "seeds": seeds, "table": table}, indent=1)
     )
     (args.results / "schemes.md").write_text(markdown(table))
-    plot(runs, args.results / "schemes.png")
+    plot(runs, table, args.results / "schemes.png")
     print(markdown(table))
 
 
