@@ -69,6 +69,10 @@ def conditions(env: str) -> list[tuple[str, dict]]:
     return found
 
 
+def run_folder(out: Path, env: str, condition: str, seed: int) -> Path:
+    return out / env / condition.replace(" ", "_").replace(":", "") / f"seed_{seed}"
+
+
 def run_one(job: dict) -> dict:
     from callgrove.orchestrator.config import load_config
     from callgrove.orchestrator.loop import train
@@ -106,6 +110,7 @@ def run_one(job: dict) -> dict:
         "reward": [m[REWARD] for m in lines],
         "loss_tokens": [m["train/loss_tokens"] for m in lines],
         "row_tokens": [m["train/row_tokens"] for m in lines],
+        "forwarded_tokens": [m["train/forwarded_tokens"] for m in lines],
         "step_s": [m["time/step_s"] for m in lines],
         "seats": seats,
     }
@@ -154,6 +159,9 @@ def summarise(runs: list[dict]) -> list[dict]:
                         np.mean([np.mean(r["loss_tokens"]) for r in mine])
                     ),
                     "row_tokens_per_step": float(np.mean([np.mean(r["row_tokens"]) for r in mine])),
+                    "forwarded_tokens_per_step": float(
+                        np.mean([np.mean(r["forwarded_tokens"]) for r in mine])
+                    ),
                     "step_s": float(np.mean([np.median(r["step_s"][1:]) for r in mine])),
                     "minutes": float(np.sum([r["minutes"] for r in mine])),
                 }
@@ -168,7 +176,7 @@ def markdown(table: list[dict]) -> str:
     head = (
         "| env | condition | reward, last 20% (mean; per seed) | gain over first 20% (per seed) | "
         + " | ".join(SEAT_COLUMNS)
-        + " | loss tokens / step | row tokens / step | step s (median) |"
+        + " | loss tokens / step | row tokens / step | forwarded tokens / step | step s (median) |"
     )
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for row in table:
@@ -181,6 +189,7 @@ def markdown(table: list[dict]) -> str:
             f"({spread(row['reward_last']['seeds'])}) | {spread(row['gain']['seeds'])} | "
             + " | ".join(seats)
             + f" | {row['loss_tokens_per_step']:.0f} | {row['row_tokens_per_step']:.0f} | "
+            f"{row['forwarded_tokens_per_step']:.0f} | "
             f"{row['step_s']:.2f} |"
         )
     return "\n".join(lines) + "\n"
@@ -259,7 +268,14 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.tables_only:
-        write_results(json.loads((args.out / "runs.json").read_text()), args)
+        runs = json.loads((args.out / "runs.json").read_text())
+        for run in runs:  # runs.json written before it recorded them: read off the run folder
+            if "forwarded_tokens" not in run:
+                folder = run_folder(args.out, run["env"], run["condition"], run["seed"])
+                with open(folder / "metrics.jsonl") as file:
+                    lines = [m for m in map(json.loads, file) if REWARD in m]
+                run["forwarded_tokens"] = [m["train/forwarded_tokens"] for m in lines]
+        write_results(runs, args)
         return
     jobs = [
         {
@@ -268,9 +284,7 @@ def main() -> None:
             "overrides": overrides,
             "seed": seed,
             "steps": args.steps,
-            "out": str(
-                args.out / env / condition.replace(" ", "_").replace(":", "") / f"seed_{seed}"
-            ),
+            "out": str(run_folder(args.out, env, condition, seed)),
         }
         for seed in args.seeds
         for env in args.envs
