@@ -167,26 +167,34 @@ class EpisodeRows:
     forest: Forest
     rows: list[Row] = field(default_factory=list)
     settings: RowSettings = field(default_factory=RowSettings)
-    owner: np.ndarray = field(init=False, repr=False)
+    owner: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)
     """The first row that trains each of the forest's calls (-1: none)."""
-    walk_trained: np.ndarray | None = field(init=False, repr=False)
-    """Per call of every row's walk (rows end to end): does the row train it? Set only where
-    a call trains in more than one row (the `per_agent` scheme); else `owner` says it."""
+    trained_again: bool = False
+    """Whether some call trains in more than one row (the `per_agent` scheme)."""
 
     def __post_init__(self) -> None:
-        owner = [-1] * len(self.forest.calls)
-        flags: list[bool] = []
-        again = False
+        if len(self.owner) != len(self.forest.calls):  # rows given without it: read it off them
+            owner = [-1] * len(self.forest.calls)
+            for row in self.rows:
+                trained = {id(c) for c in row.trains}
+                for index, call in zip(row.path_index, row.path, strict=True):
+                    if id(call) in trained:
+                        self.trained_again = self.trained_again or owner[index] >= 0
+                        if owner[index] < 0:
+                            owner[index] = row.index
+            self.owner = np.asarray(owner, dtype=np.int64)
+
+    @property
+    def walk_trained(self) -> np.ndarray | None:
+        """Per call of every row's walk (rows end to end): does the row train it? None unless
+        `trained_again` (then `owner`, one row a call, cannot say it)."""
+        if not self.trained_again:
+            return None
+        flags = []
         for row in self.rows:
             trained = {id(c) for c in row.trains}
-            for index, call in zip(row.path_index, row.path, strict=True):
-                flags.append(id(call) in trained)
-                if flags[-1]:
-                    again = again or owner[index] >= 0
-                    if owner[index] < 0:
-                        owner[index] = row.index
-        self.owner = np.asarray(owner, dtype=np.int64)
-        self.walk_trained = np.asarray(flags, dtype=bool) if again else None
+            flags.extend(id(call) in trained for call in row.path)
+        return np.asarray(flags, dtype=bool)
 
     @property
     def credit_by_branch(self) -> bool:
@@ -219,33 +227,65 @@ def build_rows(
     walks = [forest.path_to(leaf) for leaf in forest.leaves]
     chosen = SCHEMES[settings.scheme](forest, walks)
     rewards: dict[int, float] = {}  # by agent index: an agent's reward, summed once
+    barred = _barred(episode, forest, settings)
+    trained_calls: list[int] = []  # every (call, row) trained, row after row
+    trained_in: list[int] = []
     rows = []
     for path, trained in zip(walks, chosen, strict=True):
         if trained is None:
             continue
+        number = len(rows)
         calls = [forest.calls[i] for i in path]
         agent = calls[-1].agent_index
         reward = rewards.get(agent)
         if reward is None:
             reward = rewards[agent] = settings.reward_of(episode, episode.agent_of(calls[-1]))
-        own = {i for i in trained if settings.may_train(episode, forest.calls[i])}
+        if barred:
+            trained = [i for i in trained if i not in barred]
+        trains, context = [], []
+        next_trained = iter([*trained, -1]).__next__  # a scheme's calls come in walk order
+        wanted = next_trained()
+        for call, i in zip(calls, path, strict=True):
+            if i == wanted:
+                wanted = next_trained()
+                trains.append(call)
+            else:
+                context.append(call)
+        trained_calls.extend(trained)
+        trained_in.extend([number] * len(trained))
         rows.append(
             Row(
                 episode=episode,
-                index=len(rows),
+                index=number,
                 path=calls,
-                trains=[c for c, i in zip(calls, path, strict=True) if i in own],
-                context=[c for c, i in zip(calls, path, strict=True) if i not in own],
+                trains=trains,
+                context=context,
                 reward=reward,
                 forest=forest,
                 path_index=path,
             )
         )
     _mark_duplicates(rows, forest, settings)
-    result = EpisodeRows(episode=episode, forest=forest, rows=rows, settings=settings)
+    owner = np.full(len(forest.calls), -1, dtype=np.int64)
+    owner[trained_calls[::-1]] = trained_in[::-1]  # the last write wins: the first row
+    result = EpisodeRows(
+        episode=episode,
+        forest=forest,
+        rows=rows,
+        settings=settings,
+        owner=owner,
+        trained_again=len(set(trained_calls)) < len(trained_calls),
+    )
     for row in rows:
         row.episode_rows = result
     return result
+
+
+def _barred(episode: Episode, forest: Forest, settings: RowSettings) -> set[int]:
+    """The forest's calls that `settings` keeps from training in any row."""
+    if settings.train_compaction and settings.background_reward != "none":
+        return set()
+    return {i for i, call in enumerate(forest.calls) if not settings.may_train(episode, call)}
 
 
 def _mark_duplicates(rows: list[Row], forest: Forest, settings: RowSettings) -> None:

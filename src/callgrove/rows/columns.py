@@ -143,11 +143,11 @@ def _layout(parts: Sequence[EpisodeRows]) -> RowColumns:
     number = np.fromiter((row.index for row in rows), np.int64, len(rows))
     trains = np.fromiter((row.duplicate_of is None for row in rows), bool, len(rows))
     walk_owned = _joined([part.owner for part in parts])[walk_call] == np.repeat(number, depth)
-    if any(part.walk_trained is not None for part in parts):  # calls trained in several rows
+    if any(part.trained_again for part in parts):  # calls trained in several rows
         part_pairs = np.bincount(pair_part, minlength=len(parts))
         for part, first in zip(parts, (np.cumsum(part_pairs) - part_pairs).tolist(), strict=True):
-            if part.walk_trained is not None:
-                walk_owned[first : first + len(part.walk_trained)] = part.walk_trained
+            if (flags := part.walk_trained) is not None:
+                walk_owned[first : first + len(flags)] = flags
     trainable = _trainable_calls(parts, calls, call_counts)
     walk_loss = walk_owned & trainable[walk_call] & np.repeat(trains, depth)
     walk_credit = walk_call.copy()
