@@ -4,7 +4,8 @@ callgrove trains every kept call of every agent exactly once (`exactly_once`, th
 The other schemes are what other systems ship, kept as baselines to measure against:
 
 - `leader_only`: rows for the leader's leaves only; only the leader's calls train (a
-  reassembler that reads one list of the leader's calls).
+  reassembler that reads one list of the leader's calls). A leader call that only a
+  subagent's leaf continues (a fork's, with no later leader call on it) has no row here.
 - `drop_subagents`: the leader's first tree only: no subagent's calls and nothing after the
   leader's first compaction train, and those rows are not made.
 - `per_agent`: every agent's conversation as its own sequences: a call trains once in the
