@@ -56,6 +56,7 @@ from callgrove.formats.problems import Diagnostics
 from callgrove.pictures.text import clip_middle
 from callgrove.rows import EpisodeRows, Row, RowSettings, build_rows, check_rows
 from callgrove.rows.check import CheckSummary
+from callgrove.rows.schemes import SCHEMES
 from callgrove.rows.table import row_record, rows_table
 
 MaxIdentical = Annotated[
@@ -64,6 +65,15 @@ MaxIdentical = Annotated[
 ]
 EpisodeOption = Annotated[
     str | None, typer.Option("--episode", metavar="ID", help="Only this episode.")
+]
+SchemeOption = Annotated[
+    str,
+    typer.Option(
+        "--scheme",
+        help="Which rows train what: exactly_once (every kept call once), or a baseline: "
+        f"{', '.join(s for s in SCHEMES if s != 'exactly_once')} (as [rows] scheme of a "
+        "training config).",
+    ),
 ]
 # More episodes than this and `rows` prints one summary table instead of a table each.
 TABLES_UP_TO = 5
@@ -251,8 +261,10 @@ def rows_command(
     max_identical: MaxIdentical = 1,
     jobs: JobsOption = 1,
     executor: ExecutorOption = Executor.process,
+    scheme: SchemeOption = "exactly_once",
 ) -> None:
-    """Turn episodes into training rows: one per leaf, each kept call trained exactly once.
+    """Turn episodes into training rows: one per leaf, each kept call trained exactly once
+    (--scheme: a baseline that trains otherwise).
 
     Prints a table per episode (a summary past 5 episodes), or JSON Lines with --jsonl, or
     writes a file with --out.
@@ -268,7 +280,10 @@ def rows_command(
         raise typer.Exit(EXIT_USAGE)
     require_output(out_file, files, "--out")
     outcome = Outcome()
-    settings = RowSettings(max_identical_trained=max_identical)
+    if scheme not in SCHEMES:
+        err.print(f"error: --scheme must be one of {', '.join(SCHEMES)}, not {safe(repr(scheme))}")
+        raise typer.Exit(EXIT_USAGE)
+    settings = RowSettings(scheme=scheme, max_identical_trained=max_identical)
     if jobs > 1 or executor is Executor.ray:
         if not jsonl and out_file is None:
             err.print("error: --jobs and --executor ray write rows out: add --jsonl or --out FILE")
@@ -429,10 +444,12 @@ class _TableView:
         self.held: list[tuple[EpisodeRows, CheckSummary]] = []
         self.totals = RowTotals()
         self.first_id: str | None = None
+        self.held_settings = RowSettings()
 
     def add(self, result: EpisodeRows) -> None:
         summary = check_rows(result)
         self.totals.add(result, summary)
+        self.held_settings = result.settings
         self.first_id = self.first_id or result.episode.id
         if self.totals.episodes <= TABLES_UP_TO:
             self.held.append((result, summary))
@@ -443,12 +460,12 @@ class _TableView:
         if self.totals.episodes <= TABLES_UP_TO:
             for result, summary in self.held:
                 out.print(rows_table_view(result))
-                out.print(f"check: {safe(summary.line())}")
+                out.print(f"{check_label(result.settings)}: {safe(summary.line())}")
             if self.totals.episodes > 1:
                 out.print(f"total: {self.totals.check_line()}")
             return
         out.print(totals_table(self.totals))
-        out.print(f"check: {self.totals.check_line()}")
+        out.print(f"{check_label(self.held_settings)}: {self.totals.check_line()}")
         example = self.files[0] if len(self.files) == 1 else "FILE"
         out.print(
             f"[dim]one episode's rows: callgrove rows {safe(example)} --episode "
@@ -571,6 +588,13 @@ def _marked(calls: list, context: set[int], name) -> str:
     if opened:
         parts[-1] += ")"
     return " ".join(parts)
+
+
+def check_label(settings: RowSettings) -> str:
+    """The check tests the exactly-once rules, which a baseline scheme breaks by design."""
+    if settings.scheme == "exactly_once":
+        return "check"
+    return f"check of the exactly-once rules (--scheme {settings.scheme} trains otherwise)"
 
 
 def print_rows_table(result: EpisodeRows) -> None:

@@ -22,6 +22,7 @@ from callgrove.orchestrator.degeneracy import DegeneracySettings
 from callgrove.orchestrator.dispatcher import DispatchSettings
 from callgrove.policy import SamplingParams
 from callgrove.policy.backends import LearnerConfig, ModelSettings
+from callgrove.rows import RowSettings
 
 EXECUTORS = ("local", "ray")
 _DEFAULT_ALGORITHM = GRPO
@@ -113,6 +114,7 @@ class TrainConfig(_Section):
     monitor: MonitorSection = msgspec.field(default_factory=MonitorSection)
     ray: RaySection = msgspec.field(default_factory=RaySection)
     data: DataSection = msgspec.field(default_factory=DataSection)
+    rows: RowSettings = msgspec.field(default_factory=RowSettings)
 
     def __post_init__(self) -> None:
         if self.sampling.seed is not None:

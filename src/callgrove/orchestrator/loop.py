@@ -200,7 +200,9 @@ async def _step(
     collected = await dispatcher.collect(step)
     waited = time.perf_counter() - started
     groups = [group.episodes for group in collected.trained]
-    prepared = prepare_step(groups, resolved.algorithm, resolved.degeneracy, resolved.sampling)
+    prepared = prepare_step(
+        groups, resolved.algorithm, resolved.degeneracy, resolved.sampling, config.rows
+    )
     trained_at = time.perf_counter()
     report = await asyncio.to_thread(learner_step, step, backend.learner, prepared.samples)
     train_seconds = time.perf_counter() - trained_at

@@ -23,7 +23,7 @@ from callgrove.episode import Episode
 from callgrove.forest import compact_prompts
 from callgrove.orchestrator import degeneracy
 from callgrove.policy import SamplingParams
-from callgrove.rows import EpisodeRows, build_rows
+from callgrove.rows import EpisodeRows, RowSettings, build_rows
 
 
 @dataclass
@@ -43,15 +43,18 @@ def prepare_step(
     algorithm: Algorithm,
     degeneracy_settings: degeneracy.DegeneracySettings,
     sampling: SamplingParams | None = None,
+    rows: RowSettings | None = None,
 ) -> PreparedStep:
     """`sampling`: the run's own settings, for trained calls that recorded none (without it
-    such calls stay unknown, and a learner that scores them refuses)."""
+    such calls stay unknown, and a learner that scores them refuses). `rows`: the row scheme
+    and its choices (default: every kept call trained once)."""
+    rows = rows or RowSettings()
     report = degeneracy.DegeneracyReport()
     all_rows: list[EpisodeRows] = []
     unassigned = 0
     advantages: dict[str, list[float]] = {}
     for group in groups:
-        credit = finalize_group(algorithm, group)
+        credit = finalize_group(algorithm, [rows.for_credit(episode) for episode in group])
         unassigned += sum(credit.unassigned_calls.values())
         for given in credit.credits:
             advantages.setdefault(given.trace.seat or "episode", []).append(given.advantage)
@@ -60,7 +63,7 @@ def prepare_step(
             if calls > 1:  # prompts held by reference: memory and files grow with new tokens
                 compact_prompts(episode)
             if episode.ok and calls:
-                all_rows.append(build_rows(episode))
+                all_rows.append(build_rows(episode, rows))
     kept = degeneracy.apply(all_rows, degeneracy_settings, report)
     samples = build_samples(kept) if kept else []
     unknown = sum(

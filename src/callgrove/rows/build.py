@@ -2,27 +2,72 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import NamedTuple
 
+import msgspec
 import numpy as np
 
 from callgrove.episode import Agent, Call, Episode
 from callgrove.episode.spread import spread_over_completions
 from callgrove.forest import Forest, build_forest
+from callgrove.formats.ranges import check_choice
 from callgrove.rows.columns import RowColumns
+from callgrove.rows.schemes import BACKGROUND_REWARDS, BRANCH_CREDIT, SCHEMES
 
 
-@dataclass(frozen=True, slots=True)
-class RowSettings:
+class RowSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """How an episode's calls become rows (`[rows]` of a training config)."""
+
+    scheme: str = "exactly_once"
+    """Which leaves make rows and which calls each trains (`callgrove.rows.schemes`):
+    `exactly_once` trains every kept call once; `leader_only`, `drop_subagents`, `per_agent` and
+    `first_branch` are the baselines other systems ship."""
+    background_reward: str = "own"
+    """What a background agent's calls are credited with: `own` (its own rewards when it has
+    them, else the episode's), `episode` (the episode's), `none` (they do not train)."""
+    train_compaction: bool = True
+    """Whether compaction (summary) calls train."""
+    max_identical_trained: int = 1
     """How many rows with identical token sequences may train (the rest get a zero mask)."""
 
-    max_identical_trained: int = 1
-
     def __post_init__(self) -> None:
+        check_choice("scheme", self.scheme, tuple(SCHEMES))
+        check_choice("background_reward", self.background_reward, BACKGROUND_REWARDS)
         if self.max_identical_trained < 1:
             raise ValueError("max_identical_trained must be at least 1")
+
+    def may_train(self, episode: Episode, call: Call) -> bool:
+        """Whether the settings let `call` train at all (whatever row holds it)."""
+        if not self.train_compaction and call.purpose == "compaction":
+            return False
+        return not (
+            self.background_reward == "none" and episode.agent_of(call).start == "background"
+        )
+
+    def reward_of(self, episode: Episode, agent: Agent) -> float:
+        """The reward an agent's rows and credit use: `Episode.reward_of`, but a background
+        agent's is the episode's under `background_reward = "episode"`."""
+        if self.background_reward == "episode" and agent.start == "background":
+            return episode.reward
+        return episode.reward_of(agent)
+
+    def for_credit(self, episode: Episode) -> Episode:
+        """The episode as credit should score it: itself, or under `background_reward =
+        "episode"` a copy sharing its calls (advantages written there land on them) whose
+        background agents hold no rewards of their own, so they are scored by the episode's.
+        The episode's own record keeps every reward."""
+        if self.background_reward != "episode" or not any(
+            a.start == "background" and a.rewards is not None for a in episode.agents
+        ):
+            return episode
+        agents = [
+            dataclasses.replace(a, rewards=None) if a.start == "background" else a
+            for a in episode.agents
+        ]
+        return dataclasses.replace(episode, agents=agents)
 
 
 class CallSpan(NamedTuple):
@@ -122,17 +167,38 @@ class EpisodeRows:
     rows: list[Row] = field(default_factory=list)
     settings: RowSettings = field(default_factory=RowSettings)
     owner: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)
-    """The row that trains each of the forest's calls."""
+    """The first row that trains each of the forest's calls (-1: none)."""
+    trained_again: bool = False
+    """Whether some call trains in more than one row (the `per_agent` scheme)."""
 
     def __post_init__(self) -> None:
         if len(self.owner) != len(self.forest.calls):  # rows given without it: read it off them
-            owner = np.full(len(self.forest.calls), -1, dtype=np.int64)
+            owner = [-1] * len(self.forest.calls)
             for row in self.rows:
-                trained = {c.id for c in row.trains}
+                trained = {id(c) for c in row.trains}
                 for index, call in zip(row.path_index, row.path, strict=True):
-                    if call.id in trained:
-                        owner[index] = row.index
-            self.owner = owner
+                    if id(call) in trained:
+                        self.trained_again = self.trained_again or owner[index] >= 0
+                        if owner[index] < 0:
+                            owner[index] = row.index
+            self.owner = np.asarray(owner, dtype=np.int64)
+
+    @property
+    def walk_trained(self) -> np.ndarray | None:
+        """Per call of every row's walk (rows end to end): does the row train it? None unless
+        `trained_again` (then `owner`, one row a call, cannot say it)."""
+        if not self.trained_again:
+            return None
+        flags = []
+        for row in self.rows:
+            trained = {id(c) for c in row.trains}
+            flags.extend(id(call) in trained for call in row.path)
+        return np.asarray(flags, dtype=bool)
+
+    @property
+    def credit_by_branch(self) -> bool:
+        """Whether each row's trained calls take its leaf's advantage (`BRANCH_CREDIT`)."""
+        return self.settings.scheme in BRANCH_CREDIT
 
     @cached_property
     def columns(self) -> RowColumns:
@@ -143,6 +209,7 @@ class EpisodeRows:
         return f"EpisodeRows(episode={self.episode.id!r}, rows={len(self.rows)})"
 
     def owner_of(self, call: Call) -> Row:
+        """The first row that trains `call`."""
         for row in self.rows:
             if any(c is call for c in row.trains):
                 return row
@@ -152,22 +219,39 @@ class EpisodeRows:
 def build_rows(
     episode: Episode, settings: RowSettings | None = None, forest: Forest | None = None
 ) -> EpisodeRows:
-    """One row per leaf, ordered by leaf `seq`; each kept call trained in exactly one row."""
+    """The rows of `settings.scheme`, ordered by leaf `seq` (by default one per leaf, each kept
+    call trained in exactly one row)."""
     settings = settings or RowSettings()
     forest = forest or build_forest(episode)
-    paths = [forest.path_to(leaf) for leaf in forest.leaves]
-    owners = _owners(forest, paths)
+    walks = [forest.path_to(leaf) for leaf in forest.leaves]
+    chosen = SCHEMES[settings.scheme](forest, walks)
     rewards: dict[int, float] = {}  # by agent index: an agent's reward, summed once
+    barred = _barred(episode, forest, settings)
+    trained_calls: list[int] = []  # every (call, row) trained, row after row
+    trained_in: list[int] = []
     rows = []
-    for number, path in enumerate(paths):
+    for path, trained in zip(walks, chosen, strict=True):
+        if trained is None:
+            continue
+        number = len(rows)
         calls = [forest.calls[i] for i in path]
         agent = calls[-1].agent_index
         reward = rewards.get(agent)
         if reward is None:
-            reward = rewards[agent] = episode.reward_of(episode.agent_of(calls[-1]))
+            reward = rewards[agent] = settings.reward_of(episode, episode.agent_of(calls[-1]))
+        if barred:
+            trained = [i for i in trained if i not in barred]
         trains, context = [], []
+        next_trained = iter([*trained, -1]).__next__  # a scheme's calls come in walk order
+        wanted = next_trained()
         for call, i in zip(calls, path, strict=True):
-            (trains if owners[i] == number else context).append(call)
+            if i == wanted:
+                wanted = next_trained()
+                trains.append(call)
+            else:
+                context.append(call)
+        trained_calls.extend(trained)
+        trained_in.extend([number] * len(trained))
         rows.append(
             Row(
                 episode=episode,
@@ -181,33 +265,26 @@ def build_rows(
             )
         )
     _mark_duplicates(rows, forest, settings)
+    owner = np.full(len(forest.calls), -1, dtype=np.int64)
+    owner[trained_calls[::-1]] = trained_in[::-1]  # the last write wins: the first row
     result = EpisodeRows(
         episode=episode,
         forest=forest,
         rows=rows,
         settings=settings,
-        owner=np.asarray(owners, dtype=np.int64),
+        owner=owner,
+        trained_again=len(set(trained_calls)) < len(trained_calls),
     )
     for row in rows:
         row.episode_rows = result
     return result
 
 
-def _owners(forest: Forest, paths: list[list[int]]) -> list[int]:
-    """The row that trains each call: the lowest-seq leaf of its own agent, else the lowest-seq leaf.
-
-    Leaves are visited in ascending `seq`, so the first row seen for a call is the lowest.
-    """
-    any_leaf = [-1] * len(forest.calls)
-    own_leaf = [-1] * len(forest.calls)
-    for number, path in enumerate(paths):
-        leaf_agent = forest.calls[path[-1]].agent_index
-        for i in path:
-            if any_leaf[i] < 0:
-                any_leaf[i] = number
-            if own_leaf[i] < 0 and forest.calls[i].agent_index == leaf_agent:
-                own_leaf[i] = number
-    return [own if own >= 0 else first for own, first in zip(own_leaf, any_leaf, strict=True)]
+def _barred(episode: Episode, forest: Forest, settings: RowSettings) -> set[int]:
+    """The forest's calls that `settings` keeps from training in any row."""
+    if settings.train_compaction and settings.background_reward != "none":
+        return set()
+    return {i for i, call in enumerate(forest.calls) if not settings.may_train(episode, call)}
 
 
 def _mark_duplicates(rows: list[Row], forest: Forest, settings: RowSettings) -> None:

@@ -49,6 +49,7 @@ class RowColumns:
     walk_call: np.ndarray  # int64 (P,)
     walk_owned: np.ndarray  # bool (P,): the row trains the call
     walk_loss: np.ndarray  # bool (P,): the call's completion carries loss in the row
+    walk_credit: np.ndarray  # int64 (P,): the call whose advantage the pair's loss tokens take
 
     @classmethod
     def of(cls, parts: Sequence[EpisodeRows]) -> RowColumns:
@@ -83,6 +84,13 @@ class RowColumns:
         completion tokens that carry loss (spread by `spread_over_completions`), 0 elsewhere."""
         scalars = per_call_scalars(self.calls, name, dtype)
         walk = self.walk_call
+        if name == "advantages" and not np.array_equal(self.walk_credit, walk):
+            if scalars is None:
+                raise ValueError(
+                    "rows that credit their branch (the leaf's advantage on every call they "
+                    "train) need one advantage per call, not one per token"
+                )
+            walk = self.walk_credit
         if scalars is not None:  # one value per call: repeated over each loss segment
             segment_values = np.zeros(2 * len(walk), dtype=dtype)
             segment_values[1::2] = np.where(self.walk_loss, scalars[walk], 0)
@@ -135,8 +143,19 @@ def _layout(parts: Sequence[EpisodeRows]) -> RowColumns:
     number = np.fromiter((row.index for row in rows), np.int64, len(rows))
     trains = np.fromiter((row.duplicate_of is None for row in rows), bool, len(rows))
     walk_owned = _joined([part.owner for part in parts])[walk_call] == np.repeat(number, depth)
+    if any(part.trained_again for part in parts):  # calls trained in several rows
+        part_pairs = np.bincount(pair_part, minlength=len(parts))
+        for part, first in zip(parts, (np.cumsum(part_pairs) - part_pairs).tolist(), strict=True):
+            if (flags := part.walk_trained) is not None:
+                walk_owned[first : first + len(flags)] = flags
     trainable = _trainable_calls(parts, calls, call_counts)
     walk_loss = walk_owned & trainable[walk_call] & np.repeat(trains, depth)
+    walk_credit = walk_call.copy()
+    if any(part.credit_by_branch for part in parts):
+        leaf = walk_call[_bounds(depth)[1:] - 1]  # each row's leaf
+        by_branch = np.fromiter((part.credit_by_branch for part in parts), bool, len(parts))
+        branch_pairs = by_branch[pair_part]
+        walk_credit[branch_pairs] = np.repeat(leaf, depth)[branch_pairs]
     completion_length = length - prompt_length
     # Token ids: views of each episode's new tokens, concatenated once (no pool-wide copy).
     sources = [n.tokens for n in new]
@@ -164,6 +183,7 @@ def _layout(parts: Sequence[EpisodeRows]) -> RowColumns:
         walk_call=walk_call,
         walk_owned=walk_owned,
         walk_loss=walk_loss,
+        walk_credit=walk_credit,
     )
 
 

@@ -7,12 +7,13 @@ from typing import Any
 
 from callgrove.orchestrator.env import Environment
 from callgrove.orchestrator.envs.arithmetic import Arithmetic
-from callgrove.orchestrator.envs.digits import Copy, Relay
+from callgrove.orchestrator.envs.digits import Copy, Handoff, Relay
 
 ENVIRONMENTS: dict[str, Callable[..., Environment]] = {
     "relay": Relay,
     "copy": Copy,
     "arithmetic": Arithmetic,
+    "handoff": Handoff,
 }
 
 
@@ -49,4 +50,4 @@ def make_env(name: str, options: dict[str, Any] | None = None) -> Environment:
     return env
 
 
-__all__ = ["ENVIRONMENTS", "Arithmetic", "Copy", "Relay", "make_env"]
+__all__ = ["ENVIRONMENTS", "Arithmetic", "Copy", "Handoff", "Relay", "make_env"]

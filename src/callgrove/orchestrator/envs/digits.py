@@ -17,6 +17,8 @@ Every seat is scored on its own answers (`score`: partial credit for the length,
 in digits and for each right character in place), the leader on the mean of its three; the episode reward is
 the mean over every seat's answer, so both per-seat and per-episode scoring have signal.
 
+`handoff` is the one where subagents' skill decides the reward (`Handoff`).
+
 `copy` is the single-agent comparison: the leader alone, asked to copy the task, twice.
 """
 
@@ -111,7 +113,49 @@ class Relay(_DigitTasks):
         if checked is not None:
             seats["checker"] = self.score(checked, task)
             checker.agent.reward(score=seats["checker"])
+        record_seats(episode, seats)
         return {"score": float(np.mean(list(seats.values())))}
+
+
+def record_seats(episode: EpisodeRun, seats: dict[str, float]) -> None:
+    """Every answer's score in the episode's `meta.seats`, so the score of one call (such as
+    the one after a compaction) can be read off the record, not only its agent's sum."""
+    record = episode.episode
+    record.meta = {**(record.meta or {}), "seats": seats}
+
+
+class Handoff(_DigitTasks):
+    """Where subagents' skill decides the reward: only the final answer is scored, and it can
+    only be right if a fresh helper, a fork and a compaction summary did their parts.
+
+    For a task such as `302` the leader is asked the task (its answer, a copy, is not scored);
+    a fresh `helper` is asked to swap the first two digits (`03`); a `fork` of the leader,
+    holding the task only in its copied history, is asked for the last digit (`2`); the
+    leader compacts (its summary should keep the task: after it the leader holds nothing
+    else) and is asked to join the helper's and the fork's answers and the task's first digit
+    (`0320`): the first three it is given, the last it can only have from its summary. The
+    episode reward is that final answer's score; no agent has a reward of its own, so every
+    seat is credited with the episode's.
+    """
+
+    name = "handoff"
+
+    async def run(self, episode: EpisodeRun, task: Any) -> dict[str, float]:
+        leader = episode.leader
+        copied = await leader.ask(f"task {task}")
+        swapped = await leader.spawn("helper").ask(f"swap {task[:2]}")
+        last = await leader.fork("fork").ask("last")
+        summary = await leader.compact("sum", restart=lambda text: f"was {text}")
+        final = await leader.ask(f"join {swapped} {last}")
+        seats = {
+            "copy": self.score(copied, task),
+            "helper": self.score(swapped, task[1] + task[0]),
+            "fork": self.score(last, task[-1]),
+            "summary": self.score(summary, task),
+            "final": self.score(final, task[1] + task[0] + task[-1] + task[0]),
+        }
+        record_seats(episode, seats)
+        return {"score": seats["final"]}
 
 
 class Copy(_DigitTasks):

@@ -1,0 +1,324 @@
+"""Does training every call exactly once matter? Each row scheme, the same environments, seeds.
+
+Runs `callgrove train` (the settings of `examples/train.toml`: the tiny reference decoder from
+scratch, hierarchical GRPO, an entropy bonus) once per environment, condition and seed, with
+the same steps and settings, and writes one table (Markdown and JSON) and one plot (PNG).
+
+Conditions: every `[rows] scheme` with the defaults, and the two open questions as variants of
+`exactly_once`: a background agent's rows credited with the episode's reward or not trained
+(`rows.background_reward = "episode"` / `"none"`; `relay` only, the environment with a
+background agent), and compaction calls not trained (`rows.train_compaction = false`).
+
+Environments: `relay` (every agent scored on its own answers, the episode on all of them) and
+`handoff` (only the final answer is scored, and it needs the fresh helper's, the fork's and
+the compaction summary's work). Per condition the table gives the mean episode reward over the
+last 20% of the steps (mean over seeds, and each seed's), the gain over the first 20%, each
+seat's score over the last 20% (read off the episodes' `meta.seats`), the loss tokens and row
+tokens trained per step and the step time. The plot: mean episode reward per step (mean of
+the seeds, smoothed), loss tokens per step and step time, per environment.
+
+    nice -n 10 python benchmarks/schemes.py [--steps 50] [--seeds 0 1 2] [--workers 2]
+        [--out runs/schemes] [--results benchmarks/results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import time
+from pathlib import Path
+
+import numpy as np
+
+CONFIG = Path(__file__).resolve().parent.parent / "examples" / "train.toml"
+REWARD = "train/all/episode/reward/mean"
+SCHEMES = ("exactly_once", "leader_only", "drop_subagents", "per_agent", "first_branch")
+# Seat columns: the answer scores each environment records in `meta.seats`, by the seat.
+SEATS = {
+    "relay": {
+        "leader": ("copy",),
+        "fresh": ("helper_first", "helper_middle"),
+        "fork": ("fork",),
+        "background": ("checker",),
+        "summary": ("summary",),
+        "after compaction": ("final",),
+    },
+    "handoff": {
+        "leader": ("copy",),
+        "fresh": ("helper",),
+        "fork": ("fork",),
+        "summary": ("summary",),
+        "after compaction": ("final",),
+    },
+}
+SEAT_COLUMNS = ("leader", "fresh", "fork", "background", "summary", "after compaction")
+ENV_OVERRIDES = {
+    "relay": {},
+    # One helper an episode: it has no sibling to be baselined against within the episode.
+    "handoff": {"algorithm.local_seats": []},
+}
+
+
+def conditions(env: str) -> list[tuple[str, dict]]:
+    found = [(scheme, {"rows.scheme": scheme}) for scheme in SCHEMES]
+    if env == "relay":
+        found.append(("background: episode reward", {"rows.background_reward": "episode"}))
+        found.append(("background: not trained", {"rows.background_reward": "none"}))
+    found.append(("compaction not trained", {"rows.train_compaction": False}))
+    return found
+
+
+def run_folder(out: Path, env: str, condition: str, seed: int) -> Path:
+    return out / env / condition.replace(" ", "_").replace(":", "") / f"seed_{seed}"
+
+
+def run_one(job: dict) -> dict:
+    from callgrove.orchestrator.config import load_config
+    from callgrove.orchestrator.loop import train
+
+    out = Path(job["out"])
+    config = load_config(
+        CONFIG,
+        {
+            "run.steps": job["steps"],
+            "run.out": str(out),
+            "run.seed": job["seed"],
+            "run.eval_every": 0,
+            "env.name": job["env"],
+            "monitor.live": False,
+            "monitor.plot": False,
+            **ENV_OVERRIDES[job["env"]],
+            **job["overrides"],
+        },
+    )
+    started = time.perf_counter()
+    summary = train(config)
+    lines = [m for m in summary.metrics if REWARD in m]
+    seats = []
+    for step in range(1, len(lines) + 1):
+        scores: dict[str, list[float]] = {}
+        with open(out / f"step_{step}" / "train" / "traces.jsonl") as file:
+            for line in file:
+                episode = json.loads(line)
+                for name, value in ((episode.get("meta") or {}).get("seats") or {}).items():
+                    scores.setdefault(name, []).append(value)
+        seats.append({name: float(np.mean(values)) for name, values in scores.items()})
+    return {
+        **{k: job[k] for k in ("env", "condition", "seed")},
+        "minutes": (time.perf_counter() - started) / 60,
+        "reward": [m[REWARD] for m in lines],
+        "loss_tokens": [m["train/loss_tokens"] for m in lines],
+        "row_tokens": [m["train/row_tokens"] for m in lines],
+        "forwarded_tokens": [m["train/forwarded_tokens"] for m in lines],
+        "step_s": [m["time/step_s"] for m in lines],
+        "seats": seats,
+    }
+
+
+def summarise(runs: list[dict]) -> list[dict]:
+    table = []
+    for env in SEATS:
+        for condition, _ in conditions(env):
+            mine = [r for r in runs if r["env"] == env and r["condition"] == condition]
+            if not mine:
+                continue
+            fifth = max(1, len(mine[0]["reward"]) // 5)
+            last = [float(np.mean(r["reward"][-fifth:])) for r in mine]
+            first = [float(np.mean(r["reward"][:fifth])) for r in mine]
+            seats = {}
+            for column, names in SEATS[env].items():
+                per_seed = [
+                    float(
+                        np.mean(
+                            [
+                                np.mean([s[n] for n in names if n in s])
+                                for s in r["seats"][-fifth:]
+                                if any(n in s for n in names)
+                            ]
+                            or [np.nan]
+                        )
+                    )
+                    for r in mine
+                ]
+                seats[column] = {"mean": float(np.mean(per_seed)), "seeds": per_seed}
+            table.append(
+                {
+                    "env": env,
+                    "condition": condition,
+                    "seeds": [r["seed"] for r in mine],
+                    "steps": len(mine[0]["reward"]),
+                    "reward_last": {"mean": float(np.mean(last)), "seeds": last},
+                    "gain": {
+                        "mean": float(np.mean(np.subtract(last, first))),
+                        "seeds": list(np.subtract(last, first)),
+                    },
+                    "seats_last": seats,
+                    # The first step also builds the model and starts the sampler: left out.
+                    "loss_tokens_per_step": float(
+                        np.mean([np.mean(r["loss_tokens"]) for r in mine])
+                    ),
+                    "row_tokens_per_step": float(np.mean([np.mean(r["row_tokens"]) for r in mine])),
+                    "forwarded_tokens_per_step": float(
+                        np.mean([np.mean(r["forwarded_tokens"]) for r in mine])
+                    ),
+                    "step_s": float(np.mean([np.median(r["step_s"][1:]) for r in mine])),
+                    "minutes": float(np.sum([r["minutes"] for r in mine])),
+                }
+            )
+    return table
+
+
+def markdown(table: list[dict]) -> str:
+    def spread(values: list[float]) -> str:
+        return " / ".join(f"{v:.3f}" for v in values)
+
+    head = (
+        "| env | condition | reward, last 20% (mean; per seed) | gain over first 20% (per seed) | "
+        + " | ".join(SEAT_COLUMNS)
+        + " | loss tokens / step | row tokens / step | forwarded tokens / step | step s (median) |"
+    )
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for row in table:
+        seats = [
+            "–" if c not in row["seats_last"] else f"{row['seats_last'][c]['mean']:.3f}"
+            for c in SEAT_COLUMNS
+        ]
+        lines.append(
+            f"| {row['env']} | {row['condition']} | {row['reward_last']['mean']:.3f} "
+            f"({spread(row['reward_last']['seeds'])}) | {spread(row['gain']['seeds'])} | "
+            + " | ".join(seats)
+            + f" | {row['loss_tokens_per_step']:.0f} | {row['row_tokens_per_step']:.0f} | "
+            f"{row['forwarded_tokens_per_step']:.0f} | "
+            f"{row['step_s']:.2f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def running_mean(values: np.ndarray, window: int) -> np.ndarray:
+    return np.convolve(values, np.ones(window) / window, mode="valid")
+
+
+def line_style(names: list[str], condition: str) -> dict:
+    """One colour per condition in every panel; exactly-once thick and black."""
+    if condition == "exactly_once":
+        return {"lw": 2.4, "color": "black"}
+    return {"lw": 1.2, "color": f"C{names.index(condition)}"}
+
+
+def plot(runs: list[dict], table: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    envs = [env for env in SEATS if any(r["env"] == env for r in runs)]
+    figure, axes = plt.subplots(len(envs), 4, figsize=(22, 4.6 * len(envs)), squeeze=False)
+    for row, env in enumerate(envs):
+        names = [condition for condition, _ in conditions(env)]
+        for condition in names:
+            style = line_style(names, condition)
+            mine = [r for r in runs if r["env"] == env and r["condition"] == condition]
+            if not mine:
+                continue
+            steps = min(len(r["reward"]) for r in mine)
+            x = np.arange(1, steps + 1)
+            reward = np.mean([r["reward"][:steps] for r in mine], axis=0)
+            window = max(1, steps // 10)
+            axes[row][0].plot(
+                x[window - 1 :], running_mean(reward, window), label=condition, **style
+            )
+            axes[row][1].plot(x, np.mean([r["loss_tokens"][:steps] for r in mine], axis=0), **style)
+            seconds = np.mean([r["step_s"][1:steps] for r in mine], axis=0)
+            axes[row][2].plot(x[window:], running_mean(seconds, window), **style)
+        seats = [c for c in SEAT_COLUMNS if c in SEATS[env]]
+        mine = [t for t in table if t["env"] == env]
+        width = 0.8 / max(1, len(mine))
+        for number, line in enumerate(mine):
+            axes[row][3].bar(
+                np.arange(len(seats)) + number * width,
+                [line["seats_last"][seat]["mean"] for seat in seats],
+                width,
+                label=line["condition"],
+                color=line_style(names, line["condition"])["color"],
+            )
+        axes[row][3].set_xticks(np.arange(len(seats)) + 0.4 - width / 2, seats, fontsize=8)
+        axes[row][0].set_title(f"{env}: episode reward (mean of seeds, running mean)")
+        axes[row][1].set_title(f"{env}: loss tokens trained per step")
+        axes[row][2].set_title(f"{env}: step time (s, mean of seeds, running mean)")
+        axes[row][3].set_title(f"{env}: score per seat, last 20% of steps")
+        axes[row][0].legend(fontsize=7)
+        axes[row][3].set_ylim(0, 1)
+        for ax in axes[row][:3]:
+            ax.set_xlabel("step")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--envs", nargs="+", default=list(SEATS), choices=list(SEATS))
+    parser.add_argument("--out", type=Path, default=Path("runs/schemes"))
+    parser.add_argument("--results", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument(
+        "--tables-only", action="store_true", help="remake the table and plot from OUT/runs.json"
+    )
+    args = parser.parse_args()
+    if args.tables_only:
+        runs = json.loads((args.out / "runs.json").read_text())
+        for run in runs:  # runs.json written before it recorded them: read off the run folder
+            if "forwarded_tokens" not in run:
+                folder = run_folder(args.out, run["env"], run["condition"], run["seed"])
+                with open(folder / "metrics.jsonl") as file:
+                    lines = [m for m in map(json.loads, file) if REWARD in m]
+                run["forwarded_tokens"] = [m["train/forwarded_tokens"] for m in lines]
+        write_results(runs, args)
+        return
+    jobs = [
+        {
+            "env": env,
+            "condition": condition,
+            "overrides": overrides,
+            "seed": seed,
+            "steps": args.steps,
+            "out": str(run_folder(args.out, env, condition, seed)),
+        }
+        for seed in args.seeds
+        for env in args.envs
+        for condition, overrides in conditions(env)
+    ]
+    started = time.perf_counter()
+    runs = []
+    args.out.mkdir(parents=True, exist_ok=True)
+    with multiprocessing.get_context("spawn").Pool(args.workers) as pool:
+        for result in pool.imap_unordered(run_one, jobs):
+            runs.append(result)
+            print(
+                f"[{(time.perf_counter() - started) / 60:5.1f} min] {result['env']} "
+                f"{result['condition']} seed {result['seed']}: reward last 20% "
+                f"{np.mean(result['reward'][-max(1, len(result['reward']) // 5) :]):.3f}",
+                flush=True,
+            )
+            (args.out / "runs.json").write_text(json.dumps(runs))  # what finished, so far
+    write_results(runs, args)
+    print(f"{(time.perf_counter() - started) / 60:.1f} minutes in all")
+
+
+def write_results(runs: list[dict], args: argparse.Namespace) -> None:
+    table = summarise(runs)
+    args.results.mkdir(parents=True, exist_ok=True)
+    steps = sorted({len(r["reward"]) for r in runs})
+    seeds = sorted({r["seed"] for r in runs})
+    (args.results / "schemes.json").write_text(
+        json.dumps({"steps": steps, "seeds": seeds, "table": table}, indent=1)
+    )
+    (args.results / "schemes.md").write_text(markdown(table))
+    plot(runs, table, args.results / "schemes.png")
+    print(markdown(table))
+
+
+if __name__ == "__main__":
+    main()
