@@ -16,7 +16,7 @@ from callgrove.episode import sampling_record
 from callgrove.formats.problems import InputError
 from callgrove.interop.trl import SamplesGRPOTrainer, trl_batch
 from callgrove.train import LossSettings
-from callgrove.train.loss import policy_terms
+from callgrove.train.loss import policy_terms, row_logprobs
 from train.helpers import VOCAB, row_batch
 
 from .trainer_samples import TEMPERATURE, plain_copy, reference_model, trainer_samples
@@ -147,3 +147,31 @@ def test_a_grpo_trainer_step_from_samples_changes_the_weights(tmp_path):
     assert len(changed) == len(before)
     (logged,) = [entry for entry in trainer.state.log_history if "loss" in entry]
     assert np.isfinite(logged["loss"])
+
+
+def completion_logprobs(model, batch, completion_mask) -> torch.Tensor:
+    """Each completion token's log-probability, forwarded as TRL forwards the batch."""
+    input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+    attention_mask = torch.cat([batch["prompt_mask"], completion_mask], dim=1)
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
+    width = batch["completion_ids"].shape[1]
+    predicting = torch.log_softmax(logits[:, -width - 1 : -1], dim=-1)
+    return predicting.gather(-1, batch["completion_ids"][..., None])[..., 0]
+
+
+def test_holes_go_in_tool_mask_because_the_completion_mask_is_attention():
+    reference = reference_model(torch.float64)
+    episode_rows, samples = trainer_samples(reference)
+    model = plain_copy(reference)
+    batch = trl_batch(samples, PAD, TEMPERATURE)
+    trained = (batch["completion_mask"] * batch["tool_mask"]).bool()
+    with torch.no_grad():
+        want = torch.cat(row_logprobs(reference, row_batch(episode_rows)))
+        right = completion_logprobs(model, batch, batch["completion_mask"])
+        # Holes put in the completion mask instead hide tool results from the later tokens.
+        holed = completion_logprobs(model, batch, batch["completion_mask"] * batch["tool_mask"])
+    want = want[torch.from_numpy(np.concatenate([s.loss_mask for s in samples]).astype(bool))]
+    # TRL passes no position ids: a left-padded row's positions start at its padding. Rotary
+    # attention sees only differences, which the HF Llama computes in float32 (hence 1e-6).
+    assert torch.allclose(right[trained], want, rtol=0, atol=TOLERANCE)
+    assert ((holed[trained] - want).abs() > 1e-3).sum() > 0

@@ -4,6 +4,8 @@ context-only calls), advantages that change along a row, sampling logprobs near 
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import torch
 
@@ -36,7 +38,8 @@ def plain_copy(reference) -> torch.nn.Module:
     into NaN, which reach every token through the next layer (0 x NaN)."""
     from transformers import LlamaForCausalLM
 
-    model = LlamaForCausalLM(reference.model.config).to(next(reference.parameters()).dtype)
+    config = copy.deepcopy(reference.model.config)  # the copy's attention is its own
+    model = LlamaForCausalLM(config).to(next(reference.parameters()).dtype)
     model.load_state_dict(reference.model.state_dict())
     model.set_attn_implementation("sdpa")
     return model
