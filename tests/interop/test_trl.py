@@ -59,10 +59,13 @@ def grpo_config(tmp_path, loss_type: str, **more):
     return GRPOConfig(**(settings | more))
 
 
-@pytest.mark.parametrize("loss_type", sorted(NORMALISATION))
-def test_trl_loss_and_gradients_are_callgroves(tmp_path, loss_type):
+@pytest.mark.parametrize(
+    ("loss_type", "temperature"),
+    [(t, TEMPERATURE) for t in sorted(NORMALISATION)] + [("dapo", 0.7)],
+)
+def test_trl_loss_and_gradients_are_callgroves(tmp_path, loss_type, temperature):
     reference = reference_model(torch.float64)
-    episode_rows, samples = trainer_samples(reference, seed=3)
+    episode_rows, samples = trainer_samples(reference, seed=3, temperature=temperature)
     settings = LossSettings(normalisation=NORMALISATION[loss_type])
     want = policy_terms(reference, row_batch(episode_rows), settings).loss
     want.backward()
@@ -75,11 +78,11 @@ def test_trl_loss_and_gradients_are_callgroves(tmp_path, loss_type):
     trainer = SamplesGRPOTrainer(
         model,
         train_dataset=samples,
-        args=grpo_config(tmp_path, loss_type),
+        args=grpo_config(tmp_path, loss_type, temperature=temperature),
         processing_class=word_tokenizer(),
     )
     trainer.model.eval()  # no gradient-accumulation scale outside a training loop
-    got = trainer.compute_loss(trainer.model, trl_batch(samples, PAD, TEMPERATURE))
+    got = trainer.compute_loss(trainer.model, trl_batch(samples, PAD, temperature))
     got.backward()
 
     assert abs(got.item() - want.item()) <= TOLERANCE * abs(want.item())

@@ -30,17 +30,20 @@ def response_logprobs(model, batch) -> torch.Tensor:
         position_ids=batch.batch["position_ids"],
     ).logits
     width = responses.shape[1]
-    predicting = logits[:, -width - 1 : -1] / TEMPERATURE
+    predicting = logits[:, -width - 1 : -1] / batch.meta_info["temperature"]
     return torch.log_softmax(predicting, dim=-1).gather(-1, responses[..., None])[..., 0]
 
 
-@pytest.mark.parametrize("loss_agg_mode", sorted(NORMALISATION))
-def test_verl_policy_loss_and_gradients_are_callgroves(loss_agg_mode):
+@pytest.mark.parametrize(
+    ("loss_agg_mode", "temperature"),
+    [(m, TEMPERATURE) for m in sorted(NORMALISATION)] + [("token-mean", 0.7)],
+)
+def test_verl_policy_loss_and_gradients_are_callgroves(loss_agg_mode, temperature):
     from omegaconf import OmegaConf
     from verl.trainer.ppo.core_algos import get_policy_loss_fn
 
     reference = reference_model(torch.float64)
-    episode_rows, samples = trainer_samples(reference, seed=5)
+    episode_rows, samples = trainer_samples(reference, seed=5, temperature=temperature)
     settings = LossSettings(normalisation=NORMALISATION[loss_agg_mode])
     want = policy_terms(reference, row_batch(episode_rows), settings).loss
     want.backward()
@@ -66,7 +69,7 @@ def test_verl_policy_loss_and_gradients_are_callgroves(loss_agg_mode):
     )
     got.backward()
 
-    assert batch.meta_info["temperature"] == TEMPERATURE
+    assert batch.meta_info["temperature"] == pytest.approx(temperature)
     assert abs(got.item() - want.item()) <= TOLERANCE * abs(want.item())
     wanted = {name: p.grad for name, p in reference.model.named_parameters()}
     whole = torch.cat([g.flatten() for g in wanted.values()]).norm()

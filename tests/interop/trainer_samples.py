@@ -17,13 +17,13 @@ from train.helpers import EXAMPLES, sample_near_the_model, tiny_llama
 TEMPERATURE = 1.0
 
 
-def credited_rows(seed: int = 0) -> list[EpisodeRows]:
+def credited_rows(seed: int = 0, temperature: float = TEMPERATURE) -> list[EpisodeRows]:
     episode_rows = [build_rows(e) for e in load(EXAMPLES / "login_group.jsonl")]
     rng = np.random.default_rng(seed)
     for er in episode_rows:
         for call in er.forest.calls:
             call.advantages = rng.normal(size=len(call.completion_ids))  # one per token
-            call.sampling = sampling_record(TEMPERATURE, 1.0)
+            call.sampling = sampling_record(temperature, 1.0)
     return episode_rows
 
 
@@ -45,8 +45,10 @@ def plain_copy(reference) -> torch.nn.Module:
     return model
 
 
-def trainer_samples(reference, seed: int = 0) -> tuple[list[EpisodeRows], list[Sample]]:
-    episode_rows = credited_rows(seed)
+def trainer_samples(
+    reference, seed: int = 0, temperature: float = TEMPERATURE
+) -> tuple[list[EpisodeRows], list[Sample]]:
+    episode_rows = credited_rows(seed, temperature)
     sample_near_the_model(reference, episode_rows, seed)
     samples = [s for s in build_samples(episode_rows) if s.num_loss_tokens]
     assert_rows_have_holes_and_varying_advantages(samples)

@@ -74,8 +74,9 @@ def shared_temperature(samples: Sequence[Sample], trainer: str) -> float:
     check_uncut(samples, trainer)
     first: float | None = None
     for sample in samples:
+        # Samples hold float32: the shortest decimal of each is the temperature its call recorded.
         values = np.unique(sample.temperatures[sample.loss_mask.astype(bool)])
-        for value in values.tolist():
+        for value in (float(str(v)) for v in values):
             if first is None:
                 first = value
             elif value != first:

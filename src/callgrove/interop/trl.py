@@ -74,7 +74,7 @@ def trl_batch(
 
     spans = [trained_span(sample, TRAINER) for sample in samples]
     sampled_at = shared_temperature(samples, TRAINER)
-    if sampled_at != temperature:
+    if np.float32(sampled_at) != np.float32(temperature):
         raise ValueError(
             f"{TRAINER}: the samples were sampled at temperature {sampled_at:g}, the trainer "
             f"scores at {temperature:g}: set GRPOConfig(temperature={sampled_at:g})"
