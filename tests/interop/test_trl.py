@@ -178,3 +178,17 @@ def test_holes_go_in_tool_mask_because_the_completion_mask_is_attention():
     # attention sees only differences, which the HF Llama computes in float32 (hence 1e-6).
     assert torch.allclose(right[trained], want, rtol=0, atol=TOLERANCE)
     assert ((holed[trained] - want).abs() > 1e-3).sum() > 0
+
+
+@pytest.mark.parametrize("taken", ["reward_funcs", "eval_dataset"])
+def test_the_samples_trainer_refuses_what_it_would_not_use(tmp_path, taken):
+    reference = reference_model(torch.float32)
+    _, samples = trainer_samples(reference)
+    with pytest.raises(TypeError, match=f"takes no {taken}"):
+        SamplesGRPOTrainer(
+            plain_copy(reference),
+            train_dataset=samples,
+            args=grpo_config(tmp_path, "dapo"),
+            processing_class=word_tokenizer(),
+            **{taken: samples},
+        )

@@ -35,12 +35,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import pyarrow as pa
 
 from callgrove.batch.samples import SAMPLE_SCHEMA, Sample, samples_from_table, samples_to_table
 from callgrove.interop.trainer_rows import shared_temperature, trained_span
 
 try:
-    import pyarrow as pa
     from datasets import Dataset
     from datasets.table import InMemoryTable
     from trl import GRPOTrainer
@@ -126,15 +126,23 @@ def _advantages_come_from_callgrove(completions: list, **_: Any) -> list[float]:
     raise RuntimeError("SamplesGRPOTrainer takes its advantages from the samples")
 
 
+_NOT_TAKEN = {
+    "reward_funcs": "the samples carry their advantages",
+    "eval_dataset": "TRL's evaluation generates from prompts",
+}
+
+
 class SamplesGRPOTrainer(GRPOTrainer):
     """`GRPOTrainer` whose training data is callgrove samples (`train_dataset`: a sequence of
     `Sample`, e.g. `read_samples(path)` or a loop step's `build_samples`, held as a
-    `datasets.Dataset`), each trained once per pass with its own advantages. See the module docstring for the two private methods
-    it overrides and why."""
+    `datasets.Dataset`), each trained once per pass with its own advantages. The module
+    docstring names the two private methods it overrides and why. It does not evaluate: TRL's
+    evaluation generates from prompts."""
 
     def __init__(self, model: Any, train_dataset: Sequence[Sample], **kwargs: Any):
-        if "reward_funcs" in kwargs:
-            raise TypeError("SamplesGRPOTrainer takes no reward_funcs: samples carry advantages")
+        for taken, reason in _NOT_TAKEN.items():
+            if kwargs.get(taken) is not None:
+                raise TypeError(f"SamplesGRPOTrainer takes no {taken}: {reason}")
         super().__init__(
             model,
             reward_funcs=[_advantages_come_from_callgrove],
