@@ -32,6 +32,15 @@ $(STAMP): pyproject.toml Makefile
 		'tomli-w>=1' 'pydantic>=2.12.3' orjson
 	$(BIN)/pip install -q --no-deps verifiers==0.4.0 renderers==0.1.12
 	$(BIN)/pip install -q --no-deps --ignore-requires-python nemo-gym==0.7.0
+	# Trainer adapters (callgrove.interop.trl, .verl, their tests). TRL installs whole. verl 0.9.1
+	# pins transformers<5.11, so it goes in without its dependencies, plus the few its DataProto
+	# and policy-loss modules import.
+	$(BIN)/pip install -q -e '.[trl]'
+	# tensordict's pyvers asks for packaging<26; the rest of the venv keeps its newer packaging.
+	$(BIN)/pip install -q tensordict==0.10.0
+	$(BIN)/pip install -q packaging==26.4
+	$(BIN)/pip install -q --no-deps verl==0.9.1 omegaconf==2.3.1 antlr4-python3-runtime==4.9.3 \
+		codetiming==1.4.0
 	touch $(STAMP)
 
 setup: $(STAMP)

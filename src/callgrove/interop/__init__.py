@@ -5,6 +5,11 @@
 - `callgrove.interop.gym`: NeMo Gym token capture (`TokenEntry`) joined with its agent
   invocation records, so every subagent's and compaction's calls are kept.
 
+Trainer adapters, imported by name only (each needs its trainer where it builds the trainer's
+objects; docs/trainers.md): `callgrove.interop.trl` (TRL's GRPO batch and a `GRPOTrainer` on
+samples), `.verl` (a `DataProto`), `.prime_rl` (its `TrainingSample`s) and `.nemo_rl` (its
+GRPO train data).
+
 Importing the package registers both as episode formats (`verifiers`, `gym`) for `load`,
 `save` and `convert`.
 """

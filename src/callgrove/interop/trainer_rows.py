@@ -1,0 +1,91 @@
+"""What every trainer adapter needs of a sample, checked once: the span of the row it trains,
+its sampling logprobs and advantages, and the distribution its trained tokens were sampled from.
+
+A sample with no trained token, a supervised one (no advantages), one whose calls recorded no
+logprobs, or one whose trained tokens have an unknown sampling distribution is refused with an
+`InputError` naming the trainer, episode, row and leaf call: a trainer fed such a row would
+train on zeros or score under a distribution it was not sampled from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from callgrove.batch.samples import NO_TOP_K, Sample
+from callgrove.formats.problems import InputError, Problem
+
+
+@dataclass(frozen=True, slots=True)
+class TrainedSpan:
+    """Where a sample's trained tokens lie: `start` is its first trained token, `end` one past
+    its last. Tokens before `start` are the prompt a trainer conditions on; holes between
+    them (tool results, context-only calls) are completion tokens with no loss."""
+
+    start: int
+    end: int
+
+
+def refuse(sample: Sample, trainer: str, reason: str) -> InputError:
+    message = f"{trainer}: row {sample.row} {reason}"
+    return InputError(Problem(message, episode=sample.episode, call=sample.leaf))
+
+
+def trained_span(sample: Sample, trainer: str) -> TrainedSpan:
+    """The span of `sample`'s trained tokens, after checking it can train by policy gradient."""
+    trained = np.flatnonzero(sample.loss_mask)
+    if not len(trained):
+        raise refuse(sample, trainer, "trains no token (leave such rows out of a trainer batch)")
+    if sample.advantages is None:
+        raise refuse(sample, trainer, "has no advantages (a supervised row: train it by SFT)")
+    if sample.logprobs is None:
+        raise refuse(sample, trainer, "has no sampling logprobs (a call it trains recorded none)")
+    if np.isnan(sample.temperatures[trained]).any():
+        raise refuse(
+            sample,
+            trainer,
+            "has trained tokens whose sampling is unknown (their call recorded none): "
+            "fill them with the run's settings first (fill_unknown_sampling)",
+        )
+    if trained[0] == 0:
+        raise refuse(sample, trainer, "trains its first token, which nothing predicts")
+    return TrainedSpan(int(trained[0]), int(trained[-1]) + 1)
+
+
+def check_uncut(samples: Sequence[Sample], trainer: str) -> None:
+    """Refuse trained tokens sampled with a top-p or top-k cut: `trainer` scores a token under
+    the temperature-scaled distribution alone, so a cut one would get another probability."""
+    for sample in samples:
+        trained = sample.loss_mask.astype(bool)
+        if (sample.top_p[trained] < 1).any() or (sample.top_k[trained] != NO_TOP_K).any():
+            raise refuse(
+                sample,
+                trainer,
+                "has trained tokens sampled with a top-p or top-k cut, which "
+                f"{trainer} does not score under (sample with top_p 1 and no top-k)",
+            )
+
+
+def shared_temperature(samples: Sequence[Sample], trainer: str) -> float:
+    """The one temperature every trained token of `samples` was sampled at: `trainer` takes a
+    single temperature for a whole run, so samples at several are refused."""
+    check_uncut(samples, trainer)
+    first: float | None = None
+    for sample in samples:
+        # Samples hold float32: the shortest decimal of each is the temperature its call recorded.
+        values = np.unique(sample.temperatures[sample.loss_mask.astype(bool)])
+        for value in (float(str(v)) for v in values):
+            if first is None:
+                first = value
+            elif value != first:
+                raise refuse(
+                    sample,
+                    trainer,
+                    f"was sampled at temperature {value:g}, another row at {first:g}: "
+                    f"{trainer} scores every token at one temperature",
+                )
+    if first is None:
+        raise ValueError(f"{trainer}: no samples")
+    return first

@@ -1,0 +1,65 @@
+"""Credited samples for the trainer adapters' tests: rows with holes (tool results between turns,
+context-only calls), advantages that change along a row, sampling logprobs near a model's own
+(some importance ratios clipped, some not), every call sampled at one temperature and no cut."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import torch
+
+from callgrove.batch import Sample, build_samples
+from callgrove.episode import load, sampling_record
+from callgrove.rows import EpisodeRows, build_rows
+from train.helpers import EXAMPLES, sample_near_the_model, tiny_llama
+
+TEMPERATURE = 1.0
+
+
+def credited_rows(seed: int = 0, temperature: float = TEMPERATURE) -> list[EpisodeRows]:
+    episode_rows = [build_rows(e) for e in load(EXAMPLES / "login_group.jsonl")]
+    rng = np.random.default_rng(seed)
+    for er in episode_rows:
+        for call in er.forest.calls:
+            call.advantages = rng.normal(size=len(call.completion_ids))  # one per token
+            call.sampling = sampling_record(temperature, 1.0)
+    return episode_rows
+
+
+def reference_model(dtype: torch.dtype = torch.float64):
+    """The tiny random Llama behind callgrove's reference interface (`HFPolicyModel`)."""
+    return tiny_llama(dtype, "eager")
+
+
+def plain_copy(reference) -> torch.nn.Module:
+    """The same weights as a plain `LlamaForCausalLM`, as a trainer loads it. Its attention is
+    sdpa: transformers' eager attention turns a left-padded batch's fully masked pad rows
+    into NaN, which reach every token through the next layer (0 x NaN)."""
+    from transformers import LlamaForCausalLM
+
+    config = copy.deepcopy(reference.model.config)  # the copy's attention is its own
+    model = LlamaForCausalLM(config).to(next(reference.parameters()).dtype)
+    model.load_state_dict(reference.model.state_dict())
+    model.set_attn_implementation("sdpa")
+    return model
+
+
+def trainer_samples(
+    reference, seed: int = 0, temperature: float = TEMPERATURE
+) -> tuple[list[EpisodeRows], list[Sample]]:
+    episode_rows = credited_rows(seed, temperature)
+    sample_near_the_model(reference, episode_rows, seed)
+    samples = [s for s in build_samples(episode_rows) if s.num_loss_tokens]
+    assert_rows_have_holes_and_varying_advantages(samples)
+    return episode_rows, samples
+
+
+def assert_rows_have_holes_and_varying_advantages(samples: list[Sample]) -> None:
+    """The samples exercise what the adapters must carry over (else the tests prove little)."""
+    holes = 0
+    for sample in samples:
+        trained = np.flatnonzero(sample.loss_mask)
+        holes += int(trained[-1] - trained[0] + 1 - len(trained))
+    assert holes > 0, "no row has a hole inside its trained span"
+    assert any(len(np.unique(s.advantages[s.loss_mask == 1])) > 1 for s in samples)
