@@ -13,13 +13,14 @@ import pytest
 
 pytestmark = pytest.mark.processes
 
+HERE = str(Path(__file__).resolve().parent)
 ROOT = str(Path(__file__).resolve().parents[2])
 
 # The test process: starts a long-lived child as `server_process` does, says its pid, waits.
 PARENT = f"""
 import subprocess, sys, time
-sys.path.insert(0, {ROOT!r})
-from tests.gateway.helpers import die_with_parent
+sys.path.insert(0, {HERE!r})  # by path: an installed package may also be named `tests`
+from helpers import die_with_parent
 child = subprocess.Popen(
     [sys.executable, "-c", "import time; time.sleep(120)"],
     start_new_session=True,
