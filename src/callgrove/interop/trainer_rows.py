@@ -89,3 +89,54 @@ def shared_temperature(samples: Sequence[Sample], trainer: str) -> float:
     if first is None:
         raise ValueError(f"{trainer}: no samples")
     return first
+
+
+@dataclass(frozen=True, slots=True)
+class PromptCompletion:
+    """Samples as a trainer's prompt / completion batch (int64 ids, float32 values): the
+    prompt (everything before the first trained token) left-padded, the completion (from there
+    to the last trained token, holes included) right-padded."""
+
+    prompt_ids: np.ndarray
+    prompt_mask: np.ndarray
+    completion_ids: np.ndarray
+    completion_mask: np.ndarray
+    """1 on every completion token (the attention mask), 0 on padding."""
+    loss_mask: np.ndarray
+    """1 on trained completion tokens, 0 on holes and padding."""
+    advantages: np.ndarray
+    logprobs: np.ndarray
+    """Sampling logprobs of the completion tokens (0.0 on padding)."""
+    widths: np.ndarray
+    """Each row's completion length."""
+
+
+def prompt_completion(
+    samples: Sequence[Sample], pad_token_id: int, trainer: str
+) -> PromptCompletion:
+    """The split every prompt / completion trainer takes, each sample checked (`trained_span`)."""
+    spans = [trained_span(sample, trainer) for sample in samples]
+    prompt_width = max(span.start for span in spans)
+    completion_width = max(span.end - span.start for span in spans)
+    rows = len(samples)
+    batch = PromptCompletion(
+        prompt_ids=np.full((rows, prompt_width), pad_token_id, dtype=np.int64),
+        prompt_mask=np.zeros((rows, prompt_width), dtype=np.int64),
+        completion_ids=np.full((rows, completion_width), pad_token_id, dtype=np.int64),
+        completion_mask=np.zeros((rows, completion_width), dtype=np.int64),
+        loss_mask=np.zeros((rows, completion_width), dtype=np.int64),
+        advantages=np.zeros((rows, completion_width), dtype=np.float32),
+        logprobs=np.zeros((rows, completion_width), dtype=np.float32),
+        widths=np.array([span.end - span.start for span in spans], dtype=np.int64),
+    )
+    for index, (sample, span) in enumerate(zip(samples, spans, strict=True)):
+        width = span.end - span.start
+        batch.prompt_ids[index, prompt_width - span.start :] = sample.token_ids[: span.start]
+        batch.prompt_mask[index, prompt_width - span.start :] = 1
+        completion = slice(span.start, span.end)
+        batch.completion_ids[index, :width] = sample.token_ids[completion]
+        batch.completion_mask[index, :width] = 1
+        batch.loss_mask[index, :width] = sample.loss_mask[completion]
+        batch.advantages[index, :width] = sample.advantages[completion]
+        batch.logprobs[index, :width] = sample.logprobs[completion]
+    return batch

@@ -38,7 +38,7 @@ import numpy as np
 import pyarrow as pa
 
 from callgrove.batch.samples import SAMPLE_SCHEMA, Sample, samples_from_table, samples_to_table
-from callgrove.interop.trainer_rows import shared_temperature, trained_span
+from callgrove.interop.trainer_rows import prompt_completion, shared_temperature
 
 try:
     from datasets import Dataset
@@ -72,41 +72,22 @@ def trl_batch(
     been sampled at it, with no top-p or top-k cut."""
     import torch
 
-    spans = [trained_span(sample, TRAINER) for sample in samples]
+    split = prompt_completion(samples, pad_token_id, TRAINER)
     sampled_at = shared_temperature(samples, TRAINER)
     if np.float32(sampled_at) != np.float32(temperature):
         raise ValueError(
             f"{TRAINER}: the samples were sampled at temperature {sampled_at:g}, the trainer "
             f"scores at {temperature:g}: set GRPOConfig(temperature={sampled_at:g})"
         )
-    prompt_width = max(span.start for span in spans)
-    completion_width = max(span.end - span.start for span in spans)
-    rows = len(samples)
-    prompt_ids = np.full((rows, prompt_width), pad_token_id, dtype=np.int64)
-    prompt_mask = np.zeros((rows, prompt_width), dtype=np.int64)
-    completion_ids = np.full((rows, completion_width), pad_token_id, dtype=np.int64)
-    completion_mask = np.zeros((rows, completion_width), dtype=np.int64)
-    tool_mask = np.ones((rows, completion_width), dtype=np.int64)  # TRL pads it with 1
-    advantages = np.zeros((rows, completion_width), dtype=np.float32)
-    old_logprobs = np.zeros((rows, completion_width), dtype=np.float32)
-    for index, (sample, span) in enumerate(zip(samples, spans, strict=True)):
-        width = span.end - span.start
-        prompt_ids[index, prompt_width - span.start :] = sample.token_ids[: span.start]
-        prompt_mask[index, prompt_width - span.start :] = 1
-        completion = slice(span.start, span.end)
-        completion_ids[index, :width] = sample.token_ids[completion]
-        completion_mask[index, :width] = 1
-        tool_mask[index, :width] = sample.loss_mask[completion]
-        advantages[index, :width] = sample.advantages[completion]
-        old_logprobs[index, :width] = sample.logprobs[completion]
     batch = {
-        "prompt_ids": prompt_ids,
-        "prompt_mask": prompt_mask,
-        "completion_ids": completion_ids,
-        "completion_mask": completion_mask,
-        "tool_mask": tool_mask,
-        "advantages": advantages,
-        "old_per_token_logps": old_logprobs,
+        "prompt_ids": split.prompt_ids,
+        "prompt_mask": split.prompt_mask,
+        "completion_ids": split.completion_ids,
+        "completion_mask": split.completion_mask,
+        # TRL pads tool_mask with 1: only the holes inside a completion are 0.
+        "tool_mask": np.where(split.completion_mask == 1, split.loss_mask, 1),
+        "advantages": split.advantages,
+        "old_per_token_logps": split.logprobs,
     }
     tensors = {name: torch.from_numpy(array).to(device) for name, array in batch.items()}
     trained = sum(sample.num_loss_tokens for sample in samples)

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from callgrove.batch.samples import Sample
-from callgrove.interop.trainer_rows import shared_temperature, trained_span
+from callgrove.interop.trainer_rows import prompt_completion, shared_temperature
 
 TRAINER = "verl"
 
@@ -38,31 +38,13 @@ def verl_arrays(
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], float]:
     """The tensors and non-tensors of the batch as numpy arrays, and the one temperature every
     trained token was sampled at (set verl's rollout temperature to it)."""
-    spans = [trained_span(sample, TRAINER) for sample in samples]
+    split = prompt_completion(samples, pad_token_id, TRAINER)
     temperature = shared_temperature(samples, TRAINER)
-    prompt_width = max(span.start for span in spans)
-    response_width = max(span.end - span.start for span in spans)
-    rows = len(samples)
-    prompts = np.full((rows, prompt_width), pad_token_id, dtype=np.int64)
-    prompt_mask = np.zeros((rows, prompt_width), dtype=np.int64)
-    responses = np.full((rows, response_width), pad_token_id, dtype=np.int64)
-    response_attention = np.zeros((rows, response_width), dtype=np.int64)
-    response_mask = np.zeros((rows, response_width), dtype=np.int64)
-    advantages = np.zeros((rows, response_width), dtype=np.float32)
-    logprobs = np.zeros((rows, response_width), dtype=np.float32)
-    scores = np.zeros((rows, response_width), dtype=np.float32)
-    for index, (sample, span) in enumerate(zip(samples, spans, strict=True)):
-        width = span.end - span.start
-        prompts[index, prompt_width - span.start :] = sample.token_ids[: span.start]
-        prompt_mask[index, prompt_width - span.start :] = 1
-        response = slice(span.start, span.end)
-        responses[index, :width] = sample.token_ids[response]
-        response_attention[index, :width] = 1
-        response_mask[index, :width] = sample.loss_mask[response]
-        advantages[index, :width] = sample.advantages[response]
-        logprobs[index, :width] = sample.logprobs[response]
-        scores[index, width - 1] = sample.reward
-    attention_mask = np.concatenate([prompt_mask, response_attention], axis=1)
+    prompts, responses = split.prompt_ids, split.completion_ids
+    advantages, logprobs = split.advantages, split.logprobs
+    scores = np.zeros_like(advantages)  # the reward at each row's last response token
+    scores[np.arange(len(samples)), split.widths - 1] = [sample.reward for sample in samples]
+    attention_mask = np.concatenate([split.prompt_mask, split.completion_mask], axis=1)
     position_ids = np.clip(np.cumsum(attention_mask, axis=1) - 1, 0, None)
     tensors = {
         "prompts": prompts,
@@ -70,7 +52,7 @@ def verl_arrays(
         "input_ids": np.concatenate([prompts, responses], axis=1),
         "attention_mask": attention_mask,
         "position_ids": position_ids,
-        "response_mask": response_mask,
+        "response_mask": split.loss_mask,
         "advantages": advantages,
         "returns": advantages,
         "rollout_log_probs": logprobs,
