@@ -35,19 +35,26 @@ def reference_parents(episode: Episode) -> dict[str, str | None]:
     return parents
 
 
-def reference_rows(episode: Episode, max_identical: int = 1) -> list[dict]:
-    """Rows as dicts: leaf, path, trains, context, duplicate_of, tokens, mask."""
+def reference_leaves_and_paths(episode: Episode) -> tuple[list[Call], list[list[str]]]:
+    """Kept leaves in `seq` order and each one's walk, root first (call ids), brute force."""
     parents = reference_parents(episode)
-    agent_of = agent_by_call(episode)
-    kept = {c.id: c for c in episode.calls() if c.kept}
+    kept = [c for c in episode.calls() if c.kept]
     has_child = {p for p in parents.values() if p is not None}
-    leaves = sorted((c for c in kept.values() if c.id not in has_child), key=lambda c: c.seq)
+    leaves = sorted((c for c in kept if c.id not in has_child), key=lambda c: c.seq)
     paths = []
     for leaf in leaves:
         path = [leaf.id]
         while parents[path[-1]] is not None:
             path.append(parents[path[-1]])
         paths.append(path[::-1])
+    return leaves, paths
+
+
+def reference_rows(episode: Episode, max_identical: int = 1) -> list[dict]:
+    """Rows as dicts: leaf, path, trains, context, duplicate_of, tokens, mask."""
+    agent_of = agent_by_call(episode)
+    kept = {c.id: c for c in episode.calls() if c.kept}
+    leaves, paths = reference_leaves_and_paths(episode)
     owner: dict[str, int] = {}
     for call in kept.values():
         holders = [i for i, path in enumerate(paths) if call.id in path]

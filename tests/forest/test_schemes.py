@@ -13,25 +13,10 @@ from callgrove.rows import RowSettings, build_rows
 from callgrove.rows.schemes import SCHEMES
 
 from .builder import EpisodeBuilder, ids
-from .reference import agent_by_call, reference_parents
+from .reference import agent_by_call, reference_leaves_and_paths, reference_parents
 from .test_properties import episodes
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-
-
-def leaves_and_paths(episode):
-    """Leaves in `seq` order and each one's walk, root first (call ids), brute force."""
-    parents = reference_parents(episode)
-    kept = [c for c in episode.calls() if c.kept]
-    has_child = {p for p in parents.values() if p is not None}
-    leaves = sorted((c for c in kept if c.id not in has_child), key=lambda c: c.seq)
-    paths = []
-    for leaf in leaves:
-        path = [leaf.id]
-        while parents[path[-1]] is not None:
-            path.append(parents[path[-1]])
-        paths.append(path[::-1])
-    return leaves, paths
 
 
 def trained_per_row(result) -> list[tuple[str, list[str]]]:
@@ -53,7 +38,7 @@ def test_exactly_once_trains_every_kept_call_once(episode):
 @SETTINGS
 @given(episodes())
 def test_first_branch_trains_each_call_in_the_lowest_leaf_that_holds_it(episode):
-    leaves, paths = leaves_and_paths(episode)
+    leaves, paths = reference_leaves_and_paths(episode)
     expected = []
     for number, (leaf, path) in enumerate(zip(leaves, paths, strict=True)):
         first = {c: min(i for i, p in enumerate(paths) if c in p) for c in path}
@@ -64,7 +49,7 @@ def test_first_branch_trains_each_call_in_the_lowest_leaf_that_holds_it(episode)
 @SETTINGS
 @given(episodes())
 def test_per_agent_trains_a_shared_history_once_per_agent_that_sees_it(episode):
-    leaves, paths = leaves_and_paths(episode)
+    leaves, paths = reference_leaves_and_paths(episode)
     agent_of = agent_by_call(episode)
     result = build_rows(episode, RowSettings(scheme="per_agent"))
     assert [row.leaf.id for row in result.rows] == [leaf.id for leaf in leaves]
@@ -83,7 +68,7 @@ def test_per_agent_trains_a_shared_history_once_per_agent_that_sees_it(episode):
 @SETTINGS
 @given(episodes(), st.booleans())
 def test_leader_schemes_train_only_the_root_agents_chain(episode, first_tree_only):
-    leaves, paths = leaves_and_paths(episode)
+    leaves, paths = reference_leaves_and_paths(episode)
     agent_of = agent_by_call(episode)
     leader = leader_of(episode)
     parents = reference_parents(episode)
