@@ -29,14 +29,15 @@ from callgrove.cli.app import (
     EXIT_OK,
     EXIT_USAGE,
     FilesArg,
+    InvocationsOption,
     app,
     cell,
+    episode_inputs,
     err,
     out,
     progress_bar,
+    read_input,
     reading,
-    reject_foreign_files,
-    require_files,
     require_output,
     safe,
 )
@@ -46,11 +47,12 @@ from callgrove.cli.shards import (
     JobsOption,
     Shard,
     ShardResult,
+    in_shards,
     plan_shards,
     renumber,
     run_shards,
 )
-from callgrove.episode import Episode, load
+from callgrove.episode import Episode
 from callgrove.formats.output import NewFile
 from callgrove.formats.problems import Diagnostics
 from callgrove.pictures.text import clip_middle
@@ -84,21 +86,25 @@ class Outcome:
             style = "yellow" if problem.severity == "warning" else "red"
             err.print(f"[{style}]{problem.severity}[/]: {safe(problem)}")
         failed = self.failed + len(self.diagnostics.errors)
-        if failed:
+        if failed and (failed > 1 or self.episodes):  # one problem alone is its own summary
             err.print(f"{failed:,} episode(s) failed, {self.episodes:,} went through")
         return EXIT_FAILED if failed else EXIT_OK
 
 
 def episode_rows(
-    files: list[Path], settings: RowSettings, outcome: Outcome, only: str | None = None
+    files: list[Path],
+    settings: RowSettings,
+    outcome: Outcome,
+    only: str | None = None,
+    invocations: Path | None = None,
 ) -> Iterator[EpisodeRows]:
     """Rows of every readable episode (or of episode `only`); every failure is recorded in
     `outcome`, none is lost."""
-    require_files(files)
-    reject_foreign_files(files)
+    inputs = episode_inputs(files, invocations)
     with progress_bar("bytes") as progress:
-        for path in files:
-            episodes = reading(progress, path, load(path, outcome.diagnostics))
+        for path in inputs:
+            located = read_input(path, outcome.diagnostics, invocations)
+            episodes = reading(progress, path, (episode for _line, episode in located))
             yield from rows_of(path, episodes, settings, outcome, only)
 
 
@@ -159,8 +165,7 @@ def sharded_rows(
 ) -> int:
     """Rows of every shard of `files` on `executor`, joined in shard order into `out_file`
     (or stdout, as JSON Lines); returns how many rows."""
-    require_files(files)
-    reject_foreign_files(files)
+    files = episode_inputs(files)
     work = partial(rows_of_shard, job=job)
     with tempfile.TemporaryDirectory(prefix="callgrove-rows-") as parts:
         results = run_shards(plan_shards(files, jobs), work, Path(parts), jobs, executor)
@@ -230,14 +235,14 @@ def require_episode_found(only: str | None, outcome: Outcome, files: list[Path])
 @app.command("rows")
 def rows_command(
     files: FilesArg,
-    jsonl: Annotated[
-        bool, typer.Option("--jsonl", help="One JSON object per row on stdout.")
+    as_json: Annotated[
+        bool, typer.Option("--json", help="The rows on stdout as JSON Lines, one object a row.")
     ] = False,
     tokens: Annotated[
         bool,
         typer.Option(
             "--tokens",
-            help="With --jsonl: add token_ids, loss_mask and logprobs (--out files always "
+            help="With --json: add token_ids, loss_mask and logprobs (--out files always "
             "have them).",
         ),
     ] = False,
@@ -249,29 +254,30 @@ def rows_command(
     ] = None,
     episode_id: EpisodeOption = None,
     max_identical: MaxIdentical = 1,
+    invocations: InvocationsOption = None,
     jobs: JobsOption = 1,
     executor: ExecutorOption = Executor.process,
 ) -> None:
     """Turn episodes into training rows: one per leaf, each kept call trained exactly once.
 
-    Prints a table per episode (a summary past 5 episodes), or JSON Lines with --jsonl, or
-    writes a file with --out.
+    Prints a table per episode (a summary past 5 episodes), or JSON Lines with --json, or
+    writes a file with -o.
     """
     if out_file is not None and out_file.suffix not in (".parquet", ".jsonl"):
         err.print(f"error: --out {safe(out_file)}: expected a .parquet or .jsonl file")
         raise typer.Exit(EXIT_USAGE)
-    if tokens and not jsonl:
+    if tokens and not as_json:
         err.print(
-            "error: --tokens adds token columns to --jsonl output; without --jsonl it would do "
+            "error: --tokens adds token columns to --json output; without --json it would do "
             "nothing (--out files always carry token_ids, loss_mask and logprobs)"
         )
         raise typer.Exit(EXIT_USAGE)
     require_output(out_file, files, "--out")
     outcome = Outcome()
     settings = RowSettings(max_identical_trained=max_identical)
-    if jobs > 1 or executor is Executor.ray:
-        if not jsonl and out_file is None:
-            err.print("error: --jobs and --executor ray write rows out: add --jsonl or --out FILE")
+    if in_shards(jobs, executor, invocations):
+        if not as_json and out_file is None:
+            err.print("error: --jobs and --executor ray write rows out: add --json or -o FILE")
             raise typer.Exit(EXIT_USAGE)
         suffix = ".jsonl" if out_file is None else out_file.suffix
         job = ShardRows(settings, episode_id, tokens or out_file is not None, suffix)
@@ -280,12 +286,12 @@ def rows_command(
             err.print(f"wrote {count:,} rows to {safe(out_file)}")
         require_episode_found(episode_id, outcome, files)
         raise typer.Exit(outcome.report())
-    view = _TableView(files) if not jsonl and out_file is None else None
+    view = _TableView(files) if not as_json and out_file is None else None
     with _RowSink(out_file) as sink:
-        for result in episode_rows(files, settings, outcome, episode_id):
+        for result in episode_rows(files, settings, outcome, episode_id, invocations):
             sink.add(result)
-            if jsonl:
-                _print_jsonl(result, tokens)
+            if as_json:
+                _print_json_lines(result, tokens)
             elif view is not None:
                 view.add(result)
     if view is not None:
@@ -296,7 +302,7 @@ def rows_command(
     raise typer.Exit(outcome.report())
 
 
-def _print_jsonl(result: EpisodeRows, tokens: bool) -> None:
+def _print_json_lines(result: EpisodeRows, tokens: bool) -> None:
     write = sys.stdout.buffer.write
     for row in result.rows:
         write(orjson.dumps(row_record(row, tokens), option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
@@ -452,7 +458,7 @@ class _TableView:
         example = self.files[0] if len(self.files) == 1 else "FILE"
         out.print(
             f"[dim]one episode's rows: callgrove rows {safe(example)} --episode "
-            f"{safe(self.first_id)}; every row: --jsonl or --out rows.parquet[/]"
+            f"{safe(self.first_id)}; every row: --json or -o rows.parquet[/]"
         )
 
 
@@ -588,6 +594,7 @@ def check_command(
         ),
     ] = False,
     max_identical: MaxIdentical = 1,
+    invocations: InvocationsOption = None,
 ) -> None:
     """Check every row invariant; print a line per episode and a total; exit 1 on any violation.
 
@@ -597,12 +604,12 @@ def check_command(
     table = _check_table(first=True)
     totals = RowTotals()
     settings = RowSettings(max_identical_trained=max_identical)
-    for result in episode_rows(files, settings, outcome):
+    for result in episode_rows(files, settings, outcome, invocations=invocations):
         summary = check_rows(result)
         if as_json:
             # the object is opened with its first episode: a usage error prints nothing
             separator = b"," if totals.episodes else b'{"episodes":['
-            sys.stdout.buffer.write(separator + orjson.dumps(_check_record(summary)))
+            sys.stdout.buffer.write(separator + orjson.dumps(check_record(summary)))
         else:
             if table.row_count == CHECK_BLOCK:
                 out.print(table)
@@ -647,7 +654,7 @@ def _check_table(first: bool) -> Table:
     return table
 
 
-def _check_record(summary: CheckSummary) -> dict[str, object]:
+def check_record(summary: CheckSummary) -> dict[str, object]:
     return {
         "episode": summary.episode,
         "kept_calls": summary.kept_calls,
