@@ -95,6 +95,7 @@ def main_options(
         bool,
         typer.Option(
             "--version",
+            "-V",
             help="Print callgrove's version and exit.",
             callback=_version,
             is_eager=True,
