@@ -158,7 +158,7 @@ def test_harness_files_get_a_hint_not_an_error_per_line(command):
 
 def test_tokens_without_jsonl_is_refused_not_ignored():
     result = run("rows", EXAMPLES / "login_bug.jsonl", "--tokens")
-    assert result.exit_code == 2 and "--jsonl" in result.stderr
+    assert result.exit_code == 2 and "--json" in result.stderr
 
 
 def test_version():
@@ -290,7 +290,7 @@ def test_never_scored_episodes_say_no_reward(tmp_path):
     assert "rewards: no reward (1 episodes never scored)" in stats
     assert "no reward" in run("show", path).stdout
     assert "no reward" in run("rows", path).stdout
-    [record] = [json.loads(line) for line in run("rows", "--jsonl", path).stdout.splitlines()]
+    [record] = [json.loads(line) for line in run("rows", "--json", path).stdout.splitlines()]
     assert record["objective"] == "supervised"
     assert json.loads(run("stats", "--json", path).stdout)["rewards"]["all"]["mean"] is None
     svg, html = tmp_path / "imported.svg", tmp_path / "imported.html"
