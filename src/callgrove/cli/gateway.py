@@ -21,7 +21,7 @@ Host = Annotated[
 
 # Options serve-policy and the gateway share.
 Tokenizer = Annotated[
-    Path | None, typer.Option("--tokenizer", help="tokenizer.json of a Jinja chat format.")
+    Path | None, typer.Option("--tokenizer", help="A tokenizer.json, for a Jinja chat format.")
 ]
 Template = Annotated[Path | None, typer.Option("--template", help="Jinja chat template file.")]
 Parser = Annotated[str, typer.Option("--tool-parser", help="Tool-call parser of the template.")]
@@ -252,7 +252,7 @@ def _llama_cpp_client(
 
 @app.command("harness")
 def harness(
-    kind: Annotated[str, typer.Argument(help="claude-code or codex")],
+    kind: Annotated[str, typer.Argument(help="The harness: claude-code or codex.")],
     prompt: Annotated[str, typer.Argument(help="The task, as the harness's prompt.")],
     gateway_url: Annotated[str, typer.Option("--gateway", help="The gateway's base URL.")],
     episode: Annotated[

@@ -38,7 +38,8 @@ def not_json_lines(head: bytes) -> tuple[str, int] | None:
         if head.startswith(magic):
             return f"{what}, not JSON Lines; {JSON_LINES}", 1
     if b"\x00" in head or not _is_text(head):
-        return f"binary data, not text (first bytes: {head[:8].hex(' ')}); {JSON_LINES}", 1
+        shown = head[:8].hex(" ")
+        return f"binary data, not JSON Lines (it starts {shown}); {JSON_LINES}", 1
     lines = [
         (number, line.strip())
         for number, line in enumerate(head.decode("utf-8", "replace").split("\n"), start=1)
@@ -46,7 +47,8 @@ def not_json_lines(head: bytes) -> tuple[str, int] | None:
     ][:LINES_LOOKED_AT]
     if not lines:
         return None
-    if any(line.startswith("{") and line != "{" for _number, line in lines):
+    opened = lines[0][1] in ("{", "[")  # a JSON document written over many lines
+    if not opened and any(line.startswith("{") for _number, line in lines):
         return None
     number, first = lines[0]
     kind = _kind(first, [line for _n, line in lines])
@@ -65,7 +67,7 @@ def _kind(first: str, lines: list[str]) -> str:
     if first == "{":
         return "one JSON document spread over many lines (pretty-printed)"
     if first.startswith("["):
-        return "a JSON array"
+        return "a JSON array" + (" spread over many lines" if first == "[" else "")
     if first.startswith("<"):
         return "HTML or XML"
     if any(_SETTING.match(line) for line in lines):
