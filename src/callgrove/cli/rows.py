@@ -17,6 +17,7 @@ from functools import partial
 from pathlib import Path
 from typing import IO, Annotated
 
+import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -52,10 +53,10 @@ from callgrove.cli.shards import (
     renumber,
     run_shards,
 )
-from callgrove.episode import Episode
+from callgrove.episode import Agent, Episode
 from callgrove.formats.output import NewFile
 from callgrove.formats.problems import Diagnostics
-from callgrove.pictures.text import clip_middle
+from callgrove.pictures.text import agent_labels, clip_middle
 from callgrove.rows import EpisodeRows, Row, RowSettings, build_rows, check_rows
 from callgrove.rows.check import CheckSummary
 from callgrove.rows.table import row_record, rows_table
@@ -477,6 +478,35 @@ def totals_table(totals: RowTotals) -> Table:
     return table
 
 
+def rewarded_by_agent(episode: Episode) -> bool:
+    """An episode whose rewards sit on its agents alone (verifiers rewards on traces): its rows
+    take each agent's, and its own reward (the sum of none) says nothing."""
+    return not episode.rewards and any(agent.rewards is not None for agent in episode.agents)
+
+
+def episode_reward(episode: Episode) -> float:
+    """The reward an episode's views show: its own, or for one rewarded by agent the mean of
+    its agents' rewards (each as its rows have it)."""
+    if not rewarded_by_agent(episode):
+        return episode.reward
+    rewarded = [agent for agent in episode.agents if agent.rewards is not None]
+    return float(np.mean([episode.reward_of(agent) for agent in rewarded]))
+
+
+def episode_reward_text(episode: Episode, label: Callable[[Agent], str]) -> str:
+    """`reward R`, each agent's for an episode rewarded by agent, or "no reward"."""
+    if not episode.scored:
+        return NO_REWARD
+    if not rewarded_by_agent(episode):
+        return f"reward {episode.reward:g}"
+    each = ", ".join(
+        f"{label(agent)} {episode.reward_of(agent):g}"
+        for agent in episode.agents
+        if agent.rewards is not None
+    )
+    return f"rewards by agent: {each}"
+
+
 def reward_text(row: Row) -> str:
     """A row's reward, or "no reward" for an episode that was never scored."""
     return f"{row.reward:g}" if row.episode.scored else NO_REWARD
@@ -486,7 +516,7 @@ def reward_text(row: Row) -> str:
 _FIXED_COLUMNS = ("row", "leaf", "agent", "num_tokens", "num_loss_tokens", "reward")
 # On a narrow terminal the long field names take two lines and ids are clipped shorter.
 _NARROW_HEADERS = {"num_tokens": "num_\ntokens", "num_loss_tokens": "num_\nloss_\ntokens"}
-_ID_WIDTHS = {False: (14, 10), True: (9, 7)}  # leaf, agent
+_ID_WIDTHS = {False: (14, 18), True: (9, 7)}  # leaf, agent (wide: names fit)
 _PADDING = 3  # a space each side of a cell and the gap between columns
 _PATH_ROOM = 20  # enough for a long path: "#1 … #85 (85 calls)"
 PATH_CAPTION = "path: root first, (context) calls held with the loss off, the rest trained"
@@ -499,10 +529,11 @@ def rows_table_view(result: EpisodeRows, width: int | None = None) -> Table:
     Narrow terminals (80 columns) get two-line headers and shorter ids, never cut numbers."""
     rows = result.rows
     width = width or out.width
+    labels = agent_labels(result.episode.agents)
     wanted = min(_PATH_ROOM, max((len(path_text(row, width)) for row in rows), default=0))
     for narrow in (False, True):
         headers = [_NARROW_HEADERS.get(n, n) if narrow else n for n in _FIXED_COLUMNS]
-        cells = [_fixed_cells(row, *_ID_WIDTHS[narrow]) for row in rows]
+        cells = [_fixed_cells(row, labels, *_ID_WIDTHS[narrow]) for row in rows]
         fixed = sum(
             max([*(len(line) for line in header.splitlines()), *(len(c[i]) for c in cells)])
             + _PADDING
@@ -514,7 +545,7 @@ def rows_table_view(result: EpisodeRows, width: int | None = None) -> Table:
     table = Table(
         title=f"episode {safe(result.episode.id)}",
         title_justify="left",
-        caption=PATH_CAPTION,
+        caption="\n".join(_legend(result, labels, max(room, 12))),
         caption_justify="left",
         box=box.SIMPLE_HEAD,
         pad_edge=False,
@@ -532,22 +563,41 @@ def rows_table_view(result: EpisodeRows, width: int | None = None) -> Table:
     return table
 
 
-def _fixed_cells(row: Row, leaf_width: int, agent_width: int) -> tuple[str, ...]:
+def _legend(result: EpisodeRows, labels: dict[str, str], room: int) -> list[str]:
+    """The table's caption: how to read a path, what `#N` stands for where paths use it, and
+    the id behind each agent named by its name."""
+    lines = [PATH_CAPTION]
+    by_id = [(row, {c.index for c in row.context}) for row in result.rows]
+    if any(path_text(row, room) != _marked(row.path, held, _call_id) for row, held in by_id):
+        lines.append("#N: the call with seq N (`callgrove show` lists them), … a run of calls")
+    renamed = [(label, agent) for agent, label in labels.items() if label != agent]
+    if renamed:
+        lines.append("agents: " + ", ".join(f"{label} = {agent}" for label, agent in renamed))
+    return lines
+
+
+def _fixed_cells(
+    row: Row, labels: dict[str, str], leaf_width: int, agent_width: int
+) -> tuple[str, ...]:
     return (
         str(row.index),
         clip_middle(row.leaf.id, leaf_width),
-        clip_middle(row.agent.id, agent_width),
+        clip_middle(labels[row.agent.id], agent_width),
         f"{row.num_tokens:,}",
         f"{row.num_loss_tokens:,}",
         reward_text(row),
     )
 
 
+def _call_id(call) -> str:
+    return call.id
+
+
 def path_text(row: Row, room: int) -> str:
     """The row's path in at most `room` characters: ids, else `#seq` numbers, else the first
     and last call with counts; runs of context calls in parentheses."""
     context = {call.index for call in row.context}
-    for name in (lambda call: call.id, lambda call: f"#{call.seq}"):
+    for name in (_call_id, lambda call: f"#{call.seq}"):
         text = _marked(row.path, context, name)
         if len(text) <= room:
             return text

@@ -24,10 +24,11 @@ from callgrove.cli.app import (
     safe,
 )
 from callgrove.cli.rows import (
-    NO_REWARD,
     EpisodeOption,
     Outcome,
     check_record,
+    episode_reward,
+    episode_reward_text,
     episode_rows,
     print_rows_table,
     require_episode_found,
@@ -36,7 +37,7 @@ from callgrove.forest import Forest
 from callgrove.formats.output import write_text
 from callgrove.formats.problems import InputError
 from callgrove.pictures import Picture, layout, render_html, render_svg
-from callgrove.pictures.text import clip_middle
+from callgrove.pictures.text import agent_labels, clip_middle
 from callgrove.rows import EpisodeRows, RowSettings, check_rows
 from callgrove.rows.table import row_record
 
@@ -140,7 +141,7 @@ def episode_record(result: EpisodeRows) -> dict[str, object]:
     return {
         "episode": episode.id,
         "group": episode.group,
-        "reward": episode.reward if episode.scored else None,
+        "reward": episode_reward(episode) if episode.scored else None,
         "calls": calls,
         "rows": [row_record(row) for row in result.rows],
         "check": check_record(check_rows(result)),
@@ -210,7 +211,8 @@ def forest_view(result: EpisodeRows) -> Tree:
     row_of_leaf = {row.leaf.index: row.index for row in result.rows}
     trained_in = {c.index: row.index for row in result.rows for c in row.trains}
     episode = result.episode
-    reward = f"reward {episode.reward:g}" if episode.scored else NO_REWARD
+    labels = agent_labels(episode.agents)
+    reward = episode_reward_text(episode, lambda agent: labels[agent.id])
     top = Tree(
         f"[bold]{safe(episode.id)}[/]  {reward}  {plural(len(forest.roots), 'tree')}, "
         f"{plural(len(forest.leaves), 'leaf', 'leaves')}, {plural(len(result.rows), 'row')}"
@@ -222,7 +224,8 @@ def forest_view(result: EpisodeRows) -> Tree:
     def label(index: int) -> str:
         call = forest.calls[index]
         agent = episode.agent_of(call)
-        who = f"{clip_middle(agent.id, ID_CHARS)}·{agent.name}"
+        label = labels[agent.id]
+        who = label if label == agent.name else f"{clip_middle(label, ID_CHARS)}·{agent.name}"
         parts = [f"[bold]{safe(clip_middle(call.id, ID_CHARS))}[/]", safe(who)]
         if call.purpose != "turn":
             parts.append(f"[magenta]{safe(call.purpose)}[/]")
@@ -241,7 +244,7 @@ def forest_view(result: EpisodeRows) -> Tree:
     def chain_label(chain: list[int]) -> str:
         calls = [forest.calls[i] for i in chain]
         agents = ", ".join(
-            dict.fromkeys(clip_middle(episode.agent_of(c).id, ID_CHARS) for c in calls)
+            dict.fromkeys(clip_middle(labels[episode.agent_of(c).id], ID_CHARS) for c in calls)
         )
         ids = [clip_middle(c.id, ID_CHARS) for c in calls]
         compactions = sum(c.purpose == "compaction" for c in calls)

@@ -42,6 +42,7 @@ from callgrove.cli.app import (
     reading,
     safe,
 )
+from callgrove.cli.rows import episode_reward
 from callgrove.cli.shards import (
     Executor,
     ExecutorOption,
@@ -131,9 +132,9 @@ class Learning:
 
     def add(self, episode: Episode) -> None:
         if episode.scored:
-            self.reward.add(episode.reward)
+            self.reward.add(episode_reward(episode))
             if episode.group is not None:
-                self.group_rewards.setdefault(episode.group, Moments()).add(episode.reward)
+                self.group_rewards.setdefault(episode.group, Moments()).add(episode_reward(episode))
             for agent in episode.agents:
                 self.seat_rewards.setdefault(agent.name, Moments()).add(episode.reward_of(agent))
         else:
