@@ -37,9 +37,6 @@ def not_json_lines(head: bytes) -> tuple[str, int] | None:
     for magic, what in _MAGIC:
         if head.startswith(magic):
             return f"{what}, not JSON Lines; {JSON_LINES}", 1
-    if b"\x00" in head or not _is_text(head):
-        shown = head[:8].hex(" ")
-        return f"binary data, not JSON Lines (it starts {shown}); {JSON_LINES}", 1
     lines = [
         (number, line.strip())
         for number, line in enumerate(head.decode("utf-8", "replace").split("\n"), start=1)
@@ -49,7 +46,10 @@ def not_json_lines(head: bytes) -> tuple[str, int] | None:
         return None
     opened = lines[0][1] in ("{", "[")  # a JSON document written over many lines
     if not opened and any(line.startswith("{") for _number, line in lines):
-        return None
+        return None  # damaged bytes in JSON Lines (a NUL included) are the lines' to report
+    if b"\x00" in head or not _is_text(head):
+        shown = head[:8].hex(" ")
+        return f"binary data, not JSON Lines (it starts {shown}); {JSON_LINES}", 1
     number, first = lines[0]
     kind = _kind(first, [line for _n, line in lines])
     return f"{kind}, not JSON Lines ({_shown(first)}); {JSON_LINES}", number
