@@ -86,7 +86,7 @@ test-fast: lint
 # (a couple of minutes; `callgrove bench --full --stream-gb 2` for the published sizes and the
 # 2 GB streaming case). The single-topic scripts under benchmarks/ run on their own.
 bench: setup
-	$(BIN)/callgrove bench --json bench.json --markdown bench.md
+	$(BIN)/callgrove bench -o bench.json -o bench.md
 
 clean:
 	rm -rf $(VENV) $(HARNESS) .pytest_cache .ruff_cache .hypothesis

@@ -9,12 +9,19 @@ tokens has trees rooted at C1, C2, C5, C11 and leaves C4, C6, C9, C10, C12.
 
 `login_group.jsonl`: four episodes of one group (the same task, different outcomes), for
 scoring across a group.
+
+`verifiers/traces.jsonl`: the group as a verifiers results folder holds it (callgrove's
+verifiers writer), and `gym/`: the group's calls as NeMo Gym token captures, one
+`.tokens.jsonl` per rollout (callgrove's writer of Gym's `TokenEntry` records; a capture has no
+agents, so each chain of calls reads as one). Every command reads both as they are:
+`callgrove rows examples/verifiers`, `callgrove stats examples/gym`.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from callgrove.bench.contenders import write_gym_captures
 from callgrove.episode import Agent, Call, Episode, save
 from callgrove.forest import compact_prompts
 from callgrove.formats.wire import WireEnv, WirePolicy, WireRun
@@ -175,10 +182,13 @@ def login_group() -> list[Episode]:
     ]
 
 
-def main() -> None:
-    save(HERE / "login_bug.jsonl", [login_bug()])
-    save(HERE / "login_group.jsonl", login_group())
-    print(f"wrote {HERE / 'login_bug.jsonl'} and {HERE / 'login_group.jsonl'}")
+def main(folder: Path = HERE) -> None:
+    save(folder / "login_bug.jsonl", [login_bug()])
+    save(folder / "login_group.jsonl", login_group())
+    (folder / "verifiers").mkdir(exist_ok=True)
+    save(folder / "verifiers" / "traces.jsonl", login_group(), format="verifiers")
+    write_gym_captures(folder / "gym", login_group())
+    print(f"wrote login_bug.jsonl, login_group.jsonl, verifiers/ and gym/ in {folder}")
 
 
 if __name__ == "__main__":

@@ -96,8 +96,8 @@ def test_bench_command_writes_json_and_markdown(tmp_path: Path):
         app,
         [
             "bench", "--episodes-4k", "4", "--episodes-16k", "0", "--rounds", "1",
-            "--no-memory", "--no-gym", "--json", str(tmp_path / "b.json"),
-            "--markdown", str(tmp_path / "b.md"), "--dir", str(tmp_path),
+            "--no-memory", "--no-gym", "-o", str(tmp_path / "b.json"),
+            "-o", str(tmp_path / "b.md"), "--dir", str(tmp_path),
             "--malloc-defaults",  # the test process keeps its allocator as it is
         ],
     )  # fmt: skip

@@ -56,8 +56,16 @@ def test_output_onto_a_gzip_input_is_refused(tmp_path):
     assert result.exit_code == 2 and path.read_bytes() == before
 
 
-@pytest.mark.parametrize("where", ["missing/out.parquet", "folder.parquet"])
-@pytest.mark.parametrize("command", ["rows", "convert", "show"])
+@pytest.mark.parametrize(
+    ("where", "command"),
+    [
+        ("missing/out.parquet", "rows"),
+        ("missing/out.parquet", "show"),
+        ("folder.parquet", "rows"),
+        ("folder.parquet", "show"),
+        ("folder.parquet", "convert"),
+    ],
+)
 def test_unwritable_output_is_a_usage_error_not_a_traceback(group, tmp_path, where, command):
     (tmp_path / "folder.parquet").mkdir()
     target = tmp_path / where
@@ -73,6 +81,17 @@ def test_unwritable_output_is_a_usage_error_not_a_traceback(group, tmp_path, whe
     assert result.exit_code == 2, result.output
     assert result.exception is None or isinstance(result.exception, SystemExit)
     assert "cannot write" in result.output
+
+
+@pytest.mark.parametrize("target", ["new/deeper/out.parquet", "new/out.jsonl.gz", "results"])
+def test_convert_makes_the_folder_of_its_output(group, tmp_path, target):
+    """`convert IN new/folder/OUT` makes the folder (a verifiers results folder too)."""
+    out = tmp_path / target
+    to = "verifiers" if target == "results" else "callgrove"
+    result = run("convert", group, out, "--from", "callgrove", "--to", to)
+    assert result.exit_code == 0, result.output
+    written = out / "traces.jsonl" if to == "verifiers" else out
+    assert len(list(load(written))) == len(list(load(group)))
 
 
 def test_convert_stopped_by_a_bad_line_leaves_the_earlier_output(group, tmp_path):

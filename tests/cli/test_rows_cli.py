@@ -25,7 +25,7 @@ def jsonl_rows(text: str) -> list[dict]:
 
 
 def test_rows_jsonl_is_the_spec_table():
-    result = run("rows", str(EXAMPLES / "login_bug.jsonl"), "--jsonl")
+    result = run("rows", str(EXAMPLES / "login_bug.jsonl"), "--json")
     assert result.exit_code == 0, result.output
     rows = jsonl_rows(result.stdout)
     assert [(r["row"], r["leaf"], r["path"], r["trains"], r["context"]) for r in rows] == [
@@ -45,7 +45,7 @@ def test_rows_jsonl_is_the_spec_table():
 
 
 def test_rows_with_tokens_carries_tokens_mask_and_logprobs():
-    result = run("rows", str(EXAMPLES / "login_bug.jsonl"), "--jsonl", "--tokens")
+    result = run("rows", str(EXAMPLES / "login_bug.jsonl"), "--json", "--tokens")
     assert result.exit_code == 0
     for row in jsonl_rows(result.stdout):
         assert (
@@ -118,7 +118,7 @@ def _bad_file(tmp_path: Path, *, truncated_tail: bool) -> Path:
 
 def test_good_episodes_still_produce_rows_when_others_are_bad(tmp_path):
     path = _bad_file(tmp_path, truncated_tail=True)
-    result = run("rows", str(path), "--jsonl")
+    result = run("rows", str(path), "--json")
     assert result.exit_code == 1
     episodes = {r["episode"] for r in jsonl_rows(result.stdout)}
     assert episodes == {"login-bug-g0", "login-bug-g2"}
@@ -133,7 +133,7 @@ def test_truncated_final_line_alone_is_a_warning_not_a_failure(tmp_path):
     good = (EXAMPLES / "login_group.jsonl").read_bytes()
     path = tmp_path / "crashed.jsonl"
     path.write_bytes(good[: len(good) - 100])
-    result = run("rows", str(path), "--jsonl")
+    result = run("rows", str(path), "--json")
     assert result.exit_code == 0
     assert len({r["episode"] for r in jsonl_rows(result.stdout)}) == 3
     assert "truncated final line" in result.stderr

@@ -14,7 +14,7 @@ runner = CliRunner()
 
 
 def trains(*options: str) -> list[tuple[str, list[str]]]:
-    result = runner.invoke(app, ["rows", str(LOGIN_BUG), "--jsonl", *options])
+    result = runner.invoke(app, ["rows", str(LOGIN_BUG), "--json", *options])
     assert result.exit_code == 0, result.output
     return [(r["leaf"], r["trains"]) for r in map(json.loads, result.stdout.splitlines())]
 

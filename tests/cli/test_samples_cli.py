@@ -191,7 +191,7 @@ def test_a_bad_jsonl_sample_is_named_by_file_and_line(tmp_path):
 
 
 def test_rows_jsonl_has_the_group_column_of_the_parquet_rows(tmp_path):
-    result = run("rows", GROUP, "--jsonl")
+    result = run("rows", GROUP, "--json")
     assert result.exit_code == 0
     records = [json.loads(line) for line in result.stdout.splitlines()]
     out = tmp_path / "rows.parquet"

@@ -52,8 +52,8 @@ def test_rows_on_a_pool_are_byte_for_byte_the_rows_of_one_process(
 ):
     other = tmp_path / "more.parquet"
     save(other, synth_episodes(SHAPE, 5, seed=100))
-    one = run("rows", "--jsonl", "--tokens", episodes_file, other)
-    pooled = run("rows", "--jsonl", "--tokens", "-j", "2", episodes_file, other)
+    one = run("rows", "--json", "--tokens", episodes_file, other)
+    pooled = run("rows", "--json", "--tokens", "-j", "2", episodes_file, other)
     assert one.exit_code == pooled.exit_code == 0, pooled.output
     assert one.stdout_bytes == pooled.stdout_bytes
     assert len(one.stdout_bytes.splitlines()) > 24
@@ -96,20 +96,20 @@ def test_a_bad_line_in_a_later_shard_is_reported_at_its_line(small_shards, episo
     assert one.exit_code == pooled.exit_code == 1
     assert f"{episodes_file}:18" in one.stderr
     assert f"{episodes_file}:18" in pooled.stderr
-    rows = run("rows", "--jsonl", "-j", "2", episodes_file)
+    rows = run("rows", "--json", "-j", "2", episodes_file)
     assert rows.exit_code == 1 and f"{episodes_file}:18" in rows.stderr
-    assert rows.stdout_bytes == run("rows", "--jsonl", episodes_file).stdout_bytes
+    assert rows.stdout_bytes == run("rows", "--json", episodes_file).stdout_bytes
 
 
 def test_rows_shards_need_an_output(episodes_file):
     result = run("rows", "-j", "2", episodes_file)
-    assert result.exit_code == 2 and "--jsonl or --out" in result.stderr
+    assert result.exit_code == 2 and "--json or -o FILE" in result.stderr
 
 
 def test_ray_gives_what_the_pool_gives(small_shards, episodes_file):
     pytest.importorskip("ray")
-    pooled = run("rows", "--jsonl", "-j", "2", episodes_file)
-    on_ray = run("rows", "--jsonl", "-j", "2", "--executor", "ray", episodes_file)
+    pooled = run("rows", "--json", "-j", "2", episodes_file)
+    on_ray = run("rows", "--json", "-j", "2", "--executor", "ray", episodes_file)
     assert on_ray.exit_code == 0, on_ray.output
     assert on_ray.stdout_bytes == pooled.stdout_bytes
     stats_pool = run("stats", "--json", "-j", "2", episodes_file)
@@ -133,7 +133,7 @@ def test_convert_on_a_pool_writes_what_one_process_writes(
     assert first.stderr.replace(str(one), "OUT") == second.stderr.replace(str(pooled), "OUT")
     if name == "out.jsonl":
         assert one.read_bytes() == pooled.read_bytes()
-    assert run("rows", "--jsonl", one).stdout_bytes == run("rows", "--jsonl", pooled).stdout_bytes
+    assert run("rows", "--json", one).stdout_bytes == run("rows", "--json", pooled).stdout_bytes
 
 
 def test_convert_on_a_pool_stops_as_one_process_stops(small_shards, episodes_file, tmp_path):
@@ -174,8 +174,8 @@ def test_an_id_repeated_in_another_shard_is_reported_as_one_process_reports_it(
     stopped = run("convert", "--from", "callgrove", "-j", "2", episodes_file, tmp_path / "x.jsonl")
     assert stopped.exit_code == 1 and f"{episodes_file}:21" in stopped.stderr
     assert not (tmp_path / "x.jsonl").exists()
-    one_rows = run("rows", "--jsonl", episodes_file)
-    pooled_rows = run("rows", "--jsonl", "-j", "2", episodes_file)
+    one_rows = run("rows", "--json", episodes_file)
+    pooled_rows = run("rows", "--json", "-j", "2", episodes_file)
     assert one_rows.stdout_bytes == pooled_rows.stdout_bytes
     assert pooled_rows.stderr.count("appears twice") == 2
     for jobs in ("1", "2"):

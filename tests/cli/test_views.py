@@ -102,7 +102,8 @@ def test_rows_read_at_80_columns_numbers_and_names_whole(width):
         [line] = [line for line in lines if re.match(rf"\s*{row.index}\s", line)]
         numbers = rf"\s{row.num_tokens:,}\s+{row.num_loss_tokens:,}\s+no reward$"
         assert re.search(numbers, line.rstrip()), line
-        assert "#" in line  # the path, named by seq numbers
+        # the path, whole or named by seq numbers (agents' names take room first)
+        assert "#" in line or " ".join(c.id for c in row.path) in line
     assert "…" not in header
 
 
@@ -158,7 +159,7 @@ def test_harness_files_get_a_hint_not_an_error_per_line(command):
 
 def test_tokens_without_jsonl_is_refused_not_ignored():
     result = run("rows", EXAMPLES / "login_bug.jsonl", "--tokens")
-    assert result.exit_code == 2 and "--jsonl" in result.stderr
+    assert result.exit_code == 2 and "--json" in result.stderr
 
 
 def test_version():
@@ -290,7 +291,7 @@ def test_never_scored_episodes_say_no_reward(tmp_path):
     assert "rewards: no reward (1 episodes never scored)" in stats
     assert "no reward" in run("show", path).stdout
     assert "no reward" in run("rows", path).stdout
-    [record] = [json.loads(line) for line in run("rows", "--jsonl", path).stdout.splitlines()]
+    [record] = [json.loads(line) for line in run("rows", "--json", path).stdout.splitlines()]
     assert record["objective"] == "supervised"
     assert json.loads(run("stats", "--json", path).stdout)["rewards"]["all"]["mean"] is None
     svg, html = tmp_path / "imported.svg", tmp_path / "imported.html"

@@ -70,12 +70,12 @@ def test_writers_refuse_a_repeated_id(tmp_path, suffix):
 def test_rows_of_a_file_with_a_repeated_id_do_not_double(tmp_path):
     path = tmp_path / "traces.jsonl"
     _write(path, ["a", "b", "a"])
-    result = runner.invoke(app, ["rows", str(path), "--jsonl"])
+    result = runner.invoke(app, ["rows", str(path), "--json"])
     assert result.exit_code == 1
     rows = [json.loads(line) for line in result.stdout.splitlines()]
     assert sorted({r["episode"] for r in rows}) == ["a"]  # b was cancelled: no rows
     _write(tmp_path / "once.jsonl", ["a"])
-    once = runner.invoke(app, ["rows", str(tmp_path / "once.jsonl"), "--jsonl"])
+    once = runner.invoke(app, ["rows", str(tmp_path / "once.jsonl"), "--json"])
     assert len(rows) == len(once.stdout.splitlines())
     assert f"{path}:3: episode a: episode id appears twice" in result.stderr
 

@@ -147,7 +147,7 @@ def test_rows_of_an_episode_without_rewards_are_not_trained_with_reward_zero(tmp
     del record["rewards"]
     path = tmp_path / "traces.jsonl"
     path.write_text(json.dumps(record) + "\n")
-    result = CliRunner().invoke(app, ["rows", str(path), "--jsonl"])
+    result = CliRunner().invoke(app, ["rows", str(path), "--json"])
     assert result.exit_code == 1
     assert result.stdout == ""
     assert "episode ep: episode lacks required field rewards" in result.stderr

@@ -3,6 +3,7 @@ error (not a traceback) where the gateway cannot be reached or refuses the close
 
 from __future__ import annotations
 
+import json
 import socket
 
 import httpx
@@ -78,3 +79,40 @@ def test_a_refused_close_names_the_gateways_reason(tmp_path, gateway, fake_cli, 
     _, cli = fake_cli
     with pytest.raises(harness.CloseFailed, match="404"):
         harness.run_harness("codex", "hi", gateway, "never", tmp_path / "runs", cli=cli)
+
+
+def test_callgrove_close_closes_an_episode_of_two_agents(tmp_path, gateway):
+    """The README's capture example: two agents call under one episode, `callgrove close`
+    closes it with a reward, and `callgrove rows` reads the record."""
+    chat = f"{gateway}/e/ep1/v1/chat/completions"
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    httpx.post(chat, json=body, headers={"X-Callgrove-Agent": "lead"}).raise_for_status()
+    helper = {
+        "X-Callgrove-Agent": "helper",
+        "X-Callgrove-Parent": "lead",
+        "X-Callgrove-Start": "fresh",
+    }
+    httpx.post(chat, json=body, headers=helper).raise_for_status()
+    runner = CliRunner()
+    closed = runner.invoke(
+        app, ["close", "ep1", "--gateway", gateway, "--reward", "tests=1", "--json"]
+    )
+    assert closed.exit_code == 0, closed.output
+    record = json.loads(closed.stdout)
+    assert record["rewards"] == {"tests": 1.0} and record["ok"] is True
+    assert {(a["id"], a["parent"], a["start"]) for a in record["agents"]} == {
+        ("lead", None, "root"),
+        ("helper", "lead", "fresh"),
+    }
+    rows = runner.invoke(app, ["rows", str(tmp_path / "ledger" / "episodes.jsonl"), "--json"])
+    assert sorted((r["agent"], r["reward"]) for r in map(json.loads, rows.stdout.splitlines())) == [
+        ("helper", 1.0),
+        ("lead", 1.0),
+    ]
+    again = runner.invoke(app, ["close", "ep1", "--gateway", gateway])
+    assert again.exit_code == 1 and "refused to close episode 'ep1'" in again.stderr
+
+
+def test_callgrove_close_refuses_a_reward_that_is_not_a_number(gateway):
+    result = CliRunner().invoke(app, ["close", "ep1", "--gateway", gateway, "--reward", "tests"])
+    assert result.exit_code == 2 and "expected NAME=NUMBER" in result.stderr

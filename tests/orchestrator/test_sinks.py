@@ -7,6 +7,7 @@ import json
 import pytest
 
 from callgrove.orchestrator import sinks
+from callgrove.orchestrator.config import ConfigError, MonitorSection, load_config
 
 
 def test_rewind_cuts_metrics_and_later_steps(tmp_path):
@@ -34,8 +35,36 @@ def test_tensorboard_sink_writes_events(tmp_path):
 def test_wandb_sink_runs_offline(tmp_path, monkeypatch):
     pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_MODE", "offline")
-    sink = sinks.WandbSink(tmp_path, "callgrove-test", {"run": {"steps": 1}}, "test")
+    monitor = MonitorSection(wandb_project="callgrove-test")
+    sink = sinks.WandbSink(tmp_path, monitor, {"run": {"steps": 1}}, "test")
     sink.log(1, {"train/all/leader/reward/mean": 0.5})
     sink.log_samples(1, [{"agent": "leader", "branch_idx": 0, "text": "7", "reward": 0.5}])
     sink.close()
     assert list((tmp_path / "wandb").glob("offline-run-*"))
+
+
+def test_wandb_sink_takes_project_entity_and_name(tmp_path, monkeypatch):
+    wandb = pytest.importorskip("wandb")
+    taken = {}
+
+    class Run:
+        def finish(self):
+            pass
+
+    monkeypatch.setattr(wandb, "init", lambda **options: taken.update(options) or Run())
+    monitor = MonitorSection(wandb_project="p", wandb_entity="team", wandb_name="relay-a")
+    sinks.WandbSink(tmp_path, monitor, {}, "run-id").close()
+    assert (taken["project"], taken["entity"], taken["name"], taken["mode"]) == (
+        "p",
+        "team",
+        "relay-a",
+        "offline",
+    )
+    sinks.WandbSink(tmp_path, MonitorSection(), {}, "run-id").close()
+    assert (taken["entity"], taken["name"], taken["mode"]) == (None, "run-id", "offline")
+
+
+def test_wandb_mode_is_offline_or_online():
+    assert load_config(None, {"monitor.wandb_mode": "online"}).monitor.wandb_mode == "online"
+    with pytest.raises(ConfigError, match="wandb_mode"):
+        load_config(None, {"monitor.wandb_mode": "cloud"})

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from callgrove.episode import load
-from callgrove.pictures import call_details, layout, render_html
+from callgrove.pictures import call_details, layout, render_html, render_svg
 from callgrove.rows import build_rows
 
 from .episodes import HOSTILE_TEXT, LOGIN_BUG, LOGIN_GROUP, unusual_episode
@@ -238,3 +238,24 @@ def test_a_clicked_tip_stays_and_scrolls_and_the_status_is_not_shown(tmp_path):
     assert seen["scrollable"] and seen["scrolled"] == 200, seen  # the long text scrolls
     assert seen["shown_after_leaving"] and seen["hidden_after_escape"], seen
     assert seen["status_display"] == "none" and seen["status_area"] == 0, seen
+
+
+# Inlines a picture in a column of a given width and records the width the browser drew it at.
+WIDTH_PAGE = """<!doctype html><html><body style="margin:0">
+<div id="column" style="width:{column}px">{svg}</div>
+<script>
+document.body.setAttribute("data-drawn", String(
+  Math.round(document.querySelector("svg").getBoundingClientRect().width)));
+</script></body></html>"""
+
+
+@pytest.mark.parametrize("column", [600, 4000])
+def test_the_svg_fits_its_column_and_is_never_drawn_wider(tmp_path, column):
+    """The picture's width follows the window or column it is shown in (a 600 px column takes
+    it at 600 px), and a wide one never stretches it past the width it was drawn at."""
+    picture = layout(build_rows(next(iter(load(LOGIN_BUG)))))
+    page = tmp_path / "width.html"
+    page.write_text(WIDTH_PAGE.format(column=column, svg=render_svg(picture)), encoding="utf-8")
+    text, _ = dump_dom(page, tmp_path / "profile")
+    drawn = int(re.search(r'data-drawn="(\d+)"', text).group(1))
+    assert drawn == min(column, picture.width)

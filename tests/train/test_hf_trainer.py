@@ -5,6 +5,7 @@ checkpoint continues exactly where it stopped."""
 from __future__ import annotations
 
 import pickle
+import warnings
 
 import pytest
 import torch
@@ -102,6 +103,20 @@ def test_lora_trains_only_its_adapters():
     after = parameters(lora.hf_model)
     changed = {n for n in before if not torch.equal(before[n], after[n])}
     assert changed and all("lora_" in n for n in changed)
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_a_lora_run_warns_of_nothing(checkpointing):
+    """No FutureWarning on Hugging Face runs: none from wrapping a model with LoRA (with and
+    without checkpointing), none from a step, and the clip fraction is reported."""
+    samples = group_samples()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        trained = learner(
+            LearnerSettings(), lora=LoraSettings(rank=4), gradient_checkpointing=checkpointing
+        )
+        report = trained.train_step(samples)
+    assert 0.0 <= report.extra["clip_fraction"] <= 1.0
 
 
 def test_gradient_checkpointing_gives_the_same_step():

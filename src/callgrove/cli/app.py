@@ -28,10 +28,13 @@ from rich.text import Text
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 from typer.models import DefaultPlaceholder
 
-from callgrove.cli.kinds import harness_hint
+from callgrove.cli.kinds import VERIFIERS_FILE, harness_hint
+from callgrove.episode import Episode, format_for, load_located
 from callgrove.formats.output import check_output
-from callgrove.formats.problems import InputError
+from callgrove.formats.problems import Diagnostics, InputError
 from callgrove.formats.text import printable
+from callgrove.interop import GYM
+from callgrove.interop.gym import TOKENS_SUFFIX
 
 T = TypeVar("T")
 
@@ -92,6 +95,7 @@ def main_options(
         bool,
         typer.Option(
             "--version",
+            "-V",
             help="Print callgrove's version and exit.",
             callback=_version,
             is_eager=True,
@@ -196,12 +200,60 @@ def one_output(argument: Path | None, option: Path | None) -> Path:
     return argument if argument is not None else option  # type: ignore[return-value]
 
 
-def require_files(files: list[Path]) -> None:
-    """A missing input file is a usage error (exit 2), named on stderr."""
+InvocationsOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--invocations",
+        metavar="FILE",
+        help="With a NeMo Gym token capture: its rollout records (JSONL), which say which agent "
+        "made each call.",
+    ),
+]
+
+
+def episode_inputs(files: list[Path], invocations: Path | None = None) -> list[Path]:
+    """The inputs to read, as given but for a verifiers results folder, read as the
+    traces.jsonl in it (a NeMo Gym capture folder is read whole). Usage errors (exit 2), named
+    on stderr before any work: a path that is not there, a folder that is neither, a harness
+    transcript (with the command that imports it), and --invocations without one Gym capture.
+    An empty file is a warning: it holds no episodes."""
+    inputs = []
     for path in files:
-        if not path.is_file():
-            err.print(f"error: {safe(path)}: no such file")
-            raise typer.Exit(EXIT_USAGE)
+        if path.is_dir() and (path / VERIFIERS_FILE).is_file():
+            path = path / VERIFIERS_FILE
+        elif path.is_dir() and not any(path.glob(f"*{TOKENS_SUFFIX}")):
+            _usage(
+                f"{path}: a folder holding neither a verifiers {VERIFIERS_FILE} nor NeMo Gym "
+                f"*{TOKENS_SUFFIX} files"
+            )
+        elif not path.exists():
+            _usage(f"{path}: no such file")
+        hint = harness_hint(path)
+        if hint is not None:
+            _usage(f"{path}: {hint}")
+        if path.is_file() and path.stat().st_size == 0:
+            err.print(f"[yellow]warning[/]: {safe(path)}: an empty file, no episodes in it")
+        inputs.append(path)
+    if invocations is not None:
+        gym = [path for path in inputs if format_for(path) is GYM]
+        if len(inputs) != 1 or len(gym) != 1:
+            _usage("--invocations goes with one NeMo Gym capture (a folder or a .tokens.jsonl)")
+        if not invocations.is_file():
+            _usage(f"--invocations {invocations}: no such file")
+    return inputs
+
+
+def read_input(
+    path: Path, diagnostics: Diagnostics, invocations: Path | None = None
+) -> Iterator[tuple[int, Episode]]:
+    """`(line, episode)` of one input of `episode_inputs`, a Gym capture with its invocations."""
+    options = {"invocations": invocations} if invocations is not None else {}
+    return load_located(path, diagnostics, **options)
+
+
+def _usage(message: str) -> None:
+    err.print(f"error: {safe(message)}")
+    raise typer.Exit(EXIT_USAGE)
 
 
 def require_output(output: Path | None, inputs: list[Path], option: str = "") -> None:
@@ -214,16 +266,6 @@ def require_output(output: Path | None, inputs: list[Path], option: str = "") ->
     except InputError as error:
         err.print(f"error: {safe(option + ' ' if option else '')}{safe(error)}")
         raise typer.Exit(EXIT_USAGE) from None
-
-
-def reject_foreign_files(files: list[Path]) -> None:
-    """A harness transcript is a usage error whose message says which command imports it,
-    instead of one decode error per line."""
-    for path in files:
-        hint = harness_hint(path)
-        if hint is not None:
-            err.print(f"error: {safe(path)}: {safe(hint)}")
-            raise typer.Exit(EXIT_USAGE)
 
 
 def progress_bar(unit: str) -> Progress:

@@ -4,6 +4,7 @@ numpy floor, in one run; one table on the terminal, the same as JSON and Markdow
 from __future__ import annotations
 
 import shutil
+import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,9 +25,20 @@ from callgrove.bench.suite import (
     stage_columns,
     stream_line,
 )
-from callgrove.cli.app import EXIT_FAILED, EXIT_OK, app, err, out
+from callgrove.cli.app import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    app,
+    err,
+    out,
+    require_output,
+    safe,
+)
+from callgrove.formats.output import write_text
 
 QUICK = {"4k": 80, "16k": 20}
+REPORT_FORMS = (".json", ".md")
 FULL = {"4k": 200, "16k": 50}
 
 
@@ -51,9 +63,17 @@ def bench_command(
         float,
         typer.Option(help="Also stream `callgrove stats` over this many GB of JSON Lines (2)"),
     ] = 0.0,
-    json_out: Annotated[Path | None, typer.Option("--json", help="Write the figures here")] = None,
-    markdown_out: Annotated[
-        Path | None, typer.Option("--markdown", help="Write the tables here")
+    as_json: Annotated[
+        bool, typer.Option("--json", help="The figures on stdout as one JSON object, not tables")
+    ] = False,
+    outputs: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--out",
+            "-o",
+            metavar="FILE",
+            help="Also write the figures to FILE.json or the tables to FILE.md (repeatable)",
+        ),
     ] = None,
     work_dir: Annotated[
         Path | None, typer.Option("--dir", help="Where the benchmark's files go (removed after)")
@@ -69,6 +89,12 @@ def bench_command(
 ) -> None:
     """Measure every stage (read, forest, rows, check, credit, samples, pack, tree pack, write)
     at three sizes against verifiers, NeMo Gym and the numpy floor. Exit 1 if a target is missed."""
+    for path in outputs or []:
+        if path.suffix not in REPORT_FORMS:
+            err.print(f"error: --out {safe(path)}: expected a {' or '.join(REPORT_FORMS)} file")
+            raise typer.Exit(EXIT_USAGE)
+    for path in outputs or []:
+        require_output(path, [], "--out")
     sizes = dict(FULL if full else QUICK)
     if episodes_4k is not None:
         sizes["4k"] = episodes_4k
@@ -94,11 +120,16 @@ def bench_command(
                 report.stream = stream_case(work, stream_gb, seed)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    _print(report)
-    if json_out is not None:
-        json_out.write_bytes(orjson.dumps(report.to_json(), option=orjson.OPT_INDENT_2))
-    if markdown_out is not None:
-        markdown_out.write_text(report.markdown())
+    if as_json:
+        sys.stdout.buffer.write(orjson.dumps(report.to_json()) + b"\n")
+    else:
+        _print(report)
+    for path in outputs or []:
+        if path.suffix == ".json":
+            write_text(path, orjson.dumps(report.to_json(), option=orjson.OPT_INDENT_2).decode())
+        else:
+            write_text(path, report.markdown())
+        err.print(f"wrote {safe(path)}")
     missed = [name for name, ok in report.checks() if not ok]
     raise typer.Exit(EXIT_FAILED if missed or report.missing else EXIT_OK)
 

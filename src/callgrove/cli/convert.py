@@ -13,6 +13,7 @@ error (never `null` advantages written for it) unless `--algorithm` scores IN's 
 from __future__ import annotations
 
 import shutil
+import sys
 import tempfile
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -22,6 +23,7 @@ from functools import partial
 from pathlib import Path
 from typing import Annotated
 
+import orjson
 import typer
 from rich.progress import Progress
 from rich.table import Table
@@ -39,7 +41,7 @@ from callgrove.cli.app import (
     require_output,
     safe,
 )
-from callgrove.cli.kinds import harness_hint
+from callgrove.cli.kinds import VERIFIERS_FILE, harness_hint
 from callgrove.cli.scoring import (
     AlgorithmOption,
     DecayOption,
@@ -59,6 +61,7 @@ from callgrove.cli.shards import (
     Shard,
     ShardResult,
     first_error_cut,
+    in_shards,
     merged,
     plan_shards,
     renumber,
@@ -72,8 +75,6 @@ from callgrove.formats.problems import Diagnostics, InputError
 from callgrove.interop.gym import TOKENS_SUFFIX
 from callgrove.interop.verifiers import write_advantages
 
-# verifiers names the file inside a run's results folder
-VERIFIERS_FILE = "traces.jsonl"
 SHOWN_PROBLEMS = 20
 UNKNOWN_FIELD = "unknown_field"  # the readers' kind for a field the format does not have
 
@@ -169,12 +170,17 @@ def convert_command(
     jobs: JobsOption = 1,
     executor: ExecutorOption = Executor.process,
     out_option: OutputOption = None,
+    as_json: Annotated[
+        bool,
+        typer.Option("--json", help="The summary as one JSON object on stdout (not on stderr)."),
+    ] = False,
 ) -> None:
     """Convert episodes between verifiers traces, NeMo Gym captures and callgrove files.
 
     `callgrove convert IN [--from verifiers|gym|callgrove] [--to callgrove|verifiers] OUT` (or
     `-o OUT`); what IN holds is read from its first record when --from is not given. With
     `--onto`, IN's episodes must carry advantages, or `--algorithm` scores their groups.
+    OUT's folder is made if it is not there.
     """
     out = one_output(out, out_option)
     from_ = from_ or _infer_source(source)
@@ -184,17 +190,18 @@ def convert_command(
     if algorithm is not None and onto is None:
         err.print("error: --algorithm goes with --onto: the credit written onto verifiers traces")
         raise typer.Exit(EXIT_USAGE)
-    target = out / VERIFIERS_FILE if to is Target.verifiers and out.is_dir() else out
+    target = out / VERIFIERS_FILE if to is Target.verifiers and _is_folder(out) else out
+    target.parent.mkdir(parents=True, exist_ok=True)
     require_output(target, [p for p in (source, invocations, onto) if p is not None])
     diagnostics = _diagnostics(drop_unknown)
     tally = Tally()
-    if jobs > 1 or executor is Executor.ray:
+    if in_shards(jobs, executor):
         if from_ is not Source.callgrove or onto is not None:
             err.print("error: --jobs and --executor ray convert callgrove files (--from callgrove)")
             raise typer.Exit(EXIT_USAGE)
         job = ShardConvert(to, "".join(target.suffixes) or ".jsonl", skip_bad, drop_unknown)
         _convert_sharded(source, target, job, tally, diagnostics, jobs, executor)
-        _summary(source, out, from_, to, tally, diagnostics, skip_bad)
+        _summary(source, out, from_, to, tally, diagnostics, skip_bad, as_json)
         raise typer.Exit(EXIT_FAILED if diagnostics.errors else EXIT_OK)
     episodes = _read(source, from_, invocations, diagnostics)
     with progress_bar("bytes" if source.is_file() else "episodes") as progress:
@@ -225,7 +232,7 @@ def convert_command(
             diagnostics.add(error.problem)
         except _Stopped:  # the first error stops the conversion; it is reported below
             pass
-    _summary(source, out, from_, to, tally, diagnostics, skip_bad)
+    _summary(source, out, from_, to, tally, diagnostics, skip_bad, as_json)
     raise typer.Exit(EXIT_FAILED if diagnostics.errors else EXIT_OK)
 
 
@@ -246,6 +253,11 @@ def _infer_source(source: Path) -> Source:
     kind = "verifiers" if folder_of_traces else format_for(source).name
     err.print(f"reading {safe(source)} as {kind} (--from overrides)")
     return Source(kind)
+
+
+def _is_folder(out: Path) -> bool:
+    """OUT names a folder: one that is there, or a new name without a suffix."""
+    return out.is_dir() or (not out.exists() and not out.suffix)
 
 
 def _infer_target(out: Path, onto: Path | None) -> Target:
@@ -424,7 +436,26 @@ def _summary(
     tally: Tally,
     diagnostics: Diagnostics,
     skip_bad: bool,
+    as_json: bool,
 ) -> None:
+    if as_json:
+        record = {
+            "in": str(source),
+            "from": from_.value,
+            "out": str(out),
+            "to": to.value,
+            "episodes": tally.episodes,
+            "agents": tally.agents,
+            "calls": tally.calls,
+            "kept_calls": tally.kept,
+            "compaction_calls": tally.compactions,
+            "completion_tokens": tally.completion_tokens,
+            "gaps": dict(tally.gaps),
+            "left_out": dict(tally.dropped),
+            "errors": len(diagnostics.errors),
+            "warnings": len(diagnostics.warnings),
+        }
+        sys.stdout.buffer.write(orjson.dumps(record) + b"\n")
     table = Table(
         title=safe(f"{source} ({from_.value}) -> {out} ({to.value})"),
         title_justify="left",
@@ -440,7 +471,8 @@ def _summary(
         ("completion tokens", tally.completion_tokens),
     ):
         table.add_row(what, str(count))
-    err.print(table)
+    if not as_json:
+        err.print(table)
     _counts("gaps in the episodes (what the source could not give as calls or links)", tally.gaps)
     _counts(f"not held by {to.value} (left out)", tally.dropped)
     _problems(diagnostics, skip_bad)

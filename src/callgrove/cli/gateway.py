@@ -1,4 +1,4 @@
-"""`callgrove serve-policy`, `callgrove gateway` and `callgrove harness`."""
+"""`callgrove serve-policy`, `callgrove gateway`, `callgrove harness` and `callgrove close`."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ import warnings
 from pathlib import Path
 from typing import Annotated, Any
 
+import orjson
 import typer
 
-from callgrove.cli.app import EXIT_USAGE, app, err, out, safe
+from callgrove.cli.app import EXIT_FAILED, EXIT_USAGE, app, err, out, safe
 from callgrove.formats.problems import InputError
 
 Host = Annotated[
@@ -20,7 +21,7 @@ Host = Annotated[
 
 # Options serve-policy and the gateway share.
 Tokenizer = Annotated[
-    Path | None, typer.Option("--tokenizer", help="tokenizer.json of a Jinja chat format.")
+    Path | None, typer.Option("--tokenizer", help="A tokenizer.json, for a Jinja chat format.")
 ]
 Template = Annotated[Path | None, typer.Option("--template", help="Jinja chat template file.")]
 Parser = Annotated[str, typer.Option("--tool-parser", help="Tool-call parser of the template.")]
@@ -166,7 +167,21 @@ def gateway(
         ),
     ] = None,
 ) -> None:
-    """Capture gateway: harnesses in front, UPSTREAM behind, every call in LEDGER."""
+    """Capture gateway: harnesses in front, UPSTREAM behind, every call in LEDGER.
+
+    Point a client at http://HOST:PORT/e/EPISODE/v1 (or send the API key cg:EPISODE) and its
+    calls are recorded under EPISODE, in LEDGER/EPISODE.calls.jsonl; a call naming no episode
+    is recorded under `untagged`. Chat completions, Responses and Messages APIs are served.
+
+    Agents are told apart by the headers X-Callgrove-Agent (its id), X-Callgrove-Parent (the
+    agent that started it), X-Callgrove-Start (root, fresh, fork or background),
+    X-Callgrove-Name and X-Callgrove-Purpose (turn or compaction); Claude Code's and Codex's
+    own session and thread headers are read too.
+
+    `callgrove close EPISODE --gateway URL --reward NAME=VALUE` (or POST /e/EPISODE/close)
+    closes an episode: its record is appended to LEDGER/episodes.jsonl, which every command
+    reads (`callgrove rows LEDGER/episodes.jsonl`). docs/gateway.md has the whole protocol.
+    """
     from callgrove.gateway.app import Gateway
     from callgrove.gateway.ledger import QUARANTINE, LedgerInUse
     from callgrove.gateway.serve import model_chat, model_tokenizer
@@ -237,7 +252,7 @@ def _llama_cpp_client(
 
 @app.command("harness")
 def harness(
-    kind: Annotated[str, typer.Argument(help="claude-code or codex")],
+    kind: Annotated[str, typer.Argument(help="The harness: claude-code or codex.")],
     prompt: Annotated[str, typer.Argument(help="The task, as the harness's prompt.")],
     gateway_url: Annotated[str, typer.Option("--gateway", help="The gateway's base URL.")],
     episode: Annotated[
@@ -292,3 +307,65 @@ def harness(
     )
     if run.returncode != 0:
         raise typer.Exit(1)
+
+
+@app.command("close")
+def close(
+    episode: Annotated[str, typer.Argument(help="The episode to close.")],
+    gateway_url: Annotated[
+        str, typer.Option("--gateway", help="The gateway's base URL (http://HOST:PORT).")
+    ],
+    reward: Annotated[
+        list[str] | None,
+        typer.Option("--reward", metavar="NAME=VALUE", help="A reward (repeatable)."),
+    ] = None,
+    failed: Annotated[
+        bool, typer.Option("--failed", help="The episode failed (ok: false): it takes no credit.")
+    ] = False,
+    group: Annotated[
+        str | None, typer.Option("--group", help="The group it is scored with.")
+    ] = None,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            "--token", envvar="CALLGROVE_TOKEN", help="The gateway's client token, if it has one."
+        ),
+    ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="The closed episode's record on stdout, as JSON.")
+    ] = False,
+) -> None:
+    """Close an episode on a running gateway: its record goes to LEDGER/episodes.jsonl.
+
+    The close waits for the episode's calls in flight and takes no new ones; the record
+    comes back (--json prints it whole).
+    """
+    from callgrove.gateway.harness import CloseFailed, close_episode
+
+    rewards: dict[str, float] = {}
+    for text in reward or []:
+        name, _, value = text.partition("=")
+        try:
+            rewards[name.strip()] = float(value)
+        except ValueError:
+            err.print(f"error: --reward {safe(text)}: expected NAME=NUMBER")
+            raise typer.Exit(EXIT_USAGE) from None
+    body: dict[str, Any] = {"ok": not failed}
+    if rewards:
+        body["rewards"] = rewards
+    if group is not None:
+        body["group"] = group
+    try:
+        record = close_episode(gateway_url, episode, token or "callgrove", body)
+    except CloseFailed as error:
+        err.print(f"error: {safe(error)}")
+        raise typer.Exit(EXIT_FAILED) from None
+    if as_json:
+        sys.stdout.buffer.write(orjson.dumps(record) + b"\n")
+        return
+    agents = record.get("agents", [])
+    calls = sum(len(agent.get("calls", [])) for agent in agents)
+    out.print(
+        f"closed {safe(episode)}: {len(agents)} agent(s), {calls} call(s)"
+        + (f", rewards {safe(rewards)}" if rewards else ", no reward")
+    )

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
+import orjson
 import typer
 from rich.table import Table
 
@@ -62,6 +63,13 @@ VarOption = Annotated[
     list[str] | None,
     typer.Option("--template-var", help="KEY=VALUE passed to the template (e.g. bos_token=<s>)."),
 ]
+JsonOption = Annotated[
+    bool,
+    typer.Option(
+        "--json",
+        help="The import's summary on stdout as one JSON object (the episodes then go to -o).",
+    ),
+]
 VerboseOption = Annotated[
     bool, typer.Option("--verbose", "-v", help="List every skipped line with its number.")
 ]
@@ -102,7 +110,11 @@ def _run_import(
     out: Path | None,
     chat_format: ChatFormat,
     verbose: bool,
+    as_json: bool = False,
 ) -> None:
+    if as_json and out is None:
+        err.print("error: --json prints the summary on stdout: write the episodes with -o FILE")
+        raise typer.Exit(EXIT_USAGE)
     require_output(out, [path], "--out")
     report = ImportReport()
     transcripts = importer(path, report)
@@ -121,6 +133,8 @@ def _run_import(
     kept = failed and not episodes and out is not None
     if not kept:
         _write(episodes, out)
+    if as_json:
+        sys.stdout.buffer.write(orjson.dumps(_summary_record(episodes, report)) + b"\n")
     _summary(episodes, report, verbose)
     if kept:
         err.print(f"nothing written to {safe(out)}: no episode was imported")
@@ -137,6 +151,29 @@ def _write(episodes: list[Episode], out: Path | None) -> None:
     for episode in episodes:
         stream.write(encode_episode(episode))
     stream.flush()
+
+
+def _summary_record(episodes: list[Episode], report: ImportReport) -> dict[str, object]:
+    """What the summary on stderr says, as one JSON object (`--json`)."""
+    return {
+        "episodes": [
+            {
+                "episode": episode.id,
+                "agents": len(episode.agents),
+                "calls": sum(1 for _ in episode.calls()),
+                "kept_calls": sum(c.kept for c in episode.calls()),
+                "compaction_calls": sum(c.purpose == "compaction" for c in episode.calls()),
+                "gaps": len(episode.gaps or []),
+            }
+            for episode in episodes
+        ],
+        "lines_read": sum(report.lines_read.values()),
+        "lines_used": sum(len(lines) for lines in report.used.values()),
+        "lines_skipped": len(report.skipped),
+        "skipped": dict(report.skipped_reasons()),
+        "errors": len(report.diagnostics.errors),
+        "warnings": len(report.diagnostics.warnings),
+    }
 
 
 def _summary(episodes: list[Episode], report: ImportReport, verbose: bool) -> None:
@@ -194,10 +231,11 @@ def claude_code(
     template_var: VarOption = None,
     allow_dropped_content: AllowDroppedOption = False,
     verbose: VerboseOption = False,
+    as_json: JsonOption = False,
 ) -> None:
     """Claude Code sessions with their subagents, one episode per session."""
     chat_format = _chat_format(tokenizer, chat_template, template_var, allow_dropped_content)
-    _run_import(import_claude_code, path, out, chat_format, verbose)
+    _run_import(import_claude_code, path, out, chat_format, verbose, as_json)
 
 
 @import_app.command("codex")
@@ -209,10 +247,11 @@ def codex(
     template_var: VarOption = None,
     allow_dropped_content: AllowDroppedOption = False,
     verbose: VerboseOption = False,
+    as_json: JsonOption = False,
 ) -> None:
     """Codex rollouts, subagent threads joined to their parents, one episode per root thread."""
     chat_format = _chat_format(tokenizer, chat_template, template_var, allow_dropped_content)
-    _run_import(import_codex, path, out, chat_format, verbose)
+    _run_import(import_codex, path, out, chat_format, verbose, as_json)
 
 
 @import_app.command("join")

@@ -13,6 +13,8 @@ from callgrove.episode import format_for
 from callgrove.transcripts.ledger import CLAUDE_CODE, CODEX, import_hint, sniff
 
 HARNESS_KINDS = (CLAUDE_CODE, CODEX)
+# verifiers names the file inside a run's results folder
+VERIFIERS_FILE = "traces.jsonl"
 
 
 def harness_kind(path: Path) -> str | None:

@@ -17,6 +17,7 @@ from functools import partial
 from pathlib import Path
 from typing import IO, Annotated
 
+import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -29,14 +30,15 @@ from callgrove.cli.app import (
     EXIT_OK,
     EXIT_USAGE,
     FilesArg,
+    InvocationsOption,
     app,
     cell,
+    episode_inputs,
     err,
     out,
     progress_bar,
+    read_input,
     reading,
-    reject_foreign_files,
-    require_files,
     require_output,
     safe,
 )
@@ -46,14 +48,15 @@ from callgrove.cli.shards import (
     JobsOption,
     Shard,
     ShardResult,
+    in_shards,
     plan_shards,
     renumber,
     run_shards,
 )
-from callgrove.episode import Episode, load
+from callgrove.episode import Agent, Episode
 from callgrove.formats.output import NewFile
 from callgrove.formats.problems import Diagnostics
-from callgrove.pictures.text import clip_middle
+from callgrove.pictures.text import agent_labels, clip_middle
 from callgrove.rows import EpisodeRows, Row, RowSettings, build_rows, check_rows
 from callgrove.rows.check import CheckSummary
 from callgrove.rows.schemes import SCHEMES
@@ -94,21 +97,25 @@ class Outcome:
             style = "yellow" if problem.severity == "warning" else "red"
             err.print(f"[{style}]{problem.severity}[/]: {safe(problem)}")
         failed = self.failed + len(self.diagnostics.errors)
-        if failed:
+        if failed and (failed > 1 or self.episodes):  # one problem alone is its own summary
             err.print(f"{failed:,} episode(s) failed, {self.episodes:,} went through")
         return EXIT_FAILED if failed else EXIT_OK
 
 
 def episode_rows(
-    files: list[Path], settings: RowSettings, outcome: Outcome, only: str | None = None
+    files: list[Path],
+    settings: RowSettings,
+    outcome: Outcome,
+    only: str | None = None,
+    invocations: Path | None = None,
 ) -> Iterator[EpisodeRows]:
     """Rows of every readable episode (or of episode `only`); every failure is recorded in
     `outcome`, none is lost."""
-    require_files(files)
-    reject_foreign_files(files)
+    inputs = episode_inputs(files, invocations)
     with progress_bar("bytes") as progress:
-        for path in files:
-            episodes = reading(progress, path, load(path, outcome.diagnostics))
+        for path in inputs:
+            located = read_input(path, outcome.diagnostics, invocations)
+            episodes = reading(progress, path, (episode for _line, episode in located))
             yield from rows_of(path, episodes, settings, outcome, only)
 
 
@@ -169,8 +176,7 @@ def sharded_rows(
 ) -> int:
     """Rows of every shard of `files` on `executor`, joined in shard order into `out_file`
     (or stdout, as JSON Lines); returns how many rows."""
-    require_files(files)
-    reject_foreign_files(files)
+    files = episode_inputs(files)
     work = partial(rows_of_shard, job=job)
     with tempfile.TemporaryDirectory(prefix="callgrove-rows-") as parts:
         results = run_shards(plan_shards(files, jobs), work, Path(parts), jobs, executor)
@@ -240,14 +246,14 @@ def require_episode_found(only: str | None, outcome: Outcome, files: list[Path])
 @app.command("rows")
 def rows_command(
     files: FilesArg,
-    jsonl: Annotated[
-        bool, typer.Option("--jsonl", help="One JSON object per row on stdout.")
+    as_json: Annotated[
+        bool, typer.Option("--json", help="The rows on stdout as JSON Lines, one object a row.")
     ] = False,
     tokens: Annotated[
         bool,
         typer.Option(
             "--tokens",
-            help="With --jsonl: add token_ids, loss_mask and logprobs (--out files always "
+            help="With --json: add token_ids, loss_mask and logprobs (--out files always "
             "have them).",
         ),
     ] = False,
@@ -259,6 +265,7 @@ def rows_command(
     ] = None,
     episode_id: EpisodeOption = None,
     max_identical: MaxIdentical = 1,
+    invocations: InvocationsOption = None,
     jobs: JobsOption = 1,
     executor: ExecutorOption = Executor.process,
     scheme: SchemeOption = "exactly_once",
@@ -266,15 +273,15 @@ def rows_command(
     """Turn episodes into training rows: one per leaf, each kept call trained exactly once
     (--scheme: a baseline that trains otherwise).
 
-    Prints a table per episode (a summary past 5 episodes), or JSON Lines with --jsonl, or
-    writes a file with --out.
+    Prints a table per episode (a summary past 5 episodes), or JSON Lines with --json, or
+    writes a file with -o.
     """
     if out_file is not None and out_file.suffix not in (".parquet", ".jsonl"):
         err.print(f"error: --out {safe(out_file)}: expected a .parquet or .jsonl file")
         raise typer.Exit(EXIT_USAGE)
-    if tokens and not jsonl:
+    if tokens and not as_json:
         err.print(
-            "error: --tokens adds token columns to --jsonl output; without --jsonl it would do "
+            "error: --tokens adds token columns to --json output; without --json it would do "
             "nothing (--out files always carry token_ids, loss_mask and logprobs)"
         )
         raise typer.Exit(EXIT_USAGE)
@@ -284,9 +291,9 @@ def rows_command(
         err.print(f"error: --scheme must be one of {', '.join(SCHEMES)}, not {safe(repr(scheme))}")
         raise typer.Exit(EXIT_USAGE)
     settings = RowSettings(scheme=scheme, max_identical_trained=max_identical)
-    if jobs > 1 or executor is Executor.ray:
-        if not jsonl and out_file is None:
-            err.print("error: --jobs and --executor ray write rows out: add --jsonl or --out FILE")
+    if in_shards(jobs, executor, invocations):
+        if not as_json and out_file is None:
+            err.print("error: --jobs and --executor ray write rows out: add --json or -o FILE")
             raise typer.Exit(EXIT_USAGE)
         suffix = ".jsonl" if out_file is None else out_file.suffix
         job = ShardRows(settings, episode_id, tokens or out_file is not None, suffix)
@@ -295,12 +302,12 @@ def rows_command(
             err.print(f"wrote {count:,} rows to {safe(out_file)}")
         require_episode_found(episode_id, outcome, files)
         raise typer.Exit(outcome.report())
-    view = _TableView(files) if not jsonl and out_file is None else None
+    view = _TableView(files) if not as_json and out_file is None else None
     with _RowSink(out_file) as sink:
-        for result in episode_rows(files, settings, outcome, episode_id):
+        for result in episode_rows(files, settings, outcome, episode_id, invocations):
             sink.add(result)
-            if jsonl:
-                _print_jsonl(result, tokens)
+            if as_json:
+                _print_json_lines(result, tokens)
             elif view is not None:
                 view.add(result)
     if view is not None:
@@ -311,7 +318,7 @@ def rows_command(
     raise typer.Exit(outcome.report())
 
 
-def _print_jsonl(result: EpisodeRows, tokens: bool) -> None:
+def _print_json_lines(result: EpisodeRows, tokens: bool) -> None:
     write = sys.stdout.buffer.write
     for row in result.rows:
         write(orjson.dumps(row_record(row, tokens), option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
@@ -469,7 +476,7 @@ class _TableView:
         example = self.files[0] if len(self.files) == 1 else "FILE"
         out.print(
             f"[dim]one episode's rows: callgrove rows {safe(example)} --episode "
-            f"{safe(self.first_id)}; every row: --jsonl or --out rows.parquet[/]"
+            f"{safe(self.first_id)}; every row: --json or -o rows.parquet[/]"
         )
 
 
@@ -488,6 +495,35 @@ def totals_table(totals: RowTotals) -> Table:
     return table
 
 
+def rewarded_by_agent(episode: Episode) -> bool:
+    """An episode whose rewards sit on its agents alone (verifiers rewards on traces): its rows
+    take each agent's, and its own reward (the sum of none) says nothing."""
+    return not episode.rewards and any(agent.rewards is not None for agent in episode.agents)
+
+
+def episode_reward(episode: Episode) -> float:
+    """The reward an episode's views show: its own, or for one rewarded by agent the mean of
+    its agents' rewards (each as its rows have it)."""
+    if not rewarded_by_agent(episode):
+        return episode.reward
+    rewarded = [agent for agent in episode.agents if agent.rewards is not None]
+    return float(np.mean([episode.reward_of(agent) for agent in rewarded]))
+
+
+def episode_reward_text(episode: Episode, label: Callable[[Agent], str]) -> str:
+    """`reward R`, each agent's for an episode rewarded by agent, or "no reward"."""
+    if not episode.scored:
+        return NO_REWARD
+    if not rewarded_by_agent(episode):
+        return f"reward {episode.reward:g}"
+    each = ", ".join(
+        f"{label(agent)} {episode.reward_of(agent):g}"
+        for agent in episode.agents
+        if agent.rewards is not None
+    )
+    return f"rewards by agent: {each}"
+
+
 def reward_text(row: Row) -> str:
     """A row's reward, or "no reward" for an episode that was never scored."""
     return f"{row.reward:g}" if row.episode.scored else NO_REWARD
@@ -497,7 +533,7 @@ def reward_text(row: Row) -> str:
 _FIXED_COLUMNS = ("row", "leaf", "agent", "num_tokens", "num_loss_tokens", "reward")
 # On a narrow terminal the long field names take two lines and ids are clipped shorter.
 _NARROW_HEADERS = {"num_tokens": "num_\ntokens", "num_loss_tokens": "num_\nloss_\ntokens"}
-_ID_WIDTHS = {False: (14, 10), True: (9, 7)}  # leaf, agent
+_ID_WIDTHS = {False: (14, 18), True: (9, 7)}  # leaf, agent (wide: names fit)
 _PADDING = 3  # a space each side of a cell and the gap between columns
 _PATH_ROOM = 20  # enough for a long path: "#1 … #85 (85 calls)"
 PATH_CAPTION = "path: root first, (context) calls held with the loss off, the rest trained"
@@ -510,10 +546,11 @@ def rows_table_view(result: EpisodeRows, width: int | None = None) -> Table:
     Narrow terminals (80 columns) get two-line headers and shorter ids, never cut numbers."""
     rows = result.rows
     width = width or out.width
+    labels = agent_labels(result.episode.agents)
     wanted = min(_PATH_ROOM, max((len(path_text(row, width)) for row in rows), default=0))
     for narrow in (False, True):
         headers = [_NARROW_HEADERS.get(n, n) if narrow else n for n in _FIXED_COLUMNS]
-        cells = [_fixed_cells(row, *_ID_WIDTHS[narrow]) for row in rows]
+        cells = [_fixed_cells(row, labels, *_ID_WIDTHS[narrow]) for row in rows]
         fixed = sum(
             max([*(len(line) for line in header.splitlines()), *(len(c[i]) for c in cells)])
             + _PADDING
@@ -525,7 +562,7 @@ def rows_table_view(result: EpisodeRows, width: int | None = None) -> Table:
     table = Table(
         title=f"episode {safe(result.episode.id)}",
         title_justify="left",
-        caption=PATH_CAPTION,
+        caption="\n".join(_legend(result, labels, max(room, 12))),
         caption_justify="left",
         box=box.SIMPLE_HEAD,
         pad_edge=False,
@@ -543,22 +580,41 @@ def rows_table_view(result: EpisodeRows, width: int | None = None) -> Table:
     return table
 
 
-def _fixed_cells(row: Row, leaf_width: int, agent_width: int) -> tuple[str, ...]:
+def _legend(result: EpisodeRows, labels: dict[str, str], room: int) -> list[str]:
+    """The table's caption: how to read a path, what `#N` stands for where paths use it, and
+    the id behind each agent named by its name."""
+    lines = [PATH_CAPTION]
+    by_id = [(row, {c.index for c in row.context}) for row in result.rows]
+    if any(path_text(row, room) != _marked(row.path, held, _call_id) for row, held in by_id):
+        lines.append("#N: the call with seq N (`callgrove show` lists them), … a run of calls")
+    renamed = [(label, agent) for agent, label in labels.items() if label != agent]
+    if renamed:
+        lines.append("agents: " + ", ".join(f"{label} = {agent}" for label, agent in renamed))
+    return lines
+
+
+def _fixed_cells(
+    row: Row, labels: dict[str, str], leaf_width: int, agent_width: int
+) -> tuple[str, ...]:
     return (
         str(row.index),
         clip_middle(row.leaf.id, leaf_width),
-        clip_middle(row.agent.id, agent_width),
+        clip_middle(labels[row.agent.id], agent_width),
         f"{row.num_tokens:,}",
         f"{row.num_loss_tokens:,}",
         reward_text(row),
     )
 
 
+def _call_id(call) -> str:
+    return call.id
+
+
 def path_text(row: Row, room: int) -> str:
     """The row's path in at most `room` characters: ids, else `#seq` numbers, else the first
     and last call with counts; runs of context calls in parentheses."""
     context = {call.index for call in row.context}
-    for name in (lambda call: call.id, lambda call: f"#{call.seq}"):
+    for name in (_call_id, lambda call: f"#{call.seq}"):
         text = _marked(row.path, context, name)
         if len(text) <= room:
             return text
@@ -612,6 +668,7 @@ def check_command(
         ),
     ] = False,
     max_identical: MaxIdentical = 1,
+    invocations: InvocationsOption = None,
 ) -> None:
     """Check every row invariant; print a line per episode and a total; exit 1 on any violation.
 
@@ -621,12 +678,12 @@ def check_command(
     table = _check_table(first=True)
     totals = RowTotals()
     settings = RowSettings(max_identical_trained=max_identical)
-    for result in episode_rows(files, settings, outcome):
+    for result in episode_rows(files, settings, outcome, invocations=invocations):
         summary = check_rows(result)
         if as_json:
             # the object is opened with its first episode: a usage error prints nothing
             separator = b"," if totals.episodes else b'{"episodes":['
-            sys.stdout.buffer.write(separator + orjson.dumps(_check_record(summary)))
+            sys.stdout.buffer.write(separator + orjson.dumps(check_record(summary)))
         else:
             if table.row_count == CHECK_BLOCK:
                 out.print(table)
@@ -671,7 +728,7 @@ def _check_table(first: bool) -> Table:
     return table
 
 
-def _check_record(summary: CheckSummary) -> dict[str, object]:
+def check_record(summary: CheckSummary) -> dict[str, object]:
     return {
         "episode": summary.episode,
         "kept_calls": summary.kept_calls,

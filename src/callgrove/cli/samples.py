@@ -27,12 +27,12 @@ from callgrove.cli.app import (
     EXIT_USAGE,
     FilesArg,
     app,
+    episode_inputs,
     err,
     out,
     progress_bar,
+    read_input,
     reading,
-    reject_foreign_files,
-    require_files,
     require_output,
     safe,
 )
@@ -49,7 +49,6 @@ from callgrove.cli.scoring import (
     score_groups,
     unscored_message,
 )
-from callgrove.episode import load_located
 from callgrove.formats.output import NewFile
 from callgrove.formats.problems import InputError
 from callgrove.rows import RowSettings, build_rows
@@ -115,8 +114,7 @@ def samples_command(
         err.print(f"error: --out {safe(error)}")
         raise typer.Exit(EXIT_USAGE) from None
     algorithm = chosen_algorithm(algorithm_name, scope, scale_by_std, local_seats, decay)
-    require_files(files)
-    reject_foreign_files(files)
+    files = episode_inputs(files)
     require_output(out_file, files, "--out")
     outcome, tally = Outcome(), SampleTally()
     located = _read(files, outcome)
@@ -179,7 +177,7 @@ def _read(files: list[Path], outcome: Outcome) -> list[Located]:
     located: list[Located] = []
     with progress_bar("bytes") as progress:
         for path in files:
-            pairs = reading(progress, path, load_located(path, outcome.diagnostics))
+            pairs = reading(progress, path, read_input(path, outcome.diagnostics))
             located.extend(Located(episode, path, line) for line, episode in pairs)
     return located
 

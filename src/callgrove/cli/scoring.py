@@ -43,12 +43,15 @@ AlgorithmOption = Annotated[
 ]
 ScopeOption = Annotated[
     ScopeName | None,
-    typer.Option("--scope", help="grpo: baseline per seat or per whole episode [default: seat]."),
+    typer.Option(
+        "--scope", help="With grpo: the baseline per seat or per whole episode [default: seat]."
+    ),
 ]
 ScaleOption = Annotated[
     bool,
     typer.Option(
-        "--scale-by-std", help="grpo, hierarchical_grpo: divide advantages by the group's std."
+        "--scale-by-std",
+        help="With grpo or hierarchical_grpo: divide advantages by the group's std.",
     ),
 ]
 LocalSeatOption = Annotated[
@@ -56,12 +59,12 @@ LocalSeatOption = Annotated[
     typer.Option(
         "--local-seat",
         metavar="SEAT",
-        help="hierarchical_grpo: a seat baselined within its episode (may be given again).",
+        help="With hierarchical_grpo: a seat baselined within its episode (may be given again).",
     ),
 ]
 DecayOption = Annotated[
     float | None,
-    typer.Option("--decay", help="ema: the baseline's decay per group [default: 0.9]."),
+    typer.Option("--decay", help="With ema: the baseline's decay per group [default: 0.9]."),
 ]
 
 

@@ -29,7 +29,7 @@ from typing import Annotated, Any
 
 import typer
 
-from callgrove.cli.app import progress_bar
+from callgrove.cli.app import EXIT_USAGE, err, progress_bar
 from callgrove.episode import Episode
 from callgrove.episode.checks import duplicate_episode
 from callgrove.episode.files import format_for, load_located
@@ -53,6 +53,16 @@ JobsOption = Annotated[
 ExecutorOption = Annotated[
     Executor, typer.Option("--executor", help="Where shards run: a local process pool, or Ray.")
 ]
+
+
+def in_shards(jobs: int, executor: Executor, invocations: Path | None = None) -> bool:
+    """Whether a command works shard by shard (`-j N` or `--executor ray`); a Gym capture
+    read with its --invocations is one input and never sharded (a usage error, exit 2)."""
+    sharded = jobs > 1 or executor is Executor.ray
+    if sharded and invocations is not None:
+        err.print("error: --invocations reads one Gym capture whole: leave out -j and --executor")
+        raise typer.Exit(EXIT_USAGE)
+    return sharded
 
 
 @dataclass(frozen=True)

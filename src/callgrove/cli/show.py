@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 from typing import Annotated
 
+import orjson
 import typer
 from rich.tree import Tree
 
@@ -14,6 +16,7 @@ from callgrove.cli.app import (
     EXIT_FAILED,
     EXIT_USAGE,
     FilesArg,
+    InvocationsOption,
     app,
     err,
     out,
@@ -21,18 +24,22 @@ from callgrove.cli.app import (
     safe,
 )
 from callgrove.cli.rows import (
-    NO_REWARD,
     EpisodeOption,
     Outcome,
+    check_record,
+    episode_reward,
+    episode_reward_text,
     episode_rows,
     print_rows_table,
     require_episode_found,
 )
+from callgrove.forest import Forest
 from callgrove.formats.output import write_text
 from callgrove.formats.problems import InputError
 from callgrove.pictures import Picture, layout, render_html, render_svg
-from callgrove.pictures.text import clip_middle
-from callgrove.rows import EpisodeRows, RowSettings
+from callgrove.pictures.text import agent_labels, clip_middle
+from callgrove.rows import EpisodeRows, RowSettings, check_rows
+from callgrove.rows.table import row_record
 
 SVG_HELP = (
     "Draw the episode as SVG to this path. With several episodes, one file per episode beside "
@@ -46,12 +53,13 @@ HTML_HELP = (
 
 
 SHOW_HELP = (
-    "Each episode's call trees, its rows and the check line; or its picture (--svg, --html)."
-    f" Reads {EPISODE_FORMS}."
+    "Each episode's call trees, its rows and the check line; or its picture (-o FILE.svg, "
+    f"-o FILE.html); or all of it as JSON (--json). Reads {EPISODE_FORMS}."
     "\n\nA picture has one lane per agent in ledger order and a box per call placed by seq, "
     "with parent arrows, dashed hand-over links where agents start, compactions and leaves "
-    "marked, and each row's colour on the calls it trains. With --svg or --html the files are "
-    "the output: the terminal view is not printed, and each written path is reported on stderr."
+    "marked, and each row's colour on the calls it trains. With -o the files are the output: "
+    "the terminal view is not printed, and each written path is reported on stderr. "
+    "--svg FILE and --html FILE name one form each (both may be given)."
 )
 
 
@@ -63,8 +71,19 @@ def show_command(
     html: Annotated[Path | None, typer.Option("--html", metavar="FILE", help=HTML_HELP)] = None,
     out_file: Annotated[
         Path | None,
-        typer.Option("--out", "-o", metavar="FILE", help="Same as --svg or --html, by the suffix."),
+        typer.Option(
+            "--out", "-o", metavar="FILE", help="Draw to FILE.svg or FILE.html, by the suffix."
+        ),
     ] = None,
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help="Each episode on stdout as one JSON object a line: its calls (parent, agent, "
+            "purpose, tokens, the row training each), its rows and its check.",
+        ),
+    ] = False,
+    invocations: InvocationsOption = None,
 ) -> None:
     if out_file is not None:
         if out_file.suffix not in (".svg", ".html"):
@@ -76,16 +95,57 @@ def show_command(
     drawing = svg is not None or html is not None
     outcome = Outcome()
     pictures: list[Picture] = []
-    for result in episode_rows(files, RowSettings(), outcome, episode_id):
+    for result in episode_rows(files, RowSettings(), outcome, episode_id, invocations):
         if drawing:
             pictures.append(layout(result))
-        else:
+        if as_json:
+            sys.stdout.buffer.write(orjson.dumps(episode_record(result)) + b"\n")
+        elif not drawing:
             out.print(forest_view(result), soft_wrap=False)  # labels wrap inside the tree
             print_rows_table(result)
     require_episode_found(episode_id, outcome, files)
     if drawing:
         _write_pictures(pictures, svg, html, files)
     raise typer.Exit(outcome.report())
+
+
+def prompt_added(forest: Forest, index: int) -> int:
+    """The prompt tokens a call adds to its parent's full sequence (all of them for a root)."""
+    parent = forest.parent[index]
+    return forest.calls[index].prompt_len - (forest.calls[parent].full_len if parent >= 0 else 0)
+
+
+def episode_record(result: EpisodeRows) -> dict[str, object]:
+    """What `show` prints of an episode, as one JSON object (`show --json`)."""
+    forest, episode = result.forest, result.episode
+    trained_in = {c.index: row.index for row in result.rows for c in row.trains}
+    leaf_of = {row.leaf.index: row.index for row in result.rows}
+    calls = []
+    for index, call in enumerate(forest.calls):
+        parent = forest.parent[index]
+        agent = episode.agent_of(call)
+        calls.append(
+            {
+                "call": call.id,
+                "seq": call.seq,
+                "agent": agent.id,
+                "agent_name": agent.name,
+                "purpose": call.purpose,
+                "parent": forest.calls[parent].id if parent >= 0 else None,
+                "prompt_added": prompt_added(forest, index),
+                "completion": len(call.completion_ids),
+                "trained_in_row": trained_in.get(call.index),
+                "leaf_of_row": leaf_of.get(call.index),
+            }
+        )
+    return {
+        "episode": episode.id,
+        "group": episode.group,
+        "reward": episode_reward(episode) if episode.scored else None,
+        "calls": calls,
+        "rows": [row_record(row) for row in result.rows],
+        "check": check_record(check_rows(result)),
+    }
 
 
 def _write_pictures(
@@ -151,22 +211,21 @@ def forest_view(result: EpisodeRows) -> Tree:
     row_of_leaf = {row.leaf.index: row.index for row in result.rows}
     trained_in = {c.index: row.index for row in result.rows for c in row.trains}
     episode = result.episode
-    reward = f"reward {episode.reward:g}" if episode.scored else NO_REWARD
+    labels = agent_labels(episode.agents)
+    reward = episode_reward_text(episode, lambda agent: labels[agent.id])
     top = Tree(
         f"[bold]{safe(episode.id)}[/]  {reward}  {plural(len(forest.roots), 'tree')}, "
         f"{plural(len(forest.leaves), 'leaf', 'leaves')}, {plural(len(result.rows), 'row')}"
     )
 
     def added(index: int) -> int:
-        parent = forest.parent[index]
-        return forest.calls[index].prompt_len - (
-            forest.calls[parent].full_len if parent >= 0 else 0
-        )
+        return prompt_added(forest, index)
 
     def label(index: int) -> str:
         call = forest.calls[index]
         agent = episode.agent_of(call)
-        who = f"{clip_middle(agent.id, ID_CHARS)}·{agent.name}"
+        label = labels[agent.id]
+        who = label if label == agent.name else f"{clip_middle(label, ID_CHARS)}·{agent.name}"
         parts = [f"[bold]{safe(clip_middle(call.id, ID_CHARS))}[/]", safe(who)]
         if call.purpose != "turn":
             parts.append(f"[magenta]{safe(call.purpose)}[/]")
@@ -185,7 +244,7 @@ def forest_view(result: EpisodeRows) -> Tree:
     def chain_label(chain: list[int]) -> str:
         calls = [forest.calls[i] for i in chain]
         agents = ", ".join(
-            dict.fromkeys(clip_middle(episode.agent_of(c).id, ID_CHARS) for c in calls)
+            dict.fromkeys(clip_middle(labels[episode.agent_of(c).id], ID_CHARS) for c in calls)
         )
         ids = [clip_middle(c.id, ID_CHARS) for c in calls]
         compactions = sum(c.purpose == "compaction" for c in calls)

@@ -31,28 +31,31 @@ from callgrove.cli.app import (
     EXIT_FAILED,
     EXIT_OK,
     FilesArg,
+    InvocationsOption,
     app,
     cell,
+    episode_inputs,
     err,
     out,
     progress_bar,
+    read_input,
     reading,
-    reject_foreign_files,
-    require_files,
     safe,
 )
+from callgrove.cli.rows import episode_reward
 from callgrove.cli.shards import (
     Executor,
     ExecutorOption,
     JobsOption,
     Shard,
     ShardResult,
+    in_shards,
     merged,
     plan_shards,
     renumber,
     run_shards,
 )
-from callgrove.episode import Episode, Stats, load
+from callgrove.episode import Episode, Stats
 from callgrove.formats.problems import Diagnostics
 from callgrove.rows import build_rows
 
@@ -129,9 +132,9 @@ class Learning:
 
     def add(self, episode: Episode) -> None:
         if episode.scored:
-            self.reward.add(episode.reward)
+            self.reward.add(episode_reward(episode))
             if episode.group is not None:
-                self.group_rewards.setdefault(episode.group, Moments()).add(episode.reward)
+                self.group_rewards.setdefault(episode.group, Moments()).add(episode_reward(episode))
             for agent in episode.agents:
                 self.seat_rewards.setdefault(agent.name, Moments()).add(episode.reward_of(agent))
         else:
@@ -159,13 +162,15 @@ def collect(
     diagnostics: Diagnostics,
     training_step: int | None = None,
     skip_bad: bool = False,
+    invocations: Path | None = None,
 ) -> tuple[Stats, Learning]:
     """Stream every file into one `Stats` and `Learning`. Problems go to `diagnostics`; without `skip_bad`
     the first error stops the reading (the error is the last problem recorded)."""
     stats, learning = Stats(), Learning()
     with progress_bar("bytes") as progress:
         for path in files:
-            episodes = reading(progress, path, load(path, diagnostics))
+            located = read_input(path, diagnostics, invocations)
+            episodes = reading(progress, path, (episode for _line, episode in located))
             if not tally(episodes, diagnostics, stats, learning, training_step, skip_bad):
                 return stats, learning
     return stats, learning
@@ -479,6 +484,7 @@ def stats_command(
     as_json: Annotated[
         bool, typer.Option("--json", help="One JSON object on stdout instead of the tables.")
     ] = False,
+    invocations: InvocationsOption = None,
     jobs: JobsOption = 1,
     executor: ExecutorOption = Executor.process,
 ) -> None:
@@ -488,13 +494,12 @@ def stats_command(
     any line or episode could not be used (with --skip-bad: after the tables), 2 on usage
     errors.
     """
-    require_files(files)
-    reject_foreign_files(files)
+    files = episode_inputs(files, invocations)
     diagnostics = Diagnostics()
-    if jobs > 1 or executor is Executor.ray:
+    if in_shards(jobs, executor, invocations):
         stats, learning = collect_sharded(files, diagnostics, step, skip_bad, jobs, executor)
     else:
-        stats, learning = collect(files, diagnostics, step, skip_bad)
+        stats, learning = collect(files, diagnostics, step, skip_bad, invocations)
     if skip_bad or not diagnostics.errors:
         if as_json:
             sys.stdout.buffer.write(orjson.dumps(stats_record(stats, learning)) + b"\n")

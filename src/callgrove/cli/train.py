@@ -2,28 +2,38 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from callgrove.cli.app import EXIT_FAILED, EXIT_USAGE, app, err, out
+from callgrove.orchestrator.config import EXECUTORS
+
+# run.executor's choices, listed by --help as every --executor's are
+RunExecutor = StrEnum("RunExecutor", {name: name for name in EXECUTORS})
 
 
 @app.command("train")
 def train_command(
-    config: Annotated[Path | None, typer.Argument(help="TOML config (none: the defaults)")] = None,
-    steps: Annotated[int | None, typer.Option(help="training steps (run.steps)")] = None,
+    config: Annotated[Path | None, typer.Argument(help="TOML config (none: the defaults).")] = None,
+    steps: Annotated[int | None, typer.Option(help="Training steps (run.steps).")] = None,
     out_dir: Annotated[
-        Path | None, typer.Option("--out", "-o", help="output directory (run.out)")
+        Path | None, typer.Option("--out", "-o", help="Output folder (run.out).")
     ] = None,
-    seed: Annotated[int | None, typer.Option(help="run seed (run.seed)")] = None,
-    executor: Annotated[str | None, typer.Option(help="local or ray (run.executor)")] = None,
+    seed: Annotated[int | None, typer.Option(help="Run seed (run.seed).")] = None,
+    executor: Annotated[
+        RunExecutor | None,
+        typer.Option(
+            help="Where rollouts run: in this process, or on Ray (run.executor).",
+        ),
+    ] = None,
     set_: Annotated[
         list[str] | None,
-        typer.Option("--set", help="any setting: section.key=value (repeatable)"),
+        typer.Option("--set", help="Any setting: section.key=value (repeatable)."),
     ] = None,
-    quiet: Annotated[bool, typer.Option(help="no live display")] = False,
+    quiet: Annotated[bool, typer.Option(help="No live display.")] = False,
 ) -> None:
     """Train: episodes of the configured environment, scored by groups, tree-packed steps.
 
@@ -40,7 +50,12 @@ def train_command(
         for text in set_ or []:
             key, value = parse_override(text)
             overrides[key] = value
-        named = {"run.steps": steps, "run.out": out_dir, "run.seed": seed, "run.executor": executor}
+        named = {
+            "run.steps": steps,
+            "run.out": out_dir,
+            "run.seed": seed,
+            "run.executor": executor and executor.value,
+        }
         overrides |= {
             k: str(v) if isinstance(v, Path) else v for k, v in named.items() if v is not None
         }

@@ -136,6 +136,15 @@ class GroupCredit:
     unassigned_calls: Counter[str] = field(default_factory=Counter)
     advantages: list[list[Advantage | None]] = field(default_factory=list)
 
+    def __repr__(self) -> str:
+        # The advantages of every call are thousands of numbers: a summary reads better.
+        reasons = ", ".join(f"{why} {n}" for why, n in self.unassigned_calls.most_common())
+        return (
+            f"GroupCredit({len(self.credits)} credits over {len(self.advantages)} episodes, "
+            f"{self.assigned_calls} calls assigned, {sum(self.unassigned_calls.values())} "
+            f"unassigned{f' ({reasons})' if reasons else ''})"
+        )
+
 
 def finalize_group(algorithm: Algorithm, episodes: Sequence[Episode]) -> GroupCredit:
     """Run `algorithm` on one group and set `advantages` on every call of its episodes.

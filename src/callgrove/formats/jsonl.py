@@ -30,6 +30,7 @@ if sys.version_info >= (3, 14):
 else:
     from backports import zstd
 
+from callgrove.formats.looks import HEAD_BYTES, not_json_lines
 from callgrove.formats.output import NewFile, open_locked_append
 from callgrove.formats.problems import Diagnostics, InputError, Problem
 from callgrove.formats.wire import (
@@ -291,6 +292,14 @@ def read_rows(
     written straight after it, which is then read).
     """
     file = str(path)
+    if byte_range is None or byte_range[0] == 0:
+        looks = not_json_lines(_head(path))
+        if looks is not None:  # one message for the file, not an error per line
+            what, line = looks
+            report(
+                InputError(Problem(what, file=file, line=line, kind="not_json_lines")), diagnostics
+            )
+            return
     lines = iter_lines(path, byte_range)
     while True:
         try:
@@ -333,6 +342,16 @@ def read_rows(
                 yield number, row
             continue
         yield number, row
+
+
+def _head(path: str | os.PathLike[str]) -> bytes:
+    """The file's first bytes as its reader sees them (decompressed); what cannot be read
+    (damaged compression) is left for `iter_lines` to report where it stops."""
+    try:
+        with open_binary(path) as stream:
+            return stream.read(HEAD_BYTES)
+    except (OSError, EOFError, *CompressedDataError):
+        return b""
 
 
 def _decoded(

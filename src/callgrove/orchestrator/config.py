@@ -26,6 +26,7 @@ from callgrove.rows import RowSettings
 
 EXECUTORS = ("local", "ray")
 _DEFAULT_ALGORITHM = GRPO
+WANDB_MODES = ("offline", "online")
 
 
 class ConfigError(ValueError):
@@ -68,10 +69,17 @@ class MonitorSection(_Section):
     samples_per_step: int = 16
     wandb: bool = False
     wandb_project: str = "callgrove"
+    wandb_entity: str = ""
+    """The W&B team or user the run goes to (empty: the account's default)."""
+    wandb_name: str = ""
+    """The run's name in W&B (empty: the run's id)."""
+    wandb_mode: str = "offline"
+    """`offline`: written under OUT/wandb only (`wandb sync` uploads it); `online` uploads."""
     tensorboard: bool = False
 
     def __post_init__(self) -> None:
         check_range("samples_per_step", self.samples_per_step, at_least=0)
+        check_choice("wandb_mode", self.wandb_mode, WANDB_MODES)
 
 
 class RaySection(_Section):

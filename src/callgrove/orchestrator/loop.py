@@ -153,7 +153,7 @@ async def _train(
     )
     dispatcher.counters.update(progress.get("counters", {}))
     metric_sinks = _metric_sinks(config, out, progress["run_id"])
-    display = monitors.LiveDisplay(console, config.run.steps, config.monitor.live)
+    display = monitors.LiveDisplay(console, config.run.steps, config.monitor.live, first)
     dispatcher.start()
     try:
         for step in range(first + 1, config.run.steps + 1):
@@ -183,7 +183,8 @@ async def _train(
         if executor:
             executor.close()
     metrics = sinks.read_metrics(out)
-    plot = monitors.plot_run(metrics, out / "rewards.png") if config.monitor.plot else None
+    title = f"callgrove train · {out.name} (run {progress['run_id']})"
+    plot = monitors.plot_run(metrics, out / "rewards.png", title) if config.monitor.plot else None
     return RunSummary(out, first, int(progress["step"]), metrics, plot, unused)
 
 
@@ -250,9 +251,7 @@ async def _step(
 def _metric_sinks(config: TrainConfig, out: Path, run_id: str) -> list[Any]:
     chosen: list[Any] = [sinks.JsonlSink(out)]
     if config.monitor.wandb:
-        chosen.append(
-            sinks.WandbSink(out, config.monitor.wandb_project, msgspec.to_builtins(config), run_id)
-        )
+        chosen.append(sinks.WandbSink(out, config.monitor, msgspec.to_builtins(config), run_id))
     if config.monitor.tensorboard:
         chosen.append(sinks.TensorBoardSink(out))
     return chosen

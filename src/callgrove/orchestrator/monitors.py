@@ -9,6 +9,7 @@ to the seat it names; an error naming no agent only to the episode totals.
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
@@ -139,52 +140,95 @@ def sample_table(
     return table
 
 
-class LiveDisplay:
-    """A table in the terminal, redrawn every step: reward by seat, throughput, staleness."""
+# What "behind" means on the live line and in the plot, said once.
+STALENESS = "policy versions between the weights that sampled a call and the weights trained on it"
 
-    def __init__(self, console: Console, total_steps: int, enabled: bool):
+
+def progress_line(
+    step: int,
+    total: int,
+    metrics: dict[str, float],
+    in_flight: int,
+    elapsed_s: float,
+    steps_done: int,
+) -> str:
+    """The live line of a step: where the run is, its loss, reward by seat, time taken and
+    left (from this session's pace), throughput, and how stale the trained calls were."""
+    rewards = _seat_values(metrics, "reward")
+    seats = "  ".join(f"{seat} {value:.2f}" for seat, value in sorted(rewards.items()))
+    left = (total - step) * elapsed_s / steps_done if steps_done else None
+    loss = metrics.get("train/loss")
+    parts = [
+        f"step {step}/{total}",
+        f"loss {loss:.4g}" if loss is not None else "",
+        f"reward {seats}" if seats else "",
+        f"elapsed {clock(elapsed_s)}",
+        f"ETA {clock(left)}" if left is not None else "",
+        f"tok/s {metrics.get('throughput/tokens_per_s', 0):.0f}",
+        f"in flight {in_flight}",
+        f"calls {metrics.get('off_policy/mean', 0):.2f} versions behind "
+        f"(max {metrics.get('off_policy/max', 0):.0f})",
+        f"mismatch {_mismatch(metrics)}",
+    ]
+    return "  ".join(part for part in parts if part)
+
+
+def clock(seconds: float) -> str:
+    """Seconds as H:MM:SS (M:SS under an hour)."""
+    whole = round(seconds)
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def _seat_values(metrics: dict[str, float], name: str) -> dict[str, float]:
+    return {
+        key.split("/")[2]: value
+        for key, value in metrics.items()
+        if key.startswith(f"train/{SUBSET}/") and key.endswith(f"/{name}/mean")
+    }
+
+
+class LiveDisplay:
+    """The run's progress, redrawn every step: a table of seats with the progress line under
+    it on a terminal, the progress line alone otherwise. `first_step`: the step the run
+    resumed after (the ETA is paced by the steps of this session)."""
+
+    def __init__(self, console: Console, total_steps: int, enabled: bool, first_step: int = 0):
         self.console = console
         self.total = total_steps
         self.enabled = enabled
+        self.first_step = first_step
+        self.started = time.monotonic()
         self._live = None
         if enabled and console.is_terminal:
             from rich.live import Live
 
             self._live = Live(console=console, auto_refresh=False, transient=False)
             self._live.start()
+            self.console.print(f"[dim]versions behind: {STALENESS}[/]")
 
     def update(self, step: int, metrics: dict[str, float], in_flight: int) -> None:
         if not self.enabled:
             return
-        rewards = {
-            key.split("/")[2]: value
-            for key, value in metrics.items()
-            if key.startswith("train/all/") and key.endswith("/reward/mean")
-        }
-        seats = "  ".join(f"{seat} {value:.2f}" for seat, value in sorted(rewards.items()))
-        line = (
-            f"step {step}/{self.total}  {seats}  tok/s {metrics.get('throughput/tokens_per_s', 0):.0f}"
-            f"  in flight {in_flight}  stale {metrics.get('off_policy/mean', 0):.2f}"
-            f"  mismatch {_mismatch(metrics)}"
-        )
+        elapsed = time.monotonic() - self.started
+        line = progress_line(step, self.total, metrics, in_flight, elapsed, step - self.first_step)
         if self._live is None:
-            self.console.print(line)
+            self.console.print(line, markup=False)
             return
+        rewards = _seat_values(metrics, "reward")
         table = Table(title=f"callgrove train · step {step}/{self.total}", expand=False)
-        for column in ("seat", "reward", "tokens", "calls"):
+        for column in ("seat", "reward", "completion tokens", "calls"):
             table.add_column(column)
         for seat in sorted(rewards):
             table.add_row(
                 seat,
                 f"{rewards[seat]:.3f}",
-                f"{metrics.get(f'train/all/{seat}/tokens/mean', 0):.1f}",
-                f"{metrics.get(f'train/all/{seat}/calls/mean', 0):.1f}",
+                f"{metrics.get(f'train/{SUBSET}/{seat}/tokens/mean', 0):.1f}",
+                f"{metrics.get(f'train/{SUBSET}/{seat}/calls/mean', 0):.1f}",
             )
         table.caption = (
-            f"tokens/s {metrics.get('throughput/tokens_per_s', 0):.0f} · in flight {in_flight}"
-            f" · off-policy {metrics.get('off_policy/mean', 0):.2f}"
-            f" · forwarded ratio {metrics.get('train/forwarded_token_ratio', 0):.2f}"
-            f" · sampler/learner mismatch {_mismatch(metrics)}"
+            f"{line} · forwarded ratio {metrics.get('train/forwarded_token_ratio', 0):.2f}"
         )
         self._live.update(table, refresh=True)
 
@@ -201,9 +245,51 @@ def _mismatch(metrics: dict[str, float]) -> str:
     return f"{every:.1e}" if on_policy is None else f"{on_policy:.1e} (all {every:.1e})"
 
 
-def plot_run(metrics: Sequence[dict[str, Any]], path: Path) -> Path | None:
-    """Reward curves by seat (and evaluation), the forwarded-token ratio and the
-    sampler/learner mismatch, as a PNG."""
+# The plot's panels: (title, y label, [(metric key or a seat pattern, label)], log scale).
+# `{seat}` stands for every seat the run has; a panel with no metric in the run is left out.
+PANELS = (
+    ("reward", "reward (smoothed)", [], False),  # drawn by `_rewards`
+    ("loss", "loss", [("train/loss", "loss")], False),
+    (
+        "entropy and sampler/learner mismatch",
+        "nats",
+        [
+            ("train/{seat}/surprisal", "{seat} surprisal (sampling entropy estimate)"),
+            ("train/mismatch/on_policy/mean_abs", "|learner - sampler| logprob, trained version"),
+            ("train/mismatch/all/mean_abs", "|learner - sampler| logprob, all calls"),
+            ("train/mismatch/all/k3", "KL k3, all calls"),
+        ],
+        True,
+    ),
+    ("clip fraction", "share of trained tokens", [("train/clip_fraction", "clipped")], False),
+    ("gradient norm", "norm (before clipping)", [("train/grad_norm", "grad norm")], False),
+    (
+        "completion length per seat",
+        "tokens per agent",
+        [("train/{seat}/tokens", "{seat}")],
+        False,
+    ),
+    (
+        "throughput",
+        "per second",
+        [
+            ("throughput/tokens_per_s", "sampled tokens/s"),
+            ("train/forwarded_token_ratio", "row tokens per forwarded token"),
+        ],
+        True,
+    ),
+    (
+        "staleness",
+        "versions behind",
+        [("off_policy/mean", "mean"), ("off_policy/max", "max")],
+        False,
+    ),
+)
+
+
+def plot_run(metrics: Sequence[dict[str, Any]], path: Path, title: str = "") -> Path | None:
+    """The run's curves as a PNG titled with the run's name: reward by seat (and evaluation),
+    then a panel for each of `PANELS` the metrics hold."""
     lines = [m for m in metrics if "step" in m and not m.get("final")]
     if not lines:
         return None
@@ -212,48 +298,70 @@ def plot_run(metrics: Sequence[dict[str, Any]], path: Path) -> Path | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, (rewards, ratio, mismatch) = plt.subplots(3, 1, figsize=(8, 9), sharex=True)
-    keys = sorted({k for m in lines for k in m if k.endswith("/reward/mean")})
-    for key in keys:
-        points = [(m["step"], m[key]) for m in lines if key in m]
-        steps, values = zip(*points, strict=True)
-        label = key.removesuffix("/reward/mean").replace("/all/", " ")
-        style = "--" if key.startswith("eval/") else "-"
-        width = 2.5 if "/episode/" in key else 1.2
-        rewards.plot(steps, _smooth(values), style, label=label, linewidth=width)
-    rewards.set_ylabel("reward (smoothed)")
-    rewards.legend(fontsize=7, ncol=2)
-    rewards.grid(alpha=0.3)
-    points = [
-        (m["step"], m["train/forwarded_token_ratio"])
-        for m in lines
-        if "train/forwarded_token_ratio" in m
-    ]
-    if points:
-        steps, values = zip(*points, strict=True)
-        ratio.plot(steps, values, color="tab:green")
-    ratio.set_ylabel("row tokens / forwarded tokens")
-    ratio.grid(alpha=0.3)
-    for key, label in (
-        ("on_policy/mean_abs", "mean |learner - sampler| logprob, the trained version's calls"),
-        ("all/mean_abs", "mean |learner - sampler| logprob, all calls"),
-        ("all/k3", "KL k3, all calls"),
-    ):
-        points = [
-            (m["step"], m[f"train/mismatch/{key}"]) for m in lines if f"train/mismatch/{key}" in m
-        ]
-        if points:
-            steps, values = zip(*points, strict=True)
-            mismatch.plot(steps, np.maximum(values, 1e-12), label=label)
-    mismatch.set_yscale("log")
-    mismatch.set_ylabel("sampler/learner mismatch")
-    mismatch.legend(fontsize=7)
-    mismatch.set_xlabel("step")
-    mismatch.grid(alpha=0.3)
+    drawn = plotted_panels(lines)
+    columns = 2
+    rows = (len(drawn) + columns - 1) // columns
+    figure, axes = plt.subplots(rows, columns, figsize=(12, 3.2 * rows), sharex=True, squeeze=False)
+    for axis, ((name, ylabel, _keys, log), series) in zip(axes.flat, drawn, strict=False):
+        if name == "reward":
+            _rewards(axis, lines)
+        for label, steps, values in series:
+            axis.plot(steps, np.maximum(values, 1e-12) if log else values, label=label)
+        if log and series:
+            axis.set_yscale("log")
+        axis.set_title(name, fontsize=10)
+        axis.set_ylabel(ylabel, fontsize=8)
+        axis.grid(alpha=0.3)
+        if len(series) > 1:
+            axis.legend(fontsize=6)
+    for axis in list(axes.flat)[len(drawn) :]:
+        axis.set_visible(False)
+    for axis in axes[-1]:
+        axis.set_xlabel("step")
+    last = lines[-1]["step"]
+    figure.suptitle(f"{title} · {last} steps" if title else f"{last} steps", fontsize=12)
     figure.tight_layout()
-    figure.savefig(path, dpi=110)
+    figure.savefig(path, dpi=100)
     plt.close(figure)
     return path
+
+
+def plotted_panels(lines: Sequence[dict[str, Any]]) -> list[tuple[tuple, list]]:
+    """The panels of `PANELS` the metric lines have data for (reward always), each with its
+    series: (label, steps, values)."""
+    seats = sorted({k.split("/")[2] for m in lines for k in m if k.startswith(f"train/{SUBSET}/")})
+    seats = [seat for seat in seats if seat != "episode"]
+    drawn = [(panel, _series(lines, panel[2], seats)) for panel in PANELS]
+    return [(panel, series) for panel, series in drawn if series or panel[0] == "reward"]
+
+
+def _rewards(axis: Any, lines: Sequence[dict[str, Any]]) -> None:
+    keys = sorted({k for m in lines for k in m if k.endswith("/reward/mean")})
+    for key in keys:
+        steps, values = zip(*[(m["step"], m[key]) for m in lines if key in m], strict=True)
+        label = key.removesuffix("/reward/mean").replace(f"/{SUBSET}/", " ")
+        style = "--" if key.startswith("eval/") else "-"
+        width = 2.5 if "/episode/" in key else 1.2
+        axis.plot(steps, _smooth(values), style, label=label, linewidth=width)
+    if keys:
+        axis.legend(fontsize=6, ncol=2)
+
+
+def _series(
+    lines: Sequence[dict[str, Any]], keys: list[tuple[str, str]], seats: list[str]
+) -> list[tuple[str, tuple, tuple]]:
+    """(label, steps, values) of each key the metrics hold (`{seat}` once for every seat)."""
+    found = []
+    for key, label in keys:
+        for seat in seats if "{seat}" in key else [""]:
+            name = key.replace("train/{seat}/", f"train/{SUBSET}/{seat}/") + (
+                "/mean" if "{seat}" in key else ""
+            )
+            points = [(m["step"], m[name]) for m in lines if name in m]
+            if points:
+                steps, values = zip(*points, strict=True)
+                found.append((label.replace("{seat}", seat), steps, values))
+    return found
 
 
 def _smooth(values: Sequence[float], window: int = 5) -> np.ndarray:
@@ -275,6 +383,11 @@ def learner_metrics(report: Any, version: int) -> dict[str, float]:
         "train/forwarded_tokens": float(report.forwarded_tokens),
         "train/row_tokens": float(report.row_tokens),
         "train/forwarded_token_ratio": report.forwarded_token_ratio,
+        **(
+            {"train/clip_fraction": report.extra["clip_fraction"]}
+            if "clip_fraction" in report.extra
+            else {}
+        ),
         "policy/version": float(version),
         **{f"train/mismatch/{key}": value for key, value in report.mismatch.items()},
     }

@@ -173,15 +173,23 @@ class JsonlSink:
 
 
 class WandbSink:
-    """W&B in offline mode (nothing leaves the machine; `wandb sync` uploads later)."""
+    """W&B, offline unless `monitor.wandb_mode` says online (offline, nothing leaves the
+    machine; `wandb sync OUT/wandb/offline-run-*` uploads later), under the configured project,
+    entity and run name (the name defaults to the run's id)."""
 
-    def __init__(self, out: Path, project: str, config: dict[str, Any], name: str):
+    def __init__(self, out: Path, monitor: Any, config: dict[str, Any], run_id: str):
         import wandb
 
         os.environ.setdefault("WANDB_SILENT", "true")
         self._wandb = wandb
         self.run = wandb.init(
-            project=project, dir=str(out), mode="offline", config=config, name=name, resume="allow"
+            project=monitor.wandb_project,
+            entity=monitor.wandb_entity or None,
+            name=monitor.wandb_name or run_id,
+            dir=str(out),
+            mode=monitor.wandb_mode,
+            config=config,
+            resume="allow",
         )
 
     def log(self, step: int, metrics: dict[str, float]) -> None:

@@ -67,9 +67,11 @@ def render_svg(picture: Picture, id_prefix: str = "") -> str:
     writer.open(
         "svg",
         xmlns="http://www.w3.org/2000/svg",
-        width=picture.width,
-        height=picture.height,
+        # As wide as the window or column it is shown in, never wider than drawn: the
+        # viewBox scales it, keeping its proportions.
+        width="100%",
         viewBox=f"0 0 {picture.width} {picture.height}",
+        style=f"max-width: {picture.width}px; height: auto",
         role="img",
         aria_label=f"episode {episode.id}: {summary}",
         **{"font-family": SANS, "font-size": FONT, "data-episode": episode.id},

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import re
+from collections import Counter
+from collections.abc import Iterable
+
+from callgrove.episode import Agent
+
 
 def clip(text: str, limit: int) -> str:
     """`text` cut to `limit` characters, an ellipsis marking the cut."""
@@ -63,3 +69,25 @@ def fit(variants: list[str], size: float, room: int, bold: bool = False) -> str:
         else:
             high = middle - 1
     return clip(text, low) if low else ""
+
+
+# An id that is a hash or a UUID (an imported harness's agent ids): views name the agent instead.
+_HASHED = re.compile(r"[A-Za-z]{0,12}[-_]?[0-9a-fA-F]{4,}(-?[0-9a-fA-F]{4,}){1,}|[0-9a-fA-F]{12,}")
+
+
+def agent_labels(agents: Iterable[Agent]) -> dict[str, str]:
+    """What views call each agent: its id, but for an id that is a hash or a UUID its name
+    (`explore`), numbered in ledger order where several share one (`explore#2`)."""
+    agents = list(agents)
+    named = [a for a in agents if _HASHED.fullmatch(a.id) and a.name]
+    counts = Counter(a.name for a in named)
+    taken = {a.id for a in agents if a not in named}
+    labels, seen = {}, Counter()
+    for agent in agents:
+        if agent not in named:
+            labels[agent.id] = agent.id
+            continue
+        seen[agent.name] += 1
+        label = agent.name if counts[agent.name] == 1 else f"{agent.name}#{seen[agent.name]}"
+        labels[agent.id] = label if label not in taken else agent.id
+    return labels

@@ -1,4 +1,4 @@
-"""Rows as records (`callgrove rows --jsonl`, docs/episode-format.md section 4) and as Arrow tables for Parquet."""
+"""Rows as records (`callgrove rows --json`, docs/episode-format.md section 4) and as Arrow tables for Parquet."""
 
 from __future__ import annotations
 

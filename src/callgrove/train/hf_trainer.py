@@ -10,6 +10,7 @@ needed to continue: the trained weights, the optimizer, the version and the rand
 from __future__ import annotations
 
 import shutil
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -140,4 +141,11 @@ def _with_lora(model: nn.Module, lora: LoraSettings) -> nn.Module:
         target_modules=list(lora.target_modules),
         task_type="CAUSAL_LM",
     )
-    return get_peft_model(model, config)
+    with warnings.catch_warnings():
+        # peft 0.21 reads transformers' deprecated `is_gradient_checkpointing` alias while it
+        # wraps the model (its FutureWarning named nothing of ours, on every LoRA run); the
+        # checkpointing it asks about is set above with `activation_checkpointing_enable`.
+        warnings.filterwarnings(
+            "ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning
+        )
+        return get_peft_model(model, config)

@@ -168,7 +168,7 @@ class ModelLearner:
             row_tokens=sum(b.num_row_tokens for b in batches),
             grad_norm=grad_norm,
             mismatch=mismatch_metrics(measured, samples, self._version - 1),
-            extra={"seconds": time.perf_counter() - started},
+            extra={"seconds": time.perf_counter() - started, **_clip_fraction(measured)},
         )
 
     def _denominator(self, samples: Sequence[Sample], loss_tokens: int) -> float:
@@ -258,3 +258,10 @@ class TinyLearner(ModelLearner):
         torch.manual_seed(seed)
         self.config = config
         super().__init__(TinyDecoder(config), settings)
+
+
+def _clip_fraction(measured: Sequence[Measured]) -> dict[str, float]:
+    """The share of trained tokens whose gradient clipping took away (`clip_fraction`)."""
+    cut = [m.terms.clipped for m in measured if m.terms.clipped is not None]
+    tokens = sum(len(c) for c in cut)
+    return {"clip_fraction": float(sum(int(c.sum()) for c in cut)) / tokens} if tokens else {}

@@ -185,6 +185,8 @@ class PolicyTerms:
     sampler_logprobs: torch.Tensor
     weights: torch.Tensor | None = None
     """The mismatch weight of each target when a correction is on (0: masked)."""
+    clipped: torch.Tensor | None = None
+    """Per target: whether clipping took its gradient away (the clipped term was the smaller)."""
 
 
 def policy_loss(
@@ -226,12 +228,13 @@ def policy_terms(
         ratio = torch.exp(logprobs - old)
     clipped = ratio.clamp(1.0 - settings.clip_low, 1.0 + settings.clip_high)
     per_token = -torch.minimum(ratio * advantages, clipped * advantages)
+    cut = (clipped * advantages < ratio * advantages).detach()
     if weights is not None:
         per_token = per_token * weights
     if settings.entropy_coef:
         per_token = per_token - settings.entropy_coef * predicted.entropies()
     return PolicyTerms(
-        _normalised(per_token, batch, settings, denominator), logprobs.detach(), old, weights
+        _normalised(per_token, batch, settings, denominator), logprobs.detach(), old, weights, cut
     )
 
 
