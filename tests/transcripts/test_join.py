@@ -94,6 +94,25 @@ def test_join_command(tmp_path):
     assert all(c.logprobs is not None for c in joined.calls())
 
 
+def test_join_command_summary_as_json(tmp_path):
+    episode, capture, lost = transcript_and_capture()
+    save(tmp_path / "transcript.jsonl", [episode])
+    save(tmp_path / "capture.jsonl", [capture])
+    given = ["import", "join", str(tmp_path / "transcript.jsonl"), str(tmp_path / "capture.jsonl")]
+    refused = CliRunner().invoke(app, [*given, "--json"])
+    assert refused.exit_code == 2 and "write the episodes with -o FILE" in refused.stderr
+    result = CliRunner().invoke(app, [*given, "-o", str(tmp_path / "joined.jsonl"), "--json"])
+    assert result.exit_code == 0, result.output
+    (summary,) = json.loads(result.stdout)["episodes"]
+    assert summary["episode"] == episode.id and summary["capture"] == capture.id
+    assert summary["unmatched_transcript"] == [lost]
+    assert summary["unmatched_capture"] == ["cap-stray"]
+    (again,) = load(tmp_path / "transcript.jsonl")
+    (captured,) = load(tmp_path / "capture.jsonl")
+    expected = join_capture(again, captured, BuiltinFormat().decode)
+    assert summary["matched"] == len(expected.matched) > 0
+
+
 def test_import_commands_write_stdout_or_file(tmp_path):
     runner = CliRunner()
     result = runner.invoke(app, ["import", "claude-code", str(KIMUSON)])

@@ -260,8 +260,12 @@ def join(
     capture: Annotated[Path, typer.Argument(help="Episodes with the captured tokens.")],
     out: OutOption = None,
     tokenizer: TokenizerOption = None,
+    as_json: JsonOption = False,
 ) -> None:
     """The capture's tokens and logprobs with the transcript's agent structure."""
+    if as_json and out is None:
+        err.print("error: --json prints the summary on stdout: write the episodes with -o FILE")
+        raise typer.Exit(EXIT_USAGE)
     require_output(out, [transcript, capture], "--out")
     if tokenizer is None:
         decode = BuiltinFormat().decode
@@ -276,6 +280,7 @@ def join(
     transcripts = list(load(transcript, diagnostics))
     captures = {e.id: e for e in load(capture, diagnostics)}
     joined: list[Episode] = []
+    summary: list[dict[str, object]] = []
     for episode in transcripts:
         match = captures.pop(episode.id, None)
         if match is None and len(transcripts) == 1 and len(captures) == 1:
@@ -284,9 +289,19 @@ def join(
             err.print(
                 f"[red]error[/red]: episode {safe(episode.id)}: no capture episode with this id"
             )
+            summary.append({"episode": episode.id, "capture": None})
             continue
         result = join_capture(episode, match, decode)
         joined.append(result.episode)
+        summary.append(
+            {
+                "episode": episode.id,
+                "capture": match.id,
+                "matched": len(result.matched),
+                "unmatched_transcript": list(result.unmatched_transcript),
+                "unmatched_capture": list(result.unmatched_capture),
+            }
+        )
         line = (
             f"{episode.id}: {len(result.matched)} calls matched; unmatched "
             f"{len(result.unmatched_transcript)} in the transcript "
@@ -301,4 +316,7 @@ def join(
         err.print(f"nothing written to {safe(out)}: no episode was joined")
     else:
         _write(joined, out)
+    if as_json:
+        record = {"episodes": summary, "errors": len(diagnostics.errors)}
+        sys.stdout.buffer.write(orjson.dumps(record) + b"\n")
     raise typer.Exit(EXIT_FAILED if failed else EXIT_OK)
