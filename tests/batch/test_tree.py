@@ -182,7 +182,7 @@ def test_mismatched_arrays_are_refused_naming_the_row():
 def test_login_bug_forwards_each_distinct_token_once():
     (episode,) = load(EXAMPLES / "login_bug.jsonl")
     er = build_rows(episode)
-    batch = pack_episode_rows([er])
+    batch = pack_episode_rows([er], TreeSettings(scope="tree"))
     rows = [r.token_ids for r in er.rows]
     masks = [r.loss_mask for r in er.rows]
     keys = [r.path[0].id for r in er.rows]
@@ -218,6 +218,7 @@ def test_group_scope_forwards_the_shared_task_prompt_once():
     assert from_samples.num_tokens == per_group.num_tokens
     assert np.array_equal(from_samples.target_nodes, per_group.target_nodes)
     assert set(from_samples.target_values) == set(SAMPLE_VALUES)
+    assert pack_samples(samples).num_tokens == per_group.num_tokens  # group is the default
     per_tree = pack_episode_rows(episode_rows, TreeSettings(scope="tree"))
     from_samples_per_tree = pack_samples(samples, TreeSettings(scope="tree"))
     assert from_samples_per_tree.num_tokens == per_tree.num_tokens > per_episode.num_tokens

@@ -52,7 +52,8 @@ class TreeSettings:
     """Which rows may share trie nodes: rows of one call tree, of one episode, or of a group
     (a group's episodes usually start from the same task prompt, which is then forwarded once)."""
 
-    scope: str = "tree"
+    scope: str = "group"
+    """`tree`, `episode` or `group` (the default: the widest, so the most is forwarded once)."""
 
     def __post_init__(self) -> None:
         if self.scope not in TREE_SCOPES:
@@ -178,11 +179,11 @@ def pack_tree(
 
 
 def pack_samples(samples: Sequence[Sample], settings: TreeSettings | None = None) -> TreeBatch:
-    """Tree-pack samples (rows read back from files; default: a trie per episode; a sample's
+    """Tree-pack samples (rows read back from files; default: a trie per group; a sample's
     `root` names its call tree for scope "tree"): sampling logprobs, advantages, policy
     versions and each trained token's sampling distribution go onto the targets; `logprobs` is left out when a
     sample has none, so an importance-weighted loss refuses the batch instead of inventing them."""
-    settings = settings or TreeSettings(scope="episode")
+    settings = settings or TreeSettings()
     values = {
         name: [getattr(s, name) for s in samples]
         for name in SAMPLE_VALUES

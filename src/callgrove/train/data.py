@@ -1,7 +1,7 @@
 """Samples from Parquet files into a torch `DataLoader`, collated into packed or tree-packed batches.
 
     loader = DataLoader(SampleDataset(paths, unit="group"), batch_size=2,
-                        collate_fn=TreeCollate(TreeSettings(scope="group")))
+                        collate_fn=TreeCollate(TreeSettings()))
     for batch in loader:            # a ModelBatch: tokens, positions, layout, targets
         loss = policy_loss(model, batch)
 
@@ -78,7 +78,7 @@ class TreeCollate:
     """Collates dataset items into one tree-packed `ModelBatch` (default: a trie per group)."""
 
     def __init__(self, settings: TreeSettings | None = None):
-        self.settings = settings or TreeSettings(scope="group")
+        self.settings = settings or TreeSettings()
 
     def __call__(self, items: Sequence[Sample | list[Sample]]) -> ModelBatch:
         return tree_model_batch(pack_samples(_flatten(items), self.settings))
