@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from callgrove.batch.tree import TreeSettings
 from callgrove.formats.ranges import check_range
 from callgrove.policy.learner import Learner, TrainableSampler
 from callgrove.policy.render import CharRenderer, Renderer
@@ -49,7 +50,7 @@ class LearnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
     batching: str = "tree"
-    tree_scope: str = "group"
+    tree_scope: str = TreeSettings().scope
     seq_len: int = 4096
     clip_low: float = 0.2
     clip_high: float = 0.2

@@ -62,7 +62,7 @@ class LearnerSettings:
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
     batching: str = "tree"
-    tree_scope: str = "group"
+    tree_scope: str = TreeSettings().scope
     seq_len: int = 4096
     loss: LossSettings = field(default_factory=LossSettings)
     objective: str = "rl"
