@@ -211,7 +211,7 @@ def serve_noop(ledger: str) -> None:
     from callgrove.gateway.app import Gateway
     from callgrove.gateway.chat import Chat
     from callgrove.gateway.web import serve
-    from callgrove.policy import Sample
+    from callgrove.policy import Completion
 
     chat = Chat.builtin()
     completion = np.concatenate(
@@ -222,7 +222,7 @@ def serve_noop(ledger: str) -> None:
         version = 0
 
         async def sample(self, prompt_ids, params):
-            return Sample(completion, np.full(len(completion), -0.1), 0, "stop")
+            return Completion(completion, np.full(len(completion), -0.1), 0, "stop")
 
     def ready(port: int) -> None:
         print(f"gateway listening on http://127.0.0.1:{port}", flush=True)

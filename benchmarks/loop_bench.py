@@ -34,7 +34,7 @@ from callgrove.orchestrator.dispatcher import Dispatcher, DispatchSettings
 from callgrove.orchestrator.loop import steady_heap
 from callgrove.orchestrator.sinks import write_episodes_atomically
 from callgrove.orchestrator.step import prepare_step
-from callgrove.policy import Sample, SamplingParams
+from callgrove.policy import Completion, SamplingParams
 from callgrove.policy.render import CharRenderer
 
 TARGET = 2_000  # episodes per wall-clock second
@@ -46,8 +46,8 @@ LOGPROBS = np.full(4, -0.5)
 class NoopPolicy:
     version = 0
 
-    async def sample(self, prompt_ids, params) -> Sample:
-        return Sample(ANSWER, LOGPROBS, self.version, "stop")
+    async def sample(self, prompt_ids, params) -> Completion:
+        return Completion(ANSWER, LOGPROBS, self.version, "stop")
 
 
 class NoopEnv:

@@ -10,7 +10,7 @@ import pytest
 
 from callgrove.episode import read_episodes
 from callgrove.gateway.ledger import CALLS_SUFFIX, EPISODES_FILE
-from callgrove.policy import Sample
+from callgrove.policy import Completion
 from callgrove.rows import build_rows, check_rows
 
 from .helpers import gateway_client, scripted, server_process, sse_events, write_script
@@ -438,14 +438,14 @@ class FailingOnce:
     def version(self):
         return 3
 
-    async def sample(self, prompt_ids, params) -> Sample:
+    async def sample(self, prompt_ids, params) -> Completion:
         if not self.failed:
             self.failed = True
             from callgrove.policy.http import UpstreamError
 
             raise UpstreamError("upstream answered 503: overloaded", 503)
         sample = await self.inner.sample(prompt_ids, params)
-        return Sample(sample.completion_ids, sample.logprobs, 3, sample.finish_reason)
+        return Completion(sample.completion_ids, sample.logprobs, 3, sample.finish_reason)
 
 
 def test_upstream_errors_reach_the_client_in_its_shape_and_retries_are_not_kept(tmp_path):

@@ -17,7 +17,7 @@ from callgrove.episode import read_episodes
 from callgrove.gateway import app as gateway_app
 from callgrove.gateway import ledger as gateway_ledger
 from callgrove.gateway.ledger import CALLS_SUFFIX, EPISODES_FILE, QUARANTINE, LedgerInUse
-from callgrove.policy import Sample
+from callgrove.policy import Completion
 
 from .helpers import gateway_client, scripted, write_script
 
@@ -402,23 +402,29 @@ class Answering:
     ("change", "said"),
     [
         (
-            lambda s: Sample(s.completion_ids * 0 - 1, s.logprobs, 1, "stop"),
+            lambda s: Completion(s.completion_ids * 0 - 1, s.logprobs, 1, "stop"),
             "outside the vocabulary",
         ),
         (
-            lambda s: Sample(s.completion_ids + 10**6, s.logprobs, 1, "stop"),
+            lambda s: Completion(s.completion_ids + 10**6, s.logprobs, 1, "stop"),
             "outside the vocabulary",
         ),
-        (lambda s: Sample(s.completion_ids.astype(float), s.logprobs, 1, "stop"), "not integers"),
-        (lambda s: Sample(s.completion_ids, -s.logprobs, 1, "stop"), "at most 0"),
-        (lambda s: Sample(s.completion_ids, s.logprobs * np.nan, 1, "stop"), "finite"),
-        (lambda s: Sample(s.completion_ids, s.logprobs[:1], 1, "stop"), "log-probabilities for"),
         (
-            lambda s: Sample(np.tile(s.completion_ids, 30), np.tile(s.logprobs, 30), 1, "stop"),
+            lambda s: Completion(s.completion_ids.astype(float), s.logprobs, 1, "stop"),
+            "not integers",
+        ),
+        (lambda s: Completion(s.completion_ids, -s.logprobs, 1, "stop"), "at most 0"),
+        (lambda s: Completion(s.completion_ids, s.logprobs * np.nan, 1, "stop"), "finite"),
+        (
+            lambda s: Completion(s.completion_ids, s.logprobs[:1], 1, "stop"),
+            "log-probabilities for",
+        ),
+        (
+            lambda s: Completion(np.tile(s.completion_ids, 30), np.tile(s.logprobs, 30), 1, "stop"),
             "more than the 20",
         ),
-        (lambda s: Sample(s.completion_ids, s.logprobs, 2**70, "stop"), "policy_version"),
-        (lambda s: Sample(s.completion_ids, s.logprobs, "3", "stop"), "policy_version"),
+        (lambda s: Completion(s.completion_ids, s.logprobs, 2**70, "stop"), "policy_version"),
+        (lambda s: Completion(s.completion_ids, s.logprobs, "3", "stop"), "policy_version"),
     ],
 )
 def test_an_upstream_answer_that_cannot_be_a_call_is_a_failed_call(tmp_path, script, change, said):

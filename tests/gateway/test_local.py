@@ -13,7 +13,7 @@ import pytest
 from callgrove.gateway.chat import Chat
 from callgrove.gateway.harness import Stopped, _run_cli
 from callgrove.gateway.local import LocalGateway, model_chat_of
-from callgrove.policy import Sample, SamplingParams
+from callgrove.policy import Completion, SamplingParams
 from callgrove.policy.render import CharRenderer
 
 
@@ -29,7 +29,7 @@ class LoopRecorder:
     async def sample(self, prompt_ids, params):
         self.calls.append((asyncio.get_running_loop(), params))
         await asyncio.sleep(0)
-        return Sample(self.answer.astype(np.int32), np.full(len(self.answer), -0.5), 3, "stop")
+        return Completion(self.answer.astype(np.int32), np.full(len(self.answer), -0.5), 3, "stop")
 
 
 def test_a_local_gateway_samples_on_the_loops_event_loop_with_the_loops_sampling(tmp_path):

@@ -11,7 +11,7 @@ import pytest
 
 from callgrove.gateway.chat import Chat
 from callgrove.gateway.serve import UNSERVED, reference_policy
-from callgrove.policy import Sample, SamplingParams
+from callgrove.policy import Completion, SamplingParams
 from callgrove.policy.local import LocalSampler
 from callgrove.train import TinyConfig, TinyDecoder
 
@@ -101,8 +101,8 @@ def test_one_bad_prompt_fails_alone_not_its_whole_round():
         )
 
     first, bad, last = run(go())
-    assert isinstance(first, Sample) and isinstance(last, Sample), (first, last)
-    assert isinstance(bad, Exception) and not isinstance(bad, Sample)
+    assert isinstance(first, Completion) and isinstance(last, Completion), (first, last)
+    assert isinstance(bad, Exception) and not isinstance(bad, Completion)
     assert len(first.completion_ids) == 4 and len(last.completion_ids) == 4
 
 

@@ -9,7 +9,7 @@ import numpy as np
 
 from callgrove.episode import Episode
 from callgrove.orchestrator import run_episode
-from callgrove.policy import Sample, SamplingParams
+from callgrove.policy import Completion, SamplingParams
 from callgrove.policy.render import CharRenderer
 
 RENDERER = CharRenderer()
@@ -35,7 +35,7 @@ class ScriptedPolicy:
         self.calls = 0
         self.prompts: list[np.ndarray] = []
 
-    async def sample(self, prompt_ids: np.ndarray, params: SamplingParams) -> Sample:
+    async def sample(self, prompt_ids: np.ndarray, params: SamplingParams) -> Completion:
         number = self.calls
         self.calls += 1
         self.prompts.append(np.asarray(prompt_ids))
@@ -47,7 +47,7 @@ class ScriptedPolicy:
             self.fail_text is not None and self.fail_text in RENDERER.show(prompt_ids)
         ):
             raise ConnectionError(f"call {number} refused")
-        return Sample(self.reply, np.full(len(self.reply), -0.5), self.version, "stop")
+        return Completion(self.reply, np.full(len(self.reply), -0.5), self.version, "stop")
 
 
 def run(env: Any, task: Any, policy: Any, timeout: float | None = None) -> Episode:

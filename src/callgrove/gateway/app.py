@@ -96,7 +96,7 @@ from callgrove.gateway.web import (
     request_key,
     sse_response,
 )
-from callgrove.policy import PolicyClient, Sample, SamplingParams
+from callgrove.policy import Completion, PolicyClient, SamplingParams
 from callgrove.policy.http import Piece, UpstreamError, sample_from_pieces
 from callgrove.transcripts import Message, ToolCall
 
@@ -340,7 +340,7 @@ INT64_MAX = int(np.iinfo(np.int64).max)
 
 
 def upstream_problem(
-    prompt: np.ndarray, sample: Sample, max_tokens: int, vocab_size: int
+    prompt: np.ndarray, sample: Completion, max_tokens: int, vocab_size: int
 ) -> str | None:
     """What makes an upstream's sample unusable as a recorded call, or None: the ledger holds
     only token ids the policy has, log-probabilities that are ones, and what was asked for."""
@@ -810,7 +810,7 @@ class Gateway:
         prompt: np.ndarray,
         suffix: np.ndarray,
         new: list[Message],
-        sample: Sample,
+        sample: Completion,
         response: Message,
     ) -> Reply:
         """Write the call's line and, once it is durable, add the call to its agent: a call is
@@ -872,7 +872,9 @@ class Gateway:
             call_id=call.id,
         )
 
-    def _checked(self, prompt: np.ndarray, sample: Sample, params: SamplingParams) -> Sample:
+    def _checked(
+        self, prompt: np.ndarray, sample: Completion, params: SamplingParams
+    ) -> Completion:
         """The upstream's sample, if it can be recorded (`upstream_problem`); else a failed
         call, never a recorded one."""
         problem = upstream_problem(prompt, sample, params.max_tokens, self.vocab_size)
@@ -947,7 +949,7 @@ class Gateway:
         params: SamplingParams,
         state: EpisodeState,
         base: Recorded | None,
-    ) -> tuple[np.ndarray, Sample, Message, Recorded | None]:
+    ) -> tuple[np.ndarray, Completion, Message, Recorded | None]:
         """The upstream renders; its reported prompt ids are kept, referencing the base call
         only when they really start with its full sequence."""
         chat = getattr(self.policy, "chat", None)

@@ -21,7 +21,7 @@ import numpy as np
 from callgrove.gateway.app import Gateway
 from callgrove.gateway.chat import Chat
 from callgrove.gateway.web import bind, server
-from callgrove.policy import PolicyClient, Sample, SamplingParams
+from callgrove.policy import Completion, PolicyClient, SamplingParams
 
 
 class LoopPolicy:
@@ -35,7 +35,7 @@ class LoopPolicy:
     def version(self) -> int:
         return self.policy.version
 
-    async def sample(self, prompt_ids: np.ndarray, params: SamplingParams) -> Sample:
+    async def sample(self, prompt_ids: np.ndarray, params: SamplingParams) -> Completion:
         future = asyncio.run_coroutine_threadsafe(self.policy.sample(prompt_ids, params), self.loop)
         return await asyncio.wrap_future(future)  # cancelling this cancels the sampling
 

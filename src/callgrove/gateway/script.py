@@ -32,7 +32,7 @@ import orjson
 from callgrove.episode import LOGPROB_DTYPE
 from callgrove.formats.problems import InputError, Problem
 from callgrove.gateway.chat import Chat
-from callgrove.policy import Sample, SamplingParams
+from callgrove.policy import Completion, SamplingParams
 from callgrove.transcripts import Message, ToolCall
 
 SCRIPT_LOGPROB = -0.25
@@ -205,14 +205,14 @@ class ScriptedPolicy:
                     return completion[:length]
         return completion[:end]
 
-    async def sample(self, prompt_ids: np.ndarray, params: SamplingParams) -> Sample:
+    async def sample(self, prompt_ids: np.ndarray, params: SamplingParams) -> Completion:
         newest = self._text(newest_messages(self.chat, prompt_ids))
         reply = self.script.answer(newest, self._text(prompt_ids))
         completion = self._cut_at_stops(self.chat.completion(reply, None), params)
         finish = "stop"
         if len(completion) > params.max_tokens:
             completion, finish = completion[: params.max_tokens], "length"
-        return Sample(
+        return Completion(
             completion_ids=completion,
             logprobs=np.full(len(completion), SCRIPT_LOGPROB, dtype=LOGPROB_DTYPE),
             policy_version=self._version,

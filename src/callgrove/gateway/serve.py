@@ -54,7 +54,7 @@ from callgrove.gateway.web import (
     sse_event,
     sse_response,
 )
-from callgrove.policy import PolicyClient, Sample, SamplingParams
+from callgrove.policy import Completion, PolicyClient, SamplingParams
 
 STREAM_CHUNK_TOKENS = 16
 
@@ -248,7 +248,7 @@ class PolicyServer:
                     400, f"{field} holds {token!r}, not a token id of this model [0, {vocab})"
                 )
 
-    async def _sample(self, prompt: np.ndarray, params: SamplingParams) -> Sample:
+    async def _sample(self, prompt: np.ndarray, params: SamplingParams) -> Completion:
         if not len(prompt):
             raise HttpError(400, "the prompt is empty")
         try:
@@ -302,7 +302,7 @@ class PolicyServer:
         return self._completion_response(request_chat, data, prompt_ids, sample)
 
     def _completion_response(
-        self, request: ChatRequest, data: dict[str, Any], prompt_ids: np.ndarray, sample: Sample
+        self, request: ChatRequest, data: dict[str, Any], prompt_ids: np.ndarray, sample: Completion
     ) -> Response:
         as_ids = bool(data.get("return_tokens_as_token_ids"))
         want_ids = bool(data.get("return_token_ids", True))

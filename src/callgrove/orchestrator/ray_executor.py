@@ -29,7 +29,7 @@ from callgrove.formats.wire import episode_decoder
 from callgrove.orchestrator.config import Resolved, TrainConfig
 from callgrove.orchestrator.env import run_episode
 from callgrove.orchestrator.envs import make_env
-from callgrove.policy import Sample, SamplingParams
+from callgrove.policy import Completion, SamplingParams
 from callgrove.policy.backends import PolicyBackend, build_policy
 
 
@@ -44,7 +44,7 @@ class SamplerActor:
         settings = _config(config)
         self.sampler = build_policy(settings.model, settings.train, settings.run.seed).sampler
 
-    async def sample(self, prompt_ids: Any, params: SamplingParams) -> Sample:
+    async def sample(self, prompt_ids: Any, params: SamplingParams) -> Completion:
         return await self.sampler.sample(prompt_ids, params)
 
     async def load_weights(self, weights: Any, version: int) -> int:
@@ -66,7 +66,7 @@ class RemotePolicy:
     def version(self) -> int:
         return self._version
 
-    async def sample(self, prompt_ids: Any, params: SamplingParams) -> Sample:
+    async def sample(self, prompt_ids: Any, params: SamplingParams) -> Completion:
         sample = await self.actor.sample.remote(prompt_ids, params)
         self._version = sample.policy_version
         return sample

@@ -8,14 +8,14 @@ sampler is `callgrove.policy.local.LocalSampler`. A sample carries exactly what 
 the sampled token ids, their sampling log-probabilities and the policy version that sampled them.
 """
 
-from callgrove.policy.client import FinishReason, PolicyClient, Sample, SamplingParams
+from callgrove.policy.client import Completion, FinishReason, PolicyClient, SamplingParams
 from callgrove.policy.learner import Learner, TrainableSampler
 
 __all__ = [
+    "Completion",
     "FinishReason",
     "Learner",
     "PolicyClient",
-    "Sample",
     "SamplingParams",
     "TrainableSampler",
 ]

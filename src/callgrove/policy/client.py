@@ -42,7 +42,7 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 @dataclass(frozen=True, slots=True)
-class Sample:
+class Completion:
     """What the policy sampled for one prompt."""
 
     completion_ids: np.ndarray
@@ -69,6 +69,6 @@ class PolicyClient(Protocol):
         """The policy version that new samples start from (bumped after each optimizer step)."""
         ...
 
-    async def sample(self, prompt_ids: np.ndarray, params: SamplingParams) -> Sample:
+    async def sample(self, prompt_ids: np.ndarray, params: SamplingParams) -> Completion:
         """Sample one completion of `prompt_ids` (int32 token ids)."""
         ...

@@ -29,7 +29,7 @@ import orjson
 
 from callgrove.episode import LOGPROB_DTYPE, TOKEN_DTYPE
 from callgrove.episode.checks import sampling_problem
-from callgrove.policy.client import Sample, SamplingParams
+from callgrove.policy.client import Completion, SamplingParams
 
 
 class UpstreamError(Exception):
@@ -126,7 +126,7 @@ def version_of(payload: dict, fallback: int | None) -> int | None:
     return version
 
 
-def sample_from_completion(payload: dict, fallback_version: int) -> Sample:
+def sample_from_completion(payload: dict, fallback_version: int) -> Completion:
     """The sample a `/v1/completions` response carries; an error when its token fields lack."""
     try:
         choice = payload["choices"][0]
@@ -145,7 +145,7 @@ def sample_from_completion(payload: dict, fallback_version: int) -> Sample:
             "(choices[0].logprobs.token_logprobs)"
         )
     finish = "length" if choice.get("finish_reason") == "length" else "stop"
-    return Sample(
+    return Completion(
         completion_ids=token_ids_of(ids, "choices[0].token_ids"),
         logprobs=logprobs_of(logprobs, "choices[0].logprobs.token_logprobs"),
         policy_version=version_of(payload, fallback_version),
@@ -188,14 +188,14 @@ def piece_from_chunk(payload: dict) -> Piece:
     )
 
 
-def sample_from_pieces(pieces: list[Piece], fallback_version: int) -> Sample:
+def sample_from_pieces(pieces: list[Piece], fallback_version: int) -> Completion:
     """The whole sample of a streamed completion."""
     if not pieces or not sum(len(p.token_ids) for p in pieces):
         raise UpstreamError("upstream stream ended without completion token ids")
     if pieces[-1].finish_reason is None:
         raise UpstreamError("upstream stream ended before its finish reason")
     versions = [p.policy_version for p in pieces if p.policy_version is not None]
-    return Sample(
+    return Completion(
         completion_ids=np.concatenate([p.token_ids for p in pieces]),
         logprobs=np.concatenate([p.logprobs for p in pieces]),
         policy_version=versions[0] if versions else fallback_version,
@@ -204,7 +204,7 @@ def sample_from_pieces(pieces: list[Piece], fallback_version: int) -> Sample:
     )
 
 
-def sample_from_chat(payload: dict, fallback_version: int) -> tuple[np.ndarray, Sample, dict]:
+def sample_from_chat(payload: dict, fallback_version: int) -> tuple[np.ndarray, Completion, dict]:
     """(prompt ids, sample, the choice's message) of a chat response with vLLM's token fields."""
     try:
         choice = payload["choices"][0]
@@ -287,7 +287,7 @@ class HttpPolicyClient:
         """The policy version of the latest sample the server returned."""
         return self._version
 
-    async def sample(self, prompt_ids: np.ndarray, params: SamplingParams) -> Sample:
+    async def sample(self, prompt_ids: np.ndarray, params: SamplingParams) -> Completion:
         body = completion_request(prompt_ids, params, self.model)
         payload = await self._post("/v1/completions", body)
         sample = sample_from_completion(payload, self._version)
@@ -336,7 +336,7 @@ class HttpPolicyClient:
 
     async def chat(
         self, messages: list[dict], tools: list[dict], params: SamplingParams
-    ) -> tuple[np.ndarray, Sample, dict]:
+    ) -> tuple[np.ndarray, Completion, dict]:
         """Pass-through: the upstream renders the chat itself and reports the token ids it used."""
         body: dict[str, object] = {
             "model": self.model,

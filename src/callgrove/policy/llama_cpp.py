@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from callgrove.episode import LOGPROB_DTYPE, TOKEN_DTYPE, sampling_record
-from callgrove.policy.client import Sample, SamplingParams
+from callgrove.policy.client import Completion, SamplingParams
 from callgrove.policy.http import HttpPolicyClient, UpstreamError
 
 
@@ -58,7 +58,7 @@ class LlamaCppPolicyClient(HttpPolicyClient):
 
     async def chat(
         self, messages: list[dict], tools: list[dict], params: SamplingParams
-    ) -> tuple[np.ndarray, Sample, dict]:
+    ) -> tuple[np.ndarray, Completion, dict]:
         if params.temperature != 1.0 or params.top_p != 1.0:
             raise UpstreamError(
                 "llama-cpp-python reports log-probabilities of the untempered distribution: "
@@ -98,7 +98,7 @@ class LlamaCppPolicyClient(HttpPolicyClient):
             ) from None
         prompt = self._prompt_ids(messages, tools, prompt_size)
         completion = self._completion_ids(pieces)
-        sample = Sample(
+        sample = Completion(
             completion_ids=completion,
             logprobs=np.asarray(logprobs, dtype=LOGPROB_DTYPE),
             policy_version=self._version,

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from callgrove.episode import sampling_record
-from callgrove.policy.client import Sample, SamplingParams
+from callgrove.policy.client import Completion, SamplingParams
 from callgrove.train.decode import Decoded, DecodeRequest, decode, new_generator
 from callgrove.train.model import TinyDecoder
 
@@ -38,7 +38,7 @@ class LocalSampler:
         self.generator = new_generator(seed)
         self.max_batch = max_batch
         self._version = 0
-        self._queue: list[tuple[DecodeRequest, asyncio.Future[Sample]]] = []
+        self._queue: list[tuple[DecodeRequest, asyncio.Future[Completion]]] = []
         self._worker: asyncio.Task[None] | None = None
         self.rounds = 0
         self.calls = 0
@@ -56,7 +56,7 @@ class LocalSampler:
         """One round: every request decoded together (other models' samplers override it)."""
         return decode(self.model, requests, self.generator, self.text_of)
 
-    async def sample(self, prompt_ids: np.ndarray, params: SamplingParams) -> Sample:
+    async def sample(self, prompt_ids: np.ndarray, params: SamplingParams) -> Completion:
         if params.stop and not self.decodes_text:
             raise ValueError("this sampler cannot read its completions' text: use stop_token_ids")
         request = DecodeRequest(
@@ -68,7 +68,7 @@ class LocalSampler:
             seed=params.seed,
             stop=params.stop,
         )
-        future: asyncio.Future[Sample] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
         self._queue.append((request, future))
         if self._worker is None or self._worker.done():
             self._worker = asyncio.create_task(self._drain())
@@ -95,7 +95,7 @@ class LocalSampler:
                     future.set_exception(result)
                     continue
                 future.set_result(
-                    Sample(
+                    Completion(
                         completion_ids=result.completion_ids,
                         logprobs=result.logprobs,
                         policy_version=version,
