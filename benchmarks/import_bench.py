@@ -31,7 +31,7 @@ from typing import Any
 
 import orjson
 
-from callgrove.transcripts import ImportReport, Renderer, import_claude_code
+from callgrove.transcripts import ImportReport, TranscriptRenderer, import_claude_code
 
 SOURCE = (
     Path(__file__).resolve().parent.parent
@@ -89,7 +89,7 @@ def build_session(folder: Path, megabytes: float) -> int:
 
 def run_once(folder: Path) -> tuple[float, int, int]:
     start = time.perf_counter()
-    episodes = [Renderer().episode(t) for t in import_claude_code(folder, ImportReport())]
+    episodes = [TranscriptRenderer().episode(t) for t in import_claude_code(folder, ImportReport())]
     seconds = time.perf_counter() - start
     calls = sum(len(list(e.calls())) for e in episodes)
     tokens = sum(len(c.prompt_suffix) + len(c.completion_ids) for e in episodes for c in e.calls())

@@ -10,7 +10,7 @@ import pytest
 
 from callgrove.episode import Episode, load, save
 from callgrove.forest import build_forest
-from callgrove.transcripts import ImportReport, Renderer, import_claude_code
+from callgrove.transcripts import ImportReport, TranscriptRenderer, import_claude_code
 
 from .helpers import (
     DAG,
@@ -29,7 +29,7 @@ from .helpers import (
 def imported(path: Path) -> tuple[list[Episode], ImportReport]:
     report = ImportReport()
     transcripts = import_claude_code(path, report)
-    return [Renderer().episode(t) for t in transcripts], report
+    return [TranscriptRenderer().episode(t) for t in transcripts], report
 
 
 def response_keys(path: Path) -> set[str]:

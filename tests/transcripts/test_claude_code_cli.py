@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from callgrove.transcripts import ImportReport, Renderer, import_claude_code
+from callgrove.transcripts import ImportReport, TranscriptRenderer, import_claude_code
 
 from .helpers import Generated, assert_every_line_accounted, assert_prefix_stable
 
@@ -135,7 +135,7 @@ def test_a_fork_starts_from_the_leaders_history_and_a_fresh_subagent_from_its_ta
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_generated_sessions_render_to_clean_rows(scenario):
     transcript, _ = imported(scenario)
-    assert_prefix_stable(Renderer().episode(transcript))
+    assert_prefix_stable(TranscriptRenderer().episode(transcript))
 
 
 # A subagent that compacts: captured through the capture gateway (tests/data/claude_code/
@@ -203,7 +203,7 @@ def test_a_captured_subagent_compaction_is_what_the_gateway_saw():
     assert "SUB SUMMARY" in after.context.messages_since(None)[0].text
     assert report.diagnostics.problems == []
     assert_every_line_accounted(report)
-    assert_prefix_stable(Renderer().episode(transcript))
+    assert_prefix_stable(TranscriptRenderer().episode(transcript))
 
 
 # `claude --continue --fork-session` (the `fork_session` scenario): the second run's session
@@ -267,7 +267,7 @@ def test_a_fork_session_trains_each_response_once_in_the_session_that_made_it(tm
     assert report.diagnostics.problems[0].file.endswith(f"{forked}.jsonl")
     assert_every_line_accounted(report)
     for transcript in transcripts.values():
-        assert_prefix_stable(Renderer().episode(transcript))
+        assert_prefix_stable(TranscriptRenderer().episode(transcript))
 
 
 def test_a_forked_session_read_alone_keeps_the_calls_it_copied(tmp_path):

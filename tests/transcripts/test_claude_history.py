@@ -7,6 +7,7 @@ import dataclasses
 import orjson
 import pytest
 
+from callgrove.transcripts.accounting import CLAUDE_CODE, sniff
 from callgrove.transcripts.claude_history import Entry, build_graph, derive_history
 from callgrove.transcripts.claude_records import (
     AssistantLine,
@@ -22,7 +23,6 @@ from callgrove.transcripts.claude_records import (
     decode_line,
     decode_raw,
 )
-from callgrove.transcripts.ledger import CLAUDE_CODE, sniff
 from callgrove.transcripts.model import TranscriptAgent
 
 from .helpers import DATA

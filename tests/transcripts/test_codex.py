@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from callgrove.forest import build_forest
-from callgrove.transcripts import ImportReport, Renderer, import_codex
+from callgrove.transcripts import ImportReport, TranscriptRenderer, import_codex
 
 from .helpers import CODEX_SAMPLE, CODEX_SMALL, assert_every_line_accounted, assert_prefix_stable
 
@@ -16,7 +16,7 @@ from .helpers import CODEX_SAMPLE, CODEX_SMALL, assert_every_line_accounted, ass
 def imported(path: Path):
     report = ImportReport()
     transcripts = import_codex(path, report)
-    return [Renderer().episode(t) for t in transcripts], report
+    return [TranscriptRenderer().episode(t) for t in transcripts], report
 
 
 def test_three_line_sample():

@@ -12,7 +12,7 @@ from collections import Counter
 
 import pytest
 
-from callgrove.transcripts import Renderer, import_codex
+from callgrove.transcripts import TranscriptRenderer, import_codex
 
 from .helpers import Generated, assert_every_line_accounted, assert_prefix_stable
 
@@ -88,4 +88,4 @@ def test_auto_compaction_summary_is_read_once_as_the_compaction_call():
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_generated_sessions_render_to_clean_rows(scenario):
     transcript, _ = imported(scenario)
-    assert_prefix_stable(Renderer().episode(transcript))
+    assert_prefix_stable(TranscriptRenderer().episode(transcript))

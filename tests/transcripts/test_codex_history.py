@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 
+from callgrove.transcripts.accounting import running_times
 from callgrove.transcripts.codex_history import (
     Compaction,
     Entry,
@@ -16,7 +17,6 @@ from callgrove.transcripts.codex_history import (
     place_lines,
 )
 from callgrove.transcripts.codex_records import decode_record
-from callgrove.transcripts.ledger import running_times
 from callgrove.transcripts.model import TranscriptAgent
 
 SUMMARY = "Summary: printed hi."

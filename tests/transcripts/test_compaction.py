@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from callgrove.transcripts.accounting import CallIds, parse_timestamp
 from callgrove.transcripts.claude_records import (
     CompactMetadata,
     PreservedMessages,
@@ -14,7 +15,6 @@ from callgrove.transcripts.compaction import (
     preserved_links,
     summary_in_replacement,
 )
-from callgrove.transcripts.ledger import CallIds, parse_timestamp
 from callgrove.transcripts.model import (
     CallRecord,
     Message,

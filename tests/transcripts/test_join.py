@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 from callgrove.cli import app
 from callgrove.episode import Agent, Call, Episode, load, save
 from callgrove.forest import build_forest
-from callgrove.transcripts import BuiltinFormat, Renderer, import_claude_code
+from callgrove.transcripts import BuiltinFormat, TranscriptRenderer, import_claude_code
 from callgrove.transcripts.join import UNMATCHED_AGENT, join_capture
 
 from .helpers import KIMUSON, assert_prefix_stable
@@ -21,9 +21,9 @@ def transcript_and_capture() -> tuple[Episode, Episode]:
     logprobs, no content; one call the transcript never recorded, one it has but the capture
     lost."""
     (transcript,) = import_claude_code(KIMUSON)
-    episode = Renderer().episode(transcript)
+    episode = TranscriptRenderer().episode(transcript)
     (reference,) = import_claude_code(KIMUSON)
-    tokens = Renderer().episode(reference)  # same tokens, separate objects
+    tokens = TranscriptRenderer().episode(reference)  # same tokens, separate objects
     calls = sorted(tokens.calls(), key=lambda c: c.seq)
     lost = calls.pop(5)
     gateway = Agent("gateway", "gateway")

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from callgrove.cli import app
-from callgrove.transcripts import ImportReport, Renderer, import_claude_code, import_codex
+from callgrove.transcripts import ImportReport, TranscriptRenderer, import_claude_code, import_codex
 
 from .helpers import (
     CODEX_SMALL,
@@ -51,7 +51,7 @@ def test_truncated_and_malformed_claude_session(tmp_path):
     )
     # Line 45's response keeps its first line; the sidechain loses line 30's response and the
     # leader its final answer.
-    episode = Renderer().episode(transcript)
+    episode = TranscriptRenderer().episode(transcript)
     assert [len(a.calls) for a in episode.agents] == [9, 3, 6]
     assert_every_line_accounted(report)
     assert_prefix_stable(episode)
@@ -80,7 +80,7 @@ def test_codex_line_before_any_session_meta_and_bad_payload(tmp_path):
         "\n".join([lines[3], "nope", '{"type": "response_item", "payload": 3}', *lines]) + "\n"
     )
     report = ImportReport()
-    episodes = [Renderer().episode(t) for t in import_codex(broken, report)]
+    episodes = [TranscriptRenderer().episode(t) for t in import_codex(broken, report)]
     messages = {(p.line, p.message) for p in report.diagnostics.problems}
     assert (1, "event_msg record before any session_meta; ignored") in messages
     assert any(line == 2 and m.startswith("not valid JSON") for line, m in messages)
@@ -204,7 +204,7 @@ def test_subagent_meta_file_that_is_not_an_object_is_reported(tmp_path, text):
     assert problem.file == str(meta_file)
     assert problem.message.startswith("not valid JSON" if text == "{" else "not a JSON object")
     # the subagent and its call are still imported, under the default name
-    episode = Renderer().episode(transcript)
+    episode = TranscriptRenderer().episode(transcript)
     sub = episode.agents[1]
     assert sub.name == "subagent" and "meta_json" not in sub.meta and len(sub.calls) == 1
     assert_every_line_accounted(report)

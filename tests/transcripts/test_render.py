@@ -18,11 +18,11 @@ from callgrove.transcripts import (
     ByteTokenizer,
     JinjaFormat,
     Message,
-    Renderer,
     ToolCall,
     Transcript,
     TranscriptAgent,
     TranscriptCall,
+    TranscriptRenderer,
     import_claude_code,
 )
 from callgrove.transcripts.model import CallRecord, Source, Turn, extend
@@ -89,7 +89,7 @@ def from_scratch(call: TranscriptCall, chat_format) -> np.ndarray:
 @given(transcripts())
 def test_incremental_prompts_equal_rendering_from_scratch(transcript):
     chat_format = BuiltinFormat()
-    episode = Renderer(chat_format).episode(transcript)
+    episode = TranscriptRenderer(chat_format).episode(transcript)
     for call in transcript.calls():
         rendered = episode.call(call.id)
         assert episode.prompt_ids(rendered).tolist() == from_scratch(call, chat_format).tolist()
@@ -148,7 +148,7 @@ def chatml(tmp_path_factory):
 
 def test_jinja_template_renders_a_real_session_prefix_stably(chatml):
     (transcript,) = import_claude_code(KIMUSON)
-    episode = Renderer(chatml).episode(transcript)
+    episode = TranscriptRenderer(chatml).episode(transcript)
     assert_prefix_stable(episode)
     assert chatml.rewrites == set()  # ChatML never rewrites earlier messages
     im_end = chatml.tokenizer.token_to_id("<|im_end|>")
@@ -190,7 +190,7 @@ def test_template_that_rewrites_history_is_rendered_newest_first(tmp_path, chatm
         CallRecord(source=Source("made", [2])),
     )
     agent.calls += [first, second]
-    episode = Renderer(fmt).episode(Transcript("t", [agent]))
+    episode = TranscriptRenderer(fmt).episode(Transcript("t", [agent]))
     assert_prefix_stable(episode)
     assert "<think>think</think>" in fmt.decode(episode.prompt_ids(episode.call("c2")))
 
@@ -252,7 +252,7 @@ def test_a_template_that_drops_tool_calls_is_an_error_naming_it(tmp_path, chatml
     tokenizer, template = _template(tmp_path, chatml, WITHOUT_TOOL_CALLS)
     (transcript,) = import_claude_code(KIMUSON)
     with pytest.raises(InputError) as raised:
-        Renderer(JinjaFormat(tokenizer, template)).episode(transcript)
+        TranscriptRenderer(JinjaFormat(tokenizer, template)).episode(transcript)
     problem = raised.value.problem
     assert problem.file == str(template)
     assert "drops the tool call" in problem.message and "an assistant message" in problem.message
@@ -262,7 +262,7 @@ def test_dropped_content_allowed_is_counted(tmp_path, chatml):
     tokenizer, template = _template(tmp_path, chatml, WITHOUT_TOOL_CALLS)
     (transcript,) = import_claude_code(KIMUSON)
     fmt = JinjaFormat(tokenizer, template, allow_dropped=True)
-    Renderer(fmt).episode(transcript)
+    TranscriptRenderer(fmt).episode(transcript)
     with_tools = {c.id for c in transcript.calls() if c.response.tool_calls and c.kept}
     dropped = {w: n for w, n in fmt.dropped.items() if w.startswith("assistant message: tool call")}
     assert dropped and max(dropped.values()) >= 1
@@ -293,7 +293,7 @@ def test_a_template_that_renders_nothing_for_a_turn_is_a_clear_error(tmp_path, c
     tokenizer, template = _template(tmp_path, chatml, silent)
     (transcript,) = import_claude_code(KIMUSON)
     with pytest.raises(InputError) as raised:
-        Renderer(JinjaFormat(tokenizer, template)).episode(transcript)
+        TranscriptRenderer(JinjaFormat(tokenizer, template)).episode(transcript)
     assert raised.value.problem.file == str(template)
     assert "renders nothing for an assistant turn" in raised.value.problem.message
 
@@ -318,7 +318,7 @@ def test_tokenizer_accepts_a_model_folder(tmp_path, chatml, layout):
     assert result.exit_code == 0, result.output
     (episode,) = load(out)
     (transcript,) = import_claude_code(KIMUSON)
-    reference = Renderer(chatml).episode(transcript)
+    reference = TranscriptRenderer(chatml).episode(transcript)
     assert [episode.full_ids(c).tolist() for c in sorted(episode.calls(), key=lambda c: c.seq)] == [
         reference.full_ids(c).tolist() for c in sorted(reference.calls(), key=lambda c: c.seq)
     ]
@@ -346,9 +346,9 @@ def test_a_call_id_or_agent_id_that_repeats_is_an_error_naming_it():
         return Transcript("t", agents)
 
     with pytest.raises(InputError, match="call id 'c1' appears twice") as raised:
-        Renderer().episode(transcript(["a"], ["c1", "c2", "c1"]))
+        TranscriptRenderer().episode(transcript(["a"], ["c1", "c2", "c1"]))
     assert raised.value.problem.call == "c1"
     with pytest.raises(InputError, match="agent id 'a' appears twice"):
-        Renderer().episode(transcript(["a", "a"], ["c1", "c2"]))
-    episode = Renderer().episode(transcript(["a", "b"], ["c1", "c2"]))
+        TranscriptRenderer().episode(transcript(["a", "a"], ["c1", "c2"]))
+    episode = TranscriptRenderer().episode(transcript(["a", "b"], ["c1", "c2"]))
     assert [c.id for agent in episode.agents for c in agent.calls] == ["c1", "c2"]

@@ -19,8 +19,8 @@ from callgrove.transcripts import (
     BuiltinFormat,
     ImportReport,
     JinjaFormat,
-    Renderer,
     Transcript,
+    TranscriptRenderer,
     import_claude_code,
     import_codex,
 )
@@ -118,7 +118,7 @@ def _run_import(
     require_output(out, [path], "--out")
     report = ImportReport()
     transcripts = importer(path, report)
-    renderer = Renderer(chat_format)
+    renderer = TranscriptRenderer(chat_format)
     episodes = renderer.episodes(transcripts, report.diagnostics)
     for what, count in sorted(getattr(chat_format, "dropped", {}).items()):
         report.problem(

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from callgrove.episode import format_for
-from callgrove.transcripts.ledger import CLAUDE_CODE, CODEX, import_hint, sniff
+from callgrove.transcripts.accounting import CLAUDE_CODE, CODEX, import_hint, sniff
 
 HARNESS_KINDS = (CLAUDE_CODE, CODEX)
 # verifiers names the file inside a run's results folder

@@ -2,7 +2,7 @@
 episodes of `[data]` instead of dispatching environments.
 
 The data are read once at the start: every file under `[data] paths` is classified by its first
-lines (`callgrove.transcripts.ledger.sniff`); Claude Code sessions (with their subagent files)
+lines (`callgrove.transcripts.accounting.sniff`); Claude Code sessions (with their subagent files)
 and Codex rollouts (all of them read together, so subagent threads join their parents) are
 imported and rendered with the model's own tokenizer and chat template; callgrove episode files
 are read as they are (their token ids must be the model's). What cannot be used is reported with
@@ -48,12 +48,12 @@ from callgrove.rows import build_rows
 from callgrove.transcripts import (
     ImportReport,
     JinjaFormat,
-    Renderer,
+    TranscriptRenderer,
     import_claude_code,
     import_codex,
 )
+from callgrove.transcripts.accounting import CLAUDE_CODE, CODEX, EPISODES, sniff
 from callgrove.transcripts.claude_code import find_sessions
-from callgrove.transcripts.ledger import CLAUDE_CODE, CODEX, EPISODES, sniff
 
 
 @dataclass
@@ -105,7 +105,7 @@ def load_data(data: DataSection, model_folder: Path | None, vocab_size: int) -> 
     kinds = {path: sniff(path) for path in files}
     report = ImportReport()
     chat_format = JinjaFormat.from_folder(model_folder, allow_dropped=data.allow_dropped_content)
-    renderer = Renderer(chat_format)
+    renderer = TranscriptRenderer(chat_format)
     transcripts = _claude_code_sessions([p for p in files if kinds[p] == CLAUDE_CODE], report)
     codex = [p for p in files if kinds[p] == CODEX]
     if codex:

@@ -1,8 +1,8 @@
 """Harness transcripts (Claude Code, Codex) as episodes: import, render to tokens, join a capture."""
 
+from callgrove.transcripts.accounting import ImportReport
 from callgrove.transcripts.claude_code import import_claude_code
 from callgrove.transcripts.codex import import_codex
-from callgrove.transcripts.ledger import ImportReport
 from callgrove.transcripts.model import (
     Message,
     ToolCall,
@@ -10,7 +10,12 @@ from callgrove.transcripts.model import (
     TranscriptAgent,
     TranscriptCall,
 )
-from callgrove.transcripts.render import BuiltinFormat, ByteTokenizer, JinjaFormat, Renderer
+from callgrove.transcripts.render import (
+    BuiltinFormat,
+    ByteTokenizer,
+    JinjaFormat,
+    TranscriptRenderer,
+)
 
 __all__ = [
     "BuiltinFormat",
@@ -18,11 +23,11 @@ __all__ = [
     "ImportReport",
     "JinjaFormat",
     "Message",
-    "Renderer",
     "ToolCall",
     "Transcript",
     "TranscriptAgent",
     "TranscriptCall",
+    "TranscriptRenderer",
     "import_claude_code",
     "import_codex",
 ]

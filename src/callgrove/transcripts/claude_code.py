@@ -36,6 +36,15 @@ import msgspec
 import orjson
 
 from callgrove.episode import Gap, Spawn
+from callgrove.transcripts.accounting import (
+    CLAUDE_CODE,
+    ImportReport,
+    collector_paused,
+    parse_timestamp,
+    read_records,
+    refuse_file,
+    sniff,
+)
 from callgrove.transcripts.claude_history import (
     AgentHistory,
     Earlier,
@@ -56,15 +65,6 @@ from callgrove.transcripts.claude_records import (
     decode_line,
     decode_raw,
     links_of,
-)
-from callgrove.transcripts.ledger import (
-    CLAUDE_CODE,
-    ImportReport,
-    collector_paused,
-    parse_timestamp,
-    read_records,
-    refuse_file,
-    sniff,
 )
 from callgrove.transcripts.model import (
     Message,

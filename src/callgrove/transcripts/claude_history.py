@@ -21,6 +21,7 @@ from typing import Any
 
 import msgspec
 
+from callgrove.transcripts.accounting import CallIds, Outcome, running_times
 from callgrove.transcripts.claude_records import (
     SPAWN_TOOLS,
     AssistantLine,
@@ -39,7 +40,6 @@ from callgrove.transcripts.claude_records import (
     content_text,
 )
 from callgrove.transcripts.compaction import compaction_call, preserved_links
-from callgrove.transcripts.ledger import CallIds, Outcome, running_times
 from callgrove.transcripts.model import (
     CallRecord,
     Message,

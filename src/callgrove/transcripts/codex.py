@@ -23,6 +23,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from callgrove.episode import Gap, Spawn
+from callgrove.transcripts.accounting import (
+    CODEX,
+    ImportReport,
+    Outcome,
+    collector_paused,
+    read_json_lines,
+    refuse_file,
+    running_times,
+    sniff,
+)
 from callgrove.transcripts.codex_history import (
     Entry,
     ThreadGraph,
@@ -34,16 +44,6 @@ from callgrove.transcripts.codex_history import (
     response_message,
 )
 from callgrove.transcripts.codex_records import SessionMeta, agent_name, decode_record
-from callgrove.transcripts.ledger import (
-    CODEX,
-    ImportReport,
-    Outcome,
-    collector_paused,
-    read_json_lines,
-    refuse_file,
-    running_times,
-    sniff,
-)
 from callgrove.transcripts.model import Transcript, TranscriptAgent, parent_unavailable
 
 __all__ = ["import_codex", "input_messages", "response_message"]

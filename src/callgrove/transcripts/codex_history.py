@@ -27,6 +27,7 @@ from typing import Any
 import msgspec
 import orjson
 
+from callgrove.transcripts.accounting import CallIds, Outcome
 from callgrove.transcripts.codex_records import (
     OUTPUT_ITEMS,
     AgentMessageItem,
@@ -55,7 +56,6 @@ from callgrove.transcripts.compaction import (
     compaction_call,
     summary_in_replacement,
 )
-from callgrove.transcripts.ledger import CallIds, Outcome
 from callgrove.transcripts.model import (
     CallRecord,
     Message,

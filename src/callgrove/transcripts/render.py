@@ -27,7 +27,7 @@ import orjson
 
 from callgrove.episode import TOKEN_DTYPE, Agent, Call, Episode
 from callgrove.formats.problems import Diagnostics, InputError, Problem
-from callgrove.transcripts.ledger import collector_paused
+from callgrove.transcripts.accounting import collector_paused
 from callgrove.transcripts.model import (
     Message,
     Transcript,
@@ -410,7 +410,7 @@ def _raise_template_error(message: str) -> None:
 # Transcript -> Episode
 
 
-class Renderer:
+class TranscriptRenderer:
     """Renders transcripts to episodes; caches each message's tokens for the transcript."""
 
     def __init__(self, chat_format: ChatFormat | None = None):
