@@ -33,7 +33,7 @@ def test_an_episode_is_built_from_top_level_names_alone():
     episode = cg.Episode(
         id="e",
         agents=[leader],
-        env=cg.Env(id="env", name="env"),
+        env=cg.EnvInfo(id="env", name="env"),
         run=cg.Run(type="train", step=2, policy=cg.PolicySpan(start=0, end=1)),
         errors=[cg.EpisodeError(type="timeout", message="slow")],
         rewards={"r": 1.0},

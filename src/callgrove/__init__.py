@@ -48,7 +48,7 @@ from callgrove.credit import (
 from callgrove.episode import (
     Agent,
     Call,
-    Env,
+    EnvInfo,
     Episode,
     EpisodeError,
     OffPolicySteps,
@@ -120,7 +120,7 @@ __all__ = [
     "Credit",
     "Diagnostics",
     "EMABaseline",
-    "Env",
+    "EnvInfo",
     "Episode",
     "EpisodeError",
     "EpisodeFormat",

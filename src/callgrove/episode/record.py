@@ -24,7 +24,8 @@ from callgrove.formats.problems import InputError, Problem
 from callgrove.formats.wire import CallFields, WireEnv, WireError, WirePolicy, WireRun
 
 # The episode's small parts are the wire structs themselves, under the names a user builds with.
-Env = WireEnv
+EnvInfo = WireEnv  # which environment an episode came from (the environment protocol is
+# `callgrove.orchestrator.Environment`)
 Run = WireRun
 PolicySpan = WirePolicy
 EpisodeError = WireError
