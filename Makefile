@@ -76,8 +76,8 @@ test: lint $(HARNESS)/.installed
 	command -v ip >/dev/null || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y iproute2)
 	$(BIN)/pytest -n 2 tests
 
-# The tier to run on every change: the torch-free data rooms without their slow tests (about a
-# minute on two idle cores), and lint. docs/development.md lists the tiers.
+# The tier to run on every change: the torch-free data rooms without their slow tests (about
+# 75 s on two idle cores), and lint. docs/development.md lists the tiers.
 FAST_TESTS := tests/episode tests/forest tests/credit tests/batch tests/synth tests/test_architecture.py
 test-fast: lint
 	$(BIN)/pytest -n 2 -m "not (slow or hf or harness or llama_cpp or browser or processes)" $(FAST_TESTS)
