@@ -235,3 +235,25 @@ def test_the_cli_warns_before_serving_beyond_loopback(tmp_path, monkeypatch, com
     assert "beyond loopback" in opened.output
     closed = CliRunner().invoke(app, [command, *options, "--host", "0.0.0.0", "--token", "t"])
     assert "beyond loopback" not in closed.output and served == ["0.0.0.0"] * 2
+
+
+def test_a_gateway_that_stops_gives_up_its_ledger_folder_at_once(tmp_path, monkeypatch):
+    import gc
+
+    from typer.testing import CliRunner
+
+    from callgrove.cli.app import app
+    from callgrove.gateway import web
+    from callgrove.gateway.ledger import LedgerLock
+
+    monkeypatch.setattr(web, "serve", lambda app, host, port, ready: None)  # serves, then stops
+    ledger = tmp_path / "ledger"
+    gc.disable()  # the lock must not wait for the collector to free the stopped gateway
+    try:
+        done = CliRunner().invoke(
+            app, ["gateway", "--upstream", "http://127.0.0.1:1", "--ledger", str(ledger)]
+        )
+        assert done.exit_code == 0, done.output
+        LedgerLock(ledger).release()  # a second gateway may take the folder now
+    finally:
+        gc.enable()

@@ -233,7 +233,10 @@ def gateway(
             f"quarantined {len(server.quarantined)} damaged episode ledger(s) in "
             f"{ledger / QUARANTINE}: {', '.join(sorted(server.quarantined))}"
         )
-    _serve("gateway", server.app(), host, port, tokens)
+    try:
+        _serve("gateway", server.app(), host, port, tokens)
+    finally:  # a stopped gateway gives up its ledger folder at once, not when it is collected
+        server.release()
 
 
 def _llama_cpp_client(
