@@ -208,12 +208,12 @@ def fsync_ms(folder: str, samples: int = 50) -> float:
 def serve_noop(ledger: str) -> None:
     """A gateway whose policy answers every prompt with the same 16 tokens, instantly."""
     sys.path.insert(0, SRC)
+    from callgrove.chat import BuiltinFormat
     from callgrove.gateway.app import Gateway
-    from callgrove.gateway.chat import Chat
-    from callgrove.gateway.web import serve
     from callgrove.policy import Completion
+    from callgrove.serving.web import serve
 
-    chat = Chat.builtin()
+    chat = BuiltinFormat()
     completion = np.concatenate(
         [chat.encode("fifteen bytes.."), np.asarray(chat.stop_token_ids, dtype=np.int32)]
     )

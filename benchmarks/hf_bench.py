@@ -46,7 +46,7 @@ from callgrove.train import (
 from callgrove.train.hf_attention import attention_blocks
 from callgrove.train.hf_model import checkpoint_folder, load_model, resolve_model
 from callgrove.train.hf_trainer import HFLearner, HFOptions, LoraSettings
-from callgrove.train.learner import LearnerSettings
+from callgrove.train.settings import LearnerSettings
 
 sys.path.insert(0, str(Path(__file__).parent))
 from packing_bench import fork_heavy_episode

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from callgrove.chat import CharFormat
 from callgrove.credit import GRPO
 from callgrove.orchestrator.degeneracy import DegeneracySettings
 from callgrove.orchestrator.dispatcher import Dispatcher, DispatchSettings
@@ -35,11 +36,10 @@ from callgrove.orchestrator.loop import steady_heap
 from callgrove.orchestrator.sinks import write_episodes_atomically
 from callgrove.orchestrator.step import prepare_step
 from callgrove.policy import Completion, SamplingParams
-from callgrove.policy.render import CharRenderer
 
 TARGET = 2_000  # episodes per wall-clock second
-RENDERER = CharRenderer()
-ANSWER = np.array([5, 6, 7, RENDERER.END], dtype=np.int32)
+CHAT = CharFormat()
+ANSWER = np.array([5, 6, 7, CHAT.END], dtype=np.int32)
 LOGPROBS = np.full(4, -0.5)
 
 
@@ -90,9 +90,9 @@ async def run(steps: int, group_size: int, groups_per_step: int, out: Path) -> R
         max_in_flight=group_size * groups_per_step * 2,
         max_off_policy_steps=1,
     )
-    params = SamplingParams(max_tokens=4, stop_token_ids=RENDERER.stop_token_ids)
-    dispatcher = Dispatcher(NoopEnv(), policy, RENDERER, params, settings, run_id="bench")
-    degeneracy = DegeneracySettings(stop_token_ids=RENDERER.stop_token_ids)
+    params = SamplingParams(max_tokens=4, stop_token_ids=CHAT.stop_token_ids)
+    dispatcher = Dispatcher(NoopEnv(), policy, CHAT, params, settings, run_id="bench")
+    degeneracy = DegeneracySettings(stop_token_ids=CHAT.stop_token_ids)
     algorithm = GRPO()
     episodes = trained = samples = 0
     started, cpu_started = time.perf_counter(), time.process_time()

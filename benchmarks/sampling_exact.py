@@ -28,16 +28,17 @@ from callgrove.episode import Episode, sampling_record
 from callgrove.orchestrator import run_episode
 from callgrove.orchestrator.envs import make_env
 from callgrove.policy import SamplingParams
-from callgrove.policy.backends import LearnerConfig, ModelSettings, build_policy
+from callgrove.policy.backends import ModelSettings, build_policy
 from callgrove.rows import build_rows
+from callgrove.train.settings import LearnerSettings
 
 SETTINGS = [(t, p) for t in (0.5, 0.7, 1.0) for p in (0.9, 1.0)]
 
 
 def backend(name: str):
     if name == "tiny":
-        return build_policy(ModelSettings(d_model=64, n_heads=4), LearnerConfig(), seed=0)
-    return build_policy(ModelSettings(name="smollm2-135m"), LearnerConfig(), seed=0)
+        return build_policy(ModelSettings(d_model=64, n_heads=4), LearnerSettings(), seed=0)
+    return build_policy(ModelSettings(name="smollm2-135m"), LearnerSettings(), seed=0)
 
 
 def measure(policy, env, temperature: float, top_p: float, tokens: int, seed: int):
@@ -46,11 +47,11 @@ def measure(policy, env, temperature: float, top_p: float, tokens: int, seed: in
         temperature=temperature,
         top_p=top_p,
         seed=seed,
-        stop_token_ids=policy.renderer.stop_token_ids,
+        stop_token_ids=policy.chat.stop_token_ids,
     )
     episode = Episode(id=f"e{seed}", group="g")
     task = env.task(np.random.default_rng(seed))
-    asyncio.run(run_episode(env, task, policy.sampler, policy.renderer, params, episode))
+    asyncio.run(run_episode(env, task, policy.sampler, policy.chat, params, episode))
     rng = np.random.default_rng(seed)
     for call in episode.calls():
         call.advantages = float(rng.normal())

@@ -27,6 +27,22 @@ def test_import_does_not_load_torch_until_a_trainer_name_is_used():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+def test_a_config_is_checked_in_full_without_torch():
+    code = (
+        "import sys; sys.modules['torch'] = None  # as if torch were not installed\n"
+        "import msgspec, callgrove.chat, callgrove.policy.backends\n"
+        "from callgrove.orchestrator.config import TrainConfig\n"
+        "TrainConfig()\n"
+        "try:\n"
+        "    msgspec.convert({'train': {'learning_rate': -1}}, TrainConfig)\n"
+        "except msgspec.ValidationError as error:\n"
+        "    assert 'learning_rate' in str(error), error\n"
+        "else:\n"
+        "    raise AssertionError('a bad learning rate passed')\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
 def test_an_episode_is_built_from_top_level_names_alone():
     leader = cg.Agent(id="L", name="leader")
     leader.add(cg.Call.make("C1", 1, [1, 2], [3], [-0.5], policy_version=0))

@@ -97,9 +97,14 @@ _TRAIN_NAMES = (
 )
 
 
+# Writing and trying an environment (`callgrove.orchestrator`), imported when first asked for.
+_ENVIRONMENT_NAMES = ("AgentHandle", "Environment", "EpisodeRun", "sample_episode")
+
+
 def __getattr__(name: str) -> Any:
-    if name in _TRAIN_NAMES:
-        value = getattr(importlib.import_module("callgrove.train"), name)
+    if name in _TRAIN_NAMES or name in _ENVIRONMENT_NAMES:
+        module = "callgrove.train" if name in _TRAIN_NAMES else "callgrove.orchestrator"
+        value = getattr(importlib.import_module(module), name)
         globals()[name] = value
         return value
     raise AttributeError(f"module 'callgrove' has no attribute {name!r}")
@@ -168,4 +173,5 @@ __all__ = [
     "save",
     "write_samples",
     *_TRAIN_NAMES,
+    *_ENVIRONMENT_NAMES,
 ]

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import httpx
 
+from callgrove.chat import BuiltinFormat
 from callgrove.gateway.app import Gateway
-from callgrove.gateway.chat import Chat
-from callgrove.gateway.script import Script, ScriptedPolicy
-from callgrove.gateway.serve import PolicyServer
+from callgrove.policy.script import Script, ScriptedPolicy
+from callgrove.serving.policy_server import PolicyServer
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 PR_SET_PDEATHSIG = 1  # prctl(2)
@@ -36,7 +36,7 @@ def write_script(path: Path, rules: list[dict], default: object = "done") -> Pat
 
 
 def scripted(path: Path) -> ScriptedPolicy:
-    return ScriptedPolicy(Script.load(path), Chat.builtin())
+    return ScriptedPolicy(Script.load(path), BuiltinFormat())
 
 
 class GatewayClient(httpx.AsyncClient):
@@ -55,12 +55,12 @@ class GatewayClient(httpx.AsyncClient):
 
 
 def gateway_client(policy, ledger: Path, **options) -> tuple[Gateway, httpx.AsyncClient]:
-    gateway = Gateway(policy, Chat.builtin(), ledger, **options)
+    gateway = Gateway(policy, BuiltinFormat(), ledger, **options)
     return gateway, GatewayClient(gateway)
 
 
 def policy_client(policy, **options) -> httpx.AsyncClient:
-    server = PolicyServer(policy, Chat.builtin(), **options)
+    server = PolicyServer(policy, BuiltinFormat(), **options)
     return httpx.AsyncClient(
         transport=httpx.ASGITransport(app=server.app()), base_url="http://policy"
     )

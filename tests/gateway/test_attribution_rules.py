@@ -9,8 +9,8 @@ import json
 
 import pytest
 
+from callgrove.chat import Message, ToolCall
 from callgrove.gateway.attribution import identify, spawns_in
-from callgrove.transcripts import Message, ToolCall
 from callgrove.transcripts.claude_records import SpawnArguments, background_by_default
 from callgrove.transcripts.codex_records import agent_name
 

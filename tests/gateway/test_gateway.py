@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pytest
 
+from callgrove.chat import BuiltinFormat
 from callgrove.episode import read_episodes
 from callgrove.gateway.ledger import CALLS_SUFFIX, EPISODES_FILE
 from callgrove.policy import Completion
@@ -490,7 +491,6 @@ def test_count_tokens_matches_the_rendered_prompt(tmp_path):
 
 
 def test_passthrough_records_the_token_ids_the_upstream_reports(tmp_path):
-    from callgrove.gateway.chat import Chat
     from callgrove.policy.http import HttpPolicyClient
 
     script = write_script(tmp_path / "s.json", RULES)
@@ -533,13 +533,13 @@ def test_passthrough_records_the_token_ids_the_upstream_reports(tmp_path):
     assert two["prompt_from"] == one["id"]  # the upstream's prompt really extends the first call
     assert one["logprobs"] == [-0.25] * len(one["completion_ids"])
     assert (
-        Chat.builtin().decode(np.asarray(one["prompt_ids"])).startswith("<|start|>user\nstart now")
+        BuiltinFormat().decode(np.asarray(one["prompt_ids"])).startswith("<|start|>user\nstart now")
     )
 
 
 def test_a_call_records_what_was_sampled_and_what_the_client_asked():
-    from callgrove.gateway.apis import ChatRequest
     from callgrove.gateway.app import recorded_sampling
+    from callgrove.serving.apis import ChatRequest
 
     sent = {"temperature": 0.7, "top_p": 1.0, "top_k": None}
 

@@ -10,11 +10,11 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
+from callgrove.chat import BuiltinFormat
 from callgrove.cli.app import app
 from callgrove.gateway import harness
-from callgrove.gateway.chat import Chat
 from callgrove.gateway.local import LocalGateway
-from callgrove.gateway.serve import PolicyThread
+from callgrove.serving.policy_server import PolicyThread
 
 from .helpers import scripted, write_script
 
@@ -23,7 +23,7 @@ from .helpers import scripted, write_script
 def gateway(tmp_path):
     policy = scripted(write_script(tmp_path / "s.json", [{"when": "hi", "reply": "hello"}]))
     sampler = PolicyThread(policy)
-    with LocalGateway(policy, sampler.loop, Chat.builtin(), tmp_path / "ledger") as served:
+    with LocalGateway(policy, sampler.loop, BuiltinFormat(), tmp_path / "ledger") as served:
         yield served.url
     sampler.close()
 

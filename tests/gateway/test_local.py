@@ -10,11 +10,11 @@ import httpx
 import numpy as np
 import pytest
 
-from callgrove.gateway.chat import Chat
+from callgrove.chat import BuiltinFormat, CharFormat, ChatFormat
 from callgrove.gateway.harness import Stopped, _run_cli
-from callgrove.gateway.local import LocalGateway, model_chat_of
+from callgrove.gateway.local import LocalGateway
+from callgrove.orchestrator.envs.harness import harness_chat
 from callgrove.policy import Completion, SamplingParams
-from callgrove.policy.render import CharRenderer
 
 
 class LoopRecorder:
@@ -22,7 +22,7 @@ class LoopRecorder:
 
     version = 3
 
-    def __init__(self, chat: Chat):
+    def __init__(self, chat: ChatFormat):
         self.answer = np.concatenate([chat.encode("ok"), np.asarray(chat.stop_token_ids)])
         self.calls: list[tuple[asyncio.AbstractEventLoop, SamplingParams]] = []
 
@@ -33,7 +33,7 @@ class LoopRecorder:
 
 
 def test_a_local_gateway_samples_on_the_loops_event_loop_with_the_loops_sampling(tmp_path):
-    chat = Chat.builtin()
+    chat = BuiltinFormat()
     policy = LoopRecorder(chat)
     loops_own = SamplingParams(max_tokens=5, temperature=0.7, top_p=0.9, seed=11, stop=("END",))
 
@@ -71,7 +71,7 @@ def test_a_local_gateway_samples_on_the_loops_event_loop_with_the_loops_sampling
 
 def test_training_a_model_without_a_chat_template_is_refused_with_a_way_out():
     with pytest.raises(ValueError, match=r"model\.name = 'hf:PATH'.*`gateway` URL"):
-        model_chat_of(CharRenderer())
+        harness_chat(CharFormat())
 
 
 def test_a_stopped_harness_cli_is_killed_at_once(tmp_path):

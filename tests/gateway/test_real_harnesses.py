@@ -21,6 +21,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from callgrove.chat import BuiltinFormat
 from callgrove.gateway.harness import run_harness
 from callgrove.gateway.ledger import EPISODES_FILE
 from callgrove.transcripts import ImportReport, import_claude_code, import_codex
@@ -554,9 +555,8 @@ def callgrove_train(config: Path, timeout: float) -> None:
 
 def test_a_harness_is_an_orchestrator_environment(tmp_path):
     from callgrove.episode import Episode
-    from callgrove.gateway.chat import Chat
-    from callgrove.gateway.harness import HarnessEnvironment
     from callgrove.orchestrator import Environment, run_episode
+    from callgrove.orchestrator.envs.harness import HarnessEnvironment
     from callgrove.policy import SamplingParams
 
     rules = [{"when": "START-CODEX", "reply": "codex leader done"}]
@@ -572,7 +572,7 @@ def test_a_harness_is_an_orchestrator_environment(tmp_path):
         assert isinstance(env, Environment)
         # The harness calls the gateway's upstream, never the loop's in-process policy; the
         # policy being trained has the gateway's vocabulary (all the environment asks of it).
-        trained = SimpleNamespace(vocab_size=Chat.builtin().vocab_size)
+        trained = SimpleNamespace(vocab_size=BuiltinFormat().vocab_size)
         episode = asyncio.run(
             run_episode(
                 env,
@@ -608,7 +608,7 @@ def test_callgrove_train_runs_a_harness_environment(tmp_path):
 steps = 1
 out = "{tmp_path / "out"}"
 [env]
-name = "callgrove.gateway.harness:HarnessEnvironment"
+name = "callgrove.orchestrator.envs.harness:HarnessEnvironment"
 [env.options]
 harness = "codex"
 tasks = [{{prompt = "START-CODEX please", check = "true"}}]
@@ -693,7 +693,7 @@ def test_callgrove_train_trains_on_a_harness_environment(tmp_path, smollm2_vocab
 steps = 1
 out = "{out}"
 [env]
-name = "callgrove.gateway.harness:HarnessEnvironment"
+name = "callgrove.orchestrator.envs.harness:HarnessEnvironment"
 [env.options]
 harness = "codex"
 tasks = [{{prompt = "START-CODEX please", check = {json.dumps(check)}}}]

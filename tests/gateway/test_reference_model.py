@@ -7,18 +7,18 @@ import asyncio
 import httpx
 import numpy as np
 
+from callgrove.chat import BuiltinFormat
 from callgrove.episode import read_episodes
-from callgrove.gateway.chat import Chat
-from callgrove.gateway.serve import reference_policy
 from callgrove.rows import build_rows, check_rows
+from callgrove.serving.policy_server import reference_policy
 
 from .helpers import gateway_client, policy_client
 
 
 def test_reference_decoder_serves_completions_with_token_extras():
     async def go():
-        async with policy_client(reference_policy(Chat.builtin(), seed=3)) as client:
-            prompt = Chat.builtin().render([]).tolist()
+        async with policy_client(reference_policy(BuiltinFormat(), seed=3)) as client:
+            prompt = BuiltinFormat().render([]).tolist()
             body = {"prompt": prompt, "max_tokens": 12, "logprobs": 0, "temperature": 1.0}
             return (await client.post("/v1/completions", json=body)).json()
 
@@ -33,7 +33,7 @@ def test_reference_decoder_serves_completions_with_token_extras():
 
 def test_gateway_records_what_the_reference_decoder_sampled(tmp_path):
     async def go():
-        policy = reference_policy(Chat.builtin(), seed=5)
+        policy = reference_policy(BuiltinFormat(), seed=5)
         _, client = gateway_client(policy, tmp_path / "ledger", max_tokens=16)
         async with client:
             body = {"model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
@@ -63,8 +63,8 @@ def test_gateway_records_what_the_reference_decoder_sampled(tmp_path):
 
 
 def test_a_hugging_face_model_serves_with_its_own_chat_template():
-    from callgrove.gateway.serve import PolicyServer, hf_policy, model_chat, model_tokenizer
-    from callgrove.transcripts import Message
+    from callgrove.chat import JinjaFormat, Message
+    from callgrove.serving.policy_server import PolicyServer, hf_policy, model_tokenizer
 
     policy, chat = hf_policy("smollm2-135m", seed=0)
     server = PolicyServer(policy, chat)
@@ -87,6 +87,6 @@ def test_a_hugging_face_model_serves_with_its_own_chat_template():
     text = chat.decode(np.asarray(payload["prompt_token_ids"]))
     assert "Say hi" in text and "<|im_start|>" in text
     # The gateway renders with the same format from the tokenizer alone (no weights loaded).
-    alone = model_chat(model_tokenizer("smollm2-135m"))
+    alone = JinjaFormat.from_tokenizer(model_tokenizer("smollm2-135m"))
     messages = [Message("user", "Say hi")]
     assert alone.render(messages).tolist() == chat.render(messages).tolist()

@@ -9,10 +9,10 @@ import time
 import numpy as np
 import pytest
 
-from callgrove.gateway.chat import Chat
-from callgrove.gateway.serve import UNSERVED, reference_policy
+from callgrove.chat import BuiltinFormat, ChatFormat
 from callgrove.policy import Completion, SamplingParams
 from callgrove.policy.local import LocalSampler
+from callgrove.serving.policy_server import UNSERVED, reference_policy
 from callgrove.train import TinyConfig, TinyDecoder
 
 from .helpers import policy_client, scripted, write_script
@@ -81,12 +81,12 @@ def test_a_long_decode_does_not_freeze_health_or_other_requests(script):
     assert done["health"] < done["slow"] - 0.5, "/health waited for a decode"
 
 
-def tiny_sampler(chat: Chat) -> LocalSampler:
+def tiny_sampler(chat: ChatFormat) -> LocalSampler:
     return LocalSampler(TinyDecoder(TinyConfig(vocab_size=chat.vocab_size)), seed=0)
 
 
 def test_one_bad_prompt_fails_alone_not_its_whole_round():
-    chat = Chat.builtin()
+    chat = BuiltinFormat()
     sampler = tiny_sampler(chat)
     good = chat.encode("hello")
     poison = np.asarray([1, chat.vocab_size + 5], dtype=np.int32)  # the embedding refuses it
@@ -159,7 +159,7 @@ def test_the_neutral_values_of_those_options_are_served(script):
 
 
 def test_stop_strings_end_the_tiny_models_completions():
-    chat = Chat.builtin()
+    chat = BuiltinFormat()
     policy = reference_policy(chat, seed=1)
     body = {"prompt": "hello there", "max_tokens": 24, "temperature": 0, "logprobs": 0}
     free = post(policy, "/v1/completions", body).json()["choices"][0]

@@ -6,9 +6,8 @@ import asyncio
 
 import numpy as np
 
-from callgrove.gateway.chat import Chat
-from callgrove.gateway.script import SCRIPT_LOGPROB, Script, newest_messages
-from callgrove.transcripts import Message
+from callgrove.chat import BuiltinFormat, Message
+from callgrove.policy.script import SCRIPT_LOGPROB, Script, newest_messages
 
 from .helpers import policy_client, scripted, sse_events, write_script
 
@@ -31,7 +30,7 @@ def run(coroutine):
 def test_completion_from_token_ids_carries_token_extras_and_version(tmp_path):
     async def go():
         async with policy_client(scripted(write_script(tmp_path / "s.json", RULES))) as client:
-            prompt = Chat.builtin().render([Message("user", "hello")]).tolist()
+            prompt = BuiltinFormat().render([Message("user", "hello")]).tolist()
             body = {
                 "prompt": prompt,
                 "logprobs": 0,
@@ -42,9 +41,11 @@ def test_completion_from_token_ids_carries_token_extras_and_version(tmp_path):
 
     payload = run(go())
     choice = payload["choices"][0]
-    expected = Chat.builtin().completion(Message("assistant", "Hi there!"), None).tolist()
+    expected = BuiltinFormat().completion(Message("assistant", "Hi there!"), None).tolist()
     assert choice["token_ids"] == expected
-    assert payload["prompt_token_ids"] == Chat.builtin().render([Message("user", "hello")]).tolist()
+    assert (
+        payload["prompt_token_ids"] == BuiltinFormat().render([Message("user", "hello")]).tolist()
+    )
     assert choice["logprobs"]["token_logprobs"] == [SCRIPT_LOGPROB] * len(expected)
     assert choice["logprobs"]["tokens"][0] == f"token_id:{expected[0]}"
     assert choice["text"].startswith("Hi there!")
@@ -68,7 +69,7 @@ def test_text_prompt_and_times_limit_fall_back_to_default(tmp_path):
 def test_streamed_completion_chunks_add_up(tmp_path):
     async def go():
         async with policy_client(scripted(write_script(tmp_path / "s.json", RULES))) as client:
-            prompt = Chat.builtin().render([Message("user", "weather please")]).tolist()
+            prompt = BuiltinFormat().render([Message("user", "weather please")]).tolist()
             whole = (
                 await client.post("/v1/completions", json={"prompt": prompt, "logprobs": 0})
             ).json()
@@ -132,7 +133,7 @@ def test_tokens_body_limit_and_bad_prompts_are_refused(tmp_path):
 
 
 def test_newest_messages_are_those_after_the_last_assistant_turn():
-    chat = Chat.builtin()
+    chat = BuiltinFormat()
     history = [Message("user", "first"), Message("assistant", "answer"), Message("user", "second")]
     tail = chat.decode(newest_messages(chat, chat.render(history)))
     assert "second" in tail and "first" not in tail and "answer" not in tail

@@ -11,9 +11,10 @@ import httpx
 import numpy as np
 import pytest
 
+from callgrove.chat import BuiltinFormat, ChatFormat
 from callgrove.gateway.app import Gateway
-from callgrove.gateway.chat import Chat, PlainText
 from callgrove.policy.http import Piece
+from callgrove.serving.streaming import PlainText
 
 from .helpers import server_process, sse_events, write_script
 
@@ -155,7 +156,7 @@ def test_a_failing_upstream_is_an_error_and_a_failed_ledger_line(tmp_path):
 
 
 def test_plain_text_goes_out_up_to_markup_and_never_whitespace_the_parse_strips():
-    chat = Chat.builtin()
+    chat = BuiltinFormat()
     plain = PlainText(chat)
     sent = [
         plain.add(chat.encode(piece)) for piece in ["  Hello", " wor", "ld ", "<tool", "_call> x"]
@@ -168,7 +169,7 @@ class StalledUpstream:
     """An upstream that streams one piece of text and then keeps the call open (a long
     sampling run); it notes whether the gateway closed its stream."""
 
-    def __init__(self, chat: Chat):
+    def __init__(self, chat: ChatFormat):
         self.first = chat.encode("Thinking")
         self.closed = asyncio.Event()
 
@@ -184,7 +185,7 @@ class StalledUpstream:
 
 
 def test_a_client_that_leaves_mid_stream_leaves_a_failed_line_and_stops_the_upstream(tmp_path):
-    chat = Chat.builtin()
+    chat = BuiltinFormat()
     upstream = StalledUpstream(chat)
     gateway = Gateway(upstream, chat, tmp_path)
     body = json.dumps(body_for("messages", "hi", True)).encode()

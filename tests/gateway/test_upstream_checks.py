@@ -12,7 +12,6 @@ import socket
 import orjson
 import pytest
 
-from callgrove.gateway.web import open_bind_warning
 from callgrove.policy.http import (
     HttpPolicyClient,
     UpstreamError,
@@ -20,6 +19,7 @@ from callgrove.policy.http import (
     sample_from_chat,
     sample_from_completion,
 )
+from callgrove.serving.web import open_bind_warning
 
 from .helpers import gateway_client
 
@@ -218,7 +218,7 @@ def test_the_cli_warns_before_serving_beyond_loopback(tmp_path, monkeypatch, com
     from typer.testing import CliRunner
 
     from callgrove.cli.app import app
-    from callgrove.gateway import web
+    from callgrove.serving import web
 
     served = []
     monkeypatch.setattr(web, "serve", lambda app, host, port, ready: served.append(host))
@@ -243,7 +243,7 @@ def test_a_gateway_that_stops_gives_up_its_ledger_folder_at_once(tmp_path, monke
     from typer.testing import CliRunner
 
     from callgrove.cli.app import app
-    from callgrove.gateway import web
+    from callgrove.serving import web
     from callgrove.gateway.ledger import LedgerLock
 
     monkeypatch.setattr(web, "serve", lambda app, host, port, ready: None)  # serves, then stops

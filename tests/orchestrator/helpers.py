@@ -7,13 +7,13 @@ from typing import Any
 
 import numpy as np
 
+from callgrove.chat import CharFormat
 from callgrove.episode import Episode
 from callgrove.orchestrator import run_episode
 from callgrove.policy import Completion, SamplingParams
-from callgrove.policy.render import CharRenderer
 
-RENDERER = CharRenderer()
-PARAMS = SamplingParams(max_tokens=4, stop_token_ids=RENDERER.stop_token_ids)
+CHAT = CharFormat()
+PARAMS = SamplingParams(max_tokens=4, stop_token_ids=CHAT.stop_token_ids)
 
 
 class ScriptedPolicy:
@@ -28,7 +28,7 @@ class ScriptedPolicy:
         fail_text: str | None = None,
     ):
         self.fail_text = fail_text
-        self.reply = np.concatenate([RENDERER.encode(reply), [RENDERER.END]]).astype(np.int32)
+        self.reply = np.concatenate([CHAT.encode(reply), [CHAT.END]]).astype(np.int32)
         self.fail_on = fail_on
         self.delay = delay
         self.version = 0
@@ -44,7 +44,7 @@ class ScriptedPolicy:
         else:
             await asyncio.sleep(0)
         if number in self.fail_on or (
-            self.fail_text is not None and self.fail_text in RENDERER.show(prompt_ids)
+            self.fail_text is not None and self.fail_text in CHAT.show(prompt_ids)
         ):
             raise ConnectionError(f"call {number} refused")
         return Completion(self.reply, np.full(len(self.reply), -0.5), self.version, "stop")
@@ -53,7 +53,7 @@ class ScriptedPolicy:
 def run(env: Any, task: Any, policy: Any, timeout: float | None = None) -> Episode:
     async def go() -> Episode:
         return await run_episode(
-            env, task, policy, RENDERER, PARAMS, Episode(id="e0", group="g0"), timeout
+            env, task, policy, CHAT, PARAMS, Episode(id="e0", group="g0"), timeout
         )
 
     return asyncio.run(go())

@@ -20,7 +20,7 @@ from callgrove.orchestrator.config import (
     resolve,
     to_toml,
 )
-from callgrove.policy.backends import LearnerConfig
+from callgrove.train.settings import LearnerSettings
 
 
 def test_unknown_keys_and_wrong_types_name_the_key(tmp_path):
@@ -194,5 +194,5 @@ def test_configs_load_without_torch():
     )
     assert done.returncode == 0, done.stderr
     default, refused = done.stdout.strip().splitlines()
-    assert float(default) == LearnerConfig().learning_rate
+    assert float(default) == LearnerSettings().learning_rate
     assert "sampling: temperature must be a finite number >= 0, not nan" in refused

@@ -7,7 +7,7 @@ import asyncio
 from callgrove.orchestrator.dispatcher import Dispatcher, DispatchSettings
 from callgrove.orchestrator.monitors import seat_metrics
 
-from .helpers import PARAMS, RENDERER, ScriptedPolicy
+from .helpers import CHAT, PARAMS, ScriptedPolicy
 
 
 class Faulty:
@@ -42,7 +42,7 @@ class Faulty:
 
 
 def dispatcher(env, policy, **settings) -> Dispatcher:
-    return Dispatcher(env, policy, RENDERER, PARAMS, DispatchSettings(**settings), run_id="run")
+    return Dispatcher(env, policy, CHAT, PARAMS, DispatchSettings(**settings), run_id="run")
 
 
 def test_faults_are_counted_recorded_and_nothing_is_lost_or_invented():

@@ -12,7 +12,7 @@ from callgrove.orchestrator import EpisodeRun
 from callgrove.orchestrator.envs import make_env
 from callgrove.rows import build_rows, check_rows
 
-from .helpers import RENDERER, ScriptedPolicy, run
+from .helpers import CHAT, ScriptedPolicy, run
 
 
 def parents(episode):
@@ -57,7 +57,7 @@ def test_prompts_extend_the_agents_previous_sequence_exactly():
     first, second = episode.agent("leader").calls
     full = episode.full_ids(first)
     assert np.array_equal(episode.prompt_ids(second)[: len(full)], full)
-    assert RENDERER.parse(first.completion_ids) == "9"
+    assert CHAT.text_of(first.completion_ids) == "9"
     assert first.logprobs is not None and len(first.logprobs) == len(first.completion_ids)
     assert first.policy_version == 0
 

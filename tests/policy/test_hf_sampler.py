@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from callgrove.policy import SamplingParams, TrainableSampler
+from callgrove.policy.decode import DecodeRequest
 from callgrove.policy.hf import HFSampler
+from callgrove.policy.hf_decode import hf_decode
 from callgrove.train import packed_model_batch, row_logprobs
-from callgrove.train.decode import DecodeRequest
-from callgrove.train.hf_decode import hf_decode
 from callgrove.train.hf_trainer import HFLearner
-from callgrove.train.learner import LearnerSettings
+from callgrove.train.settings import LearnerSettings
 from train.helpers import VOCAB, tiny_llama
 
 pytestmark = pytest.mark.hf
@@ -109,14 +109,21 @@ def test_temperature_zero_is_greedy_and_top_p_cuts_the_tail():
 def test_stop_tokens_and_stop_strings_end_sampling_and_are_kept():
     model = tiny_llama(torch.float32, "sdpa").model
     generator = torch.Generator().manual_seed(0)
-    (free,) = hf_decode(model, CharTokenizer(), [DecodeRequest(PROMPTS[0], 12, seed=1)], generator)
+    (free,) = hf_decode(
+        model,
+        CharTokenizer(),
+        [DecodeRequest(PROMPTS[0], SamplingParams(max_tokens=12, seed=1))],
+        generator,
+    )
     stop_token = int(free.completion_ids[3])
     first = free.completion_ids.tolist().index(stop_token)
     text = CharTokenizer().decode(free.completion_ids.tolist())
     stop_string = text[4:6]
     requests = [
-        DecodeRequest(PROMPTS[0], 12, seed=1, stop_token_ids=(stop_token,)),
-        DecodeRequest(PROMPTS[0], 12, seed=1, stop=(stop_string,)),
+        DecodeRequest(
+            PROMPTS[0], SamplingParams(max_tokens=12, seed=1, stop_token_ids=(stop_token,))
+        ),
+        DecodeRequest(PROMPTS[0], SamplingParams(max_tokens=12, seed=1, stop=(stop_string,))),
     ]
     by_token, by_string = hf_decode(model, CharTokenizer(), requests, generator)
     assert (

@@ -16,7 +16,7 @@ from callgrove.credit.grpo import GRPO
 from callgrove.episode import load
 from callgrove.rows import build_rows
 from callgrove.train.hf_trainer import HFLearner, HFOptions, LoraSettings
-from callgrove.train.learner import LearnerSettings
+from callgrove.train.settings import LearnerSettings
 
 from .helpers import EXAMPLES, give_advantages, sample_near_the_model, tiny_llama
 

@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from callgrove.batch import build_samples
-from callgrove.train import LossSettings, TinyConfig
-from callgrove.train.learner import LearnerSettings, TinyLearner
+from callgrove.train import TinyConfig
+from callgrove.train.learner import TinyLearner
+from callgrove.train.settings import LearnerSettings
 
 from .helpers import give_advantages, seed_episode_rows
 
@@ -24,11 +25,14 @@ def samples():
 @pytest.mark.parametrize("entropy_coef", [0.0, 0.05])
 def test_tree_packed_and_packed_steps_agree_and_bump_the_version(entropy_coef):
     batch = samples()
-    loss = LossSettings(entropy_coef=entropy_coef)
     tree = TinyLearner(
-        CONFIG, LearnerSettings(batching="tree", tree_scope="episode", loss=loss), seed=3
+        CONFIG,
+        LearnerSettings(batching="tree", tree_scope="episode", entropy_coef=entropy_coef),
+        seed=3,
     )
-    packed = TinyLearner(CONFIG, LearnerSettings(batching="packed", seq_len=64, loss=loss), seed=3)
+    packed = TinyLearner(
+        CONFIG, LearnerSettings(batching="packed", seq_len=64, entropy_coef=entropy_coef), seed=3
+    )
     a, b = tree.train_step(batch), packed.train_step(batch)
     assert a.loss == pytest.approx(b.loss, rel=1e-5)
     assert a.loss_tokens == b.loss_tokens and a.row_tokens == b.row_tokens

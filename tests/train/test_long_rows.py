@@ -117,7 +117,7 @@ import numpy as np, torch
 from transformers import LlamaConfig, LlamaForCausalLM
 from callgrove.batch import Sample
 from callgrove.train.hf_trainer import HFLearner
-from callgrove.train.learner import LearnerSettings
+from callgrove.train.settings import LearnerSettings
 
 tokens, trained, vocab = int(sys.argv[1]), int(sys.argv[2]), 49152
 torch.manual_seed(0)

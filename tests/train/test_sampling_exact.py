@@ -14,15 +14,16 @@ import pytest
 import torch
 
 from callgrove.batch import build_samples, fill_unknown_sampling
+from callgrove.chat import CharFormat
 from callgrove.episode import Episode, sampling_record
 from callgrove.orchestrator import run_episode
 from callgrove.policy import SamplingParams
-from callgrove.policy.backends import LearnerConfig, ModelSettings, build_policy
-from callgrove.policy.render import CharRenderer
+from callgrove.policy.backends import ModelSettings, build_policy
 from callgrove.rows import build_rows
 from callgrove.train import ModelBatch, VarlenLayout
-from callgrove.train.learner import LearnerSettings, ModelLearner
-from callgrove.train.loss import LossSettings, policy_terms
+from callgrove.train.learner import ModelLearner
+from callgrove.train.loss import policy_terms
+from callgrove.train.settings import LearnerSettings, LossSettings
 
 from .helpers import tiny_llama
 
@@ -48,16 +49,16 @@ class Relay:
         return 1.0
 
 
-def sample_episode(sampler, renderer, temperature: float, top_p: float, seed: int = 0) -> Episode:
+def sample_episode(sampler, chat, temperature: float, top_p: float, seed: int = 0) -> Episode:
     params = SamplingParams(
         max_tokens=6,
         temperature=temperature,
         top_p=top_p,
         seed=seed,
-        stop_token_ids=renderer.stop_token_ids,
+        stop_token_ids=chat.stop_token_ids,
     )
     episode = Episode(id=f"e{seed}", group="g")
-    asyncio.run(run_episode(Relay(), "302", sampler, renderer, params, episode))
+    asyncio.run(run_episode(Relay(), "302", sampler, chat, params, episode))
     assert episode.ok, episode.errors
     return episode
 
@@ -84,14 +85,14 @@ def assert_scored_as_sampled(episode: Episode, learner: ModelLearner, temperatur
 
 def tiny_policy(batching: str):
     settings = ModelSettings(d_model=32, n_heads=2, d_ff=64)
-    return build_policy(settings, LearnerConfig(batching=batching), seed=0)
+    return build_policy(settings, LearnerSettings(batching=batching), seed=0)
 
 
 @pytest.mark.parametrize("batching", ["tree", "packed"])
 @pytest.mark.parametrize(("temperature", "top_p"), CASES)
 def test_the_tiny_learner_scores_what_the_sampler_drew_from(batching, temperature, top_p):
     policy = tiny_policy(batching)
-    episode = sample_episode(policy.sampler, policy.renderer, temperature, top_p)
+    episode = sample_episode(policy.sampler, policy.chat, temperature, top_p)
     assert_scored_as_sampled(episode, policy.learner, temperature, top_p)
 
 
@@ -100,27 +101,27 @@ def hf_policy(batching: str):
     from callgrove.policy.hf import HFSampler
     from callgrove.train.hf_trainer import HFLearner
 
-    renderer = CharRenderer()
+    chat = CharFormat()
 
     class Characters:
         pad_token_id = 0
 
         def decode(self, ids, skip_special_tokens=False):
-            return renderer.parse(ids)
+            return chat.text_of(ids)
 
     def model():
-        return tiny_llama(torch.float32, "sdpa", vocab=renderer.vocab_size).model
+        return tiny_llama(torch.float32, "sdpa", vocab=chat.vocab_size).model
 
     sampler = HFSampler(model(), Characters())
     learner = HFLearner(model(), LearnerSettings(batching=batching))
-    return sampler, learner, renderer
+    return sampler, learner, chat
 
 
 @pytest.mark.parametrize("batching", ["tree", "packed"])
 @pytest.mark.parametrize(("temperature", "top_p"), CASES)
 def test_the_hf_learner_scores_what_the_hf_sampler_drew_from(batching, temperature, top_p):
-    sampler, learner, renderer = hf_policy(batching)
-    episode = sample_episode(sampler, renderer, temperature, top_p)
+    sampler, learner, chat = hf_policy(batching)
+    episode = sample_episode(sampler, chat, temperature, top_p)
     assert_scored_as_sampled(episode, learner, temperature, top_p)
 
 
@@ -128,7 +129,7 @@ def test_the_hf_learner_scores_what_the_hf_sampler_drew_from(batching, temperatu
 def test_recorded_logprobs_are_those_of_a_plain_reference(temperature, top_p):
     """Tempering and the nucleus written out in numpy over a full forward without a cache."""
     policy = tiny_policy("tree")
-    episode = sample_episode(policy.sampler, policy.renderer, temperature, top_p, seed=3)
+    episode = sample_episode(policy.sampler, policy.chat, temperature, top_p, seed=3)
     model = policy.learner.model.double()
     checked = 0
     for call in episode.calls():
@@ -164,7 +165,7 @@ def test_calls_without_sampling_are_scored_with_the_run_settings_and_counted():
     from callgrove.orchestrator.step import prepare_step
 
     policy = tiny_policy("tree")
-    episodes = [sample_episode(policy.sampler, policy.renderer, 0.5, 0.9, seed=s) for s in range(2)]
+    episodes = [sample_episode(policy.sampler, policy.chat, 0.5, 0.9, seed=s) for s in range(2)]
     forgotten = [c for c in episodes[0].calls()][:3]
     for call in forgotten:
         call.sampling = None  # as an environment's own client that could not tell would leave it
@@ -186,7 +187,7 @@ def test_a_wrongly_recorded_temperature_shows_as_mismatch():
     """Scoring at the wrong temperature (what the learners did before calls recorded theirs)
     is what the metric exists to catch."""
     policy = tiny_policy("tree")
-    episode = sample_episode(policy.sampler, policy.renderer, 0.5, 1.0)
+    episode = sample_episode(policy.sampler, policy.chat, 0.5, 1.0)
     for call in episode.calls():
         call.sampling = sampling_record(1.0, 1.0)
     report = train_on(episode, policy.learner)
@@ -283,13 +284,13 @@ def test_tokens_an_older_version_sampled_are_told_apart():
     """`on_policy` holds the tokens the trained weights sampled: there only the two sides'
     computation differs; `all` also holds the policy's change since an older version."""
     policy = tiny_policy("tree")
-    train_on(sample_episode(policy.sampler, policy.renderer, 0.7, 1.0), policy.learner)
-    stale = sample_episode(policy.sampler, policy.renderer, 0.7, 1.0, seed=1)  # version 0
+    train_on(sample_episode(policy.sampler, policy.chat, 0.7, 1.0), policy.learner)
+    stale = sample_episode(policy.sampler, policy.chat, 0.7, 1.0, seed=1)  # version 0
     report = train_on(stale, policy.learner)  # trains version 1
     assert "on_policy/max_abs" not in report.mismatch
     assert report.mismatch["all/max_abs"] > 1e-3
     learner = policy.learner
     asyncio.run(policy.sampler.load_weights(learner.weights(), learner.version))
-    fresh = sample_episode(policy.sampler, policy.renderer, 0.7, 1.0, seed=2)
+    fresh = sample_episode(policy.sampler, policy.chat, 0.7, 1.0, seed=2)
     report = train_on(fresh, learner)
     assert report.mismatch["on_policy/max_abs"] < TOLERANCE

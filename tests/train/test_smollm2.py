@@ -15,8 +15,9 @@ import pytest
 import torch
 
 from callgrove.batch.tree import pack_tree
+from callgrove.chat import JinjaFormat, Message
 from callgrove.policy import SamplingParams
-from callgrove.policy.hf import ChatTemplateRenderer, HFSampler
+from callgrove.policy.hf import HFSampler
 from callgrove.train import packed_model_batch, row_logprobs, tree_model_batch
 from callgrove.train.hf_model import (
     HFPolicyModel,
@@ -37,16 +38,11 @@ def test_smollm2_converts_renders_samples_and_tree_packs():
     assert "quantization_config" not in json.loads((folder / "config.json").read_text())
     assert sum(p.numel() for p in model.parameters()) == 134_515_008
 
-    renderer = ChatTemplateRenderer(tokenizer)
-    prompt = np.concatenate(
-        [
-            renderer.render("user", "What is 2 + 3? Answer with the number."),
-            renderer.generation_prompt(),
-        ]
-    )
-    assert "<|im_start|>user\nWhat is 2 + 3?" in renderer.show(prompt)
+    chat = JinjaFormat.from_tokenizer(tokenizer)
+    prompt = chat.render([Message("user", "What is 2 + 3? Answer with the number.")])
+    assert "<|im_start|>user\nWhat is 2 + 3?" in chat.show(prompt)
     sampler = HFSampler(model, tokenizer)
-    greedy = SamplingParams(max_tokens=16, temperature=0, stop_token_ids=renderer.stop_token_ids)
+    greedy = SamplingParams(max_tokens=16, temperature=0, stop_token_ids=chat.stop_token_ids)
     sampled = SamplingParams(max_tokens=12, seed=1, stop=("\n",))
 
     async def both():
@@ -54,8 +50,8 @@ def test_smollm2_converts_renders_samples_and_tree_packs():
 
     answer, free = asyncio.run(both())
     assert sampler.rounds == 1  # decoded together
-    assert "5" in renderer.parse(answer.completion_ids)
-    assert free.finish_reason == "length" or "\n" in renderer.parse(free.completion_ids)
+    assert "5" in chat.text_of(answer.completion_ids)
+    assert free.finish_reason == "length" or "\n" in chat.text_of(free.completion_ids)
 
     # The sampled logprobs are the trainer's, and a fork of the answer trains the same
     # tree-packed as packed (sdpa through real weights).
@@ -84,7 +80,8 @@ def test_smollm2_with_lora_scores_what_it_sampled_at_temperature_and_top_p():
     """The README's recipe samples SmolLM2 at temperature 0.7: through the real weights, LoRA
     and the chat template, the learner scores every trained token under the distribution it
     was sampled from, tree-packed and packed."""
-    from callgrove.policy.backends import LearnerConfig, ModelSettings, build_policy
+    from callgrove.policy.backends import ModelSettings, build_policy
+    from callgrove.train.settings import LearnerSettings
 
     from .test_sampling_exact import assert_scored_as_sampled, sample_episode
 
@@ -92,8 +89,8 @@ def test_smollm2_with_lora_scores_what_it_sampled_at_temperature_and_top_p():
     for batching in ("tree", "packed"):
         policy = build_policy(
             ModelSettings(name="smollm2-135m", options={"lora_rank": 16}),
-            LearnerConfig(batching=batching),
+            LearnerSettings(batching=batching),
             seed=0,
         )
-        episode = sample_episode(policy.sampler, policy.renderer, 0.7, 0.9)
+        episode = sample_episode(policy.sampler, policy.chat, 0.7, 0.9)
         assert_scored_as_sampled(episode, policy.learner, 0.7, 0.9)

@@ -1,4 +1,5 @@
-"""Without torch, `import callgrove.train` says which extra to install; the rest still works."""
+"""Without torch, the trainer's torch-backed names say which extra to install; the rest (its
+settings included) still works."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ sys.modules["torch"] = None  # `import torch` now raises ModuleNotFoundError
 import callgrove as cg
 rows = cg.build_rows(next(cg.load("examples/login_bug.jsonl")))
 print(len(rows.rows))
+from callgrove.train import LearnerSettings
+LearnerSettings(learning_rate=0.1)
 try:
-    import callgrove.train
+    from callgrove.train import TinyDecoder
 except ModuleNotFoundError as error:
     print(error)
 """

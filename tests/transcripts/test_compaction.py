@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from callgrove.chat.message import Message, ToolCall
 from callgrove.transcripts.accounting import CallIds, parse_timestamp
 from callgrove.transcripts.claude_records import (
     CompactMetadata,
@@ -15,15 +16,7 @@ from callgrove.transcripts.compaction import (
     preserved_links,
     summary_in_replacement,
 )
-from callgrove.transcripts.model import (
-    CallRecord,
-    Message,
-    Source,
-    ToolCall,
-    TranscriptAgent,
-    TranscriptCall,
-    Turn,
-)
+from callgrove.transcripts.model import CallRecord, Source, TranscriptAgent, TranscriptCall, Turn
 
 PREAMBLE = "Another language model started to solve this problem ... summary:\n"
 

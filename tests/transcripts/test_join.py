@@ -7,10 +7,11 @@ import json
 import numpy as np
 from typer.testing import CliRunner
 
+from callgrove.chat import BuiltinFormat
 from callgrove.cli import app
 from callgrove.episode import Agent, Call, Episode, load, save
 from callgrove.forest import build_forest
-from callgrove.transcripts import BuiltinFormat, TranscriptRenderer, import_claude_code
+from callgrove.transcripts import TranscriptRenderer, import_claude_code
 from callgrove.transcripts.join import UNMATCHED_AGENT, join_capture
 
 from .helpers import KIMUSON, assert_prefix_stable

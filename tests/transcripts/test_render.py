@@ -10,15 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+from callgrove.chat import BuiltinFormat, ByteTokenizer, JinjaFormat, Message, ToolCall
 from callgrove.cli import app
 from callgrove.episode import load
 from callgrove.formats.problems import InputError
 from callgrove.transcripts import (
-    BuiltinFormat,
-    ByteTokenizer,
-    JinjaFormat,
-    Message,
-    ToolCall,
     Transcript,
     TranscriptAgent,
     TranscriptCall,

@@ -35,19 +35,19 @@ Tokens = Annotated[
 
 
 def _chat(tokenizer: Path | None, template: Path | None, parser: str):
-    from callgrove.gateway.chat import Chat
+    from callgrove.chat import BuiltinFormat, JinjaFormat
 
     if (tokenizer is None) != (template is None):
         err.print("error: --tokenizer and --template go together")
         raise typer.Exit(EXIT_USAGE)
     if tokenizer is None:
-        return Chat.builtin()
-    return Chat.jinja(tokenizer, template, parser)  # type: ignore[arg-type]
+        return BuiltinFormat()
+    return JinjaFormat(tokenizer, template, parser=parser)  # type: ignore[arg-type]
 
 
 def _serve(what: str, app: Any, host: str, port: int, tokens: list[str]) -> None:
     """Serve `app` until interrupted, warning first when it is open beyond loopback."""
-    from callgrove.gateway import web
+    from callgrove.serving import web
 
     warning = web.open_bind_warning(host, tokens)
     if warning is not None:
@@ -94,8 +94,8 @@ def serve_policy(
     ] = 4096,
 ) -> None:
     """Serve a policy on an OpenAI-compatible API with vLLM's token extras."""
-    from callgrove.gateway.script import Script, ScriptedPolicy
-    from callgrove.gateway.serve import PolicyServer, hf_policy, reference_policy
+    from callgrove.policy.script import Script, ScriptedPolicy
+    from callgrove.serving.policy_server import PolicyServer, hf_policy, reference_policy
 
     if (script is None) == (model is None):
         err.print("error: give either --script FILE or --model (tiny, hf:PATH or a packaged name)")
@@ -182,17 +182,18 @@ def gateway(
     closes an episode: its record is appended to LEDGER/episodes.jsonl, which every command
     reads (`callgrove rows LEDGER/episodes.jsonl`). docs/gateway.md has the whole protocol.
     """
+    from callgrove.chat import JinjaFormat
     from callgrove.gateway.app import Gateway
     from callgrove.gateway.ledger import QUARANTINE, LedgerInUse
-    from callgrove.gateway.serve import model_chat, model_tokenizer
     from callgrove.policy.http import HttpPolicyClient
+    from callgrove.serving.policy_server import model_tokenizer
 
     if model is not None and (tokenizer or template):
         err.print("error: give --model or --tokenizer/--template, not both")
         raise typer.Exit(EXIT_USAGE)
     try:
         chat = (
-            model_chat(model_tokenizer(model), parser)
+            JinjaFormat.from_tokenizer(model_tokenizer(model), parser)
             if model
             else _chat(tokenizer, template, parser)
         )
@@ -359,7 +360,7 @@ def close(
     if group is not None:
         body["group"] = group
     try:
-        record = close_episode(gateway_url, episode, token or "callgrove", body)
+        record, _ = close_episode(gateway_url, episode, token or "callgrove", body)
     except CloseFailed as error:
         err.print(f"error: {safe(error)}")
         raise typer.Exit(EXIT_FAILED) from None

@@ -11,21 +11,19 @@ import orjson
 import typer
 from rich.table import Table
 
+from callgrove.chat import BuiltinFormat, ChatFormat, JinjaFormat
 from callgrove.cli.app import EXIT_FAILED, EXIT_OK, EXIT_USAGE, app, err, require_output, safe
 from callgrove.episode import Episode, encode_episode, load, save
 from callgrove.forest import compact_prompts
 from callgrove.formats.problems import Diagnostics, InputError
 from callgrove.transcripts import (
-    BuiltinFormat,
     ImportReport,
-    JinjaFormat,
     Transcript,
     TranscriptRenderer,
     import_claude_code,
     import_codex,
 )
 from callgrove.transcripts.join import join_capture
-from callgrove.transcripts.render import ChatFormat
 
 import_app = typer.Typer(
     help="Import harness transcripts (Claude Code, Codex) as episodes.", no_args_is_help=True

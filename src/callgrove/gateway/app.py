@@ -36,25 +36,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from callgrove.chat import ChatFormat, Message, ToolCall, tools_message
 from callgrove.episode import TOKEN_DTYPE, Agent, Call, Episode, encode_episode, sampling_record
 from callgrove.episode.record import base_of, concat, segments
 from callgrove.formats import InputError
-from callgrove.gateway.apis import (
-    ChatRequest,
-    Reply,
-    ReplyStream,
-    anthropic_messages,
-    anthropic_request,
-    error_events,
-    error_json,
-    openai_chat_request,
-    openai_history,
-    openai_message,
-    openai_tools,
-    reply_events,
-    reply_json,
-    responses_request,
-)
 from callgrove.gateway.attribution import (
     UNTAGGED,
     CodexNames,
@@ -68,7 +53,6 @@ from callgrove.gateway.attribution import (
     spawns_in,
     valid_episode,
 )
-from callgrove.gateway.chat import Chat, PlainText, tools_message
 from callgrove.gateway.ledger import (
     CALLS_SUFFIX,
     EPISODES_FILE,
@@ -87,7 +71,26 @@ from callgrove.gateway.ledger import (
     read_ledger,
     stored_episode_ids,
 )
-from callgrove.gateway.web import (
+from callgrove.policy import Completion, PolicyClient, SamplingParams
+from callgrove.policy.http import Piece, UpstreamError, sample_from_pieces
+from callgrove.serving.apis import (
+    ChatRequest,
+    Reply,
+    ReplyStream,
+    anthropic_messages,
+    anthropic_request,
+    error_events,
+    error_json,
+    openai_chat_request,
+    openai_history,
+    openai_message,
+    openai_tools,
+    reply_events,
+    reply_json,
+    responses_request,
+)
+from callgrove.serving.streaming import PlainText
+from callgrove.serving.web import (
     DEFAULT_BODY_LIMIT,
     HttpError,
     check_token,
@@ -96,9 +99,6 @@ from callgrove.gateway.web import (
     request_key,
     sse_response,
 )
-from callgrove.policy import Completion, PolicyClient, SamplingParams
-from callgrove.policy.http import Piece, UpstreamError, sample_from_pieces
-from callgrove.transcripts import Message, ToolCall
 
 PARSERS: dict[str, Callable[[dict[str, Any]], ChatRequest]] = {
     "chat": openai_chat_request,
@@ -391,7 +391,7 @@ class Gateway:
     def __init__(
         self,
         policy: PolicyClient,
-        chat: Chat,
+        chat: ChatFormat,
         ledger: str | Path,
         *,
         tokens: list[str] | None = None,

@@ -28,9 +28,9 @@ from typing import Any
 import msgspec
 import orjson
 
+from callgrove.chat import Message
 from callgrove.episode import AGENT_STARTS
-from callgrove.gateway.web import HttpError
-from callgrove.transcripts import Message
+from callgrove.serving.web import HttpError
 from callgrove.transcripts.claude_records import SPAWN_TOOLS, SpawnArguments
 from callgrove.transcripts.codex_records import agent_name
 

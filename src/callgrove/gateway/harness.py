@@ -9,7 +9,6 @@ episode is closed with that reward; the closed record comes back.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
 import signal
@@ -24,11 +23,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
-import orjson
 
 import callgrove
+from callgrove.episode import Episode, episode_from_wire
+from callgrove.formats.jsonl import decode_episode_line
 from callgrove.gateway.attribution import valid_episode
-from callgrove.gateway.local import LocalGateway, model_chat_of
 from callgrove.gateway.relay import UnixToTcp
 
 HARNESSES = ("claude-code", "codex")
@@ -66,6 +65,8 @@ class HarnessRun:
     reward: float | None  # None: no check ran (the episode is closed without a reward)
     record: dict[str, Any]
     seconds: float
+    closed: Episode | None = None
+    """The closed record as an episode, parsed from the gateway's answer once (None: left open)."""
 
 
 class CloseFailed(RuntimeError):
@@ -191,12 +192,15 @@ def run_harness(
     }
     if reward is not None:  # no check, no reward: a 0 would read as a failed check
         body["rewards"] = {"check": reward}
-    record = close_episode(gateway, episode, key, body)
-    return HarnessRun(harness, episode, returncode, stdout, stderr, reward, record, seconds)
+    record, closed = close_episode(gateway, episode, key, body)
+    return HarnessRun(harness, episode, returncode, stdout, stderr, reward, record, seconds, closed)
 
 
-def close_episode(gateway: str, episode: str, key: str, body: dict[str, Any]) -> dict[str, Any]:
-    """POST the close and return the record; `CloseFailed` saying why where there is none."""
+def close_episode(
+    gateway: str, episode: str, key: str, body: dict[str, Any]
+) -> tuple[dict[str, Any], Episode]:
+    """POST the close and return the record, as JSON and as an episode; `CloseFailed` saying
+    why where there is none."""
     url = f"{gateway.rstrip('/')}/e/{episode}/close"
     try:
         closed = httpx.post(url, json=body, headers={"x-api-key": key}, timeout=60)
@@ -214,7 +218,7 @@ def close_episode(gateway: str, episode: str, key: str, body: dict[str, Any]) ->
             f"the gateway at {gateway} refused to close episode {episode!r} "
             f"({closed.status_code}): {said}"
         )
-    return closed.json()
+    return closed.json(), episode_from_wire(decode_episode_line(closed.content))
 
 
 class Stopped(RuntimeError):
@@ -248,132 +252,3 @@ def _run_cli(
             if stopped:
                 raise Stopped("the harness CLI was stopped before it finished") from None
             raise subprocess.TimeoutExpired(argv, timeout, stdout, stderr) from None
-
-
-class HarnessEnvironment:
-    """A real harness CLI as an orchestrator environment (`callgrove.orchestrator.Environment`).
-
-    Each task is `{"prompt": ..., "check": ...}` (the check optional). The harness runs through
-    a gateway that records every call; the episode the gateway closes becomes the orchestrator's
-    episode (its agents and calls replace the leader the run started with), and the check's
-    reward is the episode's reward.
-
-    Without `gateway` the environment runs its own gateway in this process
-    (`callgrove.gateway.local`) over the policy being trained (`EpisodeRun.policy`), rendering
-    with that policy's tokenizer and chat template and sampling as the loop samples: the
-    harness's calls are on-policy and their token ids are the learner's, so `callgrove train`
-    trains on them. Its ledger is `FOLDER/ledger`. With `gateway` (a URL) the calls go to that
-    gateway instead, whose upstream must then serve the policy being trained.
-    """
-
-    def __init__(
-        self,
-        harness: str,
-        tasks: list[dict[str, Any]],
-        gateway: str | None = None,
-        folder: str | os.PathLike[str] = "harness-runs",
-        *,
-        timeout: float = 300.0,
-        cli: str | None = None,
-        extra_args: list[str] | None = None,
-        parser: str = "hermes",
-    ):
-        if harness not in HARNESSES:
-            raise ValueError(f"unknown harness {harness!r}; known: {', '.join(HARNESSES)}")
-        if not tasks or not all(isinstance(t, dict) and "prompt" in t for t in tasks):
-            raise ValueError("tasks must be a non-empty list of {'prompt': ..., 'check': ...}")
-        self.name = harness
-        self.harness = harness
-        self.tasks = tasks
-        self.gateway = gateway
-        self.folder = Path(folder)
-        self.timeout = timeout
-        self.cli = cli
-        self.extra_args = extra_args or []
-        self.parser = parser
-        self.local: LocalGateway | None = None
-        self._starting: asyncio.Lock | None = None
-
-    def task(self, rng: Any) -> dict[str, Any]:
-        return self.tasks[int(rng.integers(len(self.tasks)))]
-
-    def eval_tasks(self) -> list[dict[str, Any]]:
-        return list(self.tasks)
-
-    async def _gateway_for(self, episode: Any) -> str:
-        """The gateway's URL: the one given, or this process's over the episode's policy."""
-        if self.gateway is not None:
-            return self.gateway
-        self._starting = self._starting or asyncio.Lock()
-        async with self._starting:
-            if self.local is None:
-                chat = model_chat_of(episode.renderer, self.parser)
-                self.local = await asyncio.to_thread(
-                    LocalGateway,
-                    episode.policy,
-                    asyncio.get_running_loop(),
-                    chat,
-                    self.folder / "ledger",
-                    sampling=episode.params,
-                )
-        if self.local.policy is not episode.policy:
-            raise RuntimeError("the in-process gateway serves one policy; this episode has another")
-        return self.local.url
-
-    def close(self) -> None:
-        """Stop the in-process gateway, if one was started."""
-        if self.local is not None:
-            self.local.close()
-            self.local = None
-
-    async def run(self, episode: Any, task: dict[str, Any]) -> dict[str, float]:
-        from callgrove.episode import episode_from_wire
-        from callgrove.formats.jsonl import decode_episode_line
-
-        record = episode.episode
-        gateway = await self._gateway_for(episode)
-        stop = threading.Event()
-        try:
-            run = await asyncio.to_thread(
-                run_harness,
-                self.harness,
-                task["prompt"],
-                gateway,
-                record.id,
-                self.folder,
-                check=task.get("check"),
-                timeout=self.timeout,
-                cli=self.cli,
-                extra_args=self.extra_args,
-                task=task,
-                stop=stop,
-            )
-        except asyncio.CancelledError:
-            stop.set()  # the CLI dies with the episode instead of running on in its thread
-            raise
-        if run.returncode != 0:
-            raise RuntimeError(f"{self.harness} exited {run.returncode}: {run.stderr[-500:]}")
-        closed = episode_from_wire(decode_episode_line(orjson.dumps(run.record)))
-        _check_vocabulary(closed, getattr(episode.renderer, "vocab_size", None))
-        record.agents[:] = closed.agents
-        return closed.rewards
-
-
-def _check_vocabulary(episode: Any, vocab_size: int | None) -> None:
-    """Refuse calls whose token ids the policy being trained cannot embed.
-
-    The gateway renders with its own chat format; unless that is the trained policy's tokenizer
-    and template (`callgrove gateway --model`, its upstream serving that policy), the ids mean
-    nothing to the learner, which would otherwise fail deep inside its embedding."""
-    if vocab_size is None:
-        return
-    for agent in episode.agents:
-        for call in agent.calls:
-            for part in (call.prompt_suffix, call.completion_ids):
-                if len(part) and int(part.max()) >= vocab_size:
-                    raise ValueError(
-                        f"episode {episode.id}, agent {agent.id}, call {call.id}: token id "
-                        f"{int(part.max())} is outside the vocabulary of the policy being trained "
-                        f"({vocab_size} ids); the gateway must render with that policy's "
-                        "tokenizer and chat template and sample from it"
-                    )

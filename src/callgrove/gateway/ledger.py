@@ -44,7 +44,7 @@ from callgrove.episode.codec import _call_from_wire, _call_to_wire
 from callgrove.formats import InputError
 from callgrove.formats.jsonl import json_numbers
 from callgrove.formats.wire import WireCall, WirePolicy, WireRun
-from callgrove.gateway.web import HttpError
+from callgrove.serving.web import HttpError
 
 EPISODES_FILE = "episodes.jsonl"
 CALLS_SUFFIX = ".calls.jsonl"

@@ -16,28 +16,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
+from callgrove.chat import ChatFormat
 from callgrove.gateway.app import Gateway
-from callgrove.gateway.chat import Chat
-from callgrove.gateway.web import bind, server
-from callgrove.policy import Completion, PolicyClient, SamplingParams
-
-
-class LoopPolicy:
-    """A policy client that lives on another event loop, called from this one."""
-
-    def __init__(self, policy: PolicyClient, loop: asyncio.AbstractEventLoop):
-        self.policy = policy
-        self.loop = loop
-
-    @property
-    def version(self) -> int:
-        return self.policy.version
-
-    async def sample(self, prompt_ids: np.ndarray, params: SamplingParams) -> Completion:
-        future = asyncio.run_coroutine_threadsafe(self.policy.sample(prompt_ids, params), self.loop)
-        return await asyncio.wrap_future(future)  # cancelling this cancels the sampling
+from callgrove.policy import PolicyClient, SamplingParams
+from callgrove.policy.threads import LoopPolicy
+from callgrove.serving.web import bind, server
 
 
 class LocalGateway:
@@ -47,7 +30,7 @@ class LocalGateway:
         self,
         policy: PolicyClient,
         loop: asyncio.AbstractEventLoop,
-        chat: Chat,
+        chat: ChatFormat,
         ledger: str | Path,
         *,
         sampling: SamplingParams | None = None,
@@ -83,18 +66,3 @@ class LocalGateway:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-
-def model_chat_of(renderer: Any, parser: str = "hermes") -> Chat:
-    """The chat format of the policy being trained, from its renderer's Hugging Face tokenizer."""
-    from callgrove.gateway.serve import model_chat
-
-    tokenizer = getattr(renderer, "tokenizer", None)
-    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
-        raise ValueError(
-            "a harness run against the policy being trained renders with that policy's tokenizer "
-            f"and chat template, and {type(renderer).__name__} has none: train a Hugging Face "
-            "model (model.name = 'hf:PATH' or 'smollm2-135m'), or give the environment a "
-            "`gateway` URL whose upstream serves the policy"
-        )
-    return model_chat(tokenizer, parser)

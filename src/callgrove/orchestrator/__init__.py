@@ -8,6 +8,7 @@ from callgrove.orchestrator.env import (
     EpisodeRun,
     PolicyCallError,
     run_episode,
+    sample_episode,
 )
 
 __all__ = [
@@ -17,4 +18,5 @@ __all__ = [
     "EpisodeRun",
     "PolicyCallError",
     "run_episode",
+    "sample_episode",
 ]

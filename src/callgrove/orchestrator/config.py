@@ -21,8 +21,9 @@ from callgrove.formats.ranges import check_choice, check_range
 from callgrove.orchestrator.degeneracy import DegeneracySettings
 from callgrove.orchestrator.dispatcher import DispatchSettings
 from callgrove.policy import SamplingParams
-from callgrove.policy.backends import LearnerConfig, ModelSettings
+from callgrove.policy.backends import ModelSettings
 from callgrove.rows import RowSettings
+from callgrove.train.settings import LearnerSettings
 
 EXECUTORS = ("local", "ray")
 _DEFAULT_ALGORITHM = GRPO
@@ -117,7 +118,7 @@ class TrainConfig(_Section):
     dispatch: DispatchSettings = msgspec.field(default_factory=DispatchSettings)
     algorithm: BuiltinAlgorithm = msgspec.field(default_factory=_DEFAULT_ALGORITHM)
     """A tagged union: `name` picks the algorithm, and only its own settings may follow."""
-    train: LearnerConfig = msgspec.field(default_factory=LearnerConfig)
+    train: LearnerSettings = msgspec.field(default_factory=LearnerSettings)
     degeneracy: DegeneracySettings = msgspec.field(default_factory=DegeneracySettings)
     monitor: MonitorSection = msgspec.field(default_factory=MonitorSection)
     ray: RaySection = msgspec.field(default_factory=RaySection)
@@ -132,7 +133,7 @@ class TrainConfig(_Section):
 
 @dataclass(frozen=True)
 class Resolved:
-    """What the loop runs with beyond the config: the settings that also stop at the renderer's
+    """What the loop runs with beyond the config: the settings that also stop at the chat format's
     stop tokens, and a fresh algorithm (one that learns keeps its state on itself)."""
 
     config: TrainConfig

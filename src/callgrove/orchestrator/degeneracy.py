@@ -38,7 +38,7 @@ class DegeneracySettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unkno
     drop: tuple[str, ...] = ("gibberish", "repetition")
     """The detectors whose flag keeps a row from training (every detector still measures)."""
     stop_token_ids: tuple[int, ...] = ()
-    """Tokens that end a completion, for truncation (a run adds its renderer's)."""
+    """Tokens that end a completion, for truncation (a run adds its chat format's)."""
 
     def __post_init__(self) -> None:
         check_range("gibberish_logprob", self.gibberish_logprob, at_most=0)

@@ -35,13 +35,13 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from callgrove.chat import ChatFormat
 from callgrove.episode import Episode, off_policy_steps
 from callgrove.formats.ranges import check_range
 from callgrove.formats.wire import WireEnv, WirePolicy, WireRun
 from callgrove.orchestrator.env import Environment, cancelled_error, run_episode
 from callgrove.orchestrator.errors import RunError
 from callgrove.policy import PolicyClient, SamplingParams
-from callgrove.policy.render import Renderer
 
 SUBSETS = ("train", "eval")
 # Runs one episode to its end (errors recorded on it): in this process by default, or on a
@@ -98,7 +98,7 @@ class Dispatcher:
         self,
         env: Environment,
         policy: PolicyClient,
-        renderer: Renderer,
+        chat: ChatFormat,
         params: SamplingParams,
         settings: DispatchSettings,
         run_id: str,
@@ -109,7 +109,7 @@ class Dispatcher:
     ):
         self.env = env
         self.policy = policy
-        self.renderer = renderer
+        self.chat = chat
         self.params = params
         self.settings = settings
         self.run_id = run_id
@@ -243,7 +243,7 @@ class Dispatcher:
             self.env,
             task,
             self.policy,
-            self.renderer,
+            self.chat,
             self.params,
             episode,
             self.settings.episode_timeout,

@@ -23,8 +23,9 @@ summary. It returns the episode's rewards; `AgentHandle.reward` gives an agent i
 Every policy call is recorded as it completes on the agent that made it, with its exact prompt
 and completion ids, the sampling logprobs, the policy version and the next ledger `seq`, so the
 finished episode is a `callgrove.episode/1` record without any bookkeeping by the author.
-Rendering is token-exact (`callgrove.policy.render`): an agent's history only grows, so a
-call's prompt extends its agent's previous full sequence, a fork's first call extends the call
+Rendering is token-exact (`callgrove.chat`, message by message): an agent's history only grows
+(the tokens its chat template puts after a reply included), so a call's prompt extends its
+agent's previous full sequence, a fork's first call extends the call
 it copied, and a compaction call continues the old history while the call after it is a root.
 
 How an episode ends is recorded, never invented: an exception in `run` (or a policy call that
@@ -44,15 +45,19 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+import msgspec
 import numpy as np
 
+from callgrove.chat import ChatFormat, Message
 from callgrove.episode import TOKEN_DTYPE, Agent, Call, Episode
 from callgrove.formats.wire import WireEnv, WireError
 from callgrove.policy import PolicyClient, SamplingParams
-from callgrove.policy.render import Renderer
+from callgrove.policy.backends import ModelSettings, build_sampler
 
 Rewards = float | dict[str, float]
 EMPTY = np.zeros(0, dtype=TOKEN_DTYPE)
+History = tuple[np.ndarray, Message | None]
+"""An agent's history: its tokens and its newest message (None: empty)."""
 
 
 @runtime_checkable
@@ -84,10 +89,11 @@ class PolicyCallError(RuntimeError):
 class AgentHandle:
     """One agent of a running episode: its token history and its record."""
 
-    def __init__(self, run: EpisodeRun, record: Agent, history: np.ndarray, system: np.ndarray):
+    def __init__(self, run: EpisodeRun, record: Agent, start: History, system: History):
         self.run = run
         self.record = record
-        self.history = history
+        self.history, self.last = start
+        """The history's tokens, and its newest message (which the next one is rendered after)."""
         self._system = system
 
     @property
@@ -100,26 +106,32 @@ class AgentHandle:
 
     def say(self, text: str, role: str = "user") -> None:
         """Add a message to the history without calling the policy."""
-        self.history = np.concatenate([self.history, self.run.renderer.render(role, text)])
+        message = Message(role, text)
+        self.history = np.concatenate([self.history, self.run.chat.segment(message, self.last)])
+        self.last = message
 
     async def ask(self, text: str | None = None, purpose: str = "turn") -> str:
         """Send `text` (a user message; none: continue as is) and return the reply's text."""
-        renderer = self.run.renderer
-        parts = [self.history]
+        chat = self.run.chat
+        parts, previous = [self.history], self.last
         if text is not None:
-            parts.append(renderer.render("user", text))
-        parts.append(renderer.generation_prompt())
+            message = Message("user", text)
+            parts.append(chat.segment(message, previous))
+            previous = message
+        parts.append(chat.generation_prompt())
         prompt = np.concatenate(parts)
         completion = await self.run.call(self, prompt, purpose)
-        self.history = np.concatenate([prompt, completion])
-        return renderer.parse(completion)
+        reply = chat.text_of(completion)
+        self.last = Message("assistant", reply)
+        self.history = np.concatenate([prompt, completion, chat.trailing(self.last, previous)])
+        return reply
 
     async def compact(self, instruction: str, restart: Callable[[str], str] | None = None) -> str:
         """Ask for a summary of the history (a `compaction` call continuing it), then start the
         history over: the agent's system message and a user message holding the summary
         (`restart(summary)` words it; default: the summary itself). Returns the summary."""
         summary = await self.ask(instruction, purpose="compaction")
-        self.history = self._system.copy()
+        self.history, self.last = self._system[0].copy(), self._system[1]
         self.say(restart(summary) if restart else summary)
         return summary
 
@@ -129,7 +141,9 @@ class AgentHandle:
 
     def fork(self, name: str) -> AgentHandle:
         """A subagent that starts from a copy of this agent's whole history."""
-        return self.run.new_agent(name, parent=self, start="fork", history=self.history)
+        return self.run.new_agent(
+            name, parent=self, start="fork", history=(self.history, self.last)
+        )
 
     def background(
         self, name: str, work: Callable[[AgentHandle], Awaitable[Any]], system: str | None = None
@@ -168,13 +182,13 @@ class EpisodeRun:
         self,
         episode: Episode,
         policy: PolicyClient,
-        renderer: Renderer,
+        chat: ChatFormat,
         params: SamplingParams,
         leader_system: str | None = None,
     ):
         self.episode = episode
         self.policy = policy
-        self.renderer = renderer
+        self.chat = chat
         self.params = params
         self.seq = 0
         self._background: list[Background] = []
@@ -186,7 +200,7 @@ class EpisodeRun:
         parent: AgentHandle | None,
         start: str,
         system: str | None = None,
-        history: np.ndarray | None = None,
+        history: History | None = None,
     ) -> AgentHandle:
         record = Agent(
             id=f"{name}-{len(self.episode.agents)}" if parent else name,
@@ -195,9 +209,10 @@ class EpisodeRun:
             start=start,
         )
         self.episode.agents.append(record)
-        system_ids = EMPTY if system is None else self.renderer.render("system", system)
-        start_ids = system_ids if history is None else history.copy()
-        return AgentHandle(self, record, start_ids, system_ids)
+        message = None if system is None else Message("system", system)
+        system_history = (EMPTY if message is None else self.chat.segment(message, None), message)
+        start = system_history if history is None else (history[0].copy(), history[1])
+        return AgentHandle(self, record, start, system_history)
 
     async def call(self, agent: AgentHandle, prompt: np.ndarray, purpose: str) -> np.ndarray:
         """Sample from the policy and record the call on `agent`; returns the completion ids."""
@@ -268,7 +283,7 @@ async def run_episode(
     env: Environment,
     task: Any,
     policy: PolicyClient,
-    renderer: Renderer,
+    chat: ChatFormat,
     params: SamplingParams,
     episode: Episode,
     timeout: float | None = None,
@@ -277,7 +292,7 @@ async def run_episode(
     for what went wrong in the episode: errors, timeouts and cancellation are recorded on it."""
     episode.env = episode.env or WireEnv(id=env.name, name=env.name)
     episode.task = task
-    run = EpisodeRun(episode, policy, renderer, params)
+    run = EpisodeRun(episode, policy, chat, params)
     started = time.perf_counter()
     try:
         async with asyncio.timeout(timeout):
@@ -295,6 +310,28 @@ async def run_episode(
         episode.rewards = {}
     episode.meta = {**(episode.meta or {}), "seconds": round(time.perf_counter() - started, 6)}
     return episode
+
+
+def sample_episode(
+    env: Environment,
+    task: Any,
+    model: str | ModelSettings = "tiny",
+    *,
+    sampling: SamplingParams | None = None,
+    seed: int = 0,
+    episode_id: str = "e0",
+    group: str = "g0",
+) -> Episode:
+    """One episode of `env` on `task`, sampled by `model` (a backend name such as `tiny`,
+    `hf:PATH` or `smollm2-135m`, or `[model]` settings) with no learner built: what an
+    environment's author runs to see its episodes. The model's stop tokens end each call."""
+    settings = model if isinstance(model, ModelSettings) else ModelSettings(name=model)
+    sampler, chat = build_sampler(settings, seed)
+    params = sampling or SamplingParams()
+    stops = tuple(dict.fromkeys(params.stop_token_ids + chat.stop_token_ids))
+    params = msgspec.structs.replace(params, stop_token_ids=stops)
+    episode = Episode(id=episode_id, group=group)
+    return asyncio.run(run_episode(env, task, sampler, chat, params, episode))
 
 
 # Beyond this a group's mean or spread of rewards may overflow to infinity.

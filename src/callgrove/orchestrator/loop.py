@@ -36,7 +36,7 @@ from callgrove.orchestrator.run_folder import (
 )
 from callgrove.orchestrator.step import prepare_step
 from callgrove.orchestrator.supervised import SupervisedSummary, train_supervised
-from callgrove.policy.backends import PolicyBackend
+from callgrove.policy.learner import PolicyBackend
 
 
 @dataclass
@@ -103,7 +103,7 @@ async def _train(
         return RunSummary(out, done, done, sinks.read_metrics(out))
     env = environment(config)
     backend = policy_backend(config)
-    resolved = resolve(config, tuple(backend.renderer.stop_token_ids))
+    resolved = resolve(config, tuple(backend.chat.stop_token_ids))
     algorithm = resolved.algorithm
 
     progress: dict[str, Any] = {
@@ -142,7 +142,7 @@ async def _train(
     dispatcher = Dispatcher(
         env,
         executor.policy if executor else backend.sampler,
-        backend.renderer,
+        backend.chat,
         resolved.sampling,
         config.dispatch,
         run_id=progress["run_id"],
@@ -222,7 +222,7 @@ async def _step(
         episode.meta = {**(episode.meta or {}), "dropped": "stale"}
     here = sinks.step_dir(out, step)
     sinks.write_episodes_atomically(here / "train" / "traces.jsonl", [*episodes, *dropped])
-    table = monitors.sample_table(step, prepared, backend.renderer, config.monitor.samples_per_step)
+    table = monitors.sample_table(step, prepared, backend.chat, config.monitor.samples_per_step)
     sinks.write_json_lines_atomically(here / "train" / "samples.jsonl", table)
     if evaluated:
         sinks.write_episodes_atomically(here / "eval" / "traces.jsonl", evaluated)

@@ -19,10 +19,10 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from callgrove.chat import ChatFormat
 from callgrove.episode import Episode, off_policy_steps
 from callgrove.orchestrator.degeneracy import DETECTORS
 from callgrove.orchestrator.step import PreparedStep
-from callgrove.policy.render import Renderer
 
 SUBSET = "all"
 
@@ -115,7 +115,7 @@ def step_degeneracy_metrics(prepared: PreparedStep) -> dict[str, float]:
 
 
 def sample_table(
-    step: int, prepared: PreparedStep, renderer: Renderer, limit: int
+    step: int, prepared: PreparedStep, chat: ChatFormat, limit: int
 ) -> list[dict[str, Any]]:
     """One line per training row (the first `limit`): seat, row index, decoded text, reward and
     the advantage of the leaf call."""
@@ -132,7 +132,7 @@ def sample_table(
                     "agent": row.agent.id,
                     "seat": row.agent.name,
                     "branch_idx": row.index,
-                    "text": renderer.show(row.token_ids[-48:]),
+                    "text": chat.show(row.token_ids[-48:]),
                     "reward": round(float(row.reward), 4),
                     "advantage": None if advantage is None else round(float(np.mean(advantage)), 4),
                 }

@@ -30,7 +30,8 @@ from callgrove.orchestrator.config import Resolved, TrainConfig
 from callgrove.orchestrator.env import run_episode
 from callgrove.orchestrator.envs import make_env
 from callgrove.policy import Completion, SamplingParams
-from callgrove.policy.backends import PolicyBackend, build_policy
+from callgrove.policy.backends import build_policy
+from callgrove.policy.learner import PolicyBackend
 
 
 @ray.remote
@@ -76,11 +77,11 @@ class RemotePolicy:
 class EnvWorker:
     """Runs episodes of the configured environment; returns each as its JSON line."""
 
-    def __init__(self, config: dict[str, Any], sampler: Any, renderer: Any, params: Any):
+    def __init__(self, config: dict[str, Any], sampler: Any, chat: Any, params: Any):
         settings = _config(config)
         self.env = make_env(settings.env.name, settings.env.options)
         self.policy = RemotePolicy(sampler)
-        self.renderer = renderer
+        self.chat = chat
         self.params = params
         self.timeout = settings.dispatch.episode_timeout
         self.running: dict[str, asyncio.Task[Episode]] = {}
@@ -88,9 +89,7 @@ class EnvWorker:
     async def run(self, episode_id: str, group: str | None, task: Any) -> bytes:
         episode = Episode(id=episode_id, group=group)
         job = asyncio.ensure_future(
-            run_episode(
-                self.env, task, self.policy, self.renderer, self.params, episode, self.timeout
-            )
+            run_episode(self.env, task, self.policy, self.chat, self.params, episode, self.timeout)
         )
         self.running[episode_id] = job
         try:
@@ -148,7 +147,7 @@ class RayExecutor:
         raw = msgspec.to_builtins(config)
         sampler = SamplerActor.remote(raw)
         workers = [
-            EnvWorker.remote(raw, sampler, backend.renderer, resolved.sampling)
+            EnvWorker.remote(raw, sampler, backend.chat, resolved.sampling)
             for _ in range(config.ray.env_workers)
         ]
         executor = cls(sampler, workers, backend.sampler)

@@ -19,8 +19,8 @@ from callgrove.batch import Sample
 from callgrove.orchestrator.config import ConfigError, TrainConfig, check_resume
 from callgrove.orchestrator.errors import RunError
 from callgrove.orchestrator.sinks import CHECKPOINT, METRICS, load_checkpoint
-from callgrove.policy.backends import PolicyBackend, build_policy
-from callgrove.policy.learner import Learner
+from callgrove.policy.backends import build_policy
+from callgrove.policy.learner import Learner, PolicyBackend
 
 if TYPE_CHECKING:
     from callgrove.train.learner import StepReport

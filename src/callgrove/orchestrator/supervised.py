@@ -32,6 +32,7 @@ import numpy as np
 from rich.console import Console
 
 from callgrove.batch import TOKEN_FIELDS, Sample, build_samples
+from callgrove.chat import ChatFormat, JinjaFormat
 from callgrove.episode import Episode, load
 from callgrove.formats.problems import Diagnostics, Problem
 from callgrove.orchestrator import monitors, sinks
@@ -43,15 +44,9 @@ from callgrove.orchestrator.run_folder import (
     policy_backend,
     restore,
 )
-from callgrove.policy.backends import PolicyBackend
+from callgrove.policy.learner import PolicyBackend
 from callgrove.rows import build_rows
-from callgrove.transcripts import (
-    ImportReport,
-    JinjaFormat,
-    TranscriptRenderer,
-    import_claude_code,
-    import_codex,
-)
+from callgrove.transcripts import ImportReport, TranscriptRenderer, import_claude_code, import_codex
 from callgrove.transcripts.accounting import CLAUDE_CODE, CODEX, EPISODES, sniff
 from callgrove.transcripts.claude_code import find_sessions
 
@@ -90,11 +85,12 @@ def data_files(paths: list[str]) -> list[Path]:
     return list(dict.fromkeys(files))
 
 
-def load_data(data: DataSection, model_folder: Path | None, vocab_size: int) -> SupervisedData:
-    """Import, render and cut every episode under `data.paths` (see the module docstring)."""
+def load_data(data: DataSection, chat: ChatFormat, vocab_size: int) -> SupervisedData:
+    """Import, render (with `chat`, the model's own format, as RL renders) and cut every
+    episode under `data.paths` (see the module docstring)."""
     if not data.paths:
         raise ConfigError('data.paths: objective "sft" needs folders or files to train on')
-    if model_folder is None:
+    if not isinstance(chat, JinjaFormat):
         raise ConfigError(
             'train.objective "sft": the model has no tokenizer and chat template to render '
             "transcripts with; use model.name = hf:PATH or smollm2-135m"
@@ -104,8 +100,8 @@ def load_data(data: DataSection, model_folder: Path | None, vocab_size: int) -> 
     files = data_files(data.paths)
     kinds = {path: sniff(path) for path in files}
     report = ImportReport()
-    chat_format = JinjaFormat.from_folder(model_folder, allow_dropped=data.allow_dropped_content)
-    renderer = TranscriptRenderer(chat_format)
+    chat.allow_dropped = data.allow_dropped_content
+    renderer = TranscriptRenderer(chat)
     transcripts = _claude_code_sessions([p for p in files if kinds[p] == CLAUDE_CODE], report)
     codex = [p for p in files if kinds[p] == CODEX]
     if codex:
@@ -121,7 +117,7 @@ def load_data(data: DataSection, model_folder: Path | None, vocab_size: int) -> 
         len(episodes),
         Counter(kinds.values()),
         list(diagnostics.problems),
-        dropped_content=Counter(getattr(chat_format, "dropped", {})),
+        dropped_content=Counter(chat.dropped),
     )
     for episode in episodes:
         result.samples += _trained_samples(episode, data.max_row_tokens, vocab_size, result)
@@ -236,7 +232,7 @@ def _train(
 ) -> SupervisedSummary:
     out = Path(config.run.out)
     backend = policy_backend(config)
-    data = load_data(config.data, backend.model_folder, _vocab_size(backend))
+    data = load_data(config.data, backend.chat, _vocab_size(backend))
     _print_account(console, data)
     if (done := nothing_to_do(checkpoint, config.run.steps)) is not None:
         return SupervisedSummary(out, done, done, sinks.read_metrics(out), data)

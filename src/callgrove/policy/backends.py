@@ -1,4 +1,4 @@
-"""Policy backends by model name: what builds the learner, its sampler and the renderer.
+"""Policy backends by model name: what builds the learner, its sampler and the chat.
 
 `model.name` in a training config picks a backend by its prefix (`tiny`; `hf:PATH` and the
 packaged `smollm2-135m` for Hugging Face models, `callgrove.policy.hf`). A factory gets the model settings, the learner settings and the run's
@@ -7,21 +7,21 @@ seed and returns a `PolicyBackend`; `register_backend` adds one.
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from callgrove.batch.tree import TreeSettings
+from callgrove.chat import CharFormat, ChatFormat
 from callgrove.formats.ranges import check_range
-from callgrove.policy.learner import Learner, TrainableSampler
-from callgrove.policy.render import CharRenderer, Renderer
+from callgrove.policy.learner import PolicyBackend, TrainableSampler
+from callgrove.train import require_torch
+from callgrove.train.settings import LearnerSettings
 
 if TYPE_CHECKING:
     from callgrove.train import TinyConfig
-    from callgrove.train.learner import LearnerSettings
 
 
 class ModelSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -43,101 +43,50 @@ class ModelSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             with_trainer(lambda: tiny_config(self))
 
 
-class LearnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """`[train]`: the optimizer and how a step's rows are forwarded."""
-
-    learning_rate: float = 1e-3
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
-    batching: str = "tree"
-    tree_scope: str = TreeSettings().scope
-    seq_len: int = 4096
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    normalisation: str = "token"
-    entropy_coef: float = 0.0
-    """Weight of the entropy bonus on every trained token (see `LossSettings`)."""
-    mismatch_cap: float | None = None
-    """Truncated importance sampling: cap each token's sampler-to-learner weight at this
-    (unset: off; see `LossSettings`)."""
-    mismatch_mask: str = "off"
-    """`token` or `row`: drop tokens (or rows) whose sampler-to-learner ratio leaves
-    `mismatch_bounds` (`off`: keep all)."""
-    mismatch_bounds: list[float] = msgspec.field(default_factory=lambda: [0.5, 2.0])
-    objective: str = "rl"
-    """`rl` (episodes of `[env]`, the clipped policy-gradient loss) or `sft` (the episodes of
-    `[data]`, cross-entropy on their assistant tokens)."""
-
-    def __post_init__(self) -> None:
-        # The learner's own checks run where the config is read, so a value outside its choices
-        # or range (`objective = "rlhf"`, `learning_rate = inf`) is a config error naming the key.
-        with_trainer(lambda: learner_settings(self))
-
-
 def with_trainer(check: Callable[[], object]) -> None:
     """Run a check of settings the trainer defines (they live beside torch). Without torch a
     config still loads; training then says which extra to install."""
-    try:
-        import callgrove.train  # noqa: F401
-    except ModuleNotFoundError:
+    if importlib.util.find_spec("torch") is None:
         return
     check()
 
 
-def learner_settings(learner: LearnerConfig) -> LearnerSettings:
-    """The learner's settings (`callgrove.train.learner.LearnerSettings`) from `[train]`."""
-    from callgrove.train import LossSettings
-    from callgrove.train.learner import LearnerSettings
-
-    return LearnerSettings(
-        learning_rate=learner.learning_rate,
-        weight_decay=learner.weight_decay,
-        max_grad_norm=learner.max_grad_norm,
-        batching=learner.batching,
-        tree_scope=learner.tree_scope,
-        seq_len=learner.seq_len,
-        loss=LossSettings(
-            learner.clip_low,
-            learner.clip_high,
-            learner.normalisation,
-            learner.entropy_coef,
-            learner.mismatch_cap,
-            learner.mismatch_mask,
-            _bounds(learner.mismatch_bounds),
-        ),
-        objective=learner.objective,
-    )
+BackendFactory = Callable[[ModelSettings, LearnerSettings, int], PolicyBackend]
+SamplerFactory = Callable[[ModelSettings, int], tuple[TrainableSampler, ChatFormat]]
 
 
-def _bounds(values: list[float]) -> tuple[float, float]:
-    if len(values) != 2:
-        raise ValueError(f"mismatch_bounds must be [low, high], not {values}")
-    return values[0], values[1]
+@dataclass(frozen=True)
+class Backend:
+    build: BackendFactory
+    sampler: SamplerFactory | None = None
+    """The sampler and chat format alone, no learner (none: `build`'s, with default learner
+    settings): what sampling an episode without training needs."""
 
 
-@dataclass
-class PolicyBackend:
-    learner: Learner
-    sampler: TrainableSampler
-    renderer: Renderer
-    model_folder: Path | None = None
-    """The model's checkpoint folder (its tokenizer and chat template render imported
-    transcripts for supervised training); None for a model without one."""
+_BACKENDS: dict[str, Backend] = {}
 
 
-BackendFactory = Callable[[ModelSettings, LearnerConfig, int], PolicyBackend]
-_BACKENDS: dict[str, BackendFactory] = {}
+def register_backend(
+    prefix: str, factory: BackendFactory, sampler: SamplerFactory | None = None
+) -> None:
+    _BACKENDS[prefix] = Backend(factory, sampler)
 
 
-def register_backend(prefix: str, factory: BackendFactory) -> None:
-    _BACKENDS[prefix] = factory
+def build_policy(model: ModelSettings, learner: LearnerSettings, seed: int) -> PolicyBackend:
+    require_torch()  # every learner trains with it
+    return _factory(model.name).build(model, learner, seed)
 
 
-def build_policy(model: ModelSettings, learner: LearnerConfig, seed: int) -> PolicyBackend:
-    return _factory(model.name)(model, learner, seed)
+def build_sampler(model: ModelSettings, seed: int) -> tuple[TrainableSampler, ChatFormat]:
+    """A model's sampler and chat format, without building a learner or its optimizer."""
+    backend = _factory(model.name)
+    if backend.sampler is not None:
+        return backend.sampler(model, seed)
+    built = backend.build(model, LearnerSettings(), seed)
+    return built.sampler, built.chat
 
 
-def _factory(name: str) -> BackendFactory:
+def _factory(name: str) -> Backend:
     prefix = name.split(":", 1)[0]
     if prefix not in _BACKENDS:
         known = ", ".join(sorted(_BACKENDS))
@@ -153,7 +102,7 @@ def tiny_config(model: ModelSettings) -> TinyConfig:
     from callgrove.train import TinyConfig
 
     return TinyConfig(
-        vocab_size=CharRenderer().vocab_size,
+        vocab_size=CharFormat().vocab_size,
         d_model=model.d_model,
         n_heads=model.n_heads,
         n_layers=model.n_layers,
@@ -161,30 +110,48 @@ def tiny_config(model: ModelSettings) -> TinyConfig:
     )
 
 
-def _tiny(model: ModelSettings, learner: LearnerConfig, seed: int) -> PolicyBackend:
-    """The reference decoder over the character vocabulary of the built-in environments."""
-    from callgrove.policy.local import LocalSampler
-    from callgrove.train.learner import TinyLearner
+def _tiny_sampler(
+    model: ModelSettings, seed: int, weights: dict[str, Any] | None = None
+) -> tuple[TrainableSampler, ChatFormat]:
+    """The reference decoder over the character vocabulary of the built-in environments,
+    seeded (or holding `weights`)."""
+    require_torch()
+    import torch
 
-    renderer = CharRenderer()
-    config = tiny_config(model)
-    trainer = TinyLearner(config, learner_settings(learner), seed)
+    from callgrove.policy.local import LocalSampler
     from callgrove.train import TinyDecoder
 
-    sampler_model = TinyDecoder(config)
-    sampler_model.load_state_dict(trainer.weights())
-    sampler = LocalSampler(sampler_model, seed, model.max_batch, text_of=renderer.parse)
-    return PolicyBackend(trainer, sampler, renderer)
+    chat = CharFormat()
+    torch.manual_seed(seed)
+    sampler_model = TinyDecoder(tiny_config(model))
+    if weights is not None:
+        sampler_model.load_state_dict(weights)
+    return LocalSampler(sampler_model, seed, model.max_batch, text_of=chat.text_of), chat
 
 
-register_backend("tiny", _tiny)
+def _tiny(model: ModelSettings, learner: LearnerSettings, seed: int) -> PolicyBackend:
+    from callgrove.train.learner import TinyLearner
+
+    trainer = TinyLearner(tiny_config(model), learner, seed)
+    sampler, chat = _tiny_sampler(model, seed, trainer.weights())
+    return PolicyBackend(trainer, sampler, chat)
 
 
-def _hf(model: ModelSettings, learner: LearnerConfig, seed: int) -> PolicyBackend:
+register_backend("tiny", _tiny, _tiny_sampler)
+
+
+def _hf(model: ModelSettings, learner: LearnerSettings, seed: int) -> PolicyBackend:
     from callgrove.policy.hf import hf_backend
 
     return hf_backend(model, learner, seed)
 
 
-register_backend("hf", _hf)
-register_backend("smollm2-135m", _hf)
+def _hf_sampler(model: ModelSettings, seed: int) -> tuple[TrainableSampler, ChatFormat]:
+    require_torch()
+    from callgrove.policy.hf import hf_sampler
+
+    return hf_sampler(model, seed)
+
+
+register_backend("hf", _hf, _hf_sampler)
+register_backend("smollm2-135m", _hf, _hf_sampler)

@@ -23,7 +23,7 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     top_p: float = 1.0
     stop_token_ids: tuple[int, ...] = ()
     """Sampling ends after any of these tokens, which is kept as the completion's last token
-    (a run adds its renderer's)."""
+    (a run adds its chat format's)."""
     stop: tuple[str, ...] = ()
     """Sampling ends once the decoded completion ends with any of these strings (backends that
     can decode: a tokenizer is needed to tell)."""

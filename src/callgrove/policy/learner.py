@@ -22,9 +22,11 @@ name prefix (`callgrove.policy.backends`), so a config's `model.name` picks them
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from callgrove.batch import Sample
+from callgrove.chat import ChatFormat
 from callgrove.policy.client import PolicyClient
 
 if TYPE_CHECKING:  # torch stays unimported for clients that only sample
@@ -66,3 +68,14 @@ class TrainableSampler(PolicyClient, Protocol):
         ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+@dataclass
+class PolicyBackend:
+    """What a backend builds for a training run: the learner, its sampler, and the chat format."""
+
+    learner: Learner
+    sampler: TrainableSampler
+    chat: ChatFormat
+    """How the model's conversations become tokens: sampled prompts and imported transcripts
+    (supervised training) alike."""

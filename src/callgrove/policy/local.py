@@ -2,7 +2,7 @@
 
 `sample` queues its request and awaits it. One worker task drains the queue: it yields to the
 event loop once so that every episode ready to call gets its request in, then decodes up to
-`max_batch` requests as one batch with a KV cache (`callgrove.train.decode`), and repeats while
+`max_batch` requests as one batch with a KV cache (`callgrove.policy.decode`), and repeats while
 requests wait. A round runs on the event loop's thread from start to end, and new weights are
 loaded between rounds, so every call samples from one version. A round that fails is decoded
 again request by request, so a bad request fails alone, never the callers it batched with.
@@ -18,7 +18,7 @@ import numpy as np
 
 from callgrove.episode import sampling_record
 from callgrove.policy.client import Completion, SamplingParams
-from callgrove.train.decode import Decoded, DecodeRequest, decode, new_generator
+from callgrove.policy.decode import Decoded, DecodeRequest, decode, new_generator
 from callgrove.train.model import TinyDecoder
 
 
@@ -32,7 +32,7 @@ class LocalSampler:
         max_batch: int = 512,
         text_of: Callable[[Sequence[int]], str] | None = None,
     ):
-        """`text_of`: a completion's text (a renderer's `parse`), for stop strings."""
+        """`text_of`: a completion's text (a chat format's `text_of`), for stop strings."""
         self.model = model.eval()
         self.text_of = text_of
         self.generator = new_generator(seed)
@@ -59,15 +59,7 @@ class LocalSampler:
     async def sample(self, prompt_ids: np.ndarray, params: SamplingParams) -> Completion:
         if params.stop and not self.decodes_text:
             raise ValueError("this sampler cannot read its completions' text: use stop_token_ids")
-        request = DecodeRequest(
-            prompt_ids=np.asarray(prompt_ids, dtype=np.int32),
-            max_tokens=params.max_tokens,
-            temperature=params.temperature,
-            top_p=params.top_p,
-            stop_token_ids=params.stop_token_ids,
-            seed=params.seed,
-            stop=params.stop,
-        )
+        request = DecodeRequest(np.asarray(prompt_ids, dtype=np.int32), params)
         future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
         self._queue.append((request, future))
         if self._worker is None or self._worker.done():
@@ -100,7 +92,7 @@ class LocalSampler:
                         logprobs=result.logprobs,
                         policy_version=version,
                         finish_reason="stop" if result.stopped else "length",
-                        sampling=sampling_record(request.temperature, request.top_p),
+                        sampling=sampling_record(request.params.temperature, request.params.top_p),
                     )
                 )
 

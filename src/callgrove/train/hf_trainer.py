@@ -19,7 +19,8 @@ import torch
 from torch import nn
 
 from callgrove.train.hf_model import HFPolicyModel
-from callgrove.train.learner import LearnerSettings, ModelLearner
+from callgrove.train.learner import ModelLearner
+from callgrove.train.settings import LearnerSettings
 
 _TRAINER_STATE = "trainer.pt"
 _WEIGHTS = "weights.safetensors"

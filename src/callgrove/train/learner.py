@@ -24,13 +24,10 @@ from torch import nn
 
 from callgrove.batch import PackSettings, Sample, pack
 from callgrove.batch.tree import TreeSettings, pack_samples
-from callgrove.formats.ranges import check_choice, check_range
 from callgrove.train.batches import ModelBatch, micro_batch_model_batch, tree_model_batch
-from callgrove.train.loss import LossSettings, PolicyTerms, policy_terms, supervised_loss
+from callgrove.train.loss import PolicyTerms, policy_terms, supervised_loss
 from callgrove.train.model import TinyConfig, TinyDecoder
-
-BATCHINGS = ("tree", "packed")
-OBJECTIVES = ("rl", "sft")
+from callgrove.train.settings import LearnerSettings
 
 
 @dataclass(slots=True)
@@ -54,27 +51,6 @@ class StepReport:
     def forwarded_token_ratio(self) -> float:
         """Row-wise tokens per forwarded token: 1.0 row-wise, above 1 when tree packing saves."""
         return self.row_tokens / max(self.forwarded_tokens, 1)
-
-
-@dataclass(frozen=True, slots=True)
-class LearnerSettings:
-    learning_rate: float = 1e-3
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
-    batching: str = "tree"
-    tree_scope: str = TreeSettings().scope
-    seq_len: int = 4096
-    loss: LossSettings = field(default_factory=LossSettings)
-    objective: str = "rl"
-
-    def __post_init__(self) -> None:
-        check_choice("batching", self.batching, BATCHINGS)
-        check_choice("objective", self.objective, OBJECTIVES)
-        TreeSettings(self.tree_scope)  # checks the scope
-        check_range("learning_rate", self.learning_rate, above=0)
-        check_range("weight_decay", self.weight_decay, at_least=0)
-        check_range("max_grad_norm", self.max_grad_norm, above=0)
-        check_range("seq_len", self.seq_len, at_least=1)
 
 
 class ModelLearner:
@@ -118,7 +94,7 @@ class ModelLearner:
         """The batch's loss: `PolicyTerms` for the RL objective, a tensor for SFT."""
         if self.settings.objective == "sft":
             return supervised_loss(self.model, batch, denominator)
-        return policy_terms(self.model, batch, self.settings.loss, denominator)
+        return policy_terms(self.model, batch, self.settings, denominator)
 
     def train_step(self, samples: Sequence[Sample]) -> StepReport:
         """One optimizer step over `samples`; `FloatingPointError` (and no step) when the loss
@@ -172,7 +148,7 @@ class ModelLearner:
         )
 
     def _denominator(self, samples: Sequence[Sample], loss_tokens: int) -> float:
-        if self.settings.objective == "sft" or self.settings.loss.normalisation == "token":
+        if self.settings.objective == "sft" or self.settings.normalisation == "token":
             return float(max(loss_tokens, 1))
         return float(max(sum(1 for s in samples if s.num_loss_tokens), 1))
 

@@ -11,63 +11,13 @@ from dataclasses import dataclass
 
 import torch
 
-from callgrove.formats.ranges import check_choice, check_range
 from callgrove.train.batches import ModelBatch
 from callgrove.train.distribution import cuts, sampling_distribution
 from callgrove.train.model import TinyDecoder
+from callgrove.train.settings import LossSettings
 
-NORMALISATIONS = ("token", "sequence")
-
-
-MISMATCH_MASKS = ("off", "token", "row")
 # Per target token: the distribution it was sampled from (`batch.samples.SAMPLING_FIELDS`).
 SAMPLING_VALUES = ("temperatures", "top_p", "top_k")
-
-
-@dataclass(frozen=True, slots=True)
-class LossSettings:
-    """PPO-style clipping of the importance ratio against the sampling policy, and how the
-    per-token terms are averaged: over every trained token of the batch (`token`), or within
-    each row and then over the rows that train something (`sequence`).
-
-    `entropy_coef` subtracts that multiple of the entropy of the model's distribution at each
-    trained token from the token's term: a policy trained from scratch otherwise tends to
-    collapse onto one answer for every task, after which a group's episodes all score alike,
-    every advantage is zero and learning stops.
-
-    Mismatch corrections (off by default). The sampler and the learner compute the same
-    distribution from different code (a KV cache, another engine, lower precision), so before
-    the update the ratio of their probabilities, the mismatch ratio m = exp(learner - sampler),
-    is 1 only up to their differences. With a correction on, the importance ratio splits into
-    the learner against its own weights before the update (clipped as above; 1 at the forward,
-    carrying the gradient) times m, detached, as a weight per token:
-    `mismatch_cap` caps that weight at C (truncated importance sampling); `mismatch_mask`
-    zeroes it on tokens (`token`) or on whole rows (`row`, by the geometric mean of m over the
-    row's trained tokens) whose m leaves `mismatch_bounds`."""
-
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    normalisation: str = "token"
-    entropy_coef: float = 0.0
-    mismatch_cap: float | None = None
-    mismatch_mask: str = "off"
-    mismatch_bounds: tuple[float, float] = (0.5, 2.0)
-
-    def __post_init__(self) -> None:
-        check_choice("normalisation", self.normalisation, NORMALISATIONS)
-        check_range("clip_low", self.clip_low, at_least=0, below=1)
-        check_range("clip_high", self.clip_high, at_least=0)
-        check_range("entropy_coef", self.entropy_coef, at_least=0)
-        if self.mismatch_cap is not None:
-            check_range("mismatch_cap", self.mismatch_cap, above=0)
-        check_choice("mismatch_mask", self.mismatch_mask, MISMATCH_MASKS)
-        low, high = self.mismatch_bounds
-        check_range("mismatch_bounds[0]", low, at_least=0, below=1)
-        check_range("mismatch_bounds[1]", high, above=1)
-
-    @property
-    def corrects_mismatch(self) -> bool:
-        return self.mismatch_cap is not None or self.mismatch_mask != "off"
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,6 +35,7 @@ from typing import Any
 import msgspec
 import orjson
 
+from callgrove.chat.message import Message, ToolCall
 from callgrove.episode import Gap, Spawn
 from callgrove.transcripts.accounting import (
     CLAUDE_CODE,
@@ -67,8 +68,6 @@ from callgrove.transcripts.claude_records import (
     links_of,
 )
 from callgrove.transcripts.model import (
-    Message,
-    ToolCall,
     Transcript,
     TranscriptAgent,
     TranscriptCall,

@@ -21,6 +21,7 @@ from typing import Any
 
 import msgspec
 
+from callgrove.chat.message import Message, ToolCall
 from callgrove.transcripts.accounting import CallIds, Outcome, running_times
 from callgrove.transcripts.claude_records import (
     SPAWN_TOOLS,
@@ -42,9 +43,7 @@ from callgrove.transcripts.claude_records import (
 from callgrove.transcripts.compaction import compaction_call, preserved_links
 from callgrove.transcripts.model import (
     CallRecord,
-    Message,
     Source,
-    ToolCall,
     TranscriptAgent,
     TranscriptCall,
     Turn,

@@ -27,6 +27,7 @@ from typing import Any
 import msgspec
 import orjson
 
+from callgrove.chat.message import Message, ToolCall
 from callgrove.transcripts.accounting import CallIds, Outcome
 from callgrove.transcripts.codex_records import (
     OUTPUT_ITEMS,
@@ -58,9 +59,7 @@ from callgrove.transcripts.compaction import (
 )
 from callgrove.transcripts.model import (
     CallRecord,
-    Message,
     Source,
-    ToolCall,
     TranscriptAgent,
     TranscriptCall,
     Turn,

@@ -21,9 +21,10 @@ from collections.abc import Sequence
 from itertools import pairwise
 from typing import Any
 
+from callgrove.chat.message import Message
 from callgrove.transcripts.claude_records import CompactMetadata
 from callgrove.transcripts.codex_records import MessageItem
-from callgrove.transcripts.model import CallRecord, Message, TranscriptAgent, TranscriptCall, Turn
+from callgrove.transcripts.model import CallRecord, TranscriptAgent, TranscriptCall, Turn
 
 
 def compaction_call(

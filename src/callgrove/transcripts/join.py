@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from callgrove.chat.message import normal_text, strings_in, text_forms
 from callgrove.episode import Agent, Call, Episode, Gap
-from callgrove.transcripts.model import normal_text, strings_in, text_forms
 
 UNMATCHED_AGENT = "capture-unmatched"
 

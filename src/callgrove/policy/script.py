@@ -29,11 +29,10 @@ from typing import Any
 import numpy as np
 import orjson
 
+from callgrove.chat import ChatFormat, Message, ToolCall
 from callgrove.episode import LOGPROB_DTYPE
 from callgrove.formats.problems import InputError, Problem
-from callgrove.gateway.chat import Chat
 from callgrove.policy import Completion, SamplingParams
-from callgrove.transcripts import Message, ToolCall
 
 SCRIPT_LOGPROB = -0.25
 """The log-probability each scripted token is given."""
@@ -149,13 +148,13 @@ class Script:
         return self.default
 
 
-def newest_messages(chat: Chat, prompt_ids: np.ndarray) -> np.ndarray:
+def newest_messages(chat: ChatFormat, prompt_ids: np.ndarray) -> np.ndarray:
     """The prompt's tokens after its last assistant turn (all of it when there is none).
 
     An assistant turn is the generation prompt followed by a completion that ends at its first
     special token; the prompt's own closing generation prompt is left out.
     """
-    opening = np.asarray(chat.format.generation_prompt())
+    opening = np.asarray(chat.generation_prompt())
     ids = np.asarray(prompt_ids)
     body = ids[: len(ids) - len(opening)] if _ends_with(ids, opening) else ids
     width = len(opening)
@@ -179,7 +178,7 @@ def _ends_with(ids: np.ndarray, tail: np.ndarray) -> bool:
 class ScriptedPolicy:
     """`PolicyClient` that answers each prompt from a `Script`, in the chat format's tokens."""
 
-    def __init__(self, script: Script, chat: Chat, version: int = 0):
+    def __init__(self, script: Script, chat: ChatFormat, version: int = 0):
         self.script = script
         self.chat = chat
         self._version = version

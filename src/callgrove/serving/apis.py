@@ -17,8 +17,8 @@ from typing import Any
 
 import orjson
 
-from callgrove.gateway.web import HttpError, sse_event
-from callgrove.transcripts import Message, ToolCall
+from callgrove.chat import Message, ToolCall
+from callgrove.serving.web import HttpError, sse_event
 from callgrove.transcripts.claude_code import user_messages
 from callgrove.transcripts.codex import input_messages, response_message
 

@@ -19,7 +19,6 @@ import asyncio
 import threading
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -29,8 +28,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from callgrove.chat import ChatFormat, JinjaFormat, tools_message
 from callgrove.episode import TOKEN_DTYPE
-from callgrove.gateway.apis import (
+from callgrove.policy import Completion, PolicyClient, SamplingParams
+from callgrove.policy.threads import LoopPolicy
+from callgrove.serving.apis import (
     DEFAULT_MAX_TOKENS,
     ChatRequest,
     Reply,
@@ -42,9 +44,7 @@ from callgrove.gateway.apis import (
     reply_json,
     stops_of,
 )
-from callgrove.gateway.chat import Chat, tools_message
-from callgrove.gateway.local import LoopPolicy
-from callgrove.gateway.web import (
+from callgrove.serving.web import (
     DEFAULT_BODY_LIMIT,
     HttpError,
     check_token,
@@ -54,7 +54,6 @@ from callgrove.gateway.web import (
     sse_event,
     sse_response,
 )
-from callgrove.policy import Completion, PolicyClient, SamplingParams
 
 STREAM_CHUNK_TOKENS = 16
 
@@ -122,7 +121,7 @@ class PolicyThread:
 
 
 def _logprob_block(
-    chat: Chat, ids: np.ndarray, logprobs: np.ndarray, as_ids: bool, offset: int = 0
+    chat: ChatFormat, ids: np.ndarray, logprobs: np.ndarray, as_ids: bool, offset: int = 0
 ) -> dict[str, Any]:
     tokens = [f"token_id:{int(t)}" if as_ids else chat.decode(np.asarray([t])) for t in ids]
     return {
@@ -134,7 +133,7 @@ def _logprob_block(
 
 
 def _chat_logprobs(
-    chat: Chat, ids: np.ndarray, logprobs: np.ndarray, as_ids: bool
+    chat: ChatFormat, ids: np.ndarray, logprobs: np.ndarray, as_ids: bool
 ) -> dict[str, Any]:
     content = []
     for token, value in zip(ids, logprobs, strict=True):
@@ -156,7 +155,7 @@ class PolicyServer:
     def __init__(
         self,
         policy: PolicyClient,
-        chat: Chat,
+        chat: ChatFormat,
         model: str = "policy",
         tokens: list[str] | None = None,
         body_limit: int = DEFAULT_BODY_LIMIT,
@@ -402,7 +401,7 @@ class PolicyServer:
         return json_response(reply_json(chat_request, reply))
 
 
-def reference_policy(chat: Chat, seed: int = 0, weights: str | None = None) -> PolicyClient:
+def reference_policy(chat: ChatFormat, seed: int = 0, weights: str | None = None) -> PolicyClient:
     """The reference decoder (`TinyDecoder`) over the chat format's vocabulary, KV-cache sampled.
 
     Without `weights` (a torch state dict file) it samples from its seeded initial weights:
@@ -420,19 +419,6 @@ def reference_policy(chat: Chat, seed: int = 0, weights: str | None = None) -> P
     return LocalSampler(model, seed, text_of=chat.text_of)  # text_of: for stop strings
 
 
-def model_chat(tokenizer: Any, parser: str = "hermes") -> Chat:
-    """The chat format of a Hugging Face tokenizer: its tokenizer.json and its chat template."""
-    import tempfile
-
-    template = getattr(tokenizer, "chat_template", None)
-    if not isinstance(template, str) or not template:
-        raise ValueError("the model's tokenizer has no chat template")
-    folder = Path(tempfile.mkdtemp(prefix="callgrove-chat-"))
-    tokenizer.save_pretrained(folder)  # tokenizer.json, whatever form the checkpoint had
-    (folder / "template.jinja").write_text(template)
-    return Chat.jinja(folder / "tokenizer.json", folder / "template.jinja", parser)
-
-
 def model_tokenizer(name: str) -> Any:
     """The tokenizer of a Hugging Face model (`hf:PATH` or a packaged name), without its weights."""
     from transformers import AutoTokenizer
@@ -442,11 +428,11 @@ def model_tokenizer(name: str) -> Any:
     return AutoTokenizer.from_pretrained(checkpoint_folder(resolve_model(name)))
 
 
-def hf_policy(name: str, seed: int = 0, parser: str = "hermes") -> tuple[PolicyClient, Chat]:
+def hf_policy(name: str, seed: int = 0, parser: str = "hermes") -> tuple[PolicyClient, ChatFormat]:
     """A Hugging Face causal LM (`hf:PATH` or a packaged name) and its own chat format.
 
-    Prompts are rendered with the model's tokenizer and chat template through the project's
-    renderer, so the ids the gateway and serve-policy render are the ones the model was trained
+    Prompts are rendered with the model's tokenizer and chat template through the chat layer,
+    so the ids the gateway and serve-policy render are the ones the model was trained
     on; sampling is the HF backend's batched KV-cache sampler.
     """
     import torch
@@ -456,4 +442,4 @@ def hf_policy(name: str, seed: int = 0, parser: str = "hermes") -> tuple[PolicyC
 
     torch.manual_seed(seed)
     model, tokenizer = load_model(name)
-    return HFSampler(model, tokenizer, seed), model_chat(tokenizer, parser)
+    return HFSampler(model, tokenizer, seed), JinjaFormat.from_tokenizer(tokenizer, parser)

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
+from callgrove.chat import CharFormat
 from callgrove.policy import SamplingParams
+from callgrove.policy.decode import DecodeRequest, decode
 from callgrove.policy.local import LocalSampler
-from callgrove.policy.render import CharRenderer
 from callgrove.train import TinyConfig, TinyDecoder, VarlenLayout
-from callgrove.train.decode import DecodeRequest, decode
 from callgrove.train.distribution import sampling_distribution
 
 CONFIG = TinyConfig(vocab_size=24, d_model=16, n_heads=2, n_layers=2, d_ff=32)
@@ -40,7 +40,8 @@ def test_batched_cached_decoding_matches_the_full_forward(temperature, top_p):
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, 24, n).astype(np.int32) for n in (3, 9, 1, 6)]
     requests = [
-        DecodeRequest(p, max_tokens=7, temperature=temperature, top_p=top_p) for p in prompts
+        DecodeRequest(p, SamplingParams(max_tokens=7, temperature=temperature, top_p=top_p))
+        for p in prompts
     ]
     out = decode(net, requests, torch.Generator().manual_seed(1))
     for prompt, result in zip(prompts, out, strict=True):
@@ -54,12 +55,17 @@ def test_batched_cached_decoding_matches_the_full_forward(temperature, top_p):
 def test_stop_tokens_and_max_tokens_end_each_sequence_on_its_own():
     net = model()
     greedy = decode(
-        net, [DecodeRequest(np.array([1, 2, 3]), 6, temperature=0.0)], torch.Generator()
+        net,
+        [DecodeRequest(np.array([1, 2, 3]), SamplingParams(max_tokens=6, temperature=0.0))],
+        torch.Generator(),
     )
     stop = int(greedy[0].completion_ids[2])
     requests = [
-        DecodeRequest(np.array([1, 2, 3]), 6, temperature=0.0, stop_token_ids=(stop,)),
-        DecodeRequest(np.array([1, 2, 3]), 2, temperature=0.0),
+        DecodeRequest(
+            np.array([1, 2, 3]),
+            SamplingParams(max_tokens=6, temperature=0.0, stop_token_ids=(stop,)),
+        ),
+        DecodeRequest(np.array([1, 2, 3]), SamplingParams(max_tokens=2, temperature=0.0)),
     ]
     stopped, short = decode(net, requests, torch.Generator())
     first_stop = list(greedy[0].completion_ids).index(stop)
@@ -78,14 +84,20 @@ def letters(ids) -> str:
 def test_stop_strings_end_a_sequence_on_the_token_that_completes_them():
     net = model()
     prompt = np.array([1, 2, 3])
-    greedy = decode(net, [DecodeRequest(prompt, 8, temperature=0.0)], torch.Generator())[0]
+    greedy = decode(
+        net,
+        [DecodeRequest(prompt, SamplingParams(max_tokens=8, temperature=0.0))],
+        torch.Generator(),
+    )[0]
     text = letters(greedy.completion_ids)
     stop = text[2:4]  # two tokens: it is complete only once the second is sampled
     end = text.index(stop) + len(stop)
     requests = [
-        DecodeRequest(prompt, 8, temperature=0.0, stop=("zzzz", stop)),
-        DecodeRequest(prompt, 8, temperature=0.0, stop=("zzzz",)),  # never met
-        DecodeRequest(prompt, 8, temperature=0.0),
+        DecodeRequest(prompt, SamplingParams(max_tokens=8, temperature=0.0, stop=("zzzz", stop))),
+        DecodeRequest(
+            prompt, SamplingParams(max_tokens=8, temperature=0.0, stop=("zzzz",))
+        ),  # never met
+        DecodeRequest(prompt, SamplingParams(max_tokens=8, temperature=0.0)),
     ]
     stopped, unmet, plain = decode(net, requests, torch.Generator(), text_of=letters)
     assert stopped.stopped and letters(stopped.completion_ids) == text[:end]
@@ -96,18 +108,22 @@ def test_stop_strings_end_a_sequence_on_the_token_that_completes_them():
         decode(net, requests[:1], torch.Generator())
 
 
-def test_local_sampler_with_a_renderer_s_text_takes_stop_strings():
-    renderer = CharRenderer("abcdefghijklmnopqrst")
+def test_local_sampler_with_a_chat_formats_text_takes_stop_strings():
+    chat = CharFormat("abcdefghijklmnopqrst")
     net = model()
-    sampler = LocalSampler(net, seed=0, text_of=renderer.parse)
+    sampler = LocalSampler(net, seed=0, text_of=chat.text_of)
     prompt = np.array([1, 5, 6])
-    greedy = decode(net, [DecodeRequest(prompt, 6, temperature=0.0)], torch.Generator())[0]
-    text = renderer.parse(greedy.completion_ids)
+    greedy = decode(
+        net,
+        [DecodeRequest(prompt, SamplingParams(max_tokens=6, temperature=0.0))],
+        torch.Generator(),
+    )[0]
+    text = chat.text_of(greedy.completion_ids)
     stop = text[1:3]
     params = SamplingParams(max_tokens=6, temperature=0.0, stop=(stop,))
     sample = asyncio.run(sampler.sample(prompt, params))
     assert sample.finish_reason == "stop"
-    assert renderer.parse(sample.completion_ids) == text[: text.index(stop) + len(stop)]
+    assert chat.text_of(sample.completion_ids) == text[: text.index(stop) + len(stop)]
 
 
 def test_top_p_keeps_the_smallest_nucleus():
@@ -120,14 +136,24 @@ def test_top_p_keeps_the_smallest_nucleus():
 
 def test_seeded_requests_repeat_and_draws_follow_the_distribution():
     net = model()
-    seeded = DecodeRequest(np.array([5, 6]), 5, seed=42)
-    a = decode(net, [seeded, DecodeRequest(np.array([1]), 5)], torch.Generator().manual_seed(0))
+    seeded = DecodeRequest(np.array([5, 6]), SamplingParams(max_tokens=5, seed=42))
+    a = decode(
+        net,
+        [seeded, DecodeRequest(np.array([1]), SamplingParams(max_tokens=5))],
+        torch.Generator().manual_seed(0),
+    )
     b = decode(
-        net, [DecodeRequest(np.array([2, 2, 2]), 3), seeded], torch.Generator().manual_seed(9)
+        net,
+        [DecodeRequest(np.array([2, 2, 2]), SamplingParams(max_tokens=3)), seeded],
+        torch.Generator().manual_seed(9),
     )
     assert list(a[0].completion_ids) == list(b[1].completion_ids)
     # Frequencies of the first token over many draws match its probabilities.
-    many = decode(net, [DecodeRequest(np.array([4]), 1)] * 4000, torch.Generator().manual_seed(3))
+    many = decode(
+        net,
+        [DecodeRequest(np.array([4]), SamplingParams(max_tokens=1))] * 4000,
+        torch.Generator().manual_seed(3),
+    )
     counts = np.bincount([int(r.completion_ids[0]) for r in many], minlength=24) / 4000
     ids = torch.tensor([4])
     with torch.no_grad():

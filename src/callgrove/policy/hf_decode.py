@@ -18,12 +18,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from callgrove.train.decode import (
+from callgrove.policy.decode import (
     Decoded,
     DecodeRequest,
     StopStrings,
     draw,
     request_generators,
+    request_tensors,
 )
 from callgrove.train.distribution import sampling_distribution
 
@@ -67,14 +68,9 @@ def hf_decode(
     )
     last = output.logits[:, -1]
 
-    temperature = torch.tensor([r.temperature for r in requests], dtype=torch.float64)
-    top_p = torch.tensor([r.top_p for r in requests], dtype=torch.float64)
-    max_tokens = torch.tensor([r.max_tokens for r in requests], device=device)
-    stop_ids = torch.zeros(batch, vocab, dtype=torch.bool, device=device)
-    for i, r in enumerate(requests):
-        stop_ids[i, [t for t in r.stop_token_ids if 0 <= t < vocab]] = True
+    temperature, top_p, max_tokens, stop_ids = request_tensors(requests, vocab, device)
     text_of = partial(tokenizer.decode, skip_special_tokens=False)
-    stop_strings = [StopStrings(text_of, r.stop) for r in requests]
+    stop_strings = [StopStrings(text_of, r.params.stop) for r in requests]
     own = request_generators(requests)
 
     tokens: list[list[int]] = [[] for _ in requests]

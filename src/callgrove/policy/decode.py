@@ -14,7 +14,7 @@ CDF over one uniform per token, taken from the sequence's own generator when its
 seed and from the shared one otherwise.
 
 Stop strings need the text of a completion, so `decode` takes `text_of` (token ids to text, a
-renderer's `parse`): a sequence ends once the text its latest token added completes one of its
+chat format's `text_of`): a sequence ends once the text its latest token added completes one of its
 request's stop strings, and that token is kept.
 """
 
@@ -27,22 +27,32 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from callgrove.policy.client import SamplingParams
 from callgrove.train.distribution import sampling_distribution
 from callgrove.train.model import Block, TinyDecoder, rotate
 
 
 @dataclass(frozen=True, slots=True)
 class DecodeRequest:
-    """One prompt to continue and how (the fields of `SamplingParams` a decoder needs)."""
+    """One prompt to continue, and how."""
 
     prompt_ids: np.ndarray
-    max_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    stop_token_ids: tuple[int, ...] = ()
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    """Stop strings (decoders with a tokenizer only)."""
+    params: SamplingParams
+    """Stop strings among them need a decoder that reads text (`text_of`)."""
+
+
+def request_tensors(
+    requests: Sequence[DecodeRequest], vocab: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The requests' temperatures and top-p (float64), token budgets, and stop tokens as a
+    (requests, vocabulary) mask: what a batched decoder reads every step."""
+    temperature = torch.tensor([r.params.temperature for r in requests], dtype=torch.float64)
+    top_p = torch.tensor([r.params.top_p for r in requests], dtype=torch.float64)
+    max_tokens = torch.tensor([r.params.max_tokens for r in requests], device=device)
+    stops = torch.zeros(len(requests), vocab, dtype=torch.bool, device=device)
+    for i, r in enumerate(requests):
+        stops[i, [t for t in r.params.stop_token_ids if 0 <= t < vocab]] = True
+    return temperature, top_p, max_tokens, stops
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,7 +142,7 @@ def decode(
     completions for stop strings (without it, a request with stop strings is refused)."""
     if not requests:
         return []
-    if text_of is None and any(r.stop for r in requests):
+    if text_of is None and any(r.params.stop for r in requests):
         raise ValueError("stop strings need the completion's text: decode with text_of")
     device = next(model.parameters()).device
     lengths = torch.tensor([len(r.prompt_ids) for r in requests], device=device)
@@ -157,15 +167,12 @@ def decode(
     )
     last = logits[torch.arange(batch), lengths - 1]
 
-    temperature = torch.tensor([r.temperature for r in requests], dtype=torch.float64)
-    top_p = torch.tensor([r.top_p for r in requests], dtype=torch.float64)
-    max_tokens = torch.tensor([r.max_tokens for r in requests], device=device)
-    stops = torch.zeros(batch, vocab, dtype=torch.bool, device=device)
-    for i, r in enumerate(requests):
-        stops[i, [t for t in r.stop_token_ids if 0 <= t < vocab]] = True
+    temperature, top_p, max_tokens, stops = request_tensors(requests, vocab, device)
     own = request_generators(requests)
     stop_strings = {
-        i: (StopStrings(text_of, r.stop), []) for i, r in enumerate(requests) if r.stop and text_of
+        i: (StopStrings(text_of, r.params.stop), [])
+        for i, r in enumerate(requests)
+        if r.params.stop and text_of
     }
 
     tokens, logprobs = [], []
@@ -208,9 +215,9 @@ def decode(
 def request_generators(requests: Sequence[DecodeRequest]) -> dict[int, torch.Generator]:
     """A generator of its own for each request that has a seed, by its index in the batch."""
     return {
-        i: torch.Generator().manual_seed(r.seed)
+        i: torch.Generator().manual_seed(r.params.seed)
         for i, r in enumerate(requests)
-        if r.seed is not None
+        if r.params.seed is not None
     }
 
 
