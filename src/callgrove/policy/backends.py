@@ -2,7 +2,8 @@
 
 `model.name` in a training config picks a backend by its prefix (`tiny`; `hf:PATH` and the
 packaged `smollm2-135m` for Hugging Face models, `callgrove.policy.hf`). A factory gets the model settings, the learner settings and the run's
-seed and returns a `PolicyBackend`; `register_backend` adds one.
+seed and returns a `PolicyBackend`; `register_backend` adds one. `[model.vllm]` then replaces
+the backend's sampler with vLLM servers of its checkpoint (`callgrove.policy.vllm`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from callgrove.batch.tree import TreeSettings
 from callgrove.formats.ranges import check_range
 from callgrove.policy.learner import Learner, TrainableSampler
 from callgrove.policy.render import CharRenderer, Renderer
+from callgrove.policy.vllm import VllmSettings
 
 if TYPE_CHECKING:
     from callgrove.train import TinyConfig
@@ -35,9 +37,16 @@ class ModelSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     d_ff: int = 128
     max_batch: int = 512
     options: dict[str, Any] = {}
+    vllm: VllmSettings | None = None
+    """`[model.vllm]`: sample with vLLM servers instead of in this process."""
 
     def __post_init__(self) -> None:
         _factory(self.name)
+        if self.vllm is not None and self.name == "tiny":
+            raise ValueError(
+                "vllm: vLLM serves Hugging Face checkpoints (name = 'hf:PATH' or "
+                "'smollm2-135m'), not the reference decoder"
+            )
         check_range("max_batch", self.max_batch, at_least=1)
         if self.name == "tiny":
             with_trainer(lambda: tiny_config(self))
@@ -134,7 +143,16 @@ def register_backend(prefix: str, factory: BackendFactory) -> None:
 
 
 def build_policy(model: ModelSettings, learner: LearnerConfig, seed: int) -> PolicyBackend:
-    return _factory(model.name)(model, learner, seed)
+    backend = _factory(model.name)(model, learner, seed)
+    if model.vllm is not None:
+        from callgrove.policy.vllm import vllm_sampler
+
+        if backend.model_folder is None:
+            raise ValueError(f"vllm: backend {model.name!r} has no checkpoint folder to serve")
+        options = getattr(backend.learner, "options", None)  # an HFLearner's LoRA settings
+        lora = getattr(options, "lora", None)
+        backend.sampler = vllm_sampler(model.vllm, backend.model_folder, lora, seed)
+    return backend
 
 
 def _factory(name: str) -> BackendFactory:
