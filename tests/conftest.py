@@ -14,7 +14,7 @@ import pytest
 
 from callgrove.policy.vllm import VllmServer, VllmSettings
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 MAX_LORA_RANK = 16
 
 
@@ -41,13 +41,13 @@ def smollm2_folder() -> Path:
 
 
 @pytest.fixture(scope="session")
-def vllm_url(smollm2_folder, vllm_settings):
+def vllm_url(smollm2_folder, request):
     """The session server's base URL (`CALLGROVE_VLLM_URL`: one already running, started with
     the settings below, which the session then leaves running)."""
     if os.environ.get("CALLGROVE_VLLM_URL"):
         yield os.environ["CALLGROVE_VLLM_URL"]
         return
-    settings = vllm_settings()
+    settings = request.getfixturevalue("vllm_settings")()
     server = VllmServer.start(smollm2_folder, settings, lora_rank=MAX_LORA_RANK)
     try:
         server.wait_ready(settings.startup_timeout)

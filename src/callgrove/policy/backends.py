@@ -143,6 +143,10 @@ def register_backend(prefix: str, factory: BackendFactory) -> None:
 
 
 def build_policy(model: ModelSettings, learner: LearnerConfig, seed: int) -> PolicyBackend:
+    if model.vllm is not None and not model.vllm.urls:
+        from callgrove.policy.vllm import interpreter
+
+        interpreter(model.vllm)  # before the model loads: a missing venv is said at once
     backend = _factory(model.name)(model, learner, seed)
     if model.vllm is not None:
         from callgrove.policy.vllm import vllm_sampler

@@ -116,6 +116,17 @@ class VllmError(RuntimeError):
     """A vLLM server could not start, or no server is left to sample."""
 
 
+def interpreter(settings: VllmSettings) -> Path:
+    """The interpreter that starts servers; a `FileNotFoundError` saying how to get one."""
+    python = Path(settings.python)
+    if not python.is_file():
+        raise FileNotFoundError(
+            f"vllm.python {settings.python}: no such interpreter (`make vllm` creates "
+            ".venv-vllm with vLLM's CPU build; or give vllm.urls of running servers)"
+        )
+    return python
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -139,12 +150,7 @@ class VllmServer:
         log_dir: Path | None = None,
     ) -> VllmServer:
         """Launch a server of `model_folder` (not waiting for it: see `wait_ready`)."""
-        python = Path(settings.python)
-        if not python.is_file():
-            raise VllmError(
-                f"model.vllm.python {settings.python}: no such interpreter (`make vllm` creates "
-                ".venv-vllm with vLLM's CPU build; or give model.vllm.urls of running servers)"
-            )
+        python = interpreter(settings)
         port = free_port()
         log_dir = log_dir or Path(tempfile.mkdtemp(prefix="callgrove-vllm-"))
         log = log_dir / f"vllm-{port}.log"
