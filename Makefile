@@ -87,10 +87,11 @@ vllm: $(VLLM_STAMP)
 
 # The browser test of the HTML pictures drives Debian's chromium, installed when missing; the
 # gateway tests run the harness CLIs in loopback-only namespaces (unshare, ip from iproute2).
+# `--dist loadgroup` keeps the `vllm` tests (xdist_group "vllm") on one worker: one server.
 test: lint $(HARNESS)/.installed $(VLLM_STAMP)
 	test -x /usr/bin/chromium || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium)
 	command -v ip >/dev/null || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y iproute2)
-	$(BIN)/pytest -n 2 tests
+	$(BIN)/pytest -n 2 --dist loadgroup tests
 
 # The tier to run on every change: the torch-free data rooms without their slow tests (about
 # 75 s on two idle cores), and lint. docs/development.md lists the tiers.

@@ -21,11 +21,11 @@ MAX_LORA_RANK = 16
 @pytest.fixture(scope="session")
 def vllm_settings():
     """Started servers' settings for tests (a small KV cache, the test venv's interpreter),
-    with any of them changed: `vllm_settings(kv_cache_gb=0.5)`."""
+    with any of them changed: `vllm_settings()`."""
     python = os.environ.get("CALLGROVE_VLLM_PYTHON", str(ROOT / ".venv-vllm" / "bin" / "python"))
     if not Path(python).is_file():
         pytest.fail(f"no vLLM at {python}: run `make vllm` (or set CALLGROVE_VLLM_PYTHON)")
-    base = {"python": python, "kv_cache_gb": 1.0, "max_model_len": 1024, "startup_timeout": 400.0}
+    base = {"python": python, "kv_cache_gb": 1, "max_model_len": 1024, "startup_timeout": 400.0}
 
     def settings(**changes) -> VllmSettings:
         return VllmSettings(**{**base, **changes})

@@ -20,7 +20,8 @@ from callgrove.train.distribution import sampling_distribution
 
 from .helpers import SRC, server_process
 
-pytestmark = pytest.mark.vllm
+# One worker runs every vLLM test, so `pytest -n 2` starts one session server, not two.
+pytestmark = [pytest.mark.vllm, pytest.mark.xdist_group("vllm")]
 QUESTION = "What is 2 + 3?"
 REQUEST = {"model": "anything", "max_tokens": 24, "temperature": 0.7, "top_p": 0.9}
 

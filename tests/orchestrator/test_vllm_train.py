@@ -17,7 +17,8 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-pytestmark = pytest.mark.vllm
+# One worker runs every vLLM test, so `pytest -n 2` starts one session server, not two.
+pytestmark = [pytest.mark.vllm, pytest.mark.xdist_group("vllm")]
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 

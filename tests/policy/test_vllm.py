@@ -21,7 +21,8 @@ from callgrove.policy.http import UpstreamError
 from callgrove.policy.vllm import VllmError, VllmSampler, free_port, start_servers
 from callgrove.train.distribution import sampling_distribution
 
-pytestmark = pytest.mark.vllm
+# One worker runs every vLLM test, so `pytest -n 2` starts one session server, not two.
+pytestmark = [pytest.mark.vllm, pytest.mark.xdist_group("vllm")]
 END = 2  # SmolLM2's <|im_end|>
 LORA_RANK = 8  # at most the session server's --max-lora-rank
 QUESTIONS = ("What is 2 + 3?", "Name a colour.", "Say hello in French.")
@@ -230,7 +231,7 @@ def test_a_server_that_dies_fails_its_calls_and_is_dropped(
 ):
     _, tokenizer = smollm2
     prompt = prompt_ids(tokenizer, QUESTIONS[2])
-    (second,) = start_servers(smollm2_folder, vllm_settings(kv_cache_gb=0.5))
+    (second,) = start_servers(smollm2_folder, vllm_settings())
     long = SamplingParams(max_tokens=400, temperature=1.0)
     short = SamplingParams(max_tokens=8, temperature=0)
 

@@ -74,16 +74,20 @@ class VllmSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     servers: int = 1
     python: str = ".venv-vllm/bin/python"
     """The interpreter with vLLM installed (`make vllm` creates `.venv-vllm`)."""
-    kv_cache_gb: float = 2.0
+    kv_cache_gb: int = 2
+    """GiB of KV cache per server (vLLM's CPU build takes whole GiB)."""
     max_model_len: int = 2048
     dtype: str = "float32"
     startup_timeout: float = 300.0
+    eager: bool = True
+    """Skip vLLM's torch.compile warm-up (`--enforce-eager`): on a busy CPU it took more than
+    4 minutes, where an eager server is ready in about one."""
     extra_args: list[str] = []
     """More `vllm serve` arguments, as given."""
 
     def __post_init__(self) -> None:
         check_range("servers", self.servers, at_least=1)
-        check_range("kv_cache_gb", self.kv_cache_gb, above=0)
+        check_range("kv_cache_gb", self.kv_cache_gb, at_least=1)
         check_range("max_model_len", self.max_model_len, at_least=16)
         check_range("startup_timeout", self.startup_timeout, above=0)
         check_range("request_timeout", self.request_timeout, above=0)
@@ -108,6 +112,7 @@ _STARTED_ONLY = (
     "max_model_len",
     "dtype",
     "startup_timeout",
+    "eager",
     "extra_args",
 )
 
@@ -163,12 +168,17 @@ class VllmServer:
             # The logprobs of the distribution sampled from, not the untempered one.
             *("--logprobs-mode", "processed_logprobs"),
             "--enable-scale-out",
-            *(("--enable-lora", "--max-lora-rank", str(lora_rank)) if lora_rank else ()),
+            *(("--enforce-eager",) if settings.eager else ()),
+            *(
+                ("--enable-lora", "--max-lora-rank", str(_max_lora_rank(lora_rank)))
+                if lora_rank
+                else ()
+            ),
             *settings.extra_args,
         ]
         env = {
             **os.environ,
-            "VLLM_CPU_KVCACHE_SPACE": f"{settings.kv_cache_gb:g}",
+            "VLLM_CPU_KVCACHE_SPACE": str(settings.kv_cache_gb),
             "VLLM_SERVER_DEV_MODE": "1",  # /pause, /resume and /collective_rpc
             "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
             "HF_HUB_OFFLINE": "1",
@@ -234,6 +244,19 @@ class VllmServer:
                 self.process.wait()
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.process.pid, signal.SIGKILL)  # workers left behind by the leader
+
+
+# The values vLLM 0.32 takes for --max-lora-rank.
+_MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def _max_lora_rank(rank: int) -> int:
+    for allowed in _MAX_LORA_RANKS:
+        if allowed >= rank:
+            return allowed
+    raise ValueError(
+        f"LoRA rank {rank}: vLLM serves adapters of rank {_MAX_LORA_RANKS[-1]} at most"
+    )
 
 
 def _die_with_parent() -> None:
