@@ -477,45 +477,30 @@ class VllmSampler:
         """One server onto the weights in `folder`; a server that fails to is dropped."""
         try:
             if self.lora is not None:
-                await self._control(
-                    upstream,
+                await upstream.client.control(
                     "/v1/load_lora_adapter",
                     {"lora_name": adapter, "lora_path": str(folder)},
                 )
                 return
-            await self._control(upstream, "/pause?mode=wait", None)
+            await upstream.client.control("/pause?mode=wait", None)
             try:
-                await self._control(
-                    upstream,
+                await upstream.client.control(
                     "/collective_rpc",
                     {"method": "reload_weights", "kwargs": {"weights_path": str(folder)}},
                 )
             finally:
-                await self._control(upstream, "/resume", None)
+                await upstream.client.control("/resume", None)
         except UpstreamError as error:
             self._drop(upstream, f"loading new weights failed: {error}")
 
     async def _unload(self, upstream: _Upstream, adapter: str) -> None:
         try:
-            await self._control(upstream, "/v1/unload_lora_adapter", {"lora_name": adapter})
+            await upstream.client.control("/v1/unload_lora_adapter", {"lora_name": adapter})
         except UpstreamError as error:  # the old adapter stays loaded: harmless, but said
             warnings.warn(
                 f"vLLM server {upstream.client.base_url} kept adapter {adapter}: {error}",
                 stacklevel=2,
             )
-
-    async def _control(self, upstream: _Upstream, path: str, body: dict | None) -> None:
-        """A control request; an `UpstreamError` unless it answers 200."""
-        import aiohttp
-
-        url = upstream.client.base_url + path
-        try:
-            async with upstream.client._client().post(url, json=body) as response:
-                if response.status != 200:
-                    text = (await response.read())[:500].decode(errors="replace")
-                    raise UpstreamError(f"{path} answered {response.status}: {text}")
-        except (TimeoutError, aiohttp.ClientError) as error:
-            raise UpstreamError(f"{path} failed: {error or type(error).__name__}") from None
 
     def state_dict(self) -> dict[str, Any]:
         return {"seeds": self._seeds.bit_generator.state, "version": self._version}
