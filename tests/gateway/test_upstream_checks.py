@@ -243,8 +243,8 @@ def test_a_gateway_that_stops_gives_up_its_ledger_folder_at_once(tmp_path, monke
     from typer.testing import CliRunner
 
     from callgrove.cli.app import app
-    from callgrove.serving import web
     from callgrove.gateway.ledger import LedgerLock
+    from callgrove.serving import web
 
     monkeypatch.setattr(web, "serve", lambda app, host, port, ready: None)  # serves, then stops
     ledger = tmp_path / "ledger"

@@ -157,6 +157,23 @@ def gateway(
     max_tokens: Annotated[
         int, typer.Option("--max-tokens", help="Cap on tokens per completion.")
     ] = 4096,
+    upstream_model: Annotated[
+        str,
+        typer.Option(
+            "--upstream-model",
+            help="The model name sent upstream (what the server serves, such as vLLM's "
+            "--served-model-name).",
+        ),
+    ] = "policy",
+    upstream_processed_logprobs: Annotated[
+        bool,
+        typer.Option(
+            "--upstream-processed-logprobs",
+            help="The upstream reports logprobs of the distribution it sampled, tempered and "
+            "top-p cut (vLLM started with --logprobs-mode processed_logprobs), so calls at any "
+            "temperature and top_p are recorded; without it only temperature 1 and top_p 1.",
+        ),
+    ] = False,
     upstream_gguf: Annotated[
         str | None,
         typer.Option(
@@ -191,6 +208,12 @@ def gateway(
     if model is not None and (tokenizer or template):
         err.print("error: give --model or --tokenizer/--template, not both")
         raise typer.Exit(EXIT_USAGE)
+    if upstream_gguf and upstream_processed_logprobs:
+        err.print(
+            "error: llama.cpp reports untempered logprobs: --upstream-processed-logprobs "
+            "does not go with --upstream-gguf"
+        )
+        raise typer.Exit(EXIT_USAGE)
     try:
         chat = (
             JinjaFormat.from_tokenizer(model_tokenizer(model), parser)
@@ -202,9 +225,17 @@ def gateway(
         raise typer.Exit(EXIT_USAGE) from None
     try:
         policy = (
-            _llama_cpp_client(upstream_gguf, passthrough, upstream, upstream_token, timeout)
+            _llama_cpp_client(
+                upstream_gguf, passthrough, upstream, upstream_token, timeout, upstream_model
+            )
             if upstream_gguf
-            else HttpPolicyClient(upstream, token=upstream_token, timeout=timeout)
+            else HttpPolicyClient(
+                upstream,
+                model=upstream_model,
+                token=upstream_token,
+                timeout=timeout,
+                tempered_logprobs=upstream_processed_logprobs,
+            )
         )
     except (ImportError, OSError, ValueError) as error:
         err.print(f"error: {safe(error)}")
@@ -241,7 +272,7 @@ def gateway(
 
 
 def _llama_cpp_client(
-    name: str, passthrough: bool, upstream: str, token: str | None, timeout: float
+    name: str, passthrough: bool, upstream: str, token: str | None, timeout: float, model: str
 ):
     from callgrove.policy.llama_cpp import LlamaCppPolicyClient
     from callgrove.train.hf_model import resolve_model
@@ -251,7 +282,7 @@ def _llama_cpp_client(
     source = resolve_model(name)
     if source.gguf_file is None:
         raise ValueError(f"--upstream-gguf {name}: not a GGUF file")
-    return LlamaCppPolicyClient(upstream, source.path, token=token, timeout=timeout)
+    return LlamaCppPolicyClient(upstream, source.path, model=model, token=token, timeout=timeout)
 
 
 @app.command("harness")

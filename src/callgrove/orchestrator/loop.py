@@ -182,6 +182,8 @@ async def _train(
         display.close()
         if executor:
             executor.close()
+        if callable(getattr(backend.sampler, "aclose", None)):  # servers it started
+            await backend.sampler.aclose()
     metrics = sinks.read_metrics(out)
     title = f"callgrove train · {out.name} (run {progress['run_id']})"
     plot = monitors.plot_run(metrics, out / "rewards.png", title) if config.monitor.plot else None
@@ -207,9 +209,11 @@ async def _step(
     trained_at = time.perf_counter()
     report = await asyncio.to_thread(learner_step, step, backend.learner, prepared.samples)
     train_seconds = time.perf_counter() - trained_at
+    pushed_at = time.perf_counter()
     await backend.sampler.load_weights(backend.learner.weights(), backend.learner.version)
     if executor:
         await executor.load_weights(backend.learner.weights(), backend.learner.version)
+    weight_update_seconds = time.perf_counter() - pushed_at
     await dispatcher.notify()
 
     evaluated = []
@@ -243,6 +247,7 @@ async def _step(
         "time/step_s": elapsed,
         "time/wait_s": waited,
         "time/train_s": train_seconds,
+        "time/weight_update_s": weight_update_seconds,
         "dispatcher/in_flight": float(dispatcher.in_flight_episodes),
     }
     return metrics, table

@@ -21,6 +21,7 @@ from callgrove.orchestrator.errors import RunError
 from callgrove.orchestrator.sinks import CHECKPOINT, METRICS, load_checkpoint
 from callgrove.policy.backends import build_policy
 from callgrove.policy.learner import Learner, PolicyBackend
+from callgrove.policy.vllm import VllmError
 
 if TYPE_CHECKING:
     from callgrove.train.learner import StepReport
@@ -86,6 +87,8 @@ def policy_backend(config: TrainConfig) -> PolicyBackend:
         return build_policy(config.model, config.train, config.run.seed)
     except (ValueError, FileNotFoundError) as error:
         raise ConfigError(f"model: {error}") from None
+    except VllmError as error:  # a server that did not start: its log's end is in the message
+        raise RunError(str(error)) from None
 
 
 def restore(out: Path, checkpoint: dict[str, Any], *parts: tuple[str, Any]) -> None:

@@ -2,7 +2,8 @@
 
 `model.name` in a training config picks a backend by its prefix (`tiny`; `hf:PATH` and the
 packaged `smollm2-135m` for Hugging Face models, `callgrove.policy.hf`). A factory gets the model settings, the learner settings and the run's
-seed and returns a `PolicyBackend`; `register_backend` adds one.
+seed and returns a `PolicyBackend`; `register_backend` adds one. `[model.vllm]` then replaces
+the backend's sampler with vLLM servers of its checkpoint (`callgrove.policy.vllm`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import msgspec
 from callgrove.chat import CharFormat, ChatFormat
 from callgrove.formats.ranges import check_range
 from callgrove.policy.learner import PolicyBackend, TrainableSampler
+from callgrove.policy.vllm import VllmSettings
 from callgrove.train import require_torch
 from callgrove.train.settings import LearnerSettings
 
@@ -35,9 +37,16 @@ class ModelSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     d_ff: int = 128
     max_batch: int = 512
     options: dict[str, Any] = {}
+    vllm: VllmSettings | None = None
+    """`[model.vllm]`: sample with vLLM servers instead of in this process."""
 
     def __post_init__(self) -> None:
         _factory(self.name)
+        if self.vllm is not None and self.name == "tiny":
+            raise ValueError(
+                "vllm: vLLM serves Hugging Face checkpoints (name = 'hf:PATH' or "
+                "'smollm2-135m'), not the reference decoder"
+            )
         check_range("max_batch", self.max_batch, at_least=1)
         if self.name == "tiny":
             with_trainer(lambda: tiny_config(self))
@@ -74,15 +83,29 @@ def register_backend(
 
 def build_policy(model: ModelSettings, learner: LearnerSettings, seed: int) -> PolicyBackend:
     require_torch()  # every learner trains with it
-    return _factory(model.name).build(model, learner, seed)
+    if model.vllm is not None and not model.vllm.urls:
+        from callgrove.policy.vllm import interpreter
+
+        interpreter(model.vllm)  # before the model loads: a missing venv is said at once
+    backend = _factory(model.name).build(model, learner, seed)
+    if model.vllm is not None:
+        from callgrove.policy.vllm import vllm_sampler
+        from callgrove.train.hf_model import checkpoint_folder, resolve_model
+
+        options = getattr(backend.learner, "options", None)  # an HFLearner's LoRA settings
+        lora = getattr(options, "lora", None)
+        folder = checkpoint_folder(resolve_model(model.name))
+        backend.sampler = vllm_sampler(model.vllm, folder, lora, seed)
+    return backend
 
 
 def build_sampler(model: ModelSettings, seed: int) -> tuple[TrainableSampler, ChatFormat]:
-    """A model's sampler and chat format, without building a learner or its optimizer."""
+    """A model's sampler and chat format, without building a learner or its optimizer (vLLM
+    servers, which take the learner's weights, come with one)."""
     backend = _factory(model.name)
-    if backend.sampler is not None:
+    if backend.sampler is not None and model.vllm is None:
         return backend.sampler(model, seed)
-    built = backend.build(model, LearnerSettings(), seed)
+    built = build_policy(model, LearnerSettings(), seed)
     return built.sampler, built.chat
 
 

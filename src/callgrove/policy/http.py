@@ -400,6 +400,21 @@ class HttpPolicyClient:
             raise UpstreamError("upstream answered JSON that is not an object")
         return payload
 
+    async def control(self, path: str, body: dict | None = None) -> None:
+        """POST a control request (a weight reload, an adapter load) whose answer is only its
+        status; an `UpstreamError` naming `path` unless it is 200."""
+        import aiohttp
+
+        try:
+            async with self._client().post(self.base_url + path, json=body) as response:
+                if response.status != 200:
+                    text = (await response.read())[:500].decode(errors="replace")
+                    raise UpstreamError(f"{path} answered {response.status}: {text}")
+        except TimeoutError:
+            raise UpstreamError(f"{path}: upstream {self.base_url} timed out", 504) from None
+        except aiohttp.ClientError as error:
+            raise UpstreamError(f"{path}: upstream {self.base_url} unreachable: {error}") from None
+
     async def aclose(self) -> None:
         if self._session is not None:
             await self._session.close()

@@ -1,0 +1,547 @@
+"""vLLM servers as the loop's sampler: token ids in, token ids and sampled logprobs out, new
+weights pushed into the servers after every optimizer step.
+
+`[model.vllm]` in a training config turns it on for a Hugging Face model (`hf:PATH`,
+`smollm2-135m`); the learner stays in this process. The sampler either starts `servers` vLLM
+servers itself (`VllmServer`: the interpreter `python` names, loopback, a free port, a bounded
+wait for `/health`, stopped on close) or uses running ones (`urls`).
+
+Calls go to `/v1/completions` with the prompt as token ids and `return_token_ids`
+(`callgrove.policy.http`). A started server reports the logprobs of the distribution it sampled
+(`--logprobs-mode processed_logprobs`: tempered and top-p renormalised), which each call records
+as its `sampling`; a running server given by URL must have been started so too. Each call goes to
+the server with the fewest calls in flight. A server that stops answering fails the calls it
+held (the error names it; nothing is made up) and is dropped; the sampler goes on with the rest
+and fails every call once none is left.
+
+Weights after every step: new calls wait, the calls in flight finish on the version they started
+on, then every server is paused (`/pause?mode=wait`, for clients other than this one), loads the
+new weights and resumes; a call therefore never spans two versions, and carries the version it
+was sent under. Full weights are written as one safetensors file and reloaded
+(`/collective_rpc` `reload_weights`); LoRA adapters are written in PEFT's layout and loaded under
+a new name (`/v1/load_lora_adapter`, the previous one unloaded), which later calls then name.
+A server on another machine needs `weights_dir` on a filesystem it shares.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+import numpy as np
+
+from callgrove.formats.ranges import check_choice, check_range
+from callgrove.policy.client import Completion, SamplingParams
+from callgrove.policy.http import HttpPolicyClient, UpstreamError
+
+if TYPE_CHECKING:
+    from callgrove.train.hf_trainer import LoraSettings
+
+# The name a started server serves its base model under (the gateway asks for it by default).
+SERVED_MODEL = "policy"
+_WEIGHTS_FILE = "model.safetensors"
+DTYPES = ("float32", "bfloat16", "float16")
+_EMBEDDING = "model.embed_tokens.weight"
+
+
+class VllmSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """`[model.vllm]`: where the vLLM servers come from and how started ones run."""
+
+    urls: list[str] = []
+    """Running servers to use (not started or stopped here); empty: start `servers`."""
+    served_model: str = SERVED_MODEL
+    """The model name the servers serve the base weights under."""
+    weights_dir: str = ""
+    """Where pushed weights are written (empty: a temporary folder, removed on close); servers
+    on other machines must see it at the same path."""
+    request_timeout: float = 600.0
+    # Started servers only:
+    servers: int = 1
+    python: str = ".venv-vllm/bin/python"
+    """The interpreter with vLLM installed (`make vllm` creates `.venv-vllm`)."""
+    kv_cache_gb: int = 2
+    """GiB of KV cache per server (vLLM's CPU build takes whole GiB)."""
+    max_model_len: int = 2048
+    dtype: str = "float32"
+    startup_timeout: float = 300.0
+    eager: bool = True
+    """Skip vLLM's torch.compile warm-up (`--enforce-eager`): on a busy CPU it took more than
+    4 minutes, where an eager server is ready in about one."""
+    extra_args: list[str] = []
+    """More `vllm serve` arguments, as given."""
+
+    def __post_init__(self) -> None:
+        check_range("servers", self.servers, at_least=1)
+        check_range("kv_cache_gb", self.kv_cache_gb, at_least=1)
+        check_range("max_model_len", self.max_model_len, at_least=16)
+        check_range("startup_timeout", self.startup_timeout, above=0)
+        check_range("request_timeout", self.request_timeout, above=0)
+        check_choice("dtype", self.dtype, DTYPES)
+        if not self.served_model:
+            raise ValueError("served_model: empty")
+        for url in self.urls:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"urls: {url!r} is not an http:// or https:// URL")
+        if self.urls:
+            default = VllmSettings()
+            given = [
+                name for name in _STARTED_ONLY if getattr(self, name) != getattr(default, name)
+            ]
+            if given:
+                raise ValueError(
+                    f"{', '.join(given)}: settings of servers callgrove starts; with urls the "
+                    "servers are already running (leave them out, or leave out urls)"
+                )
+
+
+_STARTED_ONLY = (
+    "servers",
+    "python",
+    "kv_cache_gb",
+    "max_model_len",
+    "dtype",
+    "startup_timeout",
+    "eager",
+    "extra_args",
+)
+
+
+class VllmError(RuntimeError):
+    """A vLLM server could not start, or no server is left to sample."""
+
+
+def interpreter(settings: VllmSettings) -> Path:
+    """The interpreter that starts servers; a `FileNotFoundError` saying how to get one."""
+    python = Path(settings.python)
+    if not python.is_file():
+        raise FileNotFoundError(
+            f"vllm.python {settings.python}: no such interpreter (`make vllm` creates "
+            ".venv-vllm with vLLM's CPU build; or give vllm.urls of running servers)"
+        )
+    return python
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class VllmServer:
+    """One `vllm serve` process on loopback, in its own process group, its output in a log."""
+
+    def __init__(self, process: subprocess.Popen, url: str, log: Path):
+        self.process = process
+        self.url = url
+        self.log = log
+
+    @classmethod
+    def start(
+        cls,
+        model_folder: Path,
+        settings: VllmSettings,
+        lora_rank: int = 0,
+        log_dir: Path | None = None,
+    ) -> VllmServer:
+        """Launch a server of `model_folder` (not waiting for it: see `wait_ready`)."""
+        python = interpreter(settings)
+        port = free_port()
+        log_dir = log_dir or Path(tempfile.mkdtemp(prefix="callgrove-vllm-"))
+        log = log_dir / f"vllm-{port}.log"
+        command = [
+            str(python),
+            *("-m", "vllm.entrypoints.openai.api_server"),
+            *("--model", str(model_folder), "--served-model-name", settings.served_model),
+            *("--host", "127.0.0.1", "--port", str(port)),
+            *("--max-model-len", str(settings.max_model_len), "--dtype", settings.dtype),
+            # The logprobs of the distribution sampled from, not the untempered one.
+            *("--logprobs-mode", "processed_logprobs"),
+            "--enable-scale-out",
+            *(("--enforce-eager",) if settings.eager else ()),
+            *(
+                ("--enable-lora", "--max-lora-rank", str(_max_lora_rank(lora_rank)))
+                if lora_rank
+                else ()
+            ),
+            *settings.extra_args,
+        ]
+        env = {
+            **os.environ,
+            "VLLM_CPU_KVCACHE_SPACE": str(settings.kv_cache_gb),
+            "VLLM_SERVER_DEV_MODE": "1",  # /pause, /resume and /collective_rpc
+            "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+            "HF_HUB_OFFLINE": "1",
+        }
+        with log.open("wb") as out:
+            process = subprocess.Popen(
+                command,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,  # its workers are stopped with it
+                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+            )
+        server = cls(process, f"http://127.0.0.1:{port}", log)
+        atexit.register(server.stop)  # never outlives this process, whatever fails before close
+        return server
+
+    def wait_ready(self, timeout: float) -> None:
+        """Return once `/health` answers; a `VllmError` quoting the log if the server exits or
+        `timeout` seconds pass."""
+        import httpx
+
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.process.poll() is not None:
+                raise VllmError(
+                    f"vLLM server {self.url} exited with code {self.process.returncode} while "
+                    f"starting; the end of its log ({self.log}):\n{self.log_tail()}"
+                )
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(self.url + "/health", timeout=5).status_code == 200:
+                    return
+            if time.monotonic() > deadline:
+                self.stop()
+                raise VllmError(
+                    f"vLLM server {self.url} was not ready after {timeout:g} s; the end of its "
+                    f"log ({self.log}):\n{self.log_tail()}"
+                )
+            time.sleep(0.5)
+
+    def log_tail(self, size: int = 3000) -> str:
+        try:
+            return self.log.read_bytes()[-size:].decode(errors="replace")
+        except OSError:
+            return "(no log)"
+
+    @property
+    def exit_code(self) -> int | None:
+        return self.process.poll()
+
+    def stop(self, grace: float = 20.0) -> None:
+        """SIGTERM to its process group, SIGKILL after `grace` seconds."""
+        atexit.unregister(self.stop)
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(grace)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, signal.SIGKILL)  # workers left behind by the leader
+
+
+# The values vLLM 0.32 takes for --max-lora-rank.
+_MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def _max_lora_rank(rank: int) -> int:
+    for allowed in _MAX_LORA_RANKS:
+        if allowed >= rank:
+            return allowed
+    raise ValueError(
+        f"LoRA rank {rank}: vLLM serves adapters of rank {_MAX_LORA_RANKS[-1]} at most"
+    )
+
+
+def _die_with_parent() -> None:
+    """In the server's process before it starts: the kernel ends it when its parent dies, so a
+    process killed before it could stop its servers leaves none behind."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def start_servers(
+    model_folder: Path, settings: VllmSettings, lora_rank: int = 0
+) -> list[VllmServer]:
+    """`settings.servers` servers, started together and waited for; all stopped if one fails."""
+    servers: list[VllmServer] = []
+    try:
+        for _ in range(settings.servers):
+            servers.append(VllmServer.start(model_folder, settings, lora_rank))
+        for server in servers:
+            server.wait_ready(settings.startup_timeout)
+    except BaseException:
+        for server in servers:
+            server.stop()
+        raise
+    return servers
+
+
+@dataclass
+class _Upstream:
+    """One server as the sampler sees it."""
+
+    client: HttpPolicyClient
+    process: VllmServer | None
+    in_flight: int = 0
+    gone: str | None = None
+    """Why it was dropped (None: in use)."""
+
+
+class VllmSampler:
+    """A `TrainableSampler` over one or more vLLM servers (see the module)."""
+
+    def __init__(
+        self,
+        urls: Sequence[str],
+        *,
+        served_model: str = SERVED_MODEL,
+        base_folder: Path | None = None,
+        lora: LoraSettings | None = None,
+        weights_dir: str | Path = "",
+        processes: Sequence[VllmServer] = (),
+        seed: int = 0,
+        timeout: float = 600.0,
+    ):
+        """`processes`: servers this sampler started (stopped by `aclose`); `base_folder`: the
+        served checkpoint, named in a LoRA adapter's config."""
+        if not urls:
+            raise ValueError("a vLLM sampler needs at least one server")
+        started = {p.url: p for p in processes}
+        self.upstreams = [
+            _Upstream(
+                HttpPolicyClient(url, model=served_model, timeout=timeout, tempered_logprobs=True),
+                started.get(url.rstrip("/")),
+            )
+            for url in urls
+        ]
+        self.served_model = served_model
+        self.base_folder = base_folder
+        self.lora = lora
+        self._own_weights_dir = not weights_dir
+        self.weights_dir = Path(weights_dir or tempfile.mkdtemp(prefix="callgrove-weights-"))
+        self._version = 0
+        self._adapter: str | None = None  # the LoRA adapter later calls name
+        self._written: Path | None = None  # the folder of the weights last pushed
+        self._seeds = np.random.default_rng(seed)
+        self._open = asyncio.Event()
+        self._open.set()
+        self._idle: asyncio.Condition | None = None
+        self.update_seconds: list[float] = []
+        """Wall time of each weight push (write, pause, load, resume)."""
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @property
+    def live(self) -> list[_Upstream]:
+        return [u for u in self.upstreams if u.gone is None]
+
+    def _condition(self) -> asyncio.Condition:
+        if self._idle is None:
+            self._idle = asyncio.Condition()
+        return self._idle
+
+    async def sample(self, prompt_ids: np.ndarray, params: SamplingParams) -> Completion:
+        await self._open.wait()
+        live = self.live
+        if not live:
+            raise VllmError(f"no vLLM server left: {self.dropped_reasons()}")
+        upstream = min(live, key=lambda u: u.in_flight)
+        version = self._version
+        if params.seed is None:  # reproducible draws from the run's seed
+            params = msgspec.structs.replace(params, seed=int(self._seeds.integers(2**31)))
+        upstream.in_flight += 1
+        try:
+            sample = await upstream.client.sample(prompt_ids, params)
+        except UpstreamError as error:
+            if error.status in (502, 504) and not await self._answers(upstream):
+                self._drop(upstream, str(error))
+                raise UpstreamError(
+                    f"vLLM server {upstream.client.base_url} stopped answering ({upstream.gone}); "
+                    f"this call failed and the server is dropped "
+                    f"({len(self.live)} of {len(self.upstreams)} left)"
+                ) from None
+            raise
+        finally:
+            upstream.in_flight -= 1
+            async with self._condition():
+                self._condition().notify_all()
+        return replace(sample, policy_version=version)
+
+    async def _answers(self, upstream: _Upstream) -> bool:
+        """Whether the server is still there (its process runs and `/health` answers)."""
+        import httpx
+
+        if upstream.process is not None and upstream.process.exit_code is not None:
+            return False
+        try:
+            async with httpx.AsyncClient(timeout=5) as client:
+                health = await client.get(upstream.client.base_url + "/health")
+        except httpx.HTTPError:
+            return False
+        return health.status_code == 200
+
+    def _drop(self, upstream: _Upstream, why: str) -> None:
+        if upstream.gone is not None:
+            return
+        code = upstream.process.exit_code if upstream.process else None
+        upstream.gone = why if code is None else f"exited with code {code}; {why}"
+        warnings.warn(
+            f"vLLM server {upstream.client.base_url} dropped: {upstream.gone} "
+            f"({len(self.live)} of {len(self.upstreams)} left)",
+            stacklevel=2,
+        )
+
+    def dropped_reasons(self) -> str:
+        return "; ".join(f"{u.client.base_url}: {u.gone}" for u in self.upstreams if u.gone)
+
+    async def load_weights(self, weights: Any, version: int) -> None:
+        """Push `weights` (the learner's trained parameters by their Hugging Face names: all of
+        them, or the LoRA adapters alone) into every server; calls sent from now on carry
+        `version`."""
+        started = time.perf_counter()
+        self._open.clear()
+        try:
+            async with self._condition():
+                await self._condition().wait_for(lambda: all(u.in_flight == 0 for u in self.live))
+            if not self.live:
+                raise VllmError(f"no vLLM server left to load weights: {self.dropped_reasons()}")
+            folder = await asyncio.to_thread(self._write, weights, version)
+            adapter = f"{self.served_model}-v{version}"
+            await asyncio.gather(*(self._push(u, folder, adapter) for u in self.live))
+            if not self.live:
+                raise VllmError(f"no vLLM server took the new weights: {self.dropped_reasons()}")
+            previous, self._written = self._written, folder
+            if self.lora is not None:
+                old, self._adapter = self._adapter, adapter
+                for upstream in self.live:
+                    upstream.client.model = adapter
+                if old is not None:
+                    await asyncio.gather(*(self._unload(u, old) for u in self.live))
+            if previous is not None and previous != folder:
+                shutil.rmtree(previous, ignore_errors=True)
+            self._version = version
+        finally:
+            self._open.set()
+        self.update_seconds.append(time.perf_counter() - started)
+
+    def _write(self, weights: dict[str, Any], version: int) -> Path:
+        from safetensors.torch import save_file
+
+        folder = self.weights_dir / f"v{version}"
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        if self.lora is None:
+            tensors = {n: t.detach().contiguous() for n, t in weights.items()}
+            if "lm_head.weight" not in tensors and _EMBEDDING in tensors:
+                # A head tied to the embedding (Hugging Face names the shared parameter once):
+                # vLLM's in-place reload leaves a tied head on its old tensor unless the file
+                # names the head too.
+                tensors["lm_head.weight"] = tensors[_EMBEDDING].clone()
+            save_file(tensors, folder / _WEIGHTS_FILE)
+            return folder
+        tensors = {}
+        for name, tensor in weights.items():
+            if ".lora_" not in name:
+                raise ValueError(f"LoRA weights hold {name!r}, which is not an adapter's")
+            # PEFT's files name adapters without the adapter's own name ("default").
+            tensors[name.replace(".default.", ".")] = tensor.detach().contiguous()
+        save_file(tensors, folder / "adapter_model.safetensors")
+        config = {
+            "peft_type": "LORA",
+            "task_type": "CAUSAL_LM",
+            "base_model_name_or_path": str(self.base_folder or ""),
+            "r": self.lora.rank,
+            "lora_alpha": self.lora.alpha,
+            "lora_dropout": self.lora.dropout,
+            "target_modules": list(self.lora.target_modules),
+            "bias": "none",
+            "fan_in_fan_out": False,
+            "modules_to_save": None,
+            "use_rslora": False,
+            "use_dora": False,
+        }
+        (folder / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
+        return folder
+
+    async def _push(self, upstream: _Upstream, folder: Path, adapter: str) -> None:
+        """One server onto the weights in `folder`; a server that fails to is dropped."""
+        try:
+            if self.lora is not None:
+                await upstream.client.control(
+                    "/v1/load_lora_adapter",
+                    {"lora_name": adapter, "lora_path": str(folder)},
+                )
+                return
+            await upstream.client.control("/pause?mode=wait", None)
+            try:
+                await upstream.client.control(
+                    "/collective_rpc",
+                    {"method": "reload_weights", "kwargs": {"weights_path": str(folder)}},
+                )
+            finally:
+                await upstream.client.control("/resume", None)
+        except UpstreamError as error:
+            self._drop(upstream, f"loading new weights failed: {error}")
+
+    async def _unload(self, upstream: _Upstream, adapter: str) -> None:
+        try:
+            await upstream.client.control("/v1/unload_lora_adapter", {"lora_name": adapter})
+        except UpstreamError as error:  # the old adapter stays loaded: harmless, but said
+            warnings.warn(
+                f"vLLM server {upstream.client.base_url} kept adapter {adapter}: {error}",
+                stacklevel=2,
+            )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"seeds": self._seeds.bit_generator.state, "version": self._version}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._seeds.bit_generator.state = state["seeds"]
+        self._version = int(state["version"])
+
+    async def aclose(self) -> None:
+        for upstream in self.upstreams:
+            await upstream.client.aclose()
+            if upstream.process is not None:
+                await asyncio.to_thread(upstream.process.stop)
+        if self._own_weights_dir:
+            shutil.rmtree(self.weights_dir, ignore_errors=True)
+
+
+def vllm_sampler(
+    settings: VllmSettings,
+    model_folder: Path,
+    lora: LoraSettings | None,
+    seed: int,
+) -> VllmSampler:
+    """The sampler `[model.vllm]` describes: over `urls`, or over servers started here."""
+    processes = (
+        []
+        if settings.urls
+        else start_servers(model_folder, settings, lora.rank if lora is not None else 0)
+    )
+    return VllmSampler(
+        settings.urls or [p.url for p in processes],
+        served_model=settings.served_model,
+        base_folder=model_folder,
+        lora=lora,
+        weights_dir=settings.weights_dir,
+        processes=processes,
+        seed=seed,
+        timeout=settings.request_timeout,
+    )

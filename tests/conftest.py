@@ -1,0 +1,56 @@
+"""Shared fixtures. One real vLLM server of SmolLM2-135M-Instruct for the whole test session (the `vllm` tests).
+
+It is started from `.venv-vllm` (`make vllm`, which `make test` runs; `CALLGROVE_VLLM_PYTHON`
+names another interpreter), on loopback, with a bounded wait, and stopped when the session
+ends. The tests that change its weights put the original ones back.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from callgrove.policy.vllm import VllmServer, VllmSettings
+
+ROOT = Path(__file__).resolve().parents[1]
+MAX_LORA_RANK = 16
+
+
+@pytest.fixture(scope="session")
+def vllm_settings():
+    """Started servers' settings for tests (a small KV cache, the test venv's interpreter),
+    with any of them changed: `vllm_settings()`."""
+    python = os.environ.get("CALLGROVE_VLLM_PYTHON", str(ROOT / ".venv-vllm" / "bin" / "python"))
+    if not Path(python).is_file():
+        pytest.fail(f"no vLLM at {python}: run `make vllm` (or set CALLGROVE_VLLM_PYTHON)")
+    base = {"python": python, "kv_cache_gb": 1, "max_model_len": 1024, "startup_timeout": 400.0}
+
+    def settings(**changes) -> VllmSettings:
+        return VllmSettings(**{**base, **changes})
+
+    return settings
+
+
+@pytest.fixture(scope="session")
+def smollm2_folder() -> Path:
+    from callgrove.train.hf_model import checkpoint_folder, resolve_model
+
+    return checkpoint_folder(resolve_model("smollm2-135m"))
+
+
+@pytest.fixture(scope="session")
+def vllm_url(smollm2_folder, request):
+    """The session server's base URL (`CALLGROVE_VLLM_URL`: one already running, started with
+    the settings below, which the session then leaves running)."""
+    if os.environ.get("CALLGROVE_VLLM_URL"):
+        yield os.environ["CALLGROVE_VLLM_URL"]
+        return
+    settings = request.getfixturevalue("vllm_settings")()
+    server = VllmServer.start(smollm2_folder, settings, lora_rank=MAX_LORA_RANK)
+    try:
+        server.wait_ready(settings.startup_timeout)
+        yield server.url
+    finally:
+        server.stop()

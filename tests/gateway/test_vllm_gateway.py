@@ -1,0 +1,112 @@
+"""The gateway in front of the session's real vLLM server of SmolLM2 (`tests/conftest.py`):
+`--upstream-model` names what it serves, `--upstream-processed-logprobs` says its logprobs are
+of the distribution it sampled, and in both modes (the gateway renders the chat, or vLLM does
+with `--passthrough`) the recorded calls carry the server's token ids and logprobs that a
+teacher-forced Hugging Face forward of the same weights gives, and pass `callgrove check`."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import httpx
+import numpy as np
+import pytest
+import torch
+
+from callgrove.episode import load
+from callgrove.train.distribution import sampling_distribution
+
+from .helpers import SRC, server_process
+
+# One worker runs every vLLM test, so `pytest -n 2` starts one session server, not two.
+pytestmark = [pytest.mark.vllm, pytest.mark.xdist_group("vllm")]
+QUESTION = "What is 2 + 3?"
+REQUEST = {"model": "anything", "max_tokens": 24, "temperature": 0.7, "top_p": 0.9}
+
+
+def teacher_forced(model, prompt, completion, sampling: dict) -> np.ndarray:
+    ids = torch.as_tensor(np.concatenate([prompt, completion]), dtype=torch.long)[None]
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].double()
+    n = len(completion)
+    targets = torch.as_tensor(np.asarray(completion), dtype=torch.long)
+    keep = torch.zeros_like(logits, dtype=torch.bool)
+    keep[torch.arange(n), targets] = True
+    logp = sampling_distribution(
+        logits,
+        torch.full((n,), float(sampling["temperature"])),
+        torch.full((n,), float(sampling["top_p"])),
+        keep=keep,
+    )
+    return logp[torch.arange(n), targets].numpy()
+
+
+def gateway_args(url: str, ledger, folder, *more: str) -> tuple[str, ...]:
+    return (
+        *("gateway", "--upstream", url, "--ledger", str(ledger), "--model", f"hf:{folder}"),
+        *more,
+    )
+
+
+@pytest.mark.parametrize("passthrough", [False, True], ids=["rendered", "passthrough"])
+def test_the_gateway_records_vllm_calls_token_exact(
+    tmp_path, vllm_url, smollm2_folder, passthrough
+):
+    from callgrove.train.hf_model import load_model
+
+    ledger = tmp_path / "ledger"
+    mode = ("--passthrough",) if passthrough else ()
+    args = gateway_args(vllm_url, ledger, smollm2_folder, "--upstream-model", "policy", *mode)
+    with (
+        server_process(*args, "--upstream-processed-logprobs", timeout=300) as (_, gateway),
+        httpx.Client(base_url=gateway, timeout=300) as client,
+    ):
+        turn = [{"role": "user", "content": QUESTION}]
+        first = client.post("/e/vllm/v1/chat/completions", json={**REQUEST, "messages": turn})
+        assert first.status_code == 200, first.text
+        answer = first.json()["choices"][0]["message"]["content"]
+        turn += [
+            {"role": "assistant", "content": answer},
+            {"role": "user", "content": "And 4 + 4?"},
+        ]
+        second = client.post("/e/vllm/v1/chat/completions", json={**REQUEST, "messages": turn})
+        assert second.status_code == 200, second.text
+        closed = client.post("/e/vllm/close", json={"rewards": {"answer": 1.0}})
+        assert closed.status_code == 200, closed.text
+
+    torch.set_num_threads(2)
+    model, tokenizer = load_model(f"hf:{smollm2_folder}")
+    (episode,) = load(ledger / "episodes.jsonl")
+    calls = episode.agents[0].calls
+    assert len(calls) == 2
+    for call, reply in zip(calls, (first, second), strict=True):
+        assert call.sampling["temperature"] == 0.7 and call.sampling["top_p"] == 0.9
+        completion = call.completion_ids
+        assert len(call.logprobs) == len(completion) > 0
+        text = tokenizer.decode(completion, skip_special_tokens=True)
+        assert text.strip() == reply.json()["choices"][0]["message"]["content"].strip()
+        want = teacher_forced(model, episode.prompt_ids(call), completion, call.sampling)
+        np.testing.assert_allclose(call.logprobs, want, rtol=0, atol=1e-4)
+    assert QUESTION in tokenizer.decode(episode.prompt_ids(calls[0]))
+    episodes = str(ledger / "episodes.jsonl")
+    checked = subprocess.run(
+        [sys.executable, "-c", "from callgrove.cli import main; main()", "check", episodes],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": SRC},
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_the_gateway_asks_for_the_upstream_model_it_is_told(tmp_path, vllm_url, smollm2_folder):
+    args = gateway_args(vllm_url, tmp_path / "ledger", smollm2_folder, "--upstream-model", "nope")
+    with (
+        server_process(*args, timeout=300) as (_, gateway),
+        httpx.Client(base_url=gateway, timeout=300) as client,
+    ):
+        request = {**REQUEST, "temperature": 1.0, "top_p": 1.0}
+        turn = [{"role": "user", "content": QUESTION}]
+        refused = client.post("/e/x/v1/chat/completions", json={**request, "messages": turn})
+    assert refused.status_code == 404 and "nope" in refused.text

@@ -1,0 +1,68 @@
+"""`[model.vllm]` is checked where the config is read (no server needed): settings that cannot
+apply are errors naming the key, and a missing vLLM interpreter says how to get one."""
+
+from __future__ import annotations
+
+import pytest
+
+from callgrove.orchestrator.config import ConfigError, config_from_dict, to_toml
+from callgrove.orchestrator.run_folder import policy_backend
+
+
+def config(model: dict, **sections):
+    return config_from_dict({"model": model, **sections})
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"name": "tiny", "vllm": {}}, "vLLM serves Hugging Face checkpoints"),
+        ({"name": "smollm2-135m", "vllm": {"servers": 0}}, "servers"),
+        ({"name": "smollm2-135m", "vllm": {"kv_cache_gb": 0}}, "kv_cache_gb"),
+        ({"name": "smollm2-135m", "vllm": {"served_model": ""}}, "served_model"),
+        ({"name": "smollm2-135m", "vllm": {"dtype": "fp8"}}, "dtype"),
+        ({"name": "smollm2-135m", "vllm": {"urls": ["localhost:8000"]}}, "not an http"),
+        ({"name": "smollm2-135m", "vllm": {"gpu": True}}, "model.vllm.gpu: unknown key"),
+        (
+            {"name": "smollm2-135m", "vllm": {"urls": ["http://h:1"], "servers": 2}},
+            "servers: settings of servers callgrove starts",
+        ),
+        (
+            {"name": "smollm2-135m", "vllm": {"urls": ["http://h:1"], "extra_args": ["-x"]}},
+            "extra_args: settings of servers callgrove starts",
+        ),
+    ],
+)
+def test_settings_that_cannot_apply_are_config_errors(raw, message):
+    with pytest.raises(ConfigError, match=message):
+        config(raw)
+
+
+@pytest.mark.parametrize(
+    ("sections", "message"),
+    [
+        ({"run": {"executor": "ray"}}, "run.executor = 'local'"),
+        ({"train": {"objective": "sft"}}, "sft run samples nothing"),
+    ],
+)
+def test_vllm_sampling_with_a_run_it_does_not_fit_is_refused(sections, message):
+    with pytest.raises(ConfigError, match=message):
+        config({"name": "smollm2-135m", "vllm": {}}, **sections)
+
+
+def test_the_settings_round_trip_through_the_written_config():
+    import tomllib
+
+    given = config({"name": "smollm2-135m", "vllm": {"urls": ["http://127.0.0.1:8000"]}})
+    again = config_from_dict(tomllib.loads(to_toml(given)))
+    assert again.model.vllm == given.model.vllm
+    assert again.model.vllm.urls == ["http://127.0.0.1:8000"]
+    assert config({"name": "smollm2-135m"}).model.vllm is None
+
+
+@pytest.mark.hf
+def test_a_missing_vllm_interpreter_says_how_to_get_one(tmp_path):
+    missing = tmp_path / "no-venv" / "bin" / "python"
+    raw = {"name": "smollm2-135m", "vllm": {"python": str(missing)}}
+    with pytest.raises(ConfigError, match="make vllm"):
+        policy_backend(config(raw))
