@@ -224,6 +224,23 @@ def markdown(table: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def per_step_markdown(runs: list[dict]) -> str:
+    """Every run's episode reward at every step, and its mean over the second half: for a run of
+    a few steps, where the last 20% is one step of one group."""
+    steps = max(len(r["reward"]) for r in runs)
+    head = "| condition | seed | " + " | ".join(f"step {n}" for n in range(1, steps + 1))
+    head += " | mean, second half |"
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for run in sorted(runs, key=lambda r: (r["env"], r["condition"], r["seed"])):
+        rewards = run["reward"]
+        lines.append(
+            f"| {run['condition']} | {run['seed']} | "
+            + " | ".join(f"{value:.3f}" for value in rewards)
+            + f" | {np.mean(rewards[len(rewards) // 2 :]):.3f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def running_mean(values: np.ndarray, window: int) -> np.ndarray:
     return np.convolve(values, np.ones(window) / window, mode="valid")
 
@@ -359,9 +376,10 @@ def write_results(runs: list[dict], args: argparse.Namespace) -> None:
     if args.smollm2:  # what differs from examples/train.toml, and every step of every run
         found = {**found, "settings": SMOLLM2, "runs": runs}
     (args.results / f"{stem}.json").write_text(json.dumps(found, indent=1))
-    (args.results / f"{stem}.md").write_text(markdown(table))
+    text = markdown(table) + ("\n" + per_step_markdown(runs) if args.smollm2 else "")
+    (args.results / f"{stem}.md").write_text(text)
     plot(runs, table, args.results / f"{stem}.png")
-    print(markdown(table))
+    print(text)
 
 
 if __name__ == "__main__":
