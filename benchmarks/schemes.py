@@ -376,7 +376,13 @@ def write_results(runs: list[dict], args: argparse.Namespace) -> None:
     if args.smollm2:  # what differs from examples/train.toml, and every step of every run
         found = {**found, "settings": SMOLLM2, "runs": runs}
     (args.results / f"{stem}.json").write_text(json.dumps(found, indent=1))
-    text = markdown(table) + ("\n" + per_step_markdown(runs) if args.smollm2 else "")
+    text = markdown(table)
+    if args.smollm2:
+        made_by = (
+            f"`nice -n 10 python benchmarks/schemes.py --smollm2 --steps {max(steps)} --seeds "
+            f"{' '.join(map(str, seeds))} --workers 1`"
+        )
+        text = f"{made_by}; settings in {stem}.json\n\n{text}\n{per_step_markdown(runs)}"
     (args.results / f"{stem}.md").write_text(text)
     plot(runs, table, args.results / f"{stem}.png")
     print(text)
