@@ -4,17 +4,22 @@ reward."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from callgrove.credit import GRPO, finalize_group
+from callgrove.episode import Episode
+from callgrove.orchestrator import run_episode
 from callgrove.orchestrator.config import ConfigError, config_from_dict, to_toml
 from callgrove.orchestrator.degeneracy import DegeneracySettings
 from callgrove.orchestrator.envs import make_env
-from callgrove.orchestrator.envs.digits import score
+from callgrove.orchestrator.envs.digits import HANDOFF_WORDINGS, score
 from callgrove.orchestrator.step import prepare_step
+from callgrove.policy.render import CharRenderer
 from callgrove.rows import RowSettings
 
-from .helpers import ScriptedPolicy, run
+from .helpers import PARAMS, ScriptedPolicy, run
 
 KEEP_ALL = DegeneracySettings(drop=())
 
@@ -98,6 +103,33 @@ def test_handoff_scores_only_the_final_answer_and_records_every_seat():
     assert seats["final"] == score("3", "0320")
     assert episode.rewards == {"score": seats["final"]}
     assert all(agent.rewards is None for agent in episode.agents)
+
+
+def test_handoff_worded_for_an_instruct_model_asks_in_sentences_for_the_same_targets():
+    asked = "".join(HANDOFF_WORDINGS["instruct"].values())
+    renderer = CharRenderer("0123456789" + "".join(sorted(set(asked) - set("0123456789"))))
+    policy = ScriptedPolicy("3")  # its reply's ids are the digits' in both alphabets
+
+    async def go() -> Episode:
+        env = make_env("handoff", {"wording": "instruct"})
+        return await run_episode(env, "302", policy, renderer, PARAMS, Episode(id="e0"), None)
+
+    episode = asyncio.run(go())
+    assert episode.ok, episode.errors
+    prompts = [renderer.show(prompt) for prompt in policy.prompts]
+    assert "Repeat these digits exactly: 302. Reply with the digits only." in prompts[0]
+    assert "Write these two digits in reverse order: 30." in prompts[1]
+    assert "What is the last of the digits you were given?" in prompts[2]
+    assert "You were given the digits 3." in prompts[4]  # the leader restarted from its summary
+    assert "Write 3, then 3, then the first of the digits" in prompts[4]
+    assert (
+        episode.meta["seats"] == run(make_env("handoff"), "302", ScriptedPolicy("3")).meta["seats"]
+    )
+    with pytest.raises(ValueError, match=r"wording: one of terse, instruct, not 'chatty'"):
+        make_env("handoff", {"wording": "chatty"})
+    assert make_env("handoff", {"wording": "instruct", "length": 4}).length == 4  # still reach it
+    with pytest.raises(ValueError, match=r"'handoff'.*unexpected keyword argument 'lenght'"):
+        make_env("handoff", {"wording": "instruct", "lenght": 4})
 
 
 def test_relay_records_every_answers_score():

@@ -124,6 +124,30 @@ def record_seats(episode: EpisodeRun, seats: dict[str, float]) -> None:
     record.meta = {**(record.meta or {}), "seats": seats}
 
 
+# `Handoff`'s five asks and the line that restarts the leader from its summary, per wording.
+HANDOFF_WORDINGS = {
+    "terse": {
+        "copy": "task {task}",
+        "swap": "swap {pair}",
+        "last": "last",
+        "summary": "sum",
+        "restart": "was {summary}",
+        "join": "join {swapped} {last}",
+    },
+    "instruct": {
+        "copy": "Repeat these digits exactly: {task}. Reply with the digits only.",
+        "swap": "Write these two digits in reverse order: {pair}. Reply with the digits only.",
+        "last": "What is the last of the digits you were given? Reply with that digit only.",
+        "summary": "Which digits were you given? Reply with the digits only.",
+        "restart": "You were given the digits {summary}.",
+        "join": (
+            "Write {swapped}, then {last}, then the first of the digits you were given, with "
+            "no spaces. Reply with the digits only."
+        ),
+    },
+}
+
+
 class Handoff(_DigitTasks):
     """Where subagents' skill decides the reward: only the final answer is scored, and it can
     only be right if a fresh helper, a fork and a compaction summary did their parts.
@@ -136,17 +160,30 @@ class Handoff(_DigitTasks):
     (`0320`): the first three it is given, the last it can only have from its summary. The
     episode reward is that final answer's score; no agent has a reward of its own, so every
     seat is credited with the episode's.
+
+    `wording`: `"terse"` (one-word prompts such as `swap 30`, for the reference decoder that
+    learns them from scratch) or `"instruct"` (the same five asks spelled out, "Reply with the
+    digits only.", for an instruct model, which answers a terse `swap 30` with prose and so
+    scores about 0.01 everywhere: no slope to climb). Targets and scores are the same.
     """
 
     name = "handoff"
 
+    def __init__(self, wording: str = "terse", **options: Any):
+        if wording not in HANDOFF_WORDINGS:
+            raise ValueError(f"wording: one of {', '.join(HANDOFF_WORDINGS)}, not {wording!r}")
+        super().__init__(**options)
+        self.prompts = HANDOFF_WORDINGS[wording]
+
     async def run(self, episode: EpisodeRun, task: Any) -> dict[str, float]:
-        leader = episode.leader
-        copied = await leader.ask(f"task {task}")
-        swapped = await leader.spawn("helper").ask(f"swap {task[:2]}")
-        last = await leader.fork("fork").ask("last")
-        summary = await leader.compact("sum", restart=lambda text: f"was {text}")
-        final = await leader.ask(f"join {swapped} {last}")
+        leader, prompts = episode.leader, self.prompts
+        copied = await leader.ask(prompts["copy"].format(task=task))
+        swapped = await leader.spawn("helper").ask(prompts["swap"].format(pair=task[:2]))
+        last = await leader.fork("fork").ask(prompts["last"])
+        summary = await leader.compact(
+            prompts["summary"], restart=lambda text: prompts["restart"].format(summary=text)
+        )
+        final = await leader.ask(prompts["join"].format(swapped=swapped, last=last))
         seats = {
             "copy": self.score(copied, task),
             "helper": self.score(swapped, task[1] + task[0]),
