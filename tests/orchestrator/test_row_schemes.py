@@ -8,6 +8,7 @@ import asyncio
 
 import pytest
 
+from callgrove.chat import CharFormat
 from callgrove.credit import GRPO, finalize_group
 from callgrove.episode import Episode
 from callgrove.orchestrator import run_episode
@@ -16,7 +17,6 @@ from callgrove.orchestrator.degeneracy import DegeneracySettings
 from callgrove.orchestrator.envs import make_env
 from callgrove.orchestrator.envs.digits import HANDOFF_WORDINGS, score
 from callgrove.orchestrator.step import prepare_step
-from callgrove.policy.render import CharRenderer
 from callgrove.rows import RowSettings
 
 from .helpers import PARAMS, ScriptedPolicy, run
@@ -107,16 +107,16 @@ def test_handoff_scores_only_the_final_answer_and_records_every_seat():
 
 def test_handoff_worded_for_an_instruct_model_asks_in_sentences_for_the_same_targets():
     asked = "".join(HANDOFF_WORDINGS["instruct"].values())
-    renderer = CharRenderer("0123456789" + "".join(sorted(set(asked) - set("0123456789"))))
+    chat = CharFormat("0123456789" + "".join(sorted(set(asked) - set("0123456789"))))
     policy = ScriptedPolicy("3")  # its reply's ids are the digits' in both alphabets
 
     async def go() -> Episode:
         env = make_env("handoff", {"wording": "instruct"})
-        return await run_episode(env, "302", policy, renderer, PARAMS, Episode(id="e0"), None)
+        return await run_episode(env, "302", policy, chat, PARAMS, Episode(id="e0"), None)
 
     episode = asyncio.run(go())
     assert episode.ok, episode.errors
-    prompts = [renderer.show(prompt) for prompt in policy.prompts]
+    prompts = [chat.show(prompt) for prompt in policy.prompts]
     assert "Repeat these digits exactly: 302. Reply with the digits only." in prompts[0]
     assert "Write these two digits in reverse order: 30." in prompts[1]
     assert "What is the last of the digits you were given?" in prompts[2]
