@@ -31,6 +31,9 @@ from callgrove.train.model import TinyConfig, TinyDecoder
 
 BATCHINGS = ("tree", "packed")
 OBJECTIVES = ("rl", "sft")
+# A step's phases as `StepReport.seconds` names them: packing the rows into model batches, the
+# forward and backward passes, and gradient clipping with the optimizer's update.
+LEARNER_PHASES = ("batching", "forward_backward", "optimizer")
 
 
 @dataclass(slots=True)
@@ -49,6 +52,8 @@ class StepReport:
     """The learner against the sampler on every trained token, before the update
     (`mismatch_metrics`)."""
     extra: dict[str, float] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+    """Where the step's time went, by phase (`LEARNER_PHASES`)."""
 
     @property
     def forwarded_token_ratio(self) -> float:
@@ -130,6 +135,7 @@ class ModelLearner:
         denominator = self._denominator(samples, loss_tokens)
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
+        batched = time.perf_counter()
         total = 0.0
         measured = []
         for batch, rows_of in with_samples:
@@ -147,6 +153,7 @@ class ModelLearner:
                     )
                 )
         grad_norm = 0.0
+        forwarded = time.perf_counter()
         if batches and loss_tokens:
             grad_norm = float(
                 torch.nn.utils.clip_grad_norm_(self.trainable.values(), self.settings.max_grad_norm)
@@ -160,6 +167,7 @@ class ModelLearner:
                 )
             self.optimizer.step()
         self._version += 1
+        stepped = time.perf_counter()
         return StepReport(
             loss=total,
             samples=len(samples),
@@ -168,7 +176,14 @@ class ModelLearner:
             row_tokens=sum(b.num_row_tokens for b in batches),
             grad_norm=grad_norm,
             mismatch=mismatch_metrics(measured, samples, self._version - 1),
-            extra={"seconds": time.perf_counter() - started, **_clip_fraction(measured)},
+            extra=_clip_fraction(measured),
+            seconds=dict(
+                zip(
+                    LEARNER_PHASES,
+                    (batched - started, forwarded - batched, stepped - forwarded),
+                    strict=True,
+                )
+            ),
         )
 
     def _denominator(self, samples: Sequence[Sample], loss_tokens: int) -> float:
