@@ -22,12 +22,14 @@ def samples():
 
 
 @pytest.mark.parametrize("entropy_coef", [0.0, 0.05])
-def test_tree_packed_and_packed_steps_agree_and_bump_the_version(entropy_coef):
+@pytest.mark.parametrize(("scope", "budget"), [("episode", 4096), ("step", 4096), ("step", 80)])
+def test_tree_packed_and_packed_steps_agree_and_bump_the_version(entropy_coef, scope, budget):
+    """Tree scope `step` with a budget of 80 trie nodes deals the rows into several tries."""
     batch = samples()
     loss = LossSettings(entropy_coef=entropy_coef)
-    tree = TinyLearner(
-        CONFIG, LearnerSettings(batching="tree", tree_scope="episode", loss=loss), seed=3
-    )
+    settings = LearnerSettings(batching="tree", tree_scope=scope, seq_len=budget, loss=loss)
+    tree = TinyLearner(CONFIG, settings, seed=3)
+    assert (len(tree.model_batches(batch)) > 1) == (budget < 4096)
     packed = TinyLearner(CONFIG, LearnerSettings(batching="packed", seq_len=64, loss=loss), seed=3)
     a, b = tree.train_step(batch), packed.train_step(batch)
     assert a.loss == pytest.approx(b.loss, rel=1e-5)

@@ -51,7 +51,10 @@ class LearnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_grad_norm: float = 1.0
     batching: str = "tree"
     tree_scope: str = TreeSettings().scope
+    """Which rows share trie nodes: `tree`, `episode`, `group`, or `step` (rows of every group,
+    a trie per micro-batch of `seq_len` nodes)."""
     seq_len: int = 4096
+    """Tokens a micro-batch forwards (packed rows, or the trie nodes of tree scope `step`)."""
     clip_low: float = 0.2
     clip_high: float = 0.2
     normalisation: str = "token"

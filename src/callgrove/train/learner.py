@@ -3,7 +3,8 @@
 
 It satisfies `callgrove.policy.Learner` (see there for the contract). Tree packing forwards
 each distinct token of the step's rows once, a trie per group of episodes (a group's episodes
-share their task prompt); packing lays rows end to end in micro-batches of `seq_len` tokens.
+share their task prompt), or with tree scope `step` a trie per micro-batch of `seq_len` nodes
+shared by rows of every group; packing lays rows end to end in micro-batches of `seq_len` tokens.
 Either way the loss of a step has one denominator over all its micro-batches, so gradient
 accumulation gives the gradient of the whole step. The objective is the clipped policy-gradient
 loss (`rl`: sampling logprobs and advantages on the loss tokens) or cross-entropy on the loss
@@ -23,7 +24,7 @@ import torch
 from torch import nn
 
 from callgrove.batch import PackSettings, Sample, pack
-from callgrove.batch.tree import TreeSettings, pack_samples
+from callgrove.batch.tree import TreeSettings, pack_micro_batches
 from callgrove.formats.ranges import check_choice, check_range
 from callgrove.train.batches import ModelBatch, micro_batch_model_batch, tree_model_batch
 from callgrove.train.loss import LossSettings, PolicyTerms, policy_terms, supervised_loss
@@ -69,6 +70,8 @@ class LearnerSettings:
     batching: str = "tree"
     tree_scope: str = TreeSettings().scope
     seq_len: int = 4096
+    """Tokens a micro-batch forwards: packed rows end to end, or the trie nodes of tree scope
+    `step`."""
     loss: LossSettings = field(default_factory=LossSettings)
     objective: str = "rl"
 
@@ -112,8 +115,9 @@ class ModelLearner:
         if not samples:
             return []
         if self.settings.batching == "tree":
-            tree = pack_samples(samples, TreeSettings(self.settings.tree_scope))
-            return [(tree_model_batch(tree), np.arange(len(samples)))]
+            settings = TreeSettings(self.settings.tree_scope)
+            dealt = pack_micro_batches(samples, settings, self.settings.seq_len)
+            return [(tree_model_batch(tree), rows) for tree, rows in dealt]
         packed = pack(samples, PackSettings(seq_len=self.settings.seq_len))
         return [
             (micro_batch_model_batch(mb), mb.samples) for mb in packed.ranks[0] if mb.num_tokens
