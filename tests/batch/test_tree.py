@@ -252,7 +252,7 @@ def test_rows_sharing_a_long_prefix_are_dealt_together():
     system = list(range(1, 9))
     rows = [
         np.array(r, dtype=np.int32)
-        for r in (system + [20, 21], [30, 31, 32], system + [22, 23], [30, 31, 33])
+        for r in ([*system, 20, 21], [30, 31, 32], [*system, 22, 23], [30, 31, 33])
     ]
     dealt = [batch.tolist() for batch in tree.deal_rows(rows, 12)]
     assert sorted(dealt) == [[0, 2], [1, 3]]
