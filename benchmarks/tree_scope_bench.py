@@ -1,6 +1,7 @@
 """Tree scopes on real harness episodes: tokens forwarded and optimizer-step seconds per scope.
 
     python benchmarks/tree_scope_bench.py [FILE ...] [--groups 8] [--budget 262144] [--repeat 2]
+        [--timed row-wise group step] [--d-model 64] [--layers 2] [--threads 1] [--no-time]
 
 The default files are `tests/data/harness_groups/` (16 Claude Code and 16 Codex episodes in 8
 groups each, recorded through the gateway with identical sandbox paths; see its README). Each
@@ -8,8 +9,11 @@ group's first episode is given reward 1 and the others 0 (the recordings hold no
 every group is credited by GRPO. Per file: the row tokens forwarded row-wise and tree-packed at
 scope tree, episode, group and step (step: tries of at most `--budget` nodes, the learner's
 `seq_len`), and the seconds of one optimizer step of the reference decoder on the same samples,
-row-wise (packed micro-batches of `--budget` tokens, a longer row alone) and per scope (best of
-`--repeat`, each on a fresh learner of one seed). The targets: step scope forwards at least 1.3x
+row-wise (packed micro-batches of `--budget` tokens, a longer row alone) and at each scope of
+`--timed` (best of `--repeat`, each on a fresh learner of one seed; scopes whose trie is the
+rows themselves, as tree and episode scope are when every episode is one row, cost what
+row-wise costs). Torch runs on `--threads` threads (on a shared machine one thread each is
+often the fastest). The targets: step scope forwards at least 1.3x
 fewer tokens than group scope, and its step is faster than group scope's by at least 0.6 times
 that ratio.
 """
@@ -22,6 +26,8 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+
+import torch
 
 from callgrove.batch import Sample, build_samples
 from callgrove.batch.tree import TREE_SCOPES, TreeSettings, pack_micro_batches
@@ -82,8 +88,11 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--d-model", type=int, default=64)
     parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--timed", nargs="+", default=["row-wise", "group", "step"])
+    parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--no-time", action="store_true", help="count tokens only")
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
     files = args.files or sorted(DATA.glob("*.jsonl*"))
     for path in files:
         groups = read_groups(path, args.groups)
@@ -108,7 +117,7 @@ def main() -> None:
         for name, (nodes, batches, settings) in measured.items():
             spread = f" in {batches} micro-batches" if batches else ""
             line = f"  {name:9s} {nodes:9d} tokens forwarded ({row_tokens / nodes:5.2f}x){spread}"
-            if not args.no_time:
+            if not args.no_time and name in args.timed:
                 seconds[name] = step_seconds(samples, settings, config, args.repeat)
                 line += f", step {seconds[name]:7.2f} s"
             print(line, flush=True)

@@ -1,7 +1,7 @@
 """callgrove's RL step against TRL's `GRPOTrainer` on the same model, task and settings.
 
     python benchmarks/trl_race.py [--seeds 0 1] [--steps 3] [--group-size 4]
-        [--groups-per-step 2] [--max-tokens 12] [--temperature 0.7] [--lr 2e-4] [--threads 2]
+        [--groups-per-step 2] [--max-tokens 12] [--temperature 0.7] [--lr 2e-4] [--threads 1]
         [--out DIR]
 
 Both train SmolLM2-135M-Instruct (the packaged `smollm2-135m`, float32, CPU) with LoRA r=16
@@ -12,8 +12,9 @@ generation prompt), `--groups-per-step` groups of `--group-size` completions per
 `--max-tokens` completion tokens at `--temperature` (top-p 1; both score at it), the same
 learning rate, GRPO advantages (reward minus the group mean, not scaled by the std), the
 clipped loss at 0.2 normalised per token (TRL `loss_type="dapo"`, beta 0), one optimizer step
-per generation, gradients clipped at norm 1, no gradient checkpointing (TRL's default turns it
-on; callgrove's is off). Runs interleave: for each seed callgrove's loop (`callgrove train` with the Hugging
+per generation, gradients clipped at norm 1, float32 and no gradient checkpointing (TRL's
+defaults turn on bf16 autocast, about 14 times slower on this CPU, and checkpointing; callgrove
+trains in float32 without it). Runs interleave: for each seed callgrove's loop (`callgrove train` with the Hugging
 Face sampler), then TRL's trainer with its own generation.
 
 Reported per trainer: seconds per step (median and best), split into sampling, scoring, credit
@@ -169,6 +170,7 @@ def trl_run(args: argparse.Namespace, seed: int, out: Path, tasks: list[dict]) -
         temperature=args.temperature,
         top_p=1.0,
         gradient_checkpointing=False,
+        bf16=False,  # callgrove trains in float32; on a CPU without bf16 units autocast crawls
         learning_rate=args.lr,
         lr_scheduler_type="constant",
         warmup_steps=0,
@@ -298,7 +300,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=12)
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--lr", type=float, default=2e-4)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (shared CPU: 1)")
     parser.add_argument("--out", type=Path, help="keep the runs and a JSON of the figures here")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
