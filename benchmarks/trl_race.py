@@ -2,7 +2,7 @@
 
     python benchmarks/trl_race.py [--seeds 0 1] [--steps 3] [--group-size 4]
         [--groups-per-step 2] [--max-tokens 12] [--temperature 0.7] [--lr 2e-4] [--threads 1]
-        [--out DIR]
+        [--off-policy-steps 0] [--out DIR]
 
 Both train SmolLM2-135M-Instruct (the packaged `smollm2-135m`, float32, CPU) with LoRA r=16
 (alpha 32, q/k/v/o projections) on the `arithmetic` environment's tasks (the same tasks in the
@@ -24,9 +24,11 @@ profile; TRL: its `_generate`, `_calculate_rewards`, the rest of
 around TRL's own methods); episodes and trained tokens per second and per CPU-second (process
 CPU time over the steps); and the mean reward of the last step and of all steps.
 
-callgrove's loop generates the next step's groups while the learner trains (one step of
-off-policy lag, `dispatch.max_off_policy_steps = 1`, corrected by the clipped importance
-ratio); TRL generates and trains in turn. Figures vary on a shared machine; compare within a
+By default callgrove trains on-policy as TRL does (`dispatch.max_off_policy_steps = 0`: a step's
+groups are sampled by the weights it trains); `--off-policy-steps 1` lets the loop generate the
+next step's groups while the learner trains (one step of lag, corrected by the clipped
+importance ratio), which pays where sampler and learner have hardware of their own, not on a
+CPU they share. Figures vary on a shared machine; compare within a
 run. Versions: the installed TRL (printed), transformers and peft.
 """
 
@@ -77,6 +79,7 @@ def callgrove_run(args: argparse.Namespace, seed: int, out: Path) -> dict[str, A
             "dispatch": {
                 "group_size": args.group_size,
                 "groups_per_step": args.groups_per_step,
+                "max_off_policy_steps": args.off_policy_steps,
             },
             "algorithm": {"name": "grpo"},
             "train": {"learning_rate": args.lr, "max_grad_norm": 1.0},
@@ -301,6 +304,12 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--lr", type=float, default=2e-4)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (shared CPU: 1)")
+    parser.add_argument(
+        "--off-policy-steps",
+        type=int,
+        default=0,
+        help="callgrove's dispatch.max_off_policy_steps (0: on-policy, as TRL trains)",
+    )
     parser.add_argument("--out", type=Path, help="keep the runs and a JSON of the figures here")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
