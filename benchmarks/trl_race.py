@@ -13,7 +13,7 @@ generation prompt), `--groups-per-step` groups of `--group-size` completions per
 learning rate, GRPO advantages (reward minus the group mean, not scaled by the std), the
 clipped loss at 0.2 normalised per token (TRL `loss_type="dapo"`, beta 0), one optimizer step
 per generation, gradients clipped at norm 1, float32 and no gradient checkpointing (TRL's
-defaults turn on bf16 autocast, about 14 times slower on this CPU, and checkpointing; callgrove
+defaults turn on bf16 autocast, about 12 times slower on this CPU, and checkpointing; callgrove
 trains in float32 without it). Runs interleave: for each seed callgrove's loop (`callgrove train` with the Hugging
 Face sampler), then TRL's trainer with its own generation.
 
