@@ -228,3 +228,65 @@ def test_group_scope_forwards_the_shared_task_prompt_once():
 def test_unknown_scope_is_refused():
     with pytest.raises(ValueError, match="scope"):
         TreeSettings(scope="batch")
+
+
+@settings(max_examples=200, deadline=None)
+@given(shared_rows(), st.integers(1, 16))
+def test_rows_are_dealt_once_each_into_tries_within_the_budget(case, budget):
+    rows, _, _ = case
+    dealt = tree.deal_rows(rows, budget)
+    assert np.array_equal(np.sort(np.concatenate(dealt)), np.arange(len(rows)))
+    for batch in dealt:
+        assert np.array_equal(batch, np.sort(batch))
+        nodes = distinct_prefixes([rows[r] for r in batch])
+        assert nodes <= budget or len(batch) == 1  # a row longer than the budget goes alone
+    # Dealt in trie order, the micro-batches forward no more than the rows do row-wise, and a
+    # budget that holds everything gives one trie: every distinct prefix once.
+    forwarded = sum(distinct_prefixes([rows[r] for r in batch]) for batch in dealt)
+    assert forwarded <= sum(len(r) for r in rows)
+    (whole,) = tree.deal_rows(rows, sum(len(r) for r in rows) or 1)
+    assert len(whole) == len(rows)
+
+
+def test_rows_sharing_a_long_prefix_are_dealt_together():
+    system = list(range(1, 9))
+    rows = [
+        np.array(r, dtype=np.int32)
+        for r in ([*system, 20, 21], [30, 31, 32], [*system, 22, 23], [30, 31, 33])
+    ]
+    dealt = [batch.tolist() for batch in tree.deal_rows(rows, 12)]
+    assert sorted(dealt) == [[0, 2], [1, 3]]
+    with pytest.raises(ValueError, match="budget"):
+        tree.deal_rows(rows, 0)
+
+
+def test_step_scope_shares_a_prompt_across_groups_within_the_budget():
+    """Two groups whose rows open with the same long system prompt: group scope forwards it once
+    per group, step scope once per micro-batch; within a small budget it deals the rows into
+    several tries, each within the budget, and every row's targets come along."""
+    episodes = []
+    for group in range(3):
+        for number in range(2):
+            agent = Agent(id="leader", name="leader")
+            system = list(range(1, 41))
+            prompt = [*system, 50 + group, 60 + number]
+            agent.add(Call.make("c1", 1, prompt, [70 + number, 71], [-0.5, -0.5]))
+            episodes.append(Episode(id=f"g{group}e{number}", group=f"g{group}", agents=[agent]))
+    episode_rows = [build_rows(e) for e in episodes]
+    for er in episode_rows:
+        for call in er.forest.calls:
+            call.advantages = 1.0
+    samples = [s for er in episode_rows for s in build_samples(er)]
+    group = pack_samples(samples, TreeSettings(scope="group"))
+    ((step, rows),) = tree.pack_micro_batches(samples, TreeSettings(scope="step"), 10_000)
+    assert np.array_equal(rows, np.arange(len(samples)))
+    assert step.num_tokens == distinct_prefixes([s.token_ids for s in samples])
+    assert group.num_tokens - step.num_tokens == 2 * 40  # the prompt once, not three times
+    dealt = tree.pack_micro_batches(samples, TreeSettings(scope="step"), 48)
+    assert len(dealt) > 1
+    assert all(batch.num_tokens <= 48 for batch, _ in dealt)
+    assert sum(len(batch.target_nodes) for batch, _ in dealt) == len(step.target_nodes)
+    assert sorted(np.concatenate([rows for _, rows in dealt]).tolist()) == list(range(6))
+    # Other scopes keep one trie for the step.
+    ((whole, _),) = tree.pack_micro_batches(samples, TreeSettings(scope="group"), 100)
+    assert whole.num_tokens == group.num_tokens

@@ -151,3 +151,53 @@ def test_plot_is_written_with_the_runs_title(tmp_path, monkeypatch):
     path = monitors.plot_run(_lines(6), tmp_path / "rewards.png", "callgrove train · relay")
     assert path.read_bytes().startswith(b"\x89PNG")
     assert titles == ["callgrove train · relay · 6 steps"]
+
+
+def test_the_live_line_says_where_the_step_went():
+    timed = {
+        **METRICS,
+        "time/step_s": 2.0,
+        "time/sampling_s": 1.25,
+        "time/forward_backward_s": 0.5,
+        "time/optimizer_s": 0.1,
+        "time/credit_s": 0.001,  # under 1% of the step: left out
+    }
+    line = monitors.progress_line(10, 80, timed, 3, elapsed_s=100.0, steps_done=10)
+    assert line.endswith("step 2.00s = sampling 1.25 + fwd+bwd 0.50 + optimizer 0.10")
+    assert "credit" not in line
+    assert "step " not in monitors.progress_line(10, 80, METRICS, 3, 100.0, 10).split("  ")[-1]
+
+
+def test_scoring_is_the_environments_own_time_within_the_wait():
+    from callgrove.episode import Episode
+    from callgrove.orchestrator.step import PreparedStep
+
+    def episode(seconds: float, policy_seconds: float) -> Episode:
+        return Episode(id="e", meta={"seconds": seconds, "policy_seconds": policy_seconds})
+
+    prepared = PreparedStep([], [], None, seconds={"credit": 0.25, "batching": 0.5})
+    profile = monitors.step_profile(
+        waited=3.0,
+        episodes=[episode(2.0, 1.5), episode(1.0, 0.25)],
+        prepared=prepared,
+        learner={"batching": 0.125, "forward_backward": 1.0, "optimizer": 0.5},
+        train=1.75,
+        weight_push=0.0625,
+        evaluation=0.0,
+        write=0.03125,
+    )
+    assert profile["time/scoring_s"] == 1.25 and profile["time/sampling_s"] == 1.75
+    assert profile["time/batching_s"] == 0.625 and profile["time/credit_s"] == 0.25
+    # More environment time than the wait (episodes that ran during the last step): capped.
+    capped = monitors.step_profile(
+        waited=0.5,
+        episodes=[episode(2.0, 0.0)],
+        prepared=prepared,
+        learner={},
+        train=1.75,
+        weight_push=0.0,
+        evaluation=0.0,
+        write=0.0,
+    )
+    assert (capped["time/scoring_s"], capped["time/sampling_s"]) == (0.5, 0.0)
+    assert capped["time/forward_backward_s"] == 1.75  # a learner that reports no phases

@@ -187,3 +187,24 @@ def test_sigkill_mid_step_then_resume_loses_and_repeats_nothing(tmp_path):
     for step in finished[:-1]:
         assert (out / f"step_{step}" / "train" / "traces.jsonl").read_bytes() == before[step]
     assert not list(out.rglob("*.partial"))  # temporaries of writes the kill cut short are gone
+
+
+def test_every_step_writes_where_its_seconds_went(tmp_path):
+    """Each metrics line splits the step's seconds by phase; the phases are parts of the step,
+    so they add up to no more than it, and the learner's own phases took time."""
+    from callgrove.orchestrator.monitors import STEP_PHASES
+
+    summary = train(config_from_dict(tiny_config(tmp_path, steps=2, eval_every=2)))
+    steps = [m for m in summary.metrics if not m.get("final")]
+    assert len(steps) == 2
+    for m in steps:
+        phases = {phase: m[f"time/{phase}_s"] for phase in STEP_PHASES}
+        assert all(seconds >= 0 for seconds in phases.values()), phases
+        assert sum(phases.values()) <= m["time/step_s"]
+        assert phases["forward_backward"] > 0 and phases["optimizer"] > 0
+        assert phases["batching"] > 0 and phases["write"] > 0
+        # The learner's phases are within its thread's time, the wait splits in two.
+        learner = phases["forward_backward"] + phases["optimizer"]
+        assert learner <= m["time/train_s"]
+        assert phases["sampling"] + phases["scoring"] == pytest.approx(m["time/wait_s"])
+    assert steps[1]["time/eval_s"] > 0  # step 2 evaluated

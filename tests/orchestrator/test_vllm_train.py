@@ -104,7 +104,7 @@ plot = false
         # The learner scores each step's calls with the weights that sampled them: the server
         # held version 1 when it sampled step 2, else this would be far from zero.
         assert m["train/mismatch/on_policy/mean_abs"] < 1e-4
-        assert 0 < m["time/weight_update_s"] < 60
+        assert 0 < m["time/weight_push_s"] < 60
     # After the run the server holds the last step's weights: its greedy answer is theirs.
     from callgrove.train.hf_model import load_model
 

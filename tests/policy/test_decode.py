@@ -177,3 +177,49 @@ def test_local_sampler_batches_concurrent_calls_and_versions_them():
     assert all(s.finish_reason == "length" and len(s.completion_ids) == 3 for s in first)
     with pytest.raises(ValueError, match="stop_token_ids"):
         asyncio.run(sampler.sample(np.array([1]), SamplingParams(stop=("x",))))
+
+
+def test_a_round_decodes_off_the_event_loop_and_new_weights_wait_for_the_next_round():
+    """While a round decodes, the event loop runs on (a step's learner is not kept waiting by
+    it), and weights loaded meanwhile stage: the round in flight ends on the weights it began
+    with and its version; the next round starts on the new ones."""
+    import threading
+    import time
+
+    class SlowSampler(LocalSampler):
+        def __init__(self, model):
+            super().__init__(model, seed=0)
+            self.started = threading.Event()
+            self.seen: list[float] = []
+
+        def decode(self, requests):
+            self.seen.append(float(self.model.embed.weight.detach().sum()))
+            self.started.set()
+            time.sleep(0.5)
+            return super().decode(requests)
+
+    old, new = model().float(), model(1).float()
+    sums = [float(m.embed.weight.detach().sum()) for m in (old, new)]
+    sampler = SlowSampler(old)  # loading writes the new weights into `old`
+    params = SamplingParams(max_tokens=2)
+
+    async def go():
+        first = asyncio.create_task(sampler.sample(np.array([1, 2]), params))
+        while not sampler.started.is_set():
+            await asyncio.sleep(0.01)
+        ticks = 0
+        loaded = time.perf_counter()
+        await sampler.load_weights(new.state_dict(), 1)
+        load_seconds = time.perf_counter() - loaded
+        while not first.done():  # the loop is free while the round decodes
+            ticks += 1
+            await asyncio.sleep(0.01)
+        second = await sampler.sample(np.array([1, 2]), params)
+        return await first, second, ticks, load_seconds
+
+    first, second, ticks, load_seconds = asyncio.run(go())
+    assert load_seconds < 0.25 and ticks >= 10
+    assert (first.policy_version, second.policy_version, sampler.version) == (0, 1, 1)
+    assert sampler.seen == sums and sums[0] != sums[1]
+    with pytest.raises(ValueError, match="lack"):
+        asyncio.run(sampler.load_weights({"embed.weight": new.embed.weight}, 2))

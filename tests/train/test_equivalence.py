@@ -24,6 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from callgrove.batch import PackSettings, build_samples, pack
+from callgrove.batch.tree import TreeSettings, pack_micro_batches, pack_samples
 from callgrove.episode import load
 from callgrove.rows import build_rows
 from callgrove.train import (
@@ -33,6 +34,7 @@ from callgrove.train import (
     micro_batch_model_batch,
     policy_loss,
     row_logprobs,
+    tree_model_batch,
 )
 
 from .helpers import (
@@ -225,3 +227,89 @@ def test_micro_batches_with_the_step_denominator_add_up_to_the_tree_loss(
     assert_close(sum(parts), tree_loss, 1e-9, "summed micro-batch loss")
     for name, grad in summed.items():
         assert_close(grad, tree_grads[name], 1e-9, f"summed micro-batch grad {name}")
+
+
+def step_scope_loss_and_gradients(model, episode_rows, loss_settings: LossSettings, budget: int):
+    """Tree scope `step`: the rows dealt into tries of at most `budget` nodes, each micro-batch's
+    loss over the step's denominator, gradients accumulated; (loss, grads, micro-batches)."""
+    samples = [s for er in episode_rows for s in build_samples(er)]
+    dealt = pack_micro_batches(samples, TreeSettings(scope="step"), budget)
+    if loss_settings.normalisation == "token":
+        denominator = max(sum(s.num_loss_tokens for s in samples), 1)
+    else:
+        denominator = max(sum(1 for s in samples if s.num_loss_tokens), 1)
+    model.zero_grad()
+    total = torch.zeros((), dtype=torch.float64)
+    for tree, _ in dealt:
+        loss = policy_loss(model, tree_model_batch(tree), loss_settings, denominator)
+        if loss.requires_grad:
+            loss.backward()
+        total = total + loss.detach().double()
+    grads = {
+        name: torch.zeros_like(p) if p.grad is None else p.grad.detach().clone()
+        for name, p in model.named_parameters()
+    }
+    return total, grads, dealt
+
+
+def assert_step_scope_trains_the_same(episode_rows, dtype, budget: int, seed: int = 0) -> int:
+    """Step-scope micro-batches give the row-wise loss and gradients; returns their number."""
+    tolerance = TOLERANCE[dtype]
+    model = tiny_model(dtype)
+    sample_near_the_model(model, episode_rows, seed)
+    rows = row_batch(episode_rows)
+    dealt = []
+    for loss_settings in LOSS_SETTINGS:
+        want_loss, want_grads = loss_and_gradients(model, rows, loss_settings)
+        got_loss, got_grads, dealt = step_scope_loss_and_gradients(
+            model, episode_rows, loss_settings, budget
+        )
+        what = f"step scope {loss_settings.normalisation} (entropy {loss_settings.entropy_coef})"
+        terms_loss, terms_grads = (
+            unsigned_loss_and_gradients(model, rows, loss_settings)
+            if dtype == torch.float32
+            else (None, {})
+        )
+        assert_close(got_loss.to(want_loss.dtype), want_loss, tolerance, f"{what} loss", terms_loss)
+        whole = whole_norm(terms_grads or want_grads)
+        for param, grad in want_grads.items():
+            assert_close(
+                got_grads[param],
+                grad,
+                tolerance,
+                f"{what} grad {param}",
+                terms_grads.get(param),
+                whole,
+            )
+    return len(dealt)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_step_scope_shares_across_groups_and_trains_the_same(dtype):
+    """The login group's episodes, each its own group: group scope cannot share their task
+    prompt, step scope forwards it once per micro-batch; the same loss and gradients either way,
+    also dealt into several micro-batches."""
+    episodes = list(load(EXAMPLES / "login_group.jsonl"))
+    for number, episode in enumerate(episodes):
+        episode.group = f"own-{number}"
+    episode_rows = [build_rows(e) for e in episodes]
+    give_advantages(episode_rows, seed=3)
+    samples = [s for er in episode_rows for s in build_samples(er)]
+    whole = sum(s.num_tokens for s in samples)
+    ((step, _),) = pack_micro_batches(samples, TreeSettings(scope="step"), whole)
+    assert step.num_tokens < pack_samples(samples, TreeSettings(scope="group")).num_tokens
+    assert assert_step_scope_trains_the_same(episode_rows, dtype, budget=whole) == 1
+    assert assert_step_scope_trains_the_same(episode_rows, dtype, budget=step.num_tokens // 2) > 1
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(episodes(), min_size=2, max_size=3), st.integers(1, 64), st.integers(0, 2**16))
+def test_random_groups_train_the_same_in_step_scope_micro_batches(drawn, budget, seed):
+    for number, episode in enumerate(drawn):
+        episode.id, episode.group = f"e{number}", f"g{number % 2}"
+    episode_rows = [er for episode in drawn for er in episode_rows_of(episode, 2)]
+    give_advantages(episode_rows, seed)
+    if not trained_calls(episode_rows):
+        return
+    for dtype in TOLERANCE:
+        assert_step_scope_trains_the_same(episode_rows, dtype, budget, seed)

@@ -23,13 +23,15 @@ def samples():
 
 
 @pytest.mark.parametrize("entropy_coef", [0.0, 0.05])
-def test_tree_packed_and_packed_steps_agree_and_bump_the_version(entropy_coef):
+@pytest.mark.parametrize(("scope", "budget"), [("episode", 4096), ("step", 4096), ("step", 80)])
+def test_tree_packed_and_packed_steps_agree_and_bump_the_version(entropy_coef, scope, budget):
+    """Tree scope `step` with a budget of 80 trie nodes deals the rows into several tries."""
     batch = samples()
-    tree = TinyLearner(
-        CONFIG,
-        LearnerSettings(batching="tree", tree_scope="episode", entropy_coef=entropy_coef),
-        seed=3,
+    settings = LearnerSettings(
+        batching="tree", tree_scope=scope, seq_len=budget, entropy_coef=entropy_coef
     )
+    tree = TinyLearner(CONFIG, settings, seed=3)
+    assert (len(tree.model_batches(batch)) > 1) == (budget < 4096)
     packed = TinyLearner(
         CONFIG, LearnerSettings(batching="packed", seq_len=64, entropy_coef=entropy_coef), seed=3
     )

@@ -15,6 +15,11 @@ attention. Paths are laid out one after the other, so every parent index points 
 The loss stays per row: each 1 of a row's loss mask becomes a target (node, row, the row's
 per-token values there), so a node trained by two rows (identical twins allowed to train twice)
 is counted twice, exactly as row-wise, and a duplicate row with an all-zero mask adds nothing.
+
+Scope `step` lets rows of different groups share nodes too (a harness's system prompt and tool
+definitions, the same in every episode, forwarded once), within a micro-batch's budget:
+`pack_micro_batches` deals the rows in trie order, so rows sharing long prefixes land in one
+micro-batch, and starts a new one when the next row's new nodes would pass the budget.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from callgrove.rows.columns import RowColumns
 if TYPE_CHECKING:
     from callgrove.rows import EpisodeRows
 
-TREE_SCOPES = ("tree", "episode", "group")
+TREE_SCOPES = ("tree", "episode", "group", "step")
 # Carried onto the targets: what the loss reads at each trained token.
 SAMPLE_VALUES = (
     "logprobs",
@@ -49,11 +54,12 @@ CHUNK_TOKENS = 1 << 18  # rows gathered together: few numpy calls, temporaries t
 
 @dataclass(frozen=True, slots=True)
 class TreeSettings:
-    """Which rows may share trie nodes: rows of one call tree, of one episode, or of a group
-    (a group's episodes usually start from the same task prompt, which is then forwarded once)."""
+    """Which rows may share trie nodes: rows of one call tree, of one episode, of a group (a
+    group's episodes usually start from the same task prompt, which is then forwarded once), or
+    of the whole step (within a micro-batch's budget, `pack_micro_batches`)."""
 
     scope: str = "group"
-    """`tree`, `episode` or `group` (the default: the widest, so the most is forwarded once)."""
+    """`tree`, `episode`, `group` (the default) or `step`."""
 
     def __post_init__(self) -> None:
         if self.scope not in TREE_SCOPES:
@@ -195,6 +201,39 @@ def pack_samples(samples: Sequence[Sample], settings: TreeSettings | None = None
     return pack_tree(tokens, masks, values, keys, names)
 
 
+def pack_micro_batches(
+    samples: Sequence[Sample], settings: TreeSettings, budget: int
+) -> list[tuple[TreeBatch, np.ndarray]]:
+    """A step's samples as tree-packed micro-batches, each with the index in `samples` of each
+    of its rows. Scopes `tree`, `episode` and `group` give one batch (their tries are small);
+    scope `step` gives one trie per micro-batch of at most `budget` nodes (`deal_rows`)."""
+    if settings.scope != "step":
+        return [(pack_samples(samples, settings), np.arange(len(samples)))]
+    dealt = deal_rows([s.token_ids for s in samples], budget)
+    return [(pack_samples([samples[i] for i in rows], settings), rows) for rows in dealt]
+
+
+def deal_rows(rows: Sequence[np.ndarray], budget: int) -> list[np.ndarray]:
+    """Row indices in micro-batches whose trie holds at most `budget` nodes each (a row longer
+    than that alone), each batch's indices ascending. Rows are dealt in lexicographic order:
+    rows sharing a prefix are neighbours there, and a row adds to its batch's trie its length
+    less the prefix it shares with the row before it, so the count is exact as it goes."""
+    if budget < 1:
+        raise ValueError(f"a micro-batch's budget must be at least 1 token, not {budget}")
+    arrays = [np.asarray(row) for row in rows]
+    order, shared, _ = _sorted_prefixes(arrays, None)
+    batches: list[list[int]] = []
+    nodes = 0
+    for place, r in enumerate(order):
+        new = len(arrays[r]) - (shared[place - 1] if place and batches else 0)
+        if not batches or (batches[-1] and nodes + new > budget):
+            batches.append([])
+            nodes, new = 0, len(arrays[r])
+        batches[-1].append(r)
+        nodes += new
+    return [np.sort(np.asarray(batch, dtype=NODE_DTYPE)) for batch in batches]
+
+
 def pack_episode_rows(
     episode_rows: Iterable[EpisodeRows], settings: TreeSettings = TreeSettings()
 ) -> TreeBatch:
@@ -221,6 +260,8 @@ def pack_episode_rows(
 
 def _scope_key(scope: str, episode: str, group: str | None, root: str | None = None) -> Hashable:
     """Rows with equal keys may share trie nodes. An episode without a group is its own group."""
+    if scope == "step":
+        return ("step",)
     if scope == "group" and group is not None:
         return ("group", group)
     if scope == "tree":

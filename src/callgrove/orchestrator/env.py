@@ -191,6 +191,8 @@ class EpisodeRun:
         self.chat = chat
         self.params = params
         self.seq = 0
+        self.policy_seconds = 0.0
+        """Seconds spent waiting on the policy's calls (their queue and decoding)."""
         self._background: list[Background] = []
         self.leader = self.new_agent("leader", parent=None, start="root", system=leader_system)
 
@@ -216,12 +218,15 @@ class EpisodeRun:
 
     async def call(self, agent: AgentHandle, prompt: np.ndarray, purpose: str) -> np.ndarray:
         """Sample from the policy and record the call on `agent`; returns the completion ids."""
+        asked = time.perf_counter()
         try:
             sample = await self.policy.sample(prompt, self.params)
         except asyncio.CancelledError:
             raise
         except Exception as error:
             raise PolicyCallError(agent.id, error) from error
+        finally:
+            self.policy_seconds += time.perf_counter() - asked
         seq = self.seq
         self.seq += 1
         agent.record.add(
@@ -308,7 +313,11 @@ async def run_episode(
     episode.ok = not episode.errors
     if not episode.ok:
         episode.rewards = {}
-    episode.meta = {**(episode.meta or {}), "seconds": round(time.perf_counter() - started, 6)}
+    episode.meta = {
+        **(episode.meta or {}),
+        "seconds": round(time.perf_counter() - started, 6),
+        "policy_seconds": round(run.policy_seconds, 6),
+    }
     return episode
 
 

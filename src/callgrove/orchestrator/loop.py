@@ -208,18 +208,19 @@ async def _step(
     )
     trained_at = time.perf_counter()
     report = await asyncio.to_thread(learner_step, step, backend.learner, prepared.samples)
-    train_seconds = time.perf_counter() - trained_at
     pushed_at = time.perf_counter()
+    train_seconds = pushed_at - trained_at
     await backend.sampler.load_weights(backend.learner.weights(), backend.learner.version)
     if executor:
         await executor.load_weights(backend.learner.weights(), backend.learner.version)
-    weight_update_seconds = time.perf_counter() - pushed_at
     await dispatcher.notify()
 
+    evaluated_at = time.perf_counter()
     evaluated = []
     if config.run.eval_every and step % config.run.eval_every == 0:
         evaluated = await dispatcher.evaluate(step, config.run.eval_repeats)
 
+    written_at = time.perf_counter()
     episodes = [e for group in groups for e in group]
     dropped = [e for group in collected.stale for e in group.episodes]
     for episode in dropped:
@@ -231,7 +232,8 @@ async def _step(
     if evaluated:
         sinks.write_episodes_atomically(here / "eval" / "traces.jsonl", evaluated)
 
-    elapsed = time.perf_counter() - started
+    ended = time.perf_counter()
+    elapsed = ended - started
     tokens = sum(len(c.completion_ids) for e in episodes for c in e.calls())
     metrics = monitors.seat_metrics("train", episodes)
     metrics |= monitors.staleness_metrics(episodes, step)
@@ -241,13 +243,22 @@ async def _step(
     metrics |= {k: float(v) for k, v in dispatcher.counters.items()}
     metrics |= monitors.learner_metrics(report, backend.learner.version)
     metrics["train/unknown_sampling_calls"] = float(prepared.unknown_sampling_calls)
+    metrics |= monitors.step_profile(
+        waited=waited,
+        episodes=episodes,
+        prepared=prepared,
+        learner=report.seconds,
+        train=train_seconds,
+        weight_push=evaluated_at - pushed_at,
+        evaluation=written_at - evaluated_at,
+        write=ended - written_at,
+    )
     metrics |= {
         "throughput/tokens_per_s": tokens / max(elapsed, 1e-9),
         "throughput/episodes_per_s": len(episodes) / max(elapsed, 1e-9),
         "time/step_s": elapsed,
         "time/wait_s": waited,
         "time/train_s": train_seconds,
-        "time/weight_update_s": weight_update_seconds,
         "dispatcher/in_flight": float(dispatcher.in_flight_episodes),
     }
     return metrics, table

@@ -140,6 +140,84 @@ def sample_table(
     return table
 
 
+# A step's seconds by phase, in the order a step runs them: metric `time/{phase}_s`, the live
+# view's label, and what the phase holds.
+STEP_PHASES = {
+    "sampling": (
+        "sampling",
+        "waiting for the step's groups: the policy generating (scoring aside); episodes of "
+        "the next steps go on generating while the learner trains",
+    ),
+    "scoring": (
+        "scoring",
+        "the environments' own time outside policy calls (scoring, tools, a harness CLI), "
+        "summed over the step's episodes and counted within the wait",
+    ),
+    "credit": ("credit", "the algorithm's credit on every group"),
+    "batching": (
+        "batching",
+        "rows, degeneracy and samples, then packing them into the learner's model batches",
+    ),
+    "forward_backward": ("fwd+bwd", "the learner's forward and backward passes"),
+    "optimizer": ("optimizer", "gradient clipping and the optimizer's update"),
+    "weight_push": ("push", "the new weights into the sampler (and the executor's workers)"),
+    "eval": ("eval", "evaluation, when due"),
+    "write": ("write", "the step's episode and sample files"),
+}
+
+
+def step_profile(
+    *,
+    waited: float,
+    episodes: Sequence[Episode],
+    prepared: PreparedStep,
+    learner: dict[str, float],
+    train: float,
+    weight_push: float,
+    evaluation: float,
+    write: float,
+) -> dict[str, float]:
+    """The step's seconds by phase (`STEP_PHASES`), each a part of the step's wall time, so
+    they sum to no more than `time/step_s` (the rest: handing work to the learner's thread,
+    the learner's mismatch metrics). `learner`: a `StepReport.seconds` (a learner that does not
+    report its phases leaves its whole time to forward_backward)."""
+    own = sum(
+        max(float(meta.get("seconds", 0.0)) - float(meta.get("policy_seconds", 0.0)), 0.0)
+        for meta in (episode.meta or {} for episode in episodes)
+    )
+    scoring = min(own, waited)
+    learned = learner or {"forward_backward": train}
+    seconds = {
+        "sampling": waited - scoring,
+        "scoring": scoring,
+        "credit": prepared.seconds.get("credit", 0.0),
+        "batching": prepared.seconds.get("batching", 0.0) + learned.get("batching", 0.0),
+        "forward_backward": learned.get("forward_backward", 0.0),
+        "optimizer": learned.get("optimizer", 0.0),
+        "weight_push": weight_push,
+        "eval": evaluation,
+        "write": write,
+    }
+    return {f"time/{phase}_s": seconds[phase] for phase in STEP_PHASES}
+
+
+def profile_text(metrics: dict[str, float]) -> str:
+    """The step's time and the phases that took at least 1% of it, largest first."""
+    step = metrics.get("time/step_s")
+    if not step:
+        return ""
+    shown = sorted(
+        (
+            (metrics[f"time/{phase}_s"], label)
+            for phase, (label, _) in STEP_PHASES.items()
+            if metrics.get(f"time/{phase}_s", 0.0) >= 0.01 * step
+        ),
+        reverse=True,
+    )
+    parts = " + ".join(f"{label} {seconds:.2f}" for seconds, label in shown)
+    return f"step {step:.2f}s = {parts}" if parts else f"step {step:.2f}s"
+
+
 # What "behind" means on the live line and in the plot, said once.
 STALENESS = "policy versions between the weights that sampled a call and the weights trained on it"
 
@@ -153,7 +231,8 @@ def progress_line(
     steps_done: int,
 ) -> str:
     """The live line of a step: where the run is, its loss, reward by seat, time taken and
-    left (from this session's pace), throughput, and how stale the trained calls were."""
+    left (from this session's pace), throughput, how stale the trained calls were, and where
+    the step's seconds went (`profile_text`)."""
     rewards = _seat_values(metrics, "reward")
     seats = "  ".join(f"{seat} {value:.2f}" for seat, value in sorted(rewards.items()))
     left = (total - step) * elapsed_s / steps_done if steps_done else None
@@ -169,6 +248,7 @@ def progress_line(
         f"calls {metrics.get('off_policy/mean', 0):.2f} versions behind "
         f"(max {metrics.get('off_policy/max', 0):.0f})",
         f"mismatch {_mismatch(metrics)}",
+        profile_text(metrics),
     ]
     return "  ".join(part for part in parts if part)
 

@@ -14,6 +14,7 @@ written with their group. The learner then forwards the samples tree-packed or p
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -36,6 +37,9 @@ class PreparedStep:
     advantages: dict[str, list[float]] = field(default_factory=dict)  # seat -> per trace
     unknown_sampling_calls: int = 0
     """Trained calls that recorded no `sampling`, scored under the run's settings."""
+    seconds: dict[str, float] = field(default_factory=dict)
+    """`credit`: the algorithm's credit on every group; `batching`: rows, degeneracy and
+    samples."""
 
 
 def prepare_step(
@@ -53,8 +57,12 @@ def prepare_step(
     all_rows: list[EpisodeRows] = []
     unassigned = 0
     advantages: dict[str, list[float]] = {}
+    started = time.perf_counter()
+    credit_seconds = 0.0
     for group in groups:
+        credit_started = time.perf_counter()
         credit = finalize_group(algorithm, [rows.for_credit(episode) for episode in group])
+        credit_seconds += time.perf_counter() - credit_started
         unassigned += sum(credit.unassigned_calls.values())
         for given in credit.credits:
             advantages.setdefault(given.trace.seat or "episode", []).append(given.advantage)
@@ -71,4 +79,8 @@ def prepare_step(
     )
     if unknown and sampling is not None:
         fill_unknown_sampling(samples, sampling.temperature, sampling.top_p)
-    return PreparedStep(samples, kept, report, unassigned, advantages, unknown)
+    seconds = {
+        "credit": credit_seconds,
+        "batching": time.perf_counter() - started - credit_seconds,
+    }
+    return PreparedStep(samples, kept, report, unassigned, advantages, unknown, seconds)

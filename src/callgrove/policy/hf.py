@@ -5,8 +5,8 @@ The sampler is the reference sampler's queue (calls made at the same moment deco
 rounds run whole on one version, new weights load between rounds) over the HF decoder
 (`callgrove.policy.hf_decode`: KV cache, temperature and top-p with no hidden top-k, stop
 strings, logprobs from the logits). It holds its own copy of the model, so training never
-changes weights under a round; `load_weights` copies in the learner's trained parameters (the
-adapters alone with LoRA) after each optimizer step.
+changes weights under a round; `load_weights` stages the learner's trained parameters (the
+adapters alone with LoRA) after each optimizer step, copied in before the next round.
 """
 
 from __future__ import annotations
@@ -49,19 +49,20 @@ class HFSampler(LocalSampler):
 
         return hf_decode(self.model, self.tokenizer, requests, self.generator)
 
-    async def load_weights(self, weights: Any, version: int) -> None:
+    def check_weights(self, weights: Any) -> None:
         """`weights`: parameters by their name in the HF module (all of them, or the trained
         subset, such as LoRA adapters)."""
+        unknown = sorted(set(weights) - set(dict(self.model.named_parameters())))
+        if unknown:
+            raise ValueError(f"weights for parameters the sampler's model lacks: {unknown[:3]}")
+
+    def set_weights(self, weights: Any) -> None:
         import torch
 
         parameters = dict(self.model.named_parameters())
-        unknown = sorted(set(weights) - set(parameters))
-        if unknown:
-            raise ValueError(f"weights for parameters the sampler's model lacks: {unknown[:3]}")
         with torch.no_grad():
             for name, value in weights.items():
                 parameters[name].copy_(value)
-        self._version = version
 
 
 def _options(model: ModelSettings) -> dict[str, Any]:

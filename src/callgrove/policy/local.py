@@ -3,9 +3,11 @@
 `sample` queues its request and awaits it. One worker task drains the queue: it yields to the
 event loop once so that every episode ready to call gets its request in, then decodes up to
 `max_batch` requests as one batch with a KV cache (`callgrove.policy.decode`), and repeats while
-requests wait. A round runs on the event loop's thread from start to end, and new weights are
-loaded between rounds, so every call samples from one version. A round that fails is decoded
-again request by request, so a bad request fails alone, never the callers it batched with.
+requests wait. A round decodes in a worker thread, so the event loop goes on meanwhile (the
+loop's step ends when its learner does, not when the round in flight does). `load_weights`
+stages the weights and returns at once; the next round starts on them, so every call samples
+from one version and a step never waits for a round. A round that fails is decoded again
+request by request, so a bad request fails alone, never the callers it batched with.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ class LocalSampler:
         self.generator = new_generator(seed)
         self.max_batch = max_batch
         self._version = 0
+        self._staged: Any = None
+        """Weights loaded since the last round began; the next round starts on them."""
         self._queue: list[tuple[DecodeRequest, asyncio.Future[Completion]]] = []
         self._worker: asyncio.Task[None] | None = None
         self.rounds = 0
@@ -73,11 +77,12 @@ class LocalSampler:
             del self._queue[: self.max_batch]
             if not batch:
                 continue
+            if self._staged is not None:
+                self.set_weights(self._staged)
+                self._staged = None
             version = self._version
-            try:
-                decoded: list[Decoded | Exception] = list(self.decode([r for r, _ in batch]))
-            except Exception as error:  # one bad request fails alone: decoded again one by one
-                decoded = [error] if len(batch) == 1 else [self._decode_alone(r) for r, _ in batch]
+            requests = [r for r, _ in batch]
+            decoded = await asyncio.to_thread(self._decode_round, requests)
             self.rounds += 1
             self.calls += len(batch)
             for (request, future), result in zip(batch, decoded, strict=True):
@@ -96,6 +101,12 @@ class LocalSampler:
                     )
                 )
 
+    def _decode_round(self, requests: list[DecodeRequest]) -> list[Decoded | Exception]:
+        try:
+            return list(self.decode(requests))
+        except Exception as error:  # one bad request fails alone: decoded again one by one
+            return [error] if len(requests) == 1 else [self._decode_alone(r) for r in requests]
+
     def _decode_alone(self, request: DecodeRequest) -> Decoded | Exception:
         try:
             return self.decode([request])[0]
@@ -103,8 +114,23 @@ class LocalSampler:
             return error
 
     async def load_weights(self, weights: Any, version: int) -> None:
-        self.model.load_state_dict(weights)
+        """Staged for the next round (a round in flight ends on the weights it began with);
+        `version` counts from now: calls that start from now on sample from it."""
+        self.check_weights(weights)
+        self._staged = weights
         self._version = version
+
+    def check_weights(self, weights: Any) -> None:
+        """Refuse weights that do not fit the model, when they are loaded (not at a round)."""
+        missing = set(self.model.state_dict()) - set(weights)
+        if missing:
+            raise ValueError(
+                f"weights lack parameters of the sampler's model: {sorted(missing)[:3]}"
+            )
+
+    def set_weights(self, weights: Any) -> None:
+        """Put `weights` into the model (between rounds, none in flight)."""
+        self.model.load_state_dict(weights)
 
     def state_dict(self) -> dict[str, Any]:
         return {"generator": self.generator.get_state(), "version": self._version}

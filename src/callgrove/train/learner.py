@@ -3,7 +3,8 @@
 
 It satisfies `callgrove.policy.Learner` (see there for the contract). Tree packing forwards
 each distinct token of the step's rows once, a trie per group of episodes (a group's episodes
-share their task prompt); packing lays rows end to end in micro-batches of `seq_len` tokens.
+share their task prompt), or with tree scope `step` a trie per micro-batch of `seq_len` nodes
+shared by rows of every group; packing lays rows end to end in micro-batches of `seq_len` tokens.
 Either way the loss of a step has one denominator over all its micro-batches, so gradient
 accumulation gives the gradient of the whole step. The objective is the clipped policy-gradient
 loss (`rl`: sampling logprobs and advantages on the loss tokens) or cross-entropy on the loss
@@ -23,11 +24,15 @@ import torch
 from torch import nn
 
 from callgrove.batch import PackSettings, Sample, pack
-from callgrove.batch.tree import TreeSettings, pack_samples
+from callgrove.batch.tree import TreeSettings, pack_micro_batches
 from callgrove.train.batches import ModelBatch, micro_batch_model_batch, tree_model_batch
 from callgrove.train.loss import PolicyTerms, policy_terms, supervised_loss
 from callgrove.train.model import TinyConfig, TinyDecoder
 from callgrove.train.settings import LearnerSettings
+
+# A step's phases as `StepReport.seconds` names them: packing the rows into model batches, the
+# forward and backward passes, and gradient clipping with the optimizer's update.
+LEARNER_PHASES = ("batching", "forward_backward", "optimizer")
 
 
 @dataclass(slots=True)
@@ -46,6 +51,8 @@ class StepReport:
     """The learner against the sampler on every trained token, before the update
     (`mismatch_metrics`)."""
     extra: dict[str, float] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+    """Where the step's time went, by phase (`LEARNER_PHASES`)."""
 
     @property
     def forwarded_token_ratio(self) -> float:
@@ -83,8 +90,9 @@ class ModelLearner:
         if not samples:
             return []
         if self.settings.batching == "tree":
-            tree = pack_samples(samples, TreeSettings(self.settings.tree_scope))
-            return [(tree_model_batch(tree), np.arange(len(samples)))]
+            settings = TreeSettings(self.settings.tree_scope)
+            dealt = pack_micro_batches(samples, settings, self.settings.seq_len)
+            return [(tree_model_batch(tree), rows) for tree, rows in dealt]
         packed = pack(samples, PackSettings(seq_len=self.settings.seq_len))
         return [
             (micro_batch_model_batch(mb), mb.samples) for mb in packed.ranks[0] if mb.num_tokens
@@ -106,6 +114,7 @@ class ModelLearner:
         denominator = self._denominator(samples, loss_tokens)
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
+        batched = time.perf_counter()
         total = 0.0
         measured = []
         for batch, rows_of in with_samples:
@@ -123,6 +132,7 @@ class ModelLearner:
                     )
                 )
         grad_norm = 0.0
+        forwarded = time.perf_counter()
         if batches and loss_tokens:
             grad_norm = float(
                 torch.nn.utils.clip_grad_norm_(self.trainable.values(), self.settings.max_grad_norm)
@@ -136,6 +146,7 @@ class ModelLearner:
                 )
             self.optimizer.step()
         self._version += 1
+        stepped = time.perf_counter()
         return StepReport(
             loss=total,
             samples=len(samples),
@@ -144,7 +155,14 @@ class ModelLearner:
             row_tokens=sum(b.num_row_tokens for b in batches),
             grad_norm=grad_norm,
             mismatch=mismatch_metrics(measured, samples, self._version - 1),
-            extra={"seconds": time.perf_counter() - started, **_clip_fraction(measured)},
+            extra=_clip_fraction(measured),
+            seconds=dict(
+                zip(
+                    LEARNER_PHASES,
+                    (batched - started, forwarded - batched, stepped - forwarded),
+                    strict=True,
+                )
+            ),
         )
 
     def _denominator(self, samples: Sequence[Sample], loss_tokens: int) -> float:

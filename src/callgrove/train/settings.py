@@ -75,7 +75,11 @@ class LearnerSettings(LossSettings, kw_only=True, frozen=True, forbid_unknown_fi
     max_grad_norm: float = 1.0
     batching: str = "tree"
     tree_scope: str = TreeSettings().scope
+    """Which rows share trie nodes: `tree`, `episode`, `group`, or `step` (rows of every group,
+    a trie per micro-batch of `seq_len` nodes)."""
     seq_len: int = 4096
+    """Tokens a micro-batch forwards: packed rows end to end, or the trie nodes of tree scope
+    `step`."""
     objective: str = "rl"
     """`rl` (episodes of `[env]`, the clipped policy-gradient loss) or `sft` (the episodes of
     `[data]`, cross-entropy on their assistant tokens)."""
