@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from callgrove.batch import PackSettings, build_samples, pack
 from callgrove.batch.tree import TreeSettings, pack_micro_batches, pack_samples
-from callgrove.episode import load
+from callgrove.episode import Agent, Call, Episode, load, sampling_record
 from callgrove.rows import build_rows
 from callgrove.train import (
     NORMALISATIONS,
@@ -36,6 +36,7 @@ from callgrove.train import (
     row_logprobs,
     tree_model_batch,
 )
+from callgrove.train.loss import predictions
 
 from .helpers import (
     EXAMPLES,
@@ -181,6 +182,38 @@ def test_a_group_packed_as_one_trie_trains_the_same(dtype):
     episode_rows = [build_rows(e) for e in load(EXAMPLES / "login_group.jsonl")]
     give_advantages(episode_rows, seed=1)
     assert_same_training(episode_rows, dtype, scope="group")
+
+
+def test_siblings_in_a_trie_are_each_scored_under_their_own_cut():
+    """Two completions of one prompt, sampled at top-p 0.8: in a trie both tokens are predicted
+    by the prompt's last node. The likeliest token is in the nucleus, the least likely far
+    outside it (kept in only because it is scored); neither may keep the other in, or the
+    tree would score them differently from the rows that hold them apart."""
+    model = tiny_model(torch.float64)
+
+    def episode_rows_completing(prompt: list[int], tokens: list[int]):
+        leader = Agent("L", "leader")
+        for number, token in enumerate(tokens, start=1):
+            leader.add(Call.make(f"C{number}", number, prompt, [token], [-1.0]))
+        return [build_rows(Episode("siblings", [leader], group="g", rewards={"r": 1.0}))]
+
+    probing = episode_rows_completing([5, 9, 13], [1])
+    give_advantages(probing)
+    probe = row_batch(probing)
+    with torch.no_grad():
+        (after_prompt,) = predictions(model, probe, probe.target_index).log_distribution
+    likeliest, least = int(after_prompt.argmax()), int(after_prompt.argmin())
+    episode_rows = episode_rows_completing([5, 9, 13], [likeliest, least])
+    give_advantages(episode_rows)
+    for call in episode_rows[0].forest.calls:
+        call.sampling = sampling_record(1.3, 0.8)
+    tree, rows = tree_batch(episode_rows), row_batch(episode_rows)
+    assert tree.num_tokens < rows.num_tokens  # the prompt is shared
+    with torch.no_grad():
+        scored_in_tree = predictions(model, tree, tree.target_index, scored=True).logprobs()
+        scored_in_rows = predictions(model, rows, rows.target_index, scored=True).logprobs()
+    torch.testing.assert_close(scored_in_tree, scored_in_rows, rtol=0, atol=1e-10)
+    assert_same_training(episode_rows, torch.float64, "episode")
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -23,9 +23,9 @@ SAMPLING_VALUES = ("temperatures", "top_p", "top_k")
 @dataclass(frozen=True, slots=True)
 class Predictions:
     """The model's log-distributions at the predecessors of some tokens, each distinct
-    predecessor (and sampling distribution) computed once: a long row's logits (tokens x
-    vocabulary) are never formed whole, only where a token is trained or its log-probability
-    is asked for."""
+    predecessor computed once (once per sampling distribution and scored token, when scored):
+    a long row's logits (tokens x vocabulary) are never formed whole, only where a token is
+    trained or its log-probability is asked for."""
 
     log_distribution: torch.Tensor
     """(distinct predecessors, vocabulary)."""
@@ -86,22 +86,28 @@ def _target_sampling(batch: ModelBatch) -> torch.Tensor | None:
 
 def _predictors(batch: ModelBatch, index: torch.Tensor, sampling: torch.Tensor | None):
     """The distinct positions whose logits predict the tokens at `index` (one per distinct
-    sampling distribution there, when `sampling` gives each token's), and how to read the
-    `Predictions` from the logits at those positions."""
+    sampling distribution and token there, when `sampling` gives each token's), and how to read
+    the `Predictions` from the logits at those positions."""
     predecessor = batch.predecessor[index]
     tokens = batch.token_ids[index]
     key = predecessor.clamp(min=0)
-    if sampling is not None:
+    if sampling is None:
+        distinct, rows = torch.unique(key, return_inverse=True)
+        positions = distinct
+    else:
+        # Each scored token gets a row of its own context, distribution and token: the token is
+        # kept in its cut (`keep`), so siblings sharing a predecessor in a trie must not keep
+        # each other in, or a token's score would depend on the layout of its batch.
         settings, setting_of = torch.unique(sampling, dim=0, return_inverse=True)
-        key = key * len(settings) + setting_of
-    distinct, rows = torch.unique(key, return_inverse=True)
-    positions = distinct if sampling is None else distinct // len(settings)
+        triple = torch.stack([key, setting_of, tokens], dim=1)
+        distinct, rows = torch.unique(triple, dim=0, return_inverse=True)
+        positions = distinct[:, 0]
 
     def read(logits: torch.Tensor) -> Predictions:
         if sampling is None:
             log_distribution = torch.log_softmax(logits, dim=-1)
         else:
-            temperature, top_p, top_k = settings[distinct % len(settings)].unbind(dim=1)
+            temperature, top_p, top_k = settings[distinct[:, 1]].unbind(dim=1)
             top_k = top_k.long()
             keep = None
             if cuts(temperature, top_p, top_k):  # the scored tokens stay in (see there)
