@@ -382,7 +382,8 @@ def test_closed_episodes_release_their_files_and_calls(tmp_path, script):
 
     gateway, _ = gateway_client(scripted(script), ledger)
     files = open_files()
-    assert gateway.episodes.recover() == 0 and open_files() <= files  # restarting opens none of them
+    # restarting opens none of them
+    assert gateway.episodes.recover() == 0 and open_files() <= files
     gateway.release()
 
 
