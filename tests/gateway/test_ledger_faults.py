@@ -281,9 +281,9 @@ def test_one_ledger_folder_has_one_gateway(tmp_path, script):
     first, _ = gateway_client(scripted(script), ledger)
     with pytest.raises(LedgerInUse, match="another gateway"):
         gateway_client(scripted(script), ledger)
-    first.release()
+    first.episodes.release()
     second, _ = gateway_client(scripted(script), ledger)  # free again once released
-    second.release()
+    second.episodes.release()
 
 
 def test_damaged_ledger_files_are_quarantined_and_the_others_serve(tmp_path, script):
@@ -384,7 +384,7 @@ def test_closed_episodes_release_their_files_and_calls(tmp_path, script):
     files = open_files()
     # restarting opens none of them
     assert gateway.episodes.recover() == 0 and open_files() <= files
-    gateway.release()
+    gateway.episodes.release()
 
 
 class Answering:

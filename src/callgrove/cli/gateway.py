@@ -268,7 +268,7 @@ def gateway(
     try:
         _serve("gateway", server.app(), host, port, tokens)
     finally:  # a stopped gateway gives up its ledger folder at once, not when it is collected
-        server.release()
+        server.episodes.release()
 
 
 def _llama_cpp_client(

@@ -162,10 +162,6 @@ class Gateway:
         """The HTTP app serving this gateway (`routes`)."""
         return Routes(self).app()
 
-    def release(self) -> None:
-        """Give up the ledger folder (`Episodes.release`)."""
-        self.episodes.release()
-
     @contextlib.contextmanager
     def handling(self) -> Iterator[None]:
         """Count a call as in flight while it is handled (`_alone` reads the count)."""

@@ -59,7 +59,7 @@ class LocalGateway:
     def close(self) -> None:
         self._server.should_exit = True
         self._thread.join(30)
-        self.gateway.release()
+        self.gateway.episodes.release()
 
     def __enter__(self) -> LocalGateway:
         return self
