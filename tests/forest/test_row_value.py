@@ -40,6 +40,9 @@ def test_a_row_held_elsewhere_is_refused_by_name():
     for read in readers:
         with pytest.raises(ValueError, match=r"Row\(episode=.* is not a row of EpisodeRows"):
             read(stranger)
+    stranger.trains[0].logprobs = None  # no logprobs to give: still refused, not None
+    with pytest.raises(ValueError, match="is not a row of"):
+        first.logprobs(stranger)
 
 
 def test_a_copy_of_a_row_is_not_read_as_the_row_it_copies():

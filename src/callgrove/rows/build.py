@@ -207,6 +207,7 @@ class EpisodeRows:
     def logprobs(self, row: Row) -> np.ndarray | None:
         """Sampling logprobs on `row`'s loss tokens, 0.0 elsewhere; None if a call it trains
         has none."""
+        self.index_of(row)
         if any(c.logprobs is None for c in row.trains):
             return None
         values = np.zeros(row.num_tokens, dtype=np.float64)
