@@ -105,7 +105,7 @@ def seed_figures() -> bool:
         ("login_group (4 episodes), per group", group, "group"),
     ):
         batch = pack_episode_rows(episode_rows, TreeSettings(scope=scope))
-        rows = [row.token_ids for er in episode_rows for row in er.rows]
+        rows = [er.token_ids(row) for er in episode_rows for row in er.rows]
         ok &= report_floor(label, batch, rows, scope_keys(episode_rows, scope))
     return ok
 

@@ -49,7 +49,7 @@ def forest_rows_check(episode: Episode) -> tuple[float, int]:
     start = time.perf_counter()
     result = build_rows(episode, forest=build_forest(episode))
     for row in result.rows:
-        _ = row.token_ids, row.loss_mask
+        _ = result.token_ids(row), result.loss_mask(row)
     summary = check_rows(result)
     elapsed = time.perf_counter() - start
     assert summary.ok, summary.violations[:3]
@@ -69,7 +69,7 @@ def materialization(episode: Episode, repeat: int) -> tuple[float, float, int]:
         for row in result.rows:
             row.__dict__.pop("_materialized", None)
         start = time.perf_counter()
-        outputs = [(row.token_ids, row.loss_mask) for row in result.rows]
+        outputs = [(result.token_ids(row), result.loss_mask(row)) for row in result.rows]
         best_ours = min(best_ours, time.perf_counter() - start)
         start = time.perf_counter()
         np.concatenate([t for t, _ in outputs])

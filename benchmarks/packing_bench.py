@@ -87,7 +87,7 @@ def measure(episodes: Sequence[Episode], settings: PackSettings, repeats: int = 
         start = time.perf_counter()
         for episode_rows in rows:
             for row in episode_rows.rows:
-                _ = row.token_ids, row.loss_mask
+                _ = episode_rows.token_ids(row), episode_rows.loss_mask(row)
         materialised = time.perf_counter()
         samples = build_samples(rows)
         built = time.perf_counter()

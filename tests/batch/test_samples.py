@@ -43,9 +43,9 @@ def test_login_bug_samples_carry_each_field_per_token():
     assert [s.leaf for s in samples] == ["C4", "C6", "C9", "C10", "C12"]
     assert [s.root for s in samples] == ["C2", "C5", "C1", "C1", "C11"]
     for sample, row in zip(samples, rows.rows, strict=True):
-        np.testing.assert_array_equal(sample.token_ids, row.token_ids)
-        np.testing.assert_array_equal(sample.loss_mask, row.loss_mask)
-        np.testing.assert_array_equal(sample.logprobs, row.logprobs().astype(np.float32))
+        np.testing.assert_array_equal(sample.token_ids, rows.token_ids(row))
+        np.testing.assert_array_equal(sample.loss_mask, rows.loss_mask(row))
+        np.testing.assert_array_equal(sample.logprobs, rows.logprobs(row).astype(np.float32))
         np.testing.assert_array_equal(sample.position_ids, np.arange(row.num_tokens))
         off_mask = sample.loss_mask == 0
         assert not sample.advantages[off_mask].any()
@@ -186,7 +186,9 @@ def test_a_whole_group_builds_at_once_as_it_does_episode_by_episode():
     rows = [build_rows(episode) for episode in group]
     together = build_samples(rows)
     apart = [sample for episode_rows in rows for sample in build_samples(episode_rows)]
-    one_by_one = [sample_from_row(row) for episode_rows in rows for row in episode_rows.rows]
+    one_by_one = [
+        sample_from_row(episode_rows, row) for episode_rows in rows for row in episode_rows.rows
+    ]
     assert_same_samples(together, apart)
     assert_same_samples(together, one_by_one)
     assert [s.episode for s in together] == [r.episode.id for er in rows for r in er.rows]

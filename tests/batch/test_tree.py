@@ -183,8 +183,8 @@ def test_login_bug_forwards_each_distinct_token_once():
     (episode,) = load(EXAMPLES / "login_bug.jsonl")
     er = build_rows(episode)
     batch = pack_episode_rows([er], TreeSettings(scope="tree"))
-    rows = [r.token_ids for r in er.rows]
-    masks = [r.loss_mask for r in er.rows]
+    rows = [er.token_ids(r) for r in er.rows]
+    masks = [er.loss_mask(r) for r in er.rows]
     keys = [r.path[0].id for r in er.rows]
     assert_trie_reads_back(batch, rows, masks, keys)
     assert_paths_are_ancestor_chains(batch)
@@ -195,7 +195,7 @@ def test_login_bug_forwards_each_distinct_token_once():
     assert batch.num_tokens == distinct_prefixes(rows, keys)
     assert np.array_equal(
         batch.target_values["logprobs"],
-        np.concatenate([r.logprobs()[r.loss_mask.astype(bool)] for r in er.rows]),
+        np.concatenate([er.logprobs(r)[er.loss_mask(r).astype(bool)] for r in er.rows]),
     )
     # Episode scope may merge prefixes across its trees too, never fewer than the floor.
     episode_wide = pack_episode_rows([er], TreeSettings(scope="episode"))
@@ -210,7 +210,7 @@ def test_group_scope_forwards_the_shared_task_prompt_once():
             call.advantages = 0.5
     per_episode = pack_episode_rows(episode_rows, TreeSettings(scope="episode"))
     per_group = pack_episode_rows(episode_rows, TreeSettings(scope="group"))
-    rows = [r.token_ids for er in episode_rows for r in er.rows]
+    rows = [er.token_ids(r) for er in episode_rows for r in er.rows]
     assert per_group.num_tokens == distinct_prefixes(rows)
     assert per_group.num_tokens < per_episode.num_tokens
     samples = [s for er in episode_rows for s in build_samples(er)]

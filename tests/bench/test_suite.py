@@ -149,7 +149,7 @@ def test_every_round_does_the_work_of_the_first(tmp_path: Path):
     episode's row columns) is forgotten before each run, so later rounds are not cheaper."""
     episodes = list(synth_episodes(PRESETS["4k"], 2, seed=1))
     rows = [build_rows(e) for e in episodes]
-    _ = rows[0].rows[0].token_ids, rows[1].forest.new_tokens()
+    _ = rows[0].token_ids(rows[0].rows[0]), rows[1].forest.new_tokens()
     assert "columns" in rows[0].__dict__ and rows[1].forest._new_tokens is not None
     assert _uncached(rows) is rows
     assert all("columns" not in part.__dict__ for part in rows)

@@ -141,7 +141,7 @@ def through_the_gateway(chat: ChatFormat, tmp_path) -> np.ndarray:
     try:
         record = asyncio.run(go())
     finally:
-        gateway.release()
+        gateway.episodes.release()
     episode = episode_from_wire(decode_episode_line(orjson.dumps(record)))
     return episode.prompt_ids(episode.agents[0].calls[1])
 

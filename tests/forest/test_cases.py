@@ -179,8 +179,8 @@ def test_twin_subagents_resolve_parents_within_each_agent_and_one_row_is_a_dupli
         ("C4", ["C2", "C4"], ["C2", "C4"], [], 0),
         ("C5", ["C5"], ["C5"], [], None),
     ]
-    assert not result.rows[1].loss_mask.any()
-    assert np.array_equal(result.rows[0].token_ids, result.rows[1].token_ids)
+    assert not result.loss_mask(result.rows[1]).any()
+    assert np.array_equal(result.token_ids(result.rows[0]), result.token_ids(result.rows[1]))
     relaxed = rows_of(b.episode(), max_identical_trained=2)
     assert [r.duplicate_of for r in relaxed.rows] == [None, None, None]
 
@@ -196,7 +196,7 @@ def test_untrainable_agent_is_owned_but_carries_no_loss():
     result = rows_of(b.episode())
     judge_row = result.rows[1]
     assert ids(judge_row.trains) == ["C2", "C4"]
-    assert judge_row.num_loss_tokens == 0 and not judge_row.loss_mask.any()
+    assert result.num_loss_tokens(judge_row) == 0 and not result.loss_mask(judge_row).any()
     assert (
         check_rows(result).line()
         == "4 kept calls, each trained exactly once (2 of untrainable agents, no loss)"

@@ -90,16 +90,16 @@ def test_samples_of_a_batch_equal_each_rows_own_values(batch):
             if call.advantages is None:
                 call.advantages = 0.5
     samples = build_samples(parts)
-    rows = [row for part in parts for row in part.rows]
-    assert len(samples) == len(rows)
-    for sample, row in zip(samples, rows, strict=True):
+    held = [(part, row) for part in parts for row in part.rows]
+    assert len(samples) == len(held)
+    for sample, (part, row) in zip(samples, held, strict=True):
         np.testing.assert_array_equal(sample.token_ids, row.episode.full_ids(row.leaf))
-        np.testing.assert_array_equal(sample.loss_mask, row.loss_mask)
-        np.testing.assert_allclose(sample.logprobs, row.logprobs(), rtol=1e-6)
-        on = row.loss_mask.view(bool)
+        np.testing.assert_array_equal(sample.loss_mask, part.loss_mask(row))
+        np.testing.assert_allclose(sample.logprobs, part.logprobs(row), rtol=1e-6)
+        on = part.loss_mask(row).view(bool)
         assert sample.advantages is not None
         np.testing.assert_array_equal(sample.advantages[~on], 0)
-        plain = [v for call in row.loss_calls for v in _plain_spread(call, "advantages")]
+        plain = [v for call in part.loss_calls(row) for v in _plain_spread(call, "advantages")]
         np.testing.assert_allclose(sample.advantages[on], plain, rtol=1e-6, atol=1e-30)
 
 

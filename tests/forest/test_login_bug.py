@@ -56,9 +56,9 @@ def test_masks_cover_exactly_the_trained_completions(result):
     expected = np.zeros(row3.num_tokens, dtype=np.uint8)
     expected[c8.prompt_len : c8.full_len] = 1
     expected[c9.prompt_len : c9.full_len] = 1
-    assert np.array_equal(row3.loss_mask, expected)
-    assert row3.num_loss_tokens == len(c8.completion_ids) + len(c9.completion_ids)
-    lp = row3.logprobs()
+    assert np.array_equal(result.loss_mask(row3), expected)
+    assert result.num_loss_tokens(row3) == len(c8.completion_ids) + len(c9.completion_ids)
+    lp = result.logprobs(row3)
     assert np.array_equal(lp[expected == 1], np.concatenate([c8.logprobs, c9.logprobs]))
     assert not lp[expected == 0].any()
 

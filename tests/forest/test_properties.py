@@ -86,19 +86,22 @@ def test_rows_equal_the_reference_and_every_invariant_holds(episode, max_identic
     ]
     assert got == _as_table(expected)
     for row, ref in zip(result.rows, expected, strict=True):
-        assert np.array_equal(row.token_ids, ref["tokens"])
-        assert np.array_equal(row.loss_mask, ref["mask"])
+        assert np.array_equal(result.token_ids(row), ref["tokens"])
+        assert np.array_equal(result.loss_mask(row), ref["mask"])
     summary = check_rows(result)
     assert summary.ok, [str(v) for v in summary.violations]
     assert summary.kept_calls == sum(len(r.trains) for r in result.rows)
 
 
+def _row_tokens(result):
+    """(path ids, token ids, loss mask) of each row."""
+    return [(ids(r.path), result.token_ids(r), result.loss_mask(r)) for r in result.rows]
+
+
 @settings(max_examples=60, deadline=None)
 @given(episodes())
 def test_compact_writing_keeps_every_token_and_the_same_rows(episode):
-    before = [
-        (ids(r.path), r.token_ids.copy(), r.loss_mask.copy()) for r in build_rows(episode).rows
-    ]
+    before = [(path, t.copy(), m.copy()) for path, t, m in _row_tokens(build_rows(episode))]
     full = {c.id: (episode.prompt_ids(c).copy(), c.completion_ids.copy()) for c in episode.calls()}
     compact_prompts(episode)
     forest = build_forest(episode)
@@ -114,7 +117,7 @@ def test_compact_writing_keeps_every_token_and_the_same_rows(episode):
         prompt, completion = full[call.id]
         assert np.array_equal(again.prompt_ids(call), prompt)
         assert np.array_equal(call.completion_ids, completion)
-    after = [(ids(r.path), r.token_ids, r.loss_mask) for r in build_rows(again).rows]
+    after = _row_tokens(build_rows(again))
     assert len(after) == len(before)
     for (path_a, tokens_a, mask_a), (path_b, tokens_b, mask_b) in zip(before, after, strict=True):
         assert path_a == path_b
@@ -131,10 +134,10 @@ def test_forests_and_rows_built_before_compaction_stay_valid(episode):
     assert [result.forest.parent_of(c) for c in result.forest.calls] == parents
     assert check_rows(result).ok
     for row in result.rows:
-        assert np.array_equal(row.token_ids, full[row.leaf.id])
+        assert np.array_equal(result.token_ids(row), full[row.leaf.id])
         for call in row.trains if row.duplicate_of is None else []:
             trains = episode.agent_of(call).trainable
-            assert row.loss_mask[call.prompt_len : call.full_len].all() == trains
+            assert result.loss_mask(row)[call.prompt_len : call.full_len].all() == trains
 
 
 def test_compact_file_grows_with_distinct_tokens_not_the_square():

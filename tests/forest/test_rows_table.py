@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pytest
 
 from callgrove.rows import build_rows
 from callgrove.rows.table import rows_table
@@ -13,11 +14,12 @@ from callgrove.synth import Shape, synth_episodes
 SHAPE = Shape(context=512, leader_calls=6, subagent_calls=2)
 
 
-def _expected(rows) -> dict[str, list]:
-    logprobs = [row.logprobs() for row in rows]
+def _expected(held) -> dict[str, list]:
+    """The lists each (episode rows, row) pair gives one by one."""
+    logprobs = [result.logprobs(row) for result, row in held]
     return {
-        "token_ids": [row.token_ids.tolist() for row in rows],
-        "loss_mask": [row.loss_mask.tolist() for row in rows],
+        "token_ids": [result.token_ids(row).tolist() for result, row in held],
+        "loss_mask": [result.loss_mask(row).tolist() for result, row in held],
         "logprobs": [None if lp is None else lp.astype(np.float32).tolist() for lp in logprobs],
     }
 
@@ -26,10 +28,9 @@ def test_lists_are_the_rows_and_share_the_columns_memory():
     results = [build_rows(episode) for episode in synth_episodes(SHAPE, 3, seed=4)]
     results[1].episode.agents[0].calls[0].logprobs = None  # rows training it have no logprobs
     results[1] = build_rows(results[1].episode)
-    rows = [row for result in results for row in result.rows]
-    table = rows_table(rows)
+    table = rows_table(results)
     got = {name: table.column(name).to_pylist() for name in ("token_ids", "loss_mask", "logprobs")}
-    assert got == _expected(rows)
+    assert got == _expected([(result, row) for result in results for row in result.rows])
     assert None in got["logprobs"] and any(lp is not None for lp in got["logprobs"])
     tokens = table.column("token_ids").chunk(0).values.to_numpy()
     assert np.shares_memory(tokens, results[0].columns.token_ids)
@@ -37,11 +38,12 @@ def test_lists_are_the_rows_and_share_the_columns_memory():
 
 def test_a_subset_of_rows_in_any_order():
     results = [build_rows(episode) for episode in synth_episodes(SHAPE, 2, seed=5)]
-    first, second = results[0].rows, results[1].rows
-    rows = [first[2], first[0], second[1], first[1]]
-    table = rows_table(rows)
+    first, second = results
+    held = [(first, first.rows[2]), (first, first.rows[0]), (second, second.rows[1])]
+    held.append((first, first.rows[1]))
+    table = rows_table(results, [row for _, row in held])
     assert table.column("row").to_pylist() == [2, 0, 1, 1]
-    for name, values in _expected(rows).items():
+    for name, values in _expected(held).items():
         assert table.column(name).to_pylist() == values
 
 
@@ -49,3 +51,9 @@ def test_no_rows_still_has_every_column():
     table = rows_table([])
     assert table.num_rows == 0
     assert table.schema.field("token_ids").type == pa.list_(pa.int32())
+
+
+def test_a_row_of_no_episode_given_is_refused_by_name():
+    first, second = (build_rows(episode) for episode in synth_episodes(SHAPE, 2, seed=6))
+    with pytest.raises(ValueError, match="is not a row of the episode rows given"):
+        rows_table([first], [first.rows[0], second.rows[0]])

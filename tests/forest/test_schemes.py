@@ -119,7 +119,7 @@ def test_the_two_choices_only_take_calls_out_of_training(episode, scheme):
                 for call in row.trains:
                     if episode.agent_of(call).trainable:
                         expected[call.prompt_len : call.full_len] = 1
-            assert np.array_equal(row.loss_mask, expected)
+            assert np.array_equal(result.loss_mask(row), expected)
 
 
 @SETTINGS

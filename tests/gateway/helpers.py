@@ -51,7 +51,7 @@ class GatewayClient(httpx.AsyncClient):
 
     async def __aexit__(self, *exc) -> None:
         await super().__aexit__(*exc)
-        self.gateway.release()
+        self.gateway.episodes.release()
 
 
 def gateway_client(policy, ledger: Path, **options) -> tuple[Gateway, httpx.AsyncClient]:

@@ -236,7 +236,7 @@ def test_restart_recovers_the_ledger_and_keeps_continuing(tmp_path):
 
     async def after_restart():
         gateway, client = gateway_client(scripted(path), ledger)
-        assert gateway.recover() == 1
+        assert gateway.episodes.recover() == 1
         async with client:
             message = answer["choices"][0]["message"]
             body = {

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from callgrove.episode import read_episodes
-from callgrove.gateway import app as gateway_app
+from callgrove.gateway import episodes as gateway_episodes
 from callgrove.gateway import ledger as gateway_ledger
 from callgrove.gateway.ledger import CALLS_SUFFIX, EPISODES_FILE, QUARANTINE, LedgerInUse
 from callgrove.policy import Completion
@@ -75,7 +75,7 @@ def test_a_call_whose_line_is_cut_by_a_full_disk_is_not_in_the_episode(
 
     async def restarted():
         gateway, client = gateway_client(scripted(script), ledger)
-        assert gateway.recover() == 1
+        assert gateway.episodes.recover() == 1
         async with client:
             return (await client.post("/e/ep/close", json={})).json()
 
@@ -111,7 +111,7 @@ def test_a_call_whose_fsync_fails_is_answered_as_failed_and_stays_out(
 
     async def restarted():
         gateway, client = gateway_client(scripted(script), ledger)
-        gateway.recover()
+        gateway.episodes.recover()
         async with client:
             return (await client.post("/e/ep/close", json={})).json()
 
@@ -147,7 +147,7 @@ def test_close_waits_for_calls_in_flight_or_refuses_them(tmp_path, script, wait)
             late = asyncio.create_task(client.post("/e/ep/v1/messages", json=BODY))
             while policy.waiting < 2:
                 await asyncio.sleep(0.01)
-            state = gateway.episodes["ep"]
+            state = gateway.episodes.open["ep"]
             closing = asyncio.create_task(client.post("/e/ep/close", json={}))
             while not (state.closing or state.closed):  # the close is waiting
                 await asyncio.sleep(0.01)
@@ -176,7 +176,7 @@ class Crash(BaseException):
 @pytest.mark.parametrize("where", ["before the record", "after the record"])
 def test_a_close_cut_by_a_crash_is_finished_once(tmp_path, script, monkeypatch, where):
     ledger = tmp_path / "ledger"
-    real_append = gateway_app.append_episode
+    real_append = gateway_episodes.append_episode
 
     def append_then_crash(folder, episode):
         if where == "after the record":
@@ -187,16 +187,16 @@ def test_a_close_cut_by_a_crash_is_finished_once(tmp_path, script, monkeypatch, 
         gateway, client = gateway_client(scripted(script), ledger)
         async with client:
             await client.post("/e/ep/v1/messages", json=BODY)
-            monkeypatch.setattr(gateway_app, "append_episode", append_then_crash)
+            monkeypatch.setattr(gateway_episodes, "append_episode", append_then_crash)
             with pytest.raises(Crash):
-                await gateway.close("ep", {"rewards": {"r": 1.0}})
-            monkeypatch.setattr(gateway_app, "append_episode", real_append)
+                await gateway.episodes.close("ep", {"rewards": {"r": 1.0}})
+            monkeypatch.setattr(gateway_episodes, "append_episode", real_append)
 
     run(crashing())
 
     async def restarted():
         gateway, client = gateway_client(scripted(script), ledger)
-        assert gateway.recover() == 0  # the cut close was finished: nothing is open
+        assert gateway.episodes.recover() == 0  # the cut close was finished: nothing is open
         async with client:
             again = await client.post("/e/ep/close", json={"rewards": {"r": 1.0}})
             other = await client.post("/e/ep/close", json={"rewards": {"r": 0.0}})
@@ -281,9 +281,9 @@ def test_one_ledger_folder_has_one_gateway(tmp_path, script):
     first, _ = gateway_client(scripted(script), ledger)
     with pytest.raises(LedgerInUse, match="another gateway"):
         gateway_client(scripted(script), ledger)
-    first.release()
+    first.episodes.release()
     second, _ = gateway_client(scripted(script), ledger)  # free again once released
-    second.release()
+    second.episodes.release()
 
 
 def test_damaged_ledger_files_are_quarantined_and_the_others_serve(tmp_path, script):
@@ -317,7 +317,7 @@ def test_damaged_ledger_files_are_quarantined_and_the_others_serve(tmp_path, scr
     async def restarted():
         gateway, client = gateway_client(scripted(script), ledger)
         with pytest.warns(UserWarning) as warned:
-            open_count = gateway.recover()
+            open_count = gateway.episodes.recover()
         async with client:
             refused = await client.post("/e/noref/v1/messages", json=BODY)
             served = await client.post("/e/good/v1/messages", json=BODY)
@@ -326,15 +326,15 @@ def test_damaged_ledger_files_are_quarantined_and_the_others_serve(tmp_path, scr
 
     gateway, open_count, warned, refused, served, closed = run(restarted())
     assert open_count == 1
-    assert sorted(gateway.quarantined) == ["midline", "noagent", "noref", "random"]
-    assert "midline.calls.jsonl:2: not valid JSON" in gateway.quarantined["midline"]
-    assert "'agent'" in gateway.quarantined["noagent"]
-    assert "prompt_from names 'c7'" in gateway.quarantined["noref"]
-    assert gateway.strays == ["notes.txt"]
+    assert sorted(gateway.episodes.quarantined) == ["midline", "noagent", "noref", "random"]
+    assert "midline.calls.jsonl:2: not valid JSON" in gateway.episodes.quarantined["midline"]
+    assert "'agent'" in gateway.episodes.quarantined["noagent"]
+    assert "prompt_from names 'c7'" in gateway.episodes.quarantined["noref"]
+    assert gateway.episodes.strays == ["notes.txt"]
     said = " ".join(str(w.message) for w in warned)
-    assert all(f"episode {name!r} quarantined" in said for name in gateway.quarantined)
+    assert all(f"episode {name!r} quarantined" in said for name in gateway.episodes.quarantined)
     assert "notes.txt: not an episode's ledger file" in said
-    for episode in gateway.quarantined:
+    for episode in gateway.episodes.quarantined:
         assert (ledger / QUARANTINE / f"{episode}{CALLS_SUFFIX}").exists()
         assert (ledger / QUARANTINE / f"{episode}{CALLS_SUFFIX}.reason").read_text().strip()
     assert refused.status_code == 400 and "quarantined" in refused.json()["error"]["message"]
@@ -373,7 +373,7 @@ def test_closed_episodes_release_their_files_and_calls(tmp_path, script):
             await episodes(gateway, client, 20, 200)
             grown = held_by_the_gateway() - before
             tracemalloc.stop()
-            return files, open_files(), grown, len(gateway.episodes)
+            return files, open_files(), grown, len(gateway.episodes.open)
 
     files_before, files_after, grown, still_open = run(go())
     # Other fds of the process may close meanwhile; 200 episodes must open none for good.
@@ -382,8 +382,9 @@ def test_closed_episodes_release_their_files_and_calls(tmp_path, script):
 
     gateway, _ = gateway_client(scripted(script), ledger)
     files = open_files()
-    assert gateway.recover() == 0 and open_files() <= files  # restarting opens none of them
-    gateway.release()
+    # restarting opens none of them
+    assert gateway.episodes.recover() == 0 and open_files() <= files
+    gateway.episodes.release()
 
 
 class Answering:

@@ -224,5 +224,5 @@ def test_a_client_that_leaves_mid_stream_leaves_a_failed_line_and_stops_the_upst
     asyncio.run(exchange())
     (line,) = ledger_lines(tmp_path, "gone")
     assert line["failed"]["error"] == "client disconnected before the reply ended"
-    episode = gateway.close_episode("gone")
+    episode = gateway.episodes.close_now("gone")
     assert not [call for agent in episode.agents for call in agent.calls if call.kept]

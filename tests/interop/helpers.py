@@ -10,6 +10,9 @@ from verifiers.v1.state import State
 from verifiers.v1.task import WireTaskData
 from verifiers.v1.utils.trace_store import TRACES_FILE, read_episodes, write_episode
 
+from callgrove.episode import Episode
+from callgrove.rows import build_rows
+
 TASK = vf.TraceTask[WireTaskData](type="LoginBug", data=WireTaskData(prompt="fix the login bug"))
 SCAFFOLD = [50, 51]  # the generation prompt the template puts before each completion
 WIRE_TRACE = vf.Trace[WireTaskData, State, WireAgentConfig]
@@ -141,3 +144,9 @@ def write_with_verifiers(folder: Path, episodes: list[vf.WireEpisode]) -> Path:
 
 def read_with_verifiers(folder: Path) -> list[vf.WireEpisode]:
     return read_episodes(folder, WIRE_TRACE)
+
+
+def row_tokens(episode: Episode) -> list[list[int]]:
+    """The token ids of each of the episode's rows."""
+    result = build_rows(episode)
+    return [result.token_ids(row).tolist() for row in result.rows]

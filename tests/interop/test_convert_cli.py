@@ -15,7 +15,7 @@ from callgrove.interop.verifiers import read_verifiers
 from callgrove.rows import build_rows
 
 from .gym_records import seed_capture, seed_rollout_row, write_rows
-from .helpers import multi_agent_episode, read_with_verifiers, write_with_verifiers
+from .helpers import multi_agent_episode, read_with_verifiers, row_tokens, write_with_verifiers
 
 runner = CliRunner()
 
@@ -32,7 +32,7 @@ def cell(output: str, label: str) -> str:
 
 
 def _rows(path: Path) -> list[list[int]]:
-    return [r.token_ids.tolist() for e in load(path) for r in build_rows(e).rows]
+    return [tokens for episode in load(path) for tokens in row_tokens(episode)]
 
 
 def test_verifiers_to_callgrove_both_forms_and_back(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from callgrove.episode import sampling_record
 from callgrove.formats.problems import InputError
 from callgrove.interop import nemo_rl, prime_rl
 
-from .trainer_samples import TEMPERATURE, credited_rows
+from .trainer_samples import TEMPERATURE, credited_rows, first_loss_call
 
 # prime-rl's TrainingSample at prime_rl.COMMIT: (field, type), in declaration order; the struct
 # is array_like with omit_defaults, every field from ref_logprobs on defaults to None.
@@ -58,7 +58,7 @@ def samples_with_logprobs():
 def test_prime_rl_training_samples_match_its_schema_field_by_field(tmp_path):
     episode_rows, samples = samples_with_logprobs()
     # Per-token temperatures: one call sampled hotter than the rest.
-    hot = episode_rows[0].rows[0].loss_calls[0]
+    hot = first_loss_call(episode_rows)
     hot.sampling = sampling_record(1.3, 1.0)
     samples = build_samples(episode_rows)
     path = tmp_path / "samples.msgpack"
@@ -89,7 +89,7 @@ def test_prime_rl_refuses_cut_sampling_and_the_reserved_env_name():
     episode_rows, samples = samples_with_logprobs()
     with pytest.raises(ValueError, match="reserved"):
         prime_rl.prime_rl_samples(samples, "all")
-    episode_rows[0].rows[0].loss_calls[0].sampling = sampling_record(1.0, 0.9)
+    first_loss_call(episode_rows).sampling = sampling_record(1.0, 0.9)
     with pytest.raises(InputError, match="top-p or top-k cut"):
         prime_rl.prime_rl_samples(build_samples(episode_rows), "login")
 
@@ -126,6 +126,6 @@ def test_nemo_rl_batch_matches_its_schema_field_by_field(tmp_path):
 
 def test_nemo_rl_refuses_rows_sampled_at_two_temperatures():
     episode_rows, _ = samples_with_logprobs()
-    episode_rows[0].rows[0].loss_calls[0].sampling = sampling_record(0.6, 1.0)
+    first_loss_call(episode_rows).sampling = sampling_record(0.6, 1.0)
     with pytest.raises(InputError, match="one temperature"):
         nemo_rl.nemo_rl_arrays(build_samples(episode_rows))

@@ -19,7 +19,13 @@ from callgrove.train import LossSettings
 from callgrove.train.loss import policy_terms, row_logprobs
 from train.helpers import VOCAB, row_batch
 
-from .trainer_samples import TEMPERATURE, plain_copy, reference_model, trainer_samples
+from .trainer_samples import (
+    TEMPERATURE,
+    first_loss_call,
+    plain_copy,
+    reference_model,
+    trainer_samples,
+)
 
 TOLERANCE = 1e-6
 PAD = 0
@@ -122,7 +128,7 @@ def test_samples_trl_cannot_score_are_refused():
     episode_rows, samples = trainer_samples(reference)
     with pytest.raises(ValueError, match=r"GRPOConfig\(temperature=1\)"):
         trl_batch(samples, PAD, temperature=0.7)
-    call = episode_rows[0].rows[0].loss_calls[0]
+    call = first_loss_call(episode_rows)
     for sampling, reason in (
         (sampling_record(1.0, 0.9), "top-p or top-k cut"),
         (None, "sampling is unknown"),

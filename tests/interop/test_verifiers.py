@@ -32,6 +32,7 @@ from .helpers import (
     leader_trace,
     multi_agent_episode,
     read_with_verifiers,
+    row_tokens,
     write_with_verifiers,
 )
 
@@ -88,19 +89,18 @@ def _compare_rows_with_branches(episode: Episode, reference: vf.WireEpisode) -> 
             assert row is not None
             on_path = [call_of[n] for n in _path(trace, leaf) if trace.nodes[n].sampled]
             assert [c.id for c in row.path] == on_path
-            assert row.token_ids.tolist() == branch.token_ids
+            assert rows.token_ids(row).tolist() == branch.token_ids
             sampled = np.asarray(branch.sampled_mask, dtype=bool)
             assert np.array_equal(_completion_mask(row), sampled)
-            loss = row.loss_mask.astype(bool)
+            loss = rows.loss_mask(row).astype(bool)
             assert not np.any(loss & ~sampled)
             if agent.trainable and row.duplicate_of is None:
                 assert np.array_equal(loss, _trained_mask(row))
             else:
                 assert not loss.any()
-            if (
-                row.logprobs() is not None
-            ):  # 0 off the loss mask, as docs/episode-format.md section 4 writes them
-                assert np.allclose(row.logprobs(), np.where(loss, branch.logprobs, 0), atol=1e-4)
+            logprobs = rows.logprobs(row)
+            if logprobs is not None:  # 0 off the loss mask, as docs/episode-format.md section 4
+                assert np.allclose(logprobs, np.where(loss, branch.logprobs, 0), atol=1e-4)
     assert len(rows.rows) == trainable_branches
     # exactly once: each kept call's completion is trained in one row, context elsewhere
     owners = [id(call) for row in rows.rows for call in row.trains]
@@ -349,9 +349,7 @@ def test_callgrove_episodes_written_as_verifiers_read_by_verifiers(tmp_path: Pat
     assert theirs.run.work.type == "eval" and theirs.run.work.step == 4
     [back] = read_verifiers(out)
     _compare_rows_with_branches(back, theirs)
-    assert [r.token_ids.tolist() for r in build_rows(back).rows] == [
-        r.token_ids.tolist() for r in build_rows(episode).rows
-    ]
+    assert row_tokens(back) == row_tokens(episode)
     assert back.run == episode.run and back.group == "g"
     assert back.errors == [WireError(type="Timeout", message="slow", agent="W")]
     calls = {

@@ -27,6 +27,12 @@ def credited_rows(seed: int = 0, temperature: float = TEMPERATURE) -> list[Episo
     return episode_rows
 
 
+def first_loss_call(episode_rows: list[EpisodeRows]):
+    """The first call with loss in the first row of the first episode."""
+    first = episode_rows[0]
+    return first.loss_calls(first.rows[0])[0]
+
+
 def reference_model(dtype: torch.dtype = torch.float64):
     """The tiny random Llama behind callgrove's reference interface (`HFPolicyModel`)."""
     return tiny_llama(dtype, "eager")

@@ -74,7 +74,7 @@ def row_batch(episode_rows: list[EpisodeRows]) -> ModelBatch:
 
 def trained_calls(episode_rows: list[EpisodeRows]) -> list[Call]:
     """Every call with loss tokens, in row order (each sits in exactly one row's loss)."""
-    return [call for er in episode_rows for row in er.rows for call in row.loss_calls]
+    return [call for er in episode_rows for row in er.rows for call in er.loss_calls(row)]
 
 
 def per_call_batch(episode_rows: list[EpisodeRows]) -> ModelBatch:
@@ -82,7 +82,7 @@ def per_call_batch(episode_rows: list[EpisodeRows]) -> ModelBatch:
     tokens, masks, logprobs, advantages = [], [], [], []
     sampling: dict[str, list[np.ndarray]] = {name: [] for name in SAMPLING_FIELDS}
     for er in episode_rows:
-        for call in (call for row in er.rows for call in row.loss_calls):
+        for call in (call for row in er.rows for call in er.loss_calls(row)):
             mask = np.zeros(call.full_len, dtype=np.uint8)
             mask[call.prompt_len :] = 1
             tokens.append(er.episode.full_ids(call))

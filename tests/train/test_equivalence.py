@@ -134,8 +134,8 @@ def assert_same_training(
     # Each trained call alone, with its prompt as context, gives its row's logprobs.
     call_rows = [
         (row_number, call)
-        for row_number, row in enumerate(all_rows(episode_rows))
-        for call in row.loss_calls
+        for row_number, (er, row) in enumerate(all_rows(episode_rows))
+        for call in er.loss_calls(row)
     ]
     for (row_number, call), alone in zip(call_rows, call_logprobs, strict=True):
         in_row = rowwise_logprobs[row_number][call.prompt_len : call.full_len]
@@ -167,7 +167,8 @@ def assert_same_training(
 
 
 def all_rows(episode_rows):
-    return [row for er in episode_rows for row in er.rows]
+    """(its episode's rows, the row) for every row."""
+    return [(er, row) for er in episode_rows for row in er.rows]
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])

@@ -157,11 +157,10 @@ def build_samples(episode_rows: EpisodeRows | Sequence[EpisodeRows]) -> list[Sam
     return _build(rows, RowColumns.of(parts))
 
 
-def sample_from_row(row: Row) -> Sample:
-    """The sample of one row (`build_samples` is faster for all rows of an episode)."""
-    if row.episode_rows is None:
-        raise ValueError(f"{row!r} was not made by build_rows")
-    (sample,) = _build([row], RowColumns.of([replace(row.episode_rows, rows=[row])]))
+def sample_from_row(episode_rows: EpisodeRows, row: Row) -> Sample:
+    """The sample of one of `episode_rows`' rows (`build_samples` is faster for all of them)."""
+    episode_rows.index_of(row)
+    (sample,) = _build([row], RowColumns.of([replace(episode_rows, rows=[row])]))
     return sample
 
 

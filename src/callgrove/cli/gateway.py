@@ -255,20 +255,20 @@ def gateway(
         raise typer.Exit(EXIT_USAGE) from None
     with warnings.catch_warnings(record=True) as found:
         warnings.simplefilter("always")
-        recovered = server.recover()
+        recovered = server.episodes.recover()
     for warning in found:
         err.print(f"warning: {safe(warning.message)}")
     if recovered:
         err.print(f"recovered {recovered} open episode ledger(s) from {ledger}")
-    if server.quarantined:
+    if server.episodes.quarantined:
         err.print(
-            f"quarantined {len(server.quarantined)} damaged episode ledger(s) in "
-            f"{ledger / QUARANTINE}: {', '.join(sorted(server.quarantined))}"
+            f"quarantined {len(server.episodes.quarantined)} damaged episode ledger(s) in "
+            f"{ledger / QUARANTINE}: {', '.join(sorted(server.episodes.quarantined))}"
         )
     try:
         _serve("gateway", server.app(), host, port, tokens)
     finally:  # a stopped gateway gives up its ledger folder at once, not when it is collected
-        server.release()
+        server.episodes.release()
 
 
 def _llama_cpp_client(

@@ -321,7 +321,9 @@ def rows_command(
 def _print_json_lines(result: EpisodeRows, tokens: bool) -> None:
     write = sys.stdout.buffer.write
     for row in result.rows:
-        write(orjson.dumps(row_record(row, tokens), option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
+        write(
+            orjson.dumps(row_record(result, row, tokens), option=orjson.OPT_SERIALIZE_NUMPY) + b"\n"
+        )
     sys.stdout.buffer.flush()
 
 
@@ -360,11 +362,13 @@ class _RowSink:
         if self._jsonl is not None:
             for row in result.rows:
                 self._jsonl.write(
-                    orjson.dumps(row_record(row, self.tokens), option=orjson.OPT_SERIALIZE_NUMPY)
+                    orjson.dumps(
+                        row_record(result, row, self.tokens), option=orjson.OPT_SERIALIZE_NUMPY
+                    )
                     + b"\n"
                 )
             return
-        self._held.append(rows_table(result.rows))
+        self._held.append(rows_table([result]))
         self._held_tokens += sum(row.num_tokens for row in result.rows)
         if self._held_tokens >= ROW_GROUP_TOKENS:
             self._write_group()
@@ -426,7 +430,7 @@ class RowTotals:
         self.episodes += 1
         self.rows += len(result.rows)
         self.num_tokens += sum(row.num_tokens for row in result.rows)
-        self.num_loss_tokens += sum(row.num_loss_tokens for row in result.rows)
+        self.num_loss_tokens += sum(result.num_loss_tokens(row) for row in result.rows)
         self.duplicates += sum(row.duplicate_of is not None for row in result.rows)
         self.kept_calls += summary.kept_calls
         self.violations += len(summary.violations)
@@ -550,7 +554,7 @@ def rows_table_view(result: EpisodeRows, width: int | None = None) -> Table:
     wanted = min(_PATH_ROOM, max((len(path_text(row, width)) for row in rows), default=0))
     for narrow in (False, True):
         headers = [_NARROW_HEADERS.get(n, n) if narrow else n for n in _FIXED_COLUMNS]
-        cells = [_fixed_cells(row, labels, *_ID_WIDTHS[narrow]) for row in rows]
+        cells = [_fixed_cells(result, row, labels, *_ID_WIDTHS[narrow]) for row in rows]
         fixed = sum(
             max([*(len(line) for line in header.splitlines()), *(len(c[i]) for c in cells)])
             + _PADDING
@@ -594,14 +598,14 @@ def _legend(result: EpisodeRows, labels: dict[str, str], room: int) -> list[str]
 
 
 def _fixed_cells(
-    row: Row, labels: dict[str, str], leaf_width: int, agent_width: int
+    result: EpisodeRows, row: Row, labels: dict[str, str], leaf_width: int, agent_width: int
 ) -> tuple[str, ...]:
     return (
         str(row.index),
         clip_middle(row.leaf.id, leaf_width),
         clip_middle(labels[row.agent.id], agent_width),
         f"{row.num_tokens:,}",
-        f"{row.num_loss_tokens:,}",
+        f"{result.num_loss_tokens(row):,}",
         reward_text(row),
     )
 

@@ -143,7 +143,7 @@ def episode_record(result: EpisodeRows) -> dict[str, object]:
         "group": episode.group,
         "reward": episode_reward(episode) if episode.scored else None,
         "calls": calls,
-        "rows": [row_record(row) for row in result.rows],
+        "rows": [row_record(result, row) for row in result.rows],
         "check": check_record(check_rows(result)),
     }
 

@@ -147,13 +147,14 @@ class Learning:
         if not episode.agents:
             return
         try:
-            rows = build_rows(episode).rows
+            result = build_rows(episode)
         except Exception:  # counted and shown: `callgrove rows` names the reason
             self.unbuildable += 1
             return
+        rows = result.rows
         self.rows += len(rows)
         self.num_tokens += sum(row.num_tokens for row in rows)
-        self.num_loss_tokens += sum(row.num_loss_tokens for row in rows)
+        self.num_loss_tokens += sum(result.num_loss_tokens(row) for row in rows)
         self.duplicates += sum(row.duplicate_of is not None for row in rows)
 
 

@@ -3,8 +3,13 @@
 For each request the gateway finds who is calling (`attribution`), renders the conversation to
 tokens, samples from the policy (any `PolicyClient`; over HTTP, `HttpPolicyClient` sends the
 token ids to `/v1/completions`), parses the completion back into text and tool calls, appends
-the call to the episode's ledger and waits for it to be durable, and only then answers, in the
-API shape the client asked in.
+the call to the episode's ledger and waits for it to be durable (`episodes`), and only then
+answers, in the API shape the client asked in (`routes`).
+
+Invariant: a call's path ends one of two ways, never both and never neither: recorded (its
+line durable, then it joins its episode, then the client hears the reply) or failed (the
+client hears the error; a `failed` line records it, unless the client's own request was the
+mistake).
 
 Token-exact continuation: every recorded call is indexed by a hash of its conversation
 (messages normalised: cache-control markers dropped, system text joined, reasoning left out)
@@ -20,290 +25,42 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import shutil
 import time
-import warnings
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import msgspec
 import numpy as np
-import orjson
 from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
 
-from callgrove.chat import ChatFormat, Message, ToolCall, tools_message
-from callgrove.episode import TOKEN_DTYPE, Agent, Call, Episode, encode_episode, sampling_record
-from callgrove.episode.record import base_of, concat, segments
-from callgrove.formats import InputError
-from callgrove.gateway.attribution import (
-    UNTAGGED,
-    CodexNames,
-    Identity,
-    Spawn,
-    episode_from_key,
-    identify,
-    is_episode_id,
-    match_spawn,
-    spawned_agents,
-    spawns_in,
-    valid_episode,
+from callgrove.chat import ChatFormat, Message, tools_message
+from callgrove.episode import TOKEN_DTYPE, Agent, Call, sampling_record
+from callgrove.gateway.attribution import Identity
+from callgrove.gateway.episodes import (
+    Episodes,
+    EpisodeState,
+    LedgerWriteError,
+    Recorded,
+    chain_hashes,
+    closed_error,
+    message_key,
 )
-from callgrove.gateway.ledger import (
-    CALLS_SUFFIX,
-    EPISODES_FILE,
-    LOCK_FILE,
-    QUARANTINE,
-    AppendFile,
-    CloseBody,
-    LedgerLock,
-    append_episode,
-    call_from_line,
-    call_line,
-    close_body,
-    close_record,
-    last_line,
-    private_folder,
-    read_ledger,
-    stored_episode_ids,
-)
+from callgrove.gateway.ledger import call_line
+from callgrove.gateway.routes import Routes
 from callgrove.policy import Completion, PolicyClient, SamplingParams
 from callgrove.policy.http import Piece, UpstreamError, sample_from_pieces
 from callgrove.serving.apis import (
     ChatRequest,
     Reply,
     ReplyStream,
-    anthropic_messages,
-    anthropic_request,
     error_events,
-    error_json,
-    openai_chat_request,
     openai_history,
     openai_message,
     openai_tools,
-    reply_events,
-    reply_json,
-    responses_request,
 )
 from callgrove.serving.streaming import PlainText
-from callgrove.serving.web import (
-    DEFAULT_BODY_LIMIT,
-    HttpError,
-    check_token,
-    json_response,
-    read_json,
-    request_key,
-    sse_response,
-)
-
-PARSERS: dict[str, Callable[[dict[str, Any]], ChatRequest]] = {
-    "chat": openai_chat_request,
-    "messages": anthropic_request,
-    "responses": responses_request,
-}
-
-
-def message_key(message: Message) -> bytes:
-    """What must match for two messages to be the same turn of a conversation."""
-    calls = [[c.id, c.name, c.arguments] for c in message.tool_calls]
-    return orjson.dumps(
-        [message.role, message.text.strip(), calls, message.tool_call_id, message.is_error],
-        option=orjson.OPT_SORT_KEYS,
-    )
-
-
-def chain_hashes(messages: list[Message], start: bytes = b"") -> list[bytes]:
-    """The conversation hash after each message."""
-    out = []
-    current = start
-    for message in messages:
-        current = hashlib.blake2b(current + message_key(message), digest_size=16).digest()
-        out.append(current)
-    return out
-
-
-def message_from_dict(data: dict[str, Any]) -> Message:
-    """The inverse of `Message.as_dict` (ledger lines keep messages in that shape)."""
-    calls = tuple(
-        ToolCall(c["id"], c["function"]["name"], c["function"]["arguments"])
-        for c in data.get("tool_calls") or []
-    )
-    return Message(
-        data["role"],
-        data.get("content") or "",
-        data.get("reasoning_content") or "",
-        calls,
-        data.get("tool_call_id"),
-        bool(data.get("is_error")),
-    )
-
-
-@dataclass(eq=False)
-class Recorded:
-    """A recorded call with what continuing from it needs."""
-
-    call: Call
-    response: Message
-    previous: Message | None
-    history: bytes
-    tools: bytes
-    agent: Agent  # the agent that made it (a call holds only its agent's index in an episode)
-
-
-@dataclass(eq=False)
-class EpisodeState:
-    """One episode's ledger file and the calls it holds, as the gateway continues them."""
-
-    id: str
-    file: AppendFile | None  # None: read back only (a closed episode's record rebuilt)
-    seq: int = 0
-    numbered: int = 0  # the number of the newest call id handed out (`c<number>`)
-    agents: dict[str, Agent] = field(default_factory=dict)
-    by_history: dict[bytes, list[Recorded]] = field(default_factory=dict)
-    by_id: dict[str, Recorded] = field(default_factory=dict)
-    prompt_keys: dict[str, str] = field(default_factory=dict)
-    spawns: list[Spawn] = field(default_factory=list)
-    codex_names: CodexNames = field(default_factory=CodexNames)
-    failed: list[dict[str, Any]] = field(default_factory=list)
-    closing: bool = False  # a close waits for the calls in flight: it takes no new ones
-    closed: bool = False
-    closed_with: dict[str, Any] | None = None  # the close's body, from its `closing` line
-    in_flight: int = 0  # calls taken and not yet recorded or failed
-    idle: asyncio.Event | None = None  # set when the last call in flight ends (while closing)
-    syncing: set[asyncio.Future[None]] = field(default_factory=set)  # lines written, not synced
-
-    def enter(self) -> None:
-        self.in_flight += 1
-
-    def leave(self) -> None:
-        self.in_flight -= 1
-        if self.in_flight == 0 and self.idle is not None:
-            self.idle.set()
-
-    def forget(self, call_id: str) -> None:
-        """Drop a replayed call whose line was never made durable (its fsync failed)."""
-        recorded = self.by_id.pop(call_id, None)
-        if recorded is None:
-            return
-        recorded.agent.calls.remove(recorded.call)
-        self.by_history[recorded.history].remove(recorded)
-        self.prompt_keys.pop(call_id, None)
-
-    def full_ids(self, call: Call) -> np.ndarray:
-        """A recorded call's prompt and completion, its prompt reference read through the
-        calls recorded here."""
-        return concat(segments(call, self.find, episode=self.id))
-
-    def find(self, call_id: str) -> Call | None:
-        """A recorded call by id, or None."""
-        recorded = self.by_id.get(call_id)
-        return None if recorded is None else recorded.call
-
-    def next_call_id(self) -> str:
-        self.numbered += 1
-        return f"c{self.numbered}"
-
-    def remember(
-        self,
-        recorded: Recorded,
-        prompt_key: str,
-        new: list[Message],
-        version: str | None = None,
-    ) -> None:
-        """Index a durable call; `new`: the messages its prompt added (tool results among them
-        settle which subagent a spawn started); `version`: its harness CLI's release."""
-        self.by_history.setdefault(recorded.history, []).append(recorded)
-        self.by_id[recorded.call.id] = recorded
-        self.prompt_keys[recorded.call.id] = prompt_key
-        for spawn, agent_id in spawned_agents(self.spawns, new):
-            self._settle(spawn, agent_id)
-        self.spawns.extend(spawns_in(recorded.agent.id, recorded.response, version))
-        for thread, name in self.codex_names.answered(new):
-            agent = self.agents.get(thread)
-            if agent is not None and agent.parent is not None:
-                agent.name = name
-        self.codex_names.relayed(recorded.response)
-
-    def _settle(self, spawn: Spawn, agent_id: str) -> None:
-        """The harness named `agent_id` as `spawn`'s subagent: where a match by prompt gave it
-        another spawn with the same prompt (one in the foreground, one in the background), the
-        two agents trade spawns and so their starts and names."""
-        agent = self.agents.get(agent_id)
-        if spawn.taken_by == agent_id or agent is None or agent.parent != spawn.agent:
-            if spawn.taken_by is None and agent_id not in self.agents:
-                spawn.taken_by = agent_id  # the subagent has not called yet: it is reserved
-            return
-        held = next((s for s in self.spawns if s.taken_by == agent_id), None)
-        other = self.agents.get(spawn.taken_by) if spawn.taken_by else None
-        spawn.taken_by = agent_id
-        _take(agent, spawn)
-        if held is not None:
-            held.taken_by = other.id if other is not None else None
-            if other is not None:
-                _take(other, held)
-
-    def agent_for(self, who: Identity, messages: list[Message]) -> Agent:
-        agent = self.agents.get(who.agent)
-        if agent is not None:
-            return agent
-        parent, start, name = who.parent, who.start, who.name
-        if parent is not None and (parent == who.agent or parent not in self.agents):
-            what = "itself" if parent == who.agent else "no agent that has called"
-            raise HttpError(
-                400,
-                f"episode {self.id!r}: agent {who.agent!r} names parent {parent!r}, {what} in "
-                "this episode (a parent makes a call before its subagents do)",
-            )
-        if start != "root":
-            reserved = [s for s in self.spawns if s.taken_by == who.agent]
-            spawn = reserved[0] if reserved else match_spawn(self.spawns, messages)
-            if spawn is not None:
-                spawn.taken_by = who.agent
-                parent = parent or spawn.agent
-                start = start or spawn.start
-                name = name or spawn.kind
-            parent = parent or who.root
-            if who.harness == "codex":
-                name = self.codex_names.started(who.agent, who.path)
-        start = start or ("root" if parent is None else "fresh")
-        agent = Agent(
-            id=who.agent,
-            name=name or ("leader" if start == "root" else "subagent"),
-            parent=parent,
-            start=start,
-        )
-        self.agents[who.agent] = agent
-        return agent
-
-    def base_for(
-        self,
-        agent: Agent,
-        hashes: list[bytes],
-        messages: list[Message],
-        tools: bytes,
-        compaction: bool,
-    ) -> tuple[Recorded | None, int]:
-        """The recorded call whose conversation this request extends the most, and its length."""
-        for index in range(len(messages) - 1, -1, -1):
-            if messages[index].role != "assistant":
-                continue
-            found = [
-                r for r in self.by_history.get(hashes[index], ()) if compaction or r.tools == tools
-            ]
-            if found:
-                own = [r for r in found if r.agent is agent]
-                return (own or found)[-1], index + 1
-        return None, 0
-
-
-def _take(agent: Agent, spawn: Spawn) -> None:
-    """`agent` is the subagent `spawn` started: its start and name are the spawn's."""
-    agent.start = spawn.start  # type: ignore[assignment]
-    agent.name = spawn.kind
+from callgrove.serving.web import DEFAULT_BODY_LIMIT, HttpError
 
 
 def recorded_sampling(sent: dict | None, request: ChatRequest) -> dict | None:
@@ -370,23 +127,8 @@ def upstream_problem(
     return None
 
 
-class LedgerWriteError(RuntimeError):
-    """A call's line could not be written or made durable: the call is not recorded."""
-
-
-def closed_error(episode_id: str, while_in_flight: bool = False) -> HttpError:
-    """What a call to a closed episode gets: a 400 that the harnesses' clients do not retry
-    (Claude Code retries a 409 for minutes), naming the episode."""
-    why = (
-        "was closed while this call was in flight; the call is not recorded"
-        if while_in_flight
-        else "is closed; it takes no more calls"
-    )
-    return HttpError(400, f"episode {episode_id!r} {why}", no_retry=True)
-
-
 class Gateway:
-    """The gateway's state (episodes, ledger folder) and its HTTP routes."""
+    """One call's path from request to recorded reply, over a ledger folder's `episodes`."""
 
     def __init__(
         self,
@@ -403,8 +145,8 @@ class Gateway:
     ):
         self.policy = policy
         self.chat = chat
-        self.ledger = private_folder(Path(ledger))
-        self._lock = LedgerLock(self.ledger)  # `LedgerInUse` while another gateway holds it
+        # `LedgerInUse` while another gateway holds the folder.
+        self.episodes = Episodes(Path(ledger), close_wait)
         self.tokens = tokens or []
         self.body_limit = body_limit
         self.max_tokens = max_tokens
@@ -413,258 +155,28 @@ class Gateway:
         # A training loop's own sampling (temperature, top-p, seed, stop strings; its
         # max_tokens caps the request's): the calls are sampled as the loop samples its own.
         self.sampling = sampling
-        # How long a close waits for the episode's calls in flight; later ones are refused.
-        self.close_wait = close_wait
-        # Open episodes only: a closed one's file is closed and its calls let go.
         self.vocab_size = chat.vocab_size
-        self.episodes: dict[str, EpisodeState] = {}
-        self.quarantined: dict[str, str] = {}  # damaged ledger files: episode -> why
-        self.strays: list[str] = []  # files in the ledger folder that are no episode's
-        self._in_flight = 0  # calls being handled now
+        self.in_flight = 0  # calls being handled now (`handling`)
 
-    def release(self) -> None:
-        """Close every open episode's file and give up the ledger folder's lock."""
-        for state in self.episodes.values():
-            if state.file is not None:
-                state.file.close()
-                state.file = None
-        self.episodes.clear()
-        self._lock.release()
+    def app(self) -> Starlette:
+        """The HTTP app serving this gateway (`routes`)."""
+        return Routes(self).app()
 
-    # -- episodes ------------------------------------------------------------------------------
-
-    def _path(self, episode_id: str) -> Path:
-        return self.ledger / f"{valid_episode(episode_id)}{CALLS_SUFFIX}"
-
-    def episode(self, episode_id: str) -> EpisodeState:
-        """The open state of an episode, recovered from its ledger file on first use. A closed
-        episode raises the error late calls get; a damaged file is quarantined (and raises)."""
-        state = self.episodes.get(episode_id)
-        if state is not None:
-            return state
-        path = self._path(episode_id)
-        self._refuse_quarantined(episode_id, path)
-        if not path.exists():
-            state = EpisodeState(episode_id, AppendFile(path))
-        else:
-            tail = last_line(path)
-            if tail is not None and "closed" in tail:
-                raise closed_error(episode_id)
-            state = self._read_back(episode_id, path)
-            if state.closed_with is not None:  # a close cut by a crash: finish it
-                self._finish_close(state, close_body(episode_id, state.closed_with))
-                raise closed_error(episode_id)
-            state.file = AppendFile(path)
-        self.episodes[episode_id] = state
-        return state
-
-    def _refuse_quarantined(self, episode_id: str, path: Path) -> None:
-        if episode_id in self.quarantined or (self.ledger / QUARANTINE / path.name).exists():
-            reason = self.quarantined.get(episode_id, "see the quarantine folder")
-            raise HttpError(400, f"episode {episode_id!r} is quarantined: {reason}", no_retry=True)
-
-    def _read_back(self, episode_id: str, path: Path) -> EpisodeState:
-        """An episode's state from its ledger file (no file opened for writing); a damaged file
-        is moved to the quarantine folder and reported, and `HttpError` says so."""
-        state = EpisodeState(episode_id, None)
+    @contextlib.contextmanager
+    def handling(self) -> Iterator[None]:
+        """Count a call as in flight while it is handled (`_alone` reads the count)."""
+        self.in_flight += 1
         try:
-            for line in read_ledger(path):
-                self._replay(state, line)
-        except (ValueError, KeyError, TypeError, AttributeError, msgspec.MsgspecError) as error:
-            self._quarantine(episode_id, path, f"{type(error).__name__}: {error}"[:2000])
-            self._refuse_quarantined(episode_id, path)
-        return state
-
-    def _quarantine(self, episode_id: str, path: Path, reason: str) -> None:
-        folder = private_folder(self.ledger / QUARANTINE)
-        shutil.move(path, folder / path.name)
-        (folder / f"{path.name}.reason").write_text(reason + "\n")
-        self.quarantined[episode_id] = reason
-        warnings.warn(
-            f"{path}: damaged ledger file, episode {episode_id!r} quarantined in "
-            f"{folder / path.name}: {reason}",
-            stacklevel=3,
-        )
-
-    def recover(self) -> int:
-        """Open every open episode that has a ledger file (after a restart), finishing closes
-        a crash cut short; returns how many are open. A damaged file is quarantined and a file
-        that is no episode's is listed in `strays`, both reported: the others still serve."""
-        for path in sorted(self.ledger.iterdir()):
-            name = path.name
-            if name in (EPISODES_FILE, LOCK_FILE, QUARANTINE):
-                continue
-            episode_id = name[: -len(CALLS_SUFFIX)]
-            if not (name.endswith(CALLS_SUFFIX) and path.is_file() and is_episode_id(episode_id)):
-                self.strays.append(name)
-                warnings.warn(f"{path}: not an episode's ledger file; left alone", stacklevel=2)
-                continue
-            with contextlib.suppress(HttpError):  # closed, or quarantined and reported
-                self.episode(episode_id)
-        return len(self.episodes)
-
-    def _replay(self, state: EpisodeState, line: dict[str, Any]) -> None:
-        if "closed" in line:
-            state.closed = True
-            return
-        if "closing" in line:
-            state.closed_with = line["closing"]
-            return
-        if "failed" in line:
-            failure = line["failed"]
-            state.failed.append(failure)
-            if failure.get("call") is not None:
-                state.forget(failure["call"])
-            return
-        info = line["agent"]
-        agent = state.agents.get(info["id"])
-        if agent is None:
-            agent = state.agents[info["id"]] = Agent(
-                id=info["id"], name=info["name"], parent=info["parent"], start=info["start"]
-            )
-            if line.get("harness") == "codex" and agent.parent is not None:
-                agent.name = state.codex_names.started(agent.id, line.get("path"))
-        call = call_from_line(line, state.id)
-        recorded_base = base_of(call, state.find, state.id)  # a call recorded before it, or none
-        agent.add(call)
-        content = call.content or {}
-        new = [message_from_dict(m) for m in content.get("prompt", [])]
-        base = None if recorded_base is None else state.by_id[recorded_base.id]
-        previous = new[-1] if new else (base.response if base else None)
-        recorded = Recorded(
-            call,
-            message_from_dict(content["response"]),
-            previous,
-            bytes.fromhex(line["history"]),
-            bytes.fromhex(line["tools"]),
-            agent,
-        )
-        state.remember(recorded, line["prompt_key"], new, line.get("version"))
-        state.seq = max(state.seq, call.seq)
-        number = call.id[1:]
-        if call.id.startswith("c") and number.isdigit():
-            state.numbered = max(state.numbered, int(number))
-
-    async def close(self, episode_id: str, data: dict[str, Any] | None = None) -> Episode:
-        """Close the episode once its calls in flight have been recorded (waiting at most
-        `close_wait` seconds; those still in flight then are refused, not recorded): its record
-        goes to `episodes.jsonl` and is returned. Closing again with the same body returns the
-        same record and stores nothing."""
-        body = close_body(episode_id, data or {})
-        state = self._closable(episode_id, body)
-        if isinstance(state, Episode):
-            return state
-        state.closing = True
-        try:
-            if state.in_flight:
-                state.idle = asyncio.Event()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(state.idle.wait(), self.close_wait)
-            state.closed = True  # what is still in flight now is refused when it ends
-            if state.syncing:  # lines already written: their calls are in (or out) once synced
-                await asyncio.gather(*state.syncing, return_exceptions=True)
-            return self._finish_close(state, body)
+            yield
         finally:
-            state.closing = False
-
-    def close_episode(self, episode_id: str, data: dict[str, Any] | None = None) -> Episode:
-        """`close` from code without an event loop: calls still in flight are refused."""
-        body = close_body(episode_id, data or {})
-        state = self._closable(episode_id, body)
-        if isinstance(state, Episode):
-            return state
-        state.closed = True
-        return self._finish_close(state, body)
-
-    def _closable(self, episode_id: str, body: CloseBody) -> EpisodeState | Episode:
-        """The open episode to close, or the record of one closed before with this body."""
-        state = self.episodes.get(episode_id)
-        if state is not None:
-            if state.closing or state.closed:
-                raise HttpError(409, f"episode {episode_id!r} is being closed", "conflict")
-            return state
-        path = self._path(episode_id)
-        self._refuse_quarantined(episode_id, path)
-        if not path.exists():
-            raise HttpError(404, f"episode {episode_id!r} has no calls in this ledger", "not_found")
-        tail = last_line(path)
-        if tail is not None and "closed" in tail:
-            return self._stored_close(episode_id, path, body)
-        try:
-            return self.episode(episode_id)
-        except HttpError:
-            if episode_id in self.quarantined:
-                raise
-            return self._stored_close(episode_id, path, body)  # a cut close, just finished
-
-    def _stored_close(self, episode_id: str, path: Path, body: CloseBody) -> Episode:
-        """The record a closed episode was stored with, rebuilt from its ledger, if `body` is
-        the one it was closed with."""
-        state = self._read_back(episode_id, path)
-        if state.closed_with is None or close_body(episode_id, state.closed_with) != body:
-            raise HttpError(
-                409,
-                f"episode {episode_id!r} is already closed"
-                + ("" if state.closed_with is None else " with another body"),
-                "conflict",
-            )
-        return self._record_of(state, body)
-
-    def _record_of(self, state: EpisodeState, body: CloseBody) -> Episode:
-        try:
-            return close_record(
-                state.id, list(state.agents.values()), state.prompt_keys, state.failed, body
-            )
-        except InputError as error:
-            raise HttpError(400, f"the episode cannot close: {error}") from None
-
-    def _finish_close(self, state: EpisodeState, body: CloseBody) -> Episode:
-        """Write the close: the `closing` line (its body), the record, the `closed` line. Once
-        the `closing` line is durable the close holds: a crash after it is finished on restart,
-        storing the record once."""
-        try:
-            episode = self._record_of(state, body)
-            file = state.file or AppendFile(self._path(state.id))
-        except BaseException:
-            state.closed = False
-            raise
-        try:
-            if state.closed_with is None:
-                closing = {"closing": msgspec.to_builtins(body), "time": time.time()}
-                try:
-                    file.append_now(orjson.dumps(closing) + b"\n")
-                except OSError as error:
-                    state.closed = False
-                    raise HttpError(
-                        500, f"the ledger could not record the close: {error}", "server_error"
-                    ) from None
-            state.closed = True
-            self.episodes.pop(state.id, None)  # its calls and file are let go
-            try:
-                if state.closed_with is None or state.id not in stored_episode_ids(self.ledger):
-                    append_episode(self.ledger, episode)
-                file.append_now(orjson.dumps({"closed": time.time()}) + b"\n")
-            except (OSError, InputError) as error:
-                raise HttpError(
-                    500,
-                    f"episode {state.id!r} is closed but its record could not be stored yet "
-                    f"({error}); a restarted gateway stores it",
-                    "server_error",
-                ) from None
-        finally:
-            if state.closed:
-                file.close()
-                state.file = None
-        return episode
-
-    # -- one call ------------------------------------------------------------------------------
+            self.in_flight -= 1
 
     def _turn(self, api: str, chat_request: ChatRequest, episode_id: str, who: Identity) -> Turn:
         """Who calls, which recorded call the request extends, how it is sampled."""
-        state = self.episode(episode_id)
+        state = self.episodes.episode(episode_id)
         if state.closing or state.closed:
             raise closed_error(episode_id)
-        agent = state.agent_for(who, chat_request.messages)
+        agent = state.roster.agent_for(who, chat_request.messages)
         messages = chat_request.messages
         tools = tools_message(chat_request.tools)
         tools_hash = hashlib.blake2b(message_key(tools) if tools else b"", digest_size=16).digest()
@@ -745,7 +257,7 @@ class Gateway:
         first: Piece,
         pieces: AsyncIterator[Piece],
     ) -> AsyncIterator[bytes]:
-        self._in_flight += 1
+        self.in_flight += 1
         recorded = False
         try:
             version = first.policy_version if first.policy_version is not None else 0
@@ -775,12 +287,12 @@ class Gateway:
                 await asyncio.shield(self._client_left(turn, pieces))
             raise
         finally:
-            self._in_flight -= 1
+            self.in_flight -= 1
             turn.state.leave()
 
     async def _client_left(self, turn: Turn, pieces: AsyncIterator[Piece]) -> None:
-        await self._record_failure(
-            turn.state, turn.agent, turn.api, "client disconnected before the reply ended"
+        await turn.state.record_failure(
+            turn.agent, turn.api, "client disconnected before the reply ended"
         )
         closing = getattr(pieces, "aclose", None)
         if closing is not None:
@@ -792,15 +304,13 @@ class Gateway:
         if isinstance(error, HttpError):
             return error
         if isinstance(error, LedgerWriteError):
-            await self._record_failure(turn.state, turn.agent, turn.api, str(error))
+            await turn.state.record_failure(turn.agent, turn.api, str(error))
             return HttpError(500, str(error), "server_error")
         if isinstance(error, UpstreamError):
-            await self._record_failure(turn.state, turn.agent, turn.api, str(error))
+            await turn.state.record_failure(turn.agent, turn.api, str(error))
             return HttpError(error.status, str(error), "upstream_error")
         # the policy failed: the client hears why; the ledger too
-        await self._record_failure(
-            turn.state, turn.agent, turn.api, f"{type(error).__name__}: {error}"
-        )
+        await turn.state.record_failure(turn.agent, turn.api, f"{type(error).__name__}: {error}")
         return HttpError(502, f"policy failed: {error}", "upstream_error")
 
     async def _record(
@@ -855,7 +365,7 @@ class Gateway:
                 "time": time.time(),
             },
         )
-        await self._append_call(state, call, line)
+        await state.append_call(call, line, await self._alone())
         agent.add(call)
         state.remember(
             Recorded(call, response, previous, history, turn.tools_hash, agent),
@@ -882,28 +392,6 @@ class Gateway:
             raise UpstreamError(f"upstream answer refused: {problem}", 502)
         return sample
 
-    async def _append_call(self, state: EpisodeState, call: Call, line: bytes) -> None:
-        """Append a call's line and wait until it is durable; `LedgerWriteError` if it is not
-        (a line left unsynced is revoked by a `failed` line naming the call)."""
-        alone = await self._alone()
-        if state.closed or state.file is None:  # closed while this call waited its turn
-            raise closed_error(state.id, while_in_flight=True)
-        try:
-            state.file.write(line)
-        except OSError as error:
-            raise LedgerWriteError(f"the ledger could not record the call: {error}") from None
-        synced = asyncio.ensure_future(state.file.sync_written(alone))
-        state.syncing.add(synced)
-        try:
-            await asyncio.shield(synced)
-        except OSError as error:
-            revoked = {"agent": None, "call": call.id, "error": f"not made durable: {error}"}
-            with contextlib.suppress(OSError):
-                state.file.append_now(orjson.dumps({"failed": revoked}) + b"\n")
-            raise LedgerWriteError(f"the ledger could not make the call durable: {error}") from None
-        finally:
-            state.syncing.discard(synced)
-
     def _params(self, chat_request: ChatRequest) -> SamplingParams:
         max_tokens = min(chat_request.max_tokens, self.max_tokens)
         if self.sampling is None:
@@ -924,10 +412,10 @@ class Gateway:
     async def _alone(self) -> bool:
         """Whether no other call is in flight. One turn of the event loop first lets requests
         that have just arrived start (and count), so a burst is never taken for one call."""
-        if self._in_flight > 1:
+        if self.in_flight > 1:
             return False
         await asyncio.sleep(0)
-        return self._in_flight <= 1
+        return self.in_flight <= 1
 
     def _render(
         self, messages: list[Message], turn: Turn, base: Recorded | None
@@ -967,131 +455,3 @@ class Gateway:
             ):
                 base = None
         return prompt, sample, response, base
-
-    async def _record_failure(
-        self, state: EpisodeState, agent: Agent, api: str, message: str
-    ) -> None:
-        if state.closed or state.file is None:
-            return  # the episode is closed: nothing goes after its `closed` line
-        failure = {"agent": agent.id, "api": api, "error": message, "time": time.time()}
-        try:
-            await state.file.append(orjson.dumps({"failed": failure}) + b"\n")
-        except OSError as error:
-            warnings.warn(
-                f"{state.file.path}: the failed call could not be recorded ({error}): {message}",
-                stacklevel=2,
-            )
-            return
-        state.failed.append(failure)
-
-    # -- HTTP ----------------------------------------------------------------------------------
-
-    def app(self) -> Starlette:
-        routes = [Route("/health", self.health, methods=["GET"])]
-        for prefix in ("", "/e/{episode}"):
-            routes += [
-                Route(f"{prefix}/v1/chat/completions", self._endpoint("chat"), methods=["POST"]),
-                Route(f"{prefix}/v1/responses", self._endpoint("responses"), methods=["POST"]),
-                Route(f"{prefix}/v1/messages", self._endpoint("messages"), methods=["POST"]),
-                Route(f"{prefix}/v1/messages/count_tokens", self.count_tokens, methods=["POST"]),
-                Route(f"{prefix}/v1/models", self.models, methods=["GET"]),
-            ]
-        routes.append(Route("/e/{episode}/close", self.close_route, methods=["POST"]))
-        return Starlette(routes=routes)
-
-    def _attribute(self, request: Request) -> str:
-        """The request's episode, after checking its key."""
-        path_episode = request.path_params.get("episode")
-        key_episode, token = episode_from_key(request_key(request))
-        check_token(token, self.tokens)
-        episode = path_episode or key_episode or UNTAGGED
-        return valid_episode(episode)
-
-    def _endpoint(self, api: str) -> Callable[[Request], Any]:
-        async def endpoint(request: Request) -> Response:
-            self._in_flight += 1
-            try:
-                return await answer(request)
-            finally:
-                self._in_flight -= 1
-
-        async def answer(request: Request) -> Response:
-            stream = False
-            try:
-                episode = self._attribute(request)
-                data = await read_json(request, self.body_limit)
-                stream = bool(data.get("stream"))
-                chat_request = PARSERS[api](data)
-                who = identify(request.headers, chat_request.messages)
-                if self.streams(chat_request):
-                    call_id, events = await self.stream_call(api, chat_request, episode, who)
-                    streamed = sse_response(events)
-                    streamed.headers.update(
-                        {"x-callgrove-episode": episode, "x-callgrove-call": call_id}
-                    )
-                    return streamed
-                reply = await self.call(api, chat_request, episode, who)
-            except HttpError as error:
-                return error.response(error_json(api, error.status, error.message, error.kind))
-            headers = {
-                "x-callgrove-policy-version": str(reply.policy_version),
-                "x-callgrove-episode": episode,
-                "x-callgrove-call": str(reply.call_id),
-            }
-            if stream:
-                response = sse_response(reply_events(chat_request, reply))
-                response.headers.update(headers)
-                return response
-            return json_response(reply_json(chat_request, reply), headers=headers)
-
-        return endpoint
-
-    async def count_tokens(self, request: Request) -> Response:
-        try:
-            self._attribute(request)
-            data = await read_json(request, self.body_limit)
-            messages = anthropic_messages(data)
-            tools = tools_message([t for t in data.get("tools") or [] if isinstance(t, dict)])
-            count = len(self.chat.render(([tools] if tools else []) + messages))
-        except HttpError as error:
-            return json_response(
-                error_json("messages", error.status, error.message, error.kind), error.status
-            )
-        return json_response({"input_tokens": count})
-
-    async def models(self, request: Request) -> Response:
-        try:
-            self._attribute(request)
-        except HttpError as error:
-            return json_response(
-                error_json("chat", error.status, error.message, error.kind), error.status
-            )
-        return json_response(
-            {
-                "object": "list",
-                "data": [{"id": "policy", "object": "model", "owned_by": "callgrove"}],
-            }
-        )
-
-    async def close_route(self, request: Request) -> Response:
-        try:
-            episode = valid_episode(request.path_params["episode"])
-            key_episode, token = episode_from_key(request_key(request))
-            check_token(token, self.tokens)
-            if key_episode not in (None, episode):
-                raise HttpError(403, f"the key names episode {key_episode!r}, not {episode!r}")
-            body = await read_json(request, self.body_limit, empty_ok=True)
-            record = await self.close(episode, body)
-        except HttpError as error:
-            return error.response(error_json("chat", error.status, error.message, error.kind))
-        return Response(encode_episode(record), media_type="application/json")
-
-    async def health(self, request: Request) -> Response:
-        """Liveness; the counts only to a client with a key (when keys are required)."""
-        try:
-            check_token(episode_from_key(request_key(request))[1], self.tokens)
-        except HttpError:
-            return json_response({"ok": True})
-        return json_response(
-            {"ok": True, "episodes": len(self.episodes), "quarantined": len(self.quarantined)}
-        )

@@ -17,6 +17,12 @@ the episode `untagged`. The agent comes from, in order:
 A subagent whose parent is not named (Claude Code names none for subagents of the main thread)
 is matched to the `Agent` / `Task` tool call, relayed earlier by the gateway, whose prompt its
 first messages carry; that call also tells its start: a `fork`, a `background` run, or `fresh`.
+
+Invariant: every call of an episode is given exactly one agent, made on that agent's first
+call (`Roster.agent_for`) with a parent that has called before it, and the same agent for
+every later call with its id. Only the harness's own word can change an agent once made: a
+tool result naming which subagent a spawn started (`Roster.note_call`) trades the starts and
+names of two subagents that a match by prompt had swapped, and a Codex output names a thread.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import msgspec
 import orjson
 
 from callgrove.chat import Message
-from callgrove.episode import AGENT_STARTS
+from callgrove.episode import AGENT_STARTS, Agent
 from callgrove.serving.web import HttpError
 from callgrove.transcripts.claude_records import SPAWN_TOOLS, SpawnArguments
 from callgrove.transcripts.codex_records import agent_name
@@ -294,3 +300,99 @@ class CodexNames:
         path = self.path_of.get(thread)
         role, nickname = self.learned.get(thread) or self.learned.get(path or "") or (None, None)
         return agent_name(role, nickname, path, subagent=True)
+
+
+@dataclass
+class Roster:
+    """An episode's agents as the gateway has attributed them, with the spawns relayed to them
+    and the Codex names learned: everything that tells which agent the next call is."""
+
+    episode: str
+    agents: dict[str, Agent] = field(default_factory=dict)
+    spawns: list[Spawn] = field(default_factory=list)
+    codex_names: CodexNames = field(default_factory=CodexNames)
+
+    def agent_for(self, who: Identity, messages: list[Message]) -> Agent:
+        """The agent a request speaks for: one that has called, else a new one whose parent,
+        start and name come from the headers, then from the relayed spawn it answers."""
+        agent = self.agents.get(who.agent)
+        if agent is not None:
+            return agent
+        parent, start, name = who.parent, who.start, who.name
+        if parent is not None and (parent == who.agent or parent not in self.agents):
+            what = "itself" if parent == who.agent else "no agent that has called"
+            raise HttpError(
+                400,
+                f"episode {self.episode!r}: agent {who.agent!r} names parent {parent!r}, "
+                f"{what} in this episode (a parent makes a call before its subagents do)",
+            )
+        if start != "root":
+            reserved = [s for s in self.spawns if s.taken_by == who.agent]
+            spawn = reserved[0] if reserved else match_spawn(self.spawns, messages)
+            if spawn is not None:
+                spawn.taken_by = who.agent
+                parent = parent or spawn.agent
+                start = start or spawn.start
+                name = name or spawn.kind
+            parent = parent or who.root
+            if who.harness == "codex":
+                name = self.codex_names.started(who.agent, who.path)
+        start = start or ("root" if parent is None else "fresh")
+        agent = Agent(
+            id=who.agent,
+            name=name or ("leader" if start == "root" else "subagent"),
+            parent=parent,
+            start=start,
+        )
+        self.agents[who.agent] = agent
+        return agent
+
+    def replayed(self, fields: dict[str, Any], harness: str | None, path: str | None) -> Agent:
+        """The agent a ledger line names (`fields`: its `agent` object), made on its first line."""
+        agent = self.agents.get(fields["id"])
+        if agent is None:
+            agent = self.agents[fields["id"]] = Agent(
+                id=fields["id"], name=fields["name"], parent=fields["parent"], start=fields["start"]
+            )
+            if harness == "codex" and agent.parent is not None:
+                agent.name = self.codex_names.started(agent.id, path)
+        return agent
+
+    def note_call(
+        self, agent: Agent, new: list[Message], response: Message, version: str | None
+    ) -> None:
+        """What a durable call tells: `new`, the messages its prompt added (tool results among
+        them settle which subagent a spawn started), and `response`, the spawns it asks for
+        (`version`: its harness CLI's release)."""
+        for spawn, agent_id in spawned_agents(self.spawns, new):
+            self._settle(spawn, agent_id)
+        self.spawns.extend(spawns_in(agent.id, response, version))
+        for thread, name in self.codex_names.answered(new):
+            named = self.agents.get(thread)
+            if named is not None and named.parent is not None:
+                named.name = name
+        self.codex_names.relayed(response)
+
+    def _settle(self, spawn: Spawn, agent_id: str) -> None:
+        """The harness named `agent_id` as `spawn`'s subagent: where a match by prompt gave it
+        another spawn with the same prompt (one in the foreground, one in the background), the
+        two agents trade spawns and so their starts and names."""
+        agent = self.agents.get(agent_id)
+        if spawn.taken_by == agent_id or agent is None or agent.parent != spawn.agent:
+            if spawn.taken_by is None and agent_id not in self.agents:
+                spawn.taken_by = agent_id  # the subagent has not called yet: it is reserved
+            return
+        held = next((s for s in self.spawns if s.taken_by == agent_id), None)
+        other = self.agents.get(spawn.taken_by) if spawn.taken_by else None
+        spawn.taken_by = agent_id
+        _take(agent, spawn)
+        if held is not None:
+            held.taken_by = other.id if other is not None else None
+            if other is not None:
+                _take(other, held)
+
+
+def _take(agent: Agent, spawn: Spawn) -> None:
+    """`agent` is the subagent `spawn` started: its start and name are the spawn's."""
+    agent.start = spawn.start  # type: ignore[assignment]
+    agent.name = spawn.kind

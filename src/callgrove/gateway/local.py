@@ -38,7 +38,7 @@ class LocalGateway:
     ):
         self.policy = policy
         self.gateway = Gateway(LoopPolicy(policy, loop), chat, ledger, sampling=sampling)
-        self.gateway.recover()
+        self.gateway.episodes.recover()
         sock = bind("127.0.0.1", 0)
         self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
         self._server = server(self.gateway.app())
@@ -59,7 +59,7 @@ class LocalGateway:
     def close(self) -> None:
         self._server.should_exit = True
         self._thread.join(30)
-        self.gateway.release()
+        self.gateway.episodes.release()
 
     def __enter__(self) -> LocalGateway:
         return self

@@ -132,7 +132,7 @@ def sample_table(
                     "agent": row.agent.id,
                     "seat": row.agent.name,
                     "branch_idx": row.index,
-                    "text": chat.show(row.token_ids[-48:]),
+                    "text": chat.show(er.token_ids(row)[-48:]),
                     "reward": round(float(row.reward), 4),
                     "advantage": None if advantage is None else round(float(np.mean(advantage)), 4),
                 }

@@ -426,7 +426,7 @@ def _boxes(
 ) -> list[Box]:
     forest = result.forest
     owner = {c.index: row.index for row in result.rows for c in row.trains}
-    lossy = {c.index for row in result.rows for c in row.loss_calls}
+    lossy = {c.index for row in result.rows for c in result.loss_calls(row)}
     marks: dict[int, list[RowMark]] = {}
     for row in result.rows:
         trained = {c.index for c in row.trains}

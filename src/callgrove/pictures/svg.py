@@ -38,6 +38,7 @@ from callgrove.pictures.layout import (
     start_text,
 )
 from callgrove.pictures.text import clip_middle, fit
+from callgrove.rows import EpisodeRows, Row
 
 INK = "#222222"
 MUTED = "#666666"
@@ -456,7 +457,7 @@ def _key(writer: _Writer, picture: Picture) -> None:
             data_row=key.number,
         )
         writer.leaf(
-            "text", text=fit([row_text(key.row)], 11, room), x=MARGIN + 32, y=y + 12,
+            "text", text=fit([row_text(picture.result, key.row)], 11, room), x=MARGIN + 32, y=y + 12,
             fill=INK, font_size=11,
         )  # fmt: skip
         writer.close("g")
@@ -468,14 +469,14 @@ def _key(writer: _Writer, picture: Picture) -> None:
     writer.close("g")
 
 
-def row_text(row) -> str:
+def row_text(result: EpisodeRows, row: Row) -> str:
     trains = _id_list([c.id for c in row.trains])
     context = _id_list([c.id for c in row.context]) or "none"
     reward = f"reward {row.reward:g}" if row.episode.scored else "no reward"
     text = f"row {row.index} · leaf {row.leaf.id} · trains {trains} · context {context} · {reward}"
     if row.duplicate_of is not None:
         text += f" · duplicate of row {row.duplicate_of}, no loss"
-    elif row.num_loss_tokens == 0:
+    elif result.num_loss_tokens(row) == 0:
         text += " · no loss (agent not trainable)"
     return text
 

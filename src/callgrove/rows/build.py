@@ -81,7 +81,10 @@ class CallSpan(NamedTuple):
 
 @dataclass(eq=False)
 class Row:
-    """The walk from a leaf up to its root, shown root first, with what it trains."""
+    """The walk from a leaf up to its root, shown root first, with what it trains.
+
+    A plain value: its tokens, loss mask and logprobs are its episode's columns, read through
+    the `EpisodeRows` that holds it (`EpisodeRows.token_ids(row)` and the like)."""
 
     episode: Episode
     index: int
@@ -92,7 +95,6 @@ class Row:
     duplicate_of: int | None = None
     forest: Forest | None = field(default=None, repr=False)
     path_index: list[int] = field(default_factory=list, repr=False)
-    episode_rows: EpisodeRows | None = field(default=None, repr=False)
 
     @property
     def leaf(self) -> Call:
@@ -113,41 +115,6 @@ class Row:
     @property
     def num_tokens(self) -> int:
         return self.leaf.full_len
-
-    @property
-    def loss_calls(self) -> list[Call]:
-        """The trained calls whose completion tokens carry loss in this row (`RowColumns`)."""
-        return self._columns.loss_calls(self.index)
-
-    @property
-    def num_loss_tokens(self) -> int:
-        return sum(len(c.completion_ids) for c in self.loss_calls)
-
-    @property
-    def token_ids(self) -> np.ndarray:
-        """The leaf's full sequence (int32), a view into the episode's `RowColumns`."""
-        columns = self._columns
-        return columns.token_ids[columns.row(self.index)]
-
-    @property
-    def loss_mask(self) -> np.ndarray:
-        """1 on the completion tokens of the calls with loss here, 0 elsewhere (uint8, a view)."""
-        columns = self._columns
-        return columns.loss_mask[columns.row(self.index)]
-
-    def logprobs(self) -> np.ndarray | None:
-        """Sampling logprobs on the loss tokens, 0.0 elsewhere; None if a trained call has none."""
-        if any(c.logprobs is None for c in self.trains):
-            return None
-        values = np.zeros(self.num_tokens, dtype=np.float64)
-        values[self.loss_mask.view(bool)] = spread_over_completions(self.loss_calls, "logprobs")
-        return values
-
-    @property
-    def _columns(self) -> RowColumns:
-        if self.episode_rows is None:
-            raise ValueError(f"{self!r} was not made by build_rows: it has no token columns")
-        return self.episode_rows.columns
 
     def spans(self) -> list[CallSpan]:
         spans = []
@@ -208,6 +175,47 @@ class EpisodeRows:
     def __repr__(self) -> str:
         return f"EpisodeRows(episode={self.episode.id!r}, rows={len(self.rows)})"
 
+    def index_of(self, row: Row) -> int:
+        """`row`'s place in `rows` (its index); a row held by another `EpisodeRows` (or by
+        none) is refused by name, never read at another row's place."""
+        if not (0 <= row.index < len(self.rows) and self.rows[row.index] is row):
+            raise ValueError(f"{row!r} is not a row of {self!r}")
+        return row.index
+
+    def _columns_of(self, row: Row) -> tuple[RowColumns, int]:
+        return self.columns, self.index_of(row)
+
+    def loss_calls(self, row: Row) -> list[Call]:
+        """The trained calls whose completion tokens carry loss in `row` (`RowColumns`)."""
+        columns, index = self._columns_of(row)
+        return columns.loss_calls(index)
+
+    def num_loss_tokens(self, row: Row) -> int:
+        return sum(len(c.completion_ids) for c in self.loss_calls(row))
+
+    def token_ids(self, row: Row) -> np.ndarray:
+        """The row's leaf's full sequence (int32), a view into the columns."""
+        columns, index = self._columns_of(row)
+        return columns.token_ids[columns.row(index)]
+
+    def loss_mask(self, row: Row) -> np.ndarray:
+        """1 on the completion tokens of the calls with loss in `row`, 0 elsewhere (uint8, a
+        view into the columns)."""
+        columns, index = self._columns_of(row)
+        return columns.loss_mask[columns.row(index)]
+
+    def logprobs(self, row: Row) -> np.ndarray | None:
+        """Sampling logprobs on `row`'s loss tokens, 0.0 elsewhere; None if a call it trains
+        has none."""
+        self.index_of(row)
+        if any(c.logprobs is None for c in row.trains):
+            return None
+        values = np.zeros(row.num_tokens, dtype=np.float64)
+        values[self.loss_mask(row).view(bool)] = spread_over_completions(
+            self.loss_calls(row), "logprobs"
+        )
+        return values
+
     def owner_of(self, call: Call) -> Row:
         """The first row that trains `call`."""
         for row in self.rows:
@@ -267,7 +275,7 @@ def build_rows(
     _mark_duplicates(rows, forest, settings)
     owner = np.full(len(forest.calls), -1, dtype=np.int64)
     owner[trained_calls[::-1]] = trained_in[::-1]  # the last write wins: the first row
-    result = EpisodeRows(
+    return EpisodeRows(
         episode=episode,
         forest=forest,
         rows=rows,
@@ -275,9 +283,6 @@ def build_rows(
         owner=owner,
         trained_again=len(set(trained_calls)) < len(trained_calls),
     )
-    for row in rows:
-        row.episode_rows = result
-    return result
 
 
 def _barred(episode: Episode, forest: Forest, settings: RowSettings) -> set[int]:

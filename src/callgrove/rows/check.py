@@ -124,7 +124,8 @@ def _check_walk(row: Row, result: EpisodeRows, leaves: set[int]) -> list[Violati
 def _check_tokens(row: Row, result: EpisodeRows) -> list[Violation]:
     episode = result.episode.id
     bad = []
-    if not np.array_equal(row.token_ids, result.episode.full_ids(row.leaf)):
+    tokens = result.token_ids(row)
+    if not np.array_equal(tokens, result.episode.full_ids(row.leaf)):
         bad.append(
             Violation(
                 episode, row.index, row.leaf.id, "tokens differ from the leaf's full sequence"
@@ -135,7 +136,8 @@ def _check_tokens(row: Row, result: EpisodeRows) -> list[Violation]:
         for call in row.trains:
             if result.episode.agent_of(call).trainable:
                 expected[call.prompt_len : call.full_len] = 1
-    if row.loss_mask.shape != expected.shape or not np.array_equal(row.loss_mask, expected):
+    mask = result.loss_mask(row)
+    if mask.shape != expected.shape or not np.array_equal(mask, expected):
         bad.append(
             Violation(
                 episode, row.index, None, "loss mask is not 1 exactly on the trained completions"
@@ -144,7 +146,7 @@ def _check_tokens(row: Row, result: EpisodeRows) -> list[Violation]:
     if row.duplicate_of is not None:
         original = result.rows[row.duplicate_of]
         if original.duplicate_of is not None or not np.array_equal(
-            original.token_ids, row.token_ids
+            result.token_ids(original), tokens
         ):
             bad.append(
                 Violation(

@@ -11,8 +11,9 @@ import pyarrow as pa
 from callgrove.rows.build import EpisodeRows, Row
 
 
-def row_record(row: Row, tokens: bool = False) -> dict[str, Any]:
-    """The JSON object for a row (docs/episode-format.md, section 4); with `tokens`, its token ids, loss mask and logprobs."""
+def row_record(result: EpisodeRows, row: Row, tokens: bool = False) -> dict[str, Any]:
+    """The JSON object for one of `result`'s rows (docs/episode-format.md, section 4); with
+    `tokens`, its token ids, loss mask and logprobs."""
     record: dict[str, Any] = {
         "episode": row.episode.id,
         "group": row.episode.group,
@@ -23,26 +24,29 @@ def row_record(row: Row, tokens: bool = False) -> dict[str, Any]:
         "trains": [c.id for c in row.trains],
         "context": [c.id for c in row.context],
         "num_tokens": row.num_tokens,
-        "num_loss_tokens": row.num_loss_tokens,
+        "num_loss_tokens": result.num_loss_tokens(row),
         "reward": row.reward,
         "duplicate_of": row.duplicate_of,
         "objective": row.episode.objective,
     }
     if tokens:
-        record["token_ids"] = row.token_ids
-        record["loss_mask"] = row.loss_mask
-        record["logprobs"] = row.logprobs()
+        record["token_ids"] = result.token_ids(row)
+        record["loss_mask"] = result.loss_mask(row)
+        record["logprobs"] = result.logprobs(row)
     return record
 
 
-def rows_table(rows: Iterable[Row]) -> pa.Table:
+def rows_table(parts: Iterable[EpisodeRows], rows: Iterable[Row] | None = None) -> pa.Table:
     """One table row per training row: metadata columns plus token, mask and logprob lists.
+    `rows`: some of the parts' rows, in any order (by default all of them, part after part).
 
     The lists come from each episode's `RowColumns` (one chunk per run of rows of an episode),
     sharing its memory where the run is all of the episode's rows: a table costs little more
     than the rows' tokens, never a copy of every row."""
-    rows = list(rows)
-    chunks = [_list_chunks(part, indices) for part, indices in _runs(rows)]
+    parts = list(parts)
+    held = _held_by(parts, rows)
+    rows = [row for _, row in held]
+    chunks = [_list_chunks(part, indices) for part, indices in _runs(held)]
     columns = {
         "episode": pa.array([r.episode.id for r in rows], pa.string()),
         "group": pa.array([r.episode.group for r in rows], pa.string()),
@@ -54,7 +58,7 @@ def rows_table(rows: Iterable[Row]) -> pa.Table:
         "trains": pa.array([[c.id for c in r.trains] for r in rows], pa.list_(pa.string())),
         "context": pa.array([[c.id for c in r.context] for r in rows], pa.list_(pa.string())),
         "num_tokens": pa.array([r.num_tokens for r in rows], pa.int64()),
-        "num_loss_tokens": pa.array([r.num_loss_tokens for r in rows], pa.int64()),
+        "num_loss_tokens": pa.array([p.num_loss_tokens(r) for p, r in held], pa.int64()),
         "reward": pa.array([r.reward for r in rows], pa.float64()),
         "duplicate_of": pa.array([r.duplicate_of for r in rows], pa.int32()),
         "objective": pa.array([r.episode.objective for r in rows], pa.string()),
@@ -67,13 +71,25 @@ def rows_table(rows: Iterable[Row]) -> pa.Table:
 _LISTS = (("token_ids", pa.int32()), ("loss_mask", pa.uint8()), ("logprobs", pa.float32()))
 
 
-def _runs(rows: list[Row]) -> list[tuple[EpisodeRows, list[int]]]:
+def _held_by(parts: list[EpisodeRows], rows: Iterable[Row] | None) -> list[tuple[EpisodeRows, Row]]:
+    """(the part holding it, the row) for each row, in the given order (by default every row
+    of every part); a row that none of the parts holds is refused by name."""
+    if rows is None:
+        return [(part, row) for part in parts for row in part.rows]
+    holder = {id(row): part for part in parts for row in part.rows}
+    held = []
+    for row in rows:
+        part = holder.get(id(row))
+        if part is None:
+            raise ValueError(f"{row!r} is not a row of the episode rows given")
+        held.append((part, row))
+    return held
+
+
+def _runs(held: list[tuple[EpisodeRows, Row]]) -> list[tuple[EpisodeRows, list[int]]]:
     """The rows as runs of one episode's rows: (its rows, their indices), in the given order."""
     runs: list[tuple[EpisodeRows, list[int]]] = []
-    for row in rows:
-        part = row.episode_rows
-        if part is None:
-            raise ValueError(f"{row!r} was not made by build_rows: it has no token columns")
+    for part, row in held:
         if runs and runs[-1][0] is part:
             runs[-1][1].append(row.index)
         else:

@@ -1,0 +1,169 @@
+"""The gateway's HTTP routes: the chat APIs, token counting, models, health and close.
+
+Invariant: a route only translates. It checks the key (and, through `attribution`, the
+episode), parses the body in its API's shape, hands the call or the close to the `Gateway`,
+and answers in the shape the client asked in: every error, whatever raised it, reaches the
+client as its API's error object, and nothing here changes an episode but through the
+`Gateway` and its `Episodes`.
+
+Every chat route is served at the root (the episode from the key, else `untagged`) and under
+`/e/EPISODE/`; the close only under its episode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from callgrove.chat import tools_message
+from callgrove.episode import encode_episode
+from callgrove.gateway.attribution import UNTAGGED, episode_from_key, identify, valid_episode
+from callgrove.serving.apis import (
+    ChatRequest,
+    anthropic_messages,
+    anthropic_request,
+    error_json,
+    openai_chat_request,
+    reply_events,
+    reply_json,
+    responses_request,
+)
+from callgrove.serving.web import (
+    HttpError,
+    check_token,
+    json_response,
+    read_json,
+    request_key,
+    sse_response,
+)
+
+if TYPE_CHECKING:
+    from callgrove.gateway.app import Gateway
+
+PARSERS: dict[str, Callable[[dict[str, Any]], ChatRequest]] = {
+    "chat": openai_chat_request,
+    "messages": anthropic_request,
+    "responses": responses_request,
+}
+
+
+class Routes:
+    """The routes of one `Gateway`."""
+
+    def __init__(self, gateway: Gateway):
+        self.gateway = gateway
+
+    def app(self) -> Starlette:
+        routes = [Route("/health", self.health, methods=["GET"])]
+        for prefix in ("", "/e/{episode}"):
+            routes += [
+                Route(f"{prefix}/v1/chat/completions", self._endpoint("chat"), methods=["POST"]),
+                Route(f"{prefix}/v1/responses", self._endpoint("responses"), methods=["POST"]),
+                Route(f"{prefix}/v1/messages", self._endpoint("messages"), methods=["POST"]),
+                Route(f"{prefix}/v1/messages/count_tokens", self.count_tokens, methods=["POST"]),
+                Route(f"{prefix}/v1/models", self.models, methods=["GET"]),
+            ]
+        routes.append(Route("/e/{episode}/close", self.close, methods=["POST"]))
+        return Starlette(routes=routes)
+
+    def _attribute(self, request: Request) -> str:
+        """The request's episode, after checking its key."""
+        path_episode = request.path_params.get("episode")
+        key_episode, token = episode_from_key(request_key(request))
+        check_token(token, self.gateway.tokens)
+        episode = path_episode or key_episode or UNTAGGED
+        return valid_episode(episode)
+
+    def _endpoint(self, api: str) -> Callable[[Request], Any]:
+        gateway = self.gateway
+
+        async def endpoint(request: Request) -> Response:
+            with gateway.handling():
+                return await answer(request)
+
+        async def answer(request: Request) -> Response:
+            stream = False
+            try:
+                episode = self._attribute(request)
+                data = await read_json(request, gateway.body_limit)
+                stream = bool(data.get("stream"))
+                chat_request = PARSERS[api](data)
+                who = identify(request.headers, chat_request.messages)
+                if gateway.streams(chat_request):
+                    call_id, events = await gateway.stream_call(api, chat_request, episode, who)
+                    streamed = sse_response(events)
+                    streamed.headers.update(
+                        {"x-callgrove-episode": episode, "x-callgrove-call": call_id}
+                    )
+                    return streamed
+                reply = await gateway.call(api, chat_request, episode, who)
+            except HttpError as error:
+                return error.response(error_json(api, error.status, error.message, error.kind))
+            headers = {
+                "x-callgrove-policy-version": str(reply.policy_version),
+                "x-callgrove-episode": episode,
+                "x-callgrove-call": str(reply.call_id),
+            }
+            if stream:
+                response = sse_response(reply_events(chat_request, reply))
+                response.headers.update(headers)
+                return response
+            return json_response(reply_json(chat_request, reply), headers=headers)
+
+        return endpoint
+
+    async def count_tokens(self, request: Request) -> Response:
+        try:
+            self._attribute(request)
+            data = await read_json(request, self.gateway.body_limit)
+            messages = anthropic_messages(data)
+            tools = tools_message([t for t in data.get("tools") or [] if isinstance(t, dict)])
+            count = len(self.gateway.chat.render(([tools] if tools else []) + messages))
+        except HttpError as error:
+            return json_response(
+                error_json("messages", error.status, error.message, error.kind), error.status
+            )
+        return json_response({"input_tokens": count})
+
+    async def models(self, request: Request) -> Response:
+        try:
+            self._attribute(request)
+        except HttpError as error:
+            return json_response(
+                error_json("chat", error.status, error.message, error.kind), error.status
+            )
+        return json_response(
+            {
+                "object": "list",
+                "data": [{"id": "policy", "object": "model", "owned_by": "callgrove"}],
+            }
+        )
+
+    async def close(self, request: Request) -> Response:
+        try:
+            episode = valid_episode(request.path_params["episode"])
+            key_episode, token = episode_from_key(request_key(request))
+            check_token(token, self.gateway.tokens)
+            if key_episode not in (None, episode):
+                raise HttpError(403, f"the key names episode {key_episode!r}, not {episode!r}")
+            body = await read_json(request, self.gateway.body_limit, empty_ok=True)
+            record = await self.gateway.episodes.close(episode, body)
+        except HttpError as error:
+            return error.response(error_json("chat", error.status, error.message, error.kind))
+        return Response(encode_episode(record), media_type="application/json")
+
+    async def health(self, request: Request) -> Response:
+        """Liveness; the counts only to a client with a key (when keys are required)."""
+        try:
+            check_token(episode_from_key(request_key(request))[1], self.gateway.tokens)
+        except HttpError:
+            return json_response({"ok": True})
+        episodes = self.gateway.episodes
+        return json_response(
+            {"ok": True, "episodes": len(episodes.open), "quarantined": len(episodes.quarantined)}
+        )
