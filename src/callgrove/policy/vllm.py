@@ -43,10 +43,10 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 import numpy as np
@@ -305,14 +305,39 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
+class StartedServer(Protocol):
+    """A server the sampler started and may restart: `VllmServer`, or one in a Ray actor
+    (`callgrove.orchestrator.ray_executor.RayVllmServer`)."""
+
+    url: str
+
+    @property
+    def exit_code(self) -> int | None: ...
+
+    @property
+    def startup_timeout(self) -> float: ...
+
+    def wait_ready(self, timeout: float) -> None: ...
+
+    def relaunch(self) -> StartedServer: ...
+
+    def stop(self) -> None: ...
+
+
+Launcher = Callable[[Path, VllmSettings, int], StartedServer]
+"""Starts one server of (model folder, settings, LoRA rank) without waiting for it."""
+
+
 def start_servers(
-    model_folder: Path, settings: VllmSettings, lora_rank: int = 0
-) -> list[VllmServer]:
-    """`settings.servers` servers, started together and waited for; all stopped if one fails."""
-    servers: list[VllmServer] = []
+    model_folder: Path, settings: VllmSettings, lora_rank: int = 0, launch: Launcher | None = None
+) -> list[StartedServer]:
+    """`settings.servers` servers (`launch`: how each starts; a `VllmServer` here by default),
+    started together and waited for; all stopped if one fails."""
+    launch = launch or VllmServer.start
+    servers: list[StartedServer] = []
     try:
         for _ in range(settings.servers):
-            servers.append(VllmServer.start(model_folder, settings, lora_rank))
+            servers.append(launch(model_folder, settings, lora_rank))
         for server in servers:
             server.wait_ready(settings.startup_timeout)
     except BaseException:
@@ -327,7 +352,7 @@ class _Upstream:
     """One server as the sampler sees it."""
 
     client: HttpPolicyClient
-    process: VllmServer | None
+    process: StartedServer | None
     in_flight: int = 0
     gone: str | None = None
     """Why it was dropped (None: in use)."""
@@ -347,7 +372,7 @@ class VllmSampler:
         base_folder: Path | None = None,
         lora: LoraSettings | None = None,
         weights_dir: str | Path = "",
-        processes: Sequence[VllmServer] = (),
+        processes: Sequence[StartedServer] = (),
         seed: int = 0,
         timeout: float = 600.0,
         restarts: int = RESTARTS,
@@ -443,7 +468,7 @@ class VllmSampler:
             await self._notify()
         return replace(sample, policy_version=version)
 
-    def _lost(self, upstream: _Upstream, process: VllmServer | None, why: str) -> str:
+    def _lost(self, upstream: _Upstream, process: StartedServer | None, why: str) -> str:
         """A call's server stopped answering: restart or drop it (once, whichever of its calls
         fails first) and say so; the failed call's message."""
         url = upstream.client.base_url
@@ -660,7 +685,7 @@ class VllmSampler:
             shutil.rmtree(self.weights_dir, ignore_errors=True)
 
 
-async def _answers(client: HttpPolicyClient, process: VllmServer | None) -> bool:
+async def _answers(client: HttpPolicyClient, process: StartedServer | None) -> bool:
     """Whether a server is still there (its process runs and `/health` answers)."""
     import httpx
 
@@ -679,12 +704,14 @@ def vllm_sampler(
     model_folder: Path,
     lora: LoraSettings | None,
     seed: int,
+    launch: Launcher | None = None,
 ) -> VllmSampler:
-    """The sampler `[model.vllm]` describes: over `urls`, or over servers started here."""
+    """The sampler `[model.vllm]` describes: over `urls`, or over servers started here (by
+    `launch`, as in `start_servers`)."""
     processes = (
         []
         if settings.urls
-        else start_servers(model_folder, settings, lora.rank if lora is not None else 0)
+        else start_servers(model_folder, settings, lora.rank if lora is not None else 0, launch)
     )
     return VllmSampler(
         settings.urls or [p.url for p in processes],
