@@ -4,7 +4,8 @@ weights pushed into the servers after every optimizer step.
 `[model.vllm]` in a training config turns it on for a Hugging Face model (`hf:PATH`,
 `smollm2-135m`); the learner stays in this process. The sampler either starts `servers` vLLM
 servers itself (`VllmServer`: the interpreter `python` names, loopback, a free port, a bounded
-wait for `/health`, stopped on close) or uses running ones (`urls`).
+wait for `/health`, stopped on close; on Ray, each inside an actor, `RayVllmServer`) or uses
+running ones (`urls`).
 
 Calls go to `/v1/completions` with the prompt as token ids and `return_token_ids`
 (`callgrove.policy.http`). A started server reports the logprobs of the distribution it sampled
