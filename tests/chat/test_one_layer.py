@@ -170,3 +170,14 @@ def test_a_tokenizer_in_memory_renders_as_its_files_do(tmp_path):
     assert in_memory.render(messages).tolist() == from_files.render(messages).tolist()
     assert in_memory.stop_token_ids == from_files.stop_token_ids
     assert in_memory.vocab_size == from_files.vocab_size == len(tokenizer)
+
+
+def test_a_chat_format_pickled_renders_and_stops_alike(chat):
+    """What a Ray actor gets (`callgrove train --executor ray` sends the format to its workers):
+    a compiled Jinja template does not pickle, so a template format is rebuilt from its source."""
+    import pickle
+
+    again = pickle.loads(pickle.dumps(chat))
+    messages = [Message("system", SYSTEM), Message("user", FIRST)]
+    assert np.array_equal(again.render(messages), chat.render(messages))
+    assert again.stop_token_ids == chat.stop_token_ids

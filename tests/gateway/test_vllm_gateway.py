@@ -110,3 +110,58 @@ def test_the_gateway_asks_for_the_upstream_model_it_is_told(tmp_path, vllm_url, 
         turn = [{"role": "user", "content": QUESTION}]
         refused = client.post("/e/x/v1/chat/completions", json={**request, "messages": turn})
     assert refused.status_code == 404 and "nope" in refused.text
+
+
+def test_the_gateway_records_the_version_the_server_holds(tmp_path, vllm_url, smollm2_folder):
+    """A LoRA adapter callgrove's sampler pushed is version N by its name (`latest` asks for
+    it); once none is loaded, `latest` is the base model, whose full weights the sampler
+    pushed with their version set on the server."""
+    import asyncio
+    import copy
+
+    from callgrove.policy.vllm import VllmSampler
+    from callgrove.train.hf_model import load_model
+    from callgrove.train.hf_trainer import HFLearner, HFOptions, LoraSettings
+
+    model, _ = load_model(f"hf:{smollm2_folder}")
+    lora = LoraSettings(rank=8)
+    adapters = HFLearner(copy.deepcopy(model), options=HFOptions(lora=lora)).weights()
+    original = {name: p.detach().clone() for name, p in model.named_parameters()}
+    request = {**REQUEST, "temperature": 1.0, "top_p": 1.0}
+    turn = [{"role": "user", "content": QUESTION}]
+    ledger = tmp_path / "ledger"
+    args = gateway_args(vllm_url, ledger, smollm2_folder, "--upstream-model", "latest")
+
+    async def push(sampler, weights, version):
+        try:
+            await sampler.load_weights(weights, version)
+        finally:
+            await sampler.aclose()
+
+    with (
+        server_process(*args, timeout=300) as (_, gateway),
+        httpx.Client(base_url=gateway, timeout=300) as client,
+    ):
+        try:
+            asyncio.run(push(VllmSampler([vllm_url], lora=lora), adapters, 4))
+            on_adapter = client.post("/e/a/v1/chat/completions", json={**request, "messages": turn})
+            assert on_adapter.status_code == 200, on_adapter.text
+            unloaded = client.post(
+                vllm_url + "/v1/unload_lora_adapter", json={"lora_name": "policy-v4"}
+            )
+            assert unloaded.status_code == 200, unloaded.text
+            asyncio.run(push(VllmSampler([vllm_url]), original, 6))
+            on_base = client.post("/e/b/v1/chat/completions", json={**request, "messages": turn})
+            assert on_base.status_code == 200, on_base.text
+        finally:  # later tests find the server's own version again
+            httpx.post(vllm_url + "/update_weight_version", json={"new_version": "default"})
+            httpx.post(vllm_url + "/v1/unload_lora_adapter", json={"lora_name": "policy-v4"})
+        for episode in ("a", "b"):
+            assert client.post(f"/e/{episode}/close", json={}).status_code == 200
+
+    recorded = {
+        e.id: [c.policy_version for c in e.calls()] for e in load(ledger / "episodes.jsonl")
+    }
+    assert recorded == {"a": [4], "b": [6]}
+    assert on_adapter.headers["x-callgrove-policy-version"] == "4"
+    assert on_base.headers["x-callgrove-policy-version"] == "6"

@@ -18,7 +18,13 @@ import torch
 from callgrove.episode import sampling_record
 from callgrove.policy import SamplingParams
 from callgrove.policy.http import UpstreamError
-from callgrove.policy.vllm import VllmError, VllmSampler, free_port, start_servers
+from callgrove.policy.vllm import (
+    VllmError,
+    VllmSampler,
+    free_port,
+    start_servers,
+    vllm_sampler,
+)
 from callgrove.train.distribution import sampling_distribution
 
 # One worker runs every vLLM test, so `pytest -n 2` starts one session server, not two.
@@ -226,7 +232,7 @@ def test_a_lora_adapter_loads_under_a_new_name_and_the_old_one_goes(
     np.testing.assert_allclose(drawn.logprobs, want, rtol=0, atol=1e-4)
 
 
-def test_a_server_that_dies_fails_its_calls_and_is_dropped(
+def test_a_server_that_dies_with_no_restart_left_fails_its_calls_and_is_dropped(
     vllm_url, smollm2, smollm2_folder, vllm_settings
 ):
     _, tokenizer = smollm2
@@ -236,7 +242,7 @@ def test_a_server_that_dies_fails_its_calls_and_is_dropped(
     short = SamplingParams(max_tokens=8, temperature=0)
 
     async def scenario():
-        sampler = VllmSampler([vllm_url, second.url], processes=[second])
+        sampler = VllmSampler([vllm_url, second.url], processes=[second], restarts=0)
         try:
             calls = [asyncio.create_task(sampler.sample(prompt, long)) for _ in range(2)]
             while sum(u.in_flight for u in sampler.upstreams) < 2:
@@ -258,7 +264,8 @@ def test_a_server_that_dies_fails_its_calls_and_is_dropped(
     message = str(failed[0])
     assert second.url in message and "dropped" in message and "1 of 2 left" in message
     assert [u.gone is None for u in sampler.upstreams] == [True, False]
-    assert "exited with code" in sampler.upstreams[1].gone
+    assert "exited with code -9" in sampler.upstreams[1].gone
+    assert "no restart left (0 of 0 used)" in sampler.upstreams[1].gone
     assert all(s.policy_version == 0 and len(s.completion_ids) for s in afterwards)
     assert second.exit_code is not None
 
@@ -287,6 +294,77 @@ def test_with_no_server_left_every_call_and_push_fails_saying_why():
         sampler, errors = asyncio.run(scenario())
     first, second, push = errors
     assert isinstance(first, UpstreamError) and dead in str(first) and "0 of 1 left" in str(first)
+    assert "a server given by URL is not restarted" in str(first)
     assert isinstance(second, VllmError) and "no vLLM server left" in str(second)
     assert isinstance(push, VllmError) and "no vLLM server left" in str(push)
     assert sampler.version == 0
+
+
+def test_a_started_server_that_dies_is_restarted_on_the_current_weights(
+    smollm2, smollm2_folder, vllm_settings
+):
+    """Its calls in flight fail (never sent again), calls made meanwhile wait for the restart,
+    the restarted server answers as the weights last pushed, and once its restarts are used up
+    it is dropped."""
+    model, tokenizer = smollm2
+    prompt = prompt_ids(tokenizer, QUESTIONS[0])
+    greedy = SamplingParams(max_tokens=12, temperature=0)
+    long = SamplingParams(max_tokens=400, temperature=1.0)
+    changed = perturbed(model, 0.3, seed=2)
+
+    async def kill_under_calls(sampler, calls: int):
+        (upstream,) = sampler.upstreams
+        running = [asyncio.create_task(sampler.sample(prompt, long)) for _ in range(calls)]
+        while upstream.in_flight < calls:
+            await asyncio.sleep(0.01)
+        os.killpg(upstream.process.process.pid, signal.SIGKILL)
+        return await asyncio.gather(*running, return_exceptions=True)
+
+    async def scenario():
+        sampler = vllm_sampler(vllm_settings(restarts=1), smollm2_folder, None, seed=0)
+        try:
+            (upstream,) = sampler.upstreams
+            base = await sampler.sample(prompt, greedy)
+            await sampler.load_weights(changed, 1)
+            pushed = await sampler.sample(prompt, greedy)
+            first_url = upstream.client.base_url
+            with pytest.warns(UserWarning) as said:
+                killed = await kill_under_calls(sampler, 2)
+                # Made while the server restarts: it waits, and is sampled by the restarted one.
+                after = await sampler.sample(prompt, greedy)
+            second_url = upstream.client.base_url
+            with pytest.warns(UserWarning, match="dropped") as dropped:
+                killed_again = await kill_under_calls(sampler, 1)
+            try:
+                await sampler.sample(prompt, greedy)
+            except VllmError as error:
+                last = error
+            return locals()
+        finally:
+            await sampler.aclose()
+
+    run = asyncio.run(scenario())
+    assert not np.array_equal(run["pushed"].completion_ids, run["base"].completion_ids)
+    # Both calls in flight failed with an error naming the server and the restart.
+    for outcome in run["killed"]:
+        assert isinstance(outcome, UpstreamError)
+        assert run["first_url"] in str(outcome) and "exited with code -9" in str(outcome)
+    assert any("restart 1 of 1" in str(o) for o in run["killed"])
+    messages = [str(w.message) for w in run["said"]]
+    assert any(
+        run["first_url"] in m
+        and "exited with code -9" in m
+        and "restarting it (restart 1 of 1)" in m
+        for m in messages
+    ), messages
+    assert any(f"restarted as {run['second_url']}" in m and "on version 1" in m for m in messages)
+    assert run["second_url"] != run["first_url"]
+    # The restarted server holds the weights of version 1, not the checkpoint it started from.
+    assert run["after"].policy_version == 1
+    assert np.array_equal(run["after"].completion_ids, run["pushed"].completion_ids)
+    # Its one restart used, the second death drops it and no server is left.
+    (failed,) = run["killed_again"]
+    assert isinstance(failed, UpstreamError) and "dropped" in str(failed)
+    assert any("no restart left (1 of 1 used)" in str(w.message) for w in run["dropped"])
+    assert "no vLLM server left" in str(run["last"])
+    assert run["upstream"].process.exit_code is not None

@@ -38,16 +38,26 @@ def test_settings_that_cannot_apply_are_config_errors(raw, message):
         config(raw)
 
 
-@pytest.mark.parametrize(
-    ("sections", "message"),
-    [
-        ({"run": {"executor": "ray"}}, "run.executor = 'local'"),
-        ({"train": {"objective": "sft"}}, "sft run samples nothing"),
-    ],
-)
-def test_vllm_sampling_with_a_run_it_does_not_fit_is_refused(sections, message):
-    with pytest.raises(ConfigError, match=message):
-        config({"name": "smollm2-135m", "vllm": {}}, **sections)
+def test_vllm_sampling_with_a_run_that_samples_nothing_is_refused():
+    with pytest.raises(ConfigError, match="sft run samples nothing"):
+        config({"name": "smollm2-135m", "vllm": {}}, train={"objective": "sft"})
+
+
+def test_vllm_sampling_runs_on_ray():
+    ray = config({"name": "smollm2-135m", "vllm": {}}, run={"executor": "ray"})
+    assert ray.run.executor == "ray" and ray.model.vllm is not None
+
+
+@pytest.mark.parametrize("restarts", [-1, 11, 2.5])
+def test_restarts_are_bounded(restarts):
+    with pytest.raises(ConfigError, match="restarts"):
+        config({"name": "smollm2-135m", "vllm": {"restarts": restarts}})
+
+
+def test_restarts_apply_to_started_servers_only():
+    with pytest.raises(ConfigError, match="restarts: settings of servers callgrove starts"):
+        config({"name": "smollm2-135m", "vllm": {"urls": ["http://h:1"], "restarts": 0}})
+    assert config({"name": "smollm2-135m", "vllm": {"restarts": 0}}).model.vllm.restarts == 0
 
 
 def test_the_settings_round_trip_through_the_written_config():

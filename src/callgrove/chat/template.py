@@ -93,6 +93,7 @@ class JinjaFormat(ChatFormat):
         environment.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
         source = template if isinstance(template, ChatTemplate) else _template_file(template)
         self.template_path = source.origin
+        self._source = source
         self.template = environment.from_string(source.text)
         self.variables = dict(variables or {})
         self.allow_dropped = allow_dropped
@@ -103,6 +104,21 @@ class JinjaFormat(ChatFormat):
         self._generation_text = self._delta(_CONTEXTS["user"], None, generation=True)
         self._generation = self._encode(self._generation_text)
         self._assistant: dict[tuple[Any, str | None], tuple[np.ndarray, np.ndarray]] = {}
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Rebuilt from what made it (a compiled Jinja template does not pickle), so a format
+        can go to a Ray actor; its counts of dropped content start afresh there."""
+        return (
+            _rebuilt,
+            (
+                self.tokenizer,
+                self._source,
+                self.variables,
+                self.allow_dropped,
+                self.parser,
+                self.stop_token_ids,
+            ),
+        )
 
     @classmethod
     def from_tokenizer(cls, tokenizer: Any, parser: str = "hermes") -> JinjaFormat:
@@ -278,6 +294,17 @@ class JinjaFormat(ChatFormat):
 
     def decode(self, ids: np.ndarray) -> str:
         return self.tokenizer.decode(np.asarray(ids).tolist(), skip_special_tokens=False)
+
+
+def _rebuilt(tokenizer, source, variables, allow_dropped, parser, stops) -> JinjaFormat:
+    return JinjaFormat(
+        tokenizer,
+        source,
+        variables,
+        allow_dropped=allow_dropped,
+        parser=parser,
+        stop_token_ids=stops,
+    )
 
 
 @dataclass(frozen=True, slots=True)

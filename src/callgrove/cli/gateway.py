@@ -162,7 +162,9 @@ def gateway(
         typer.Option(
             "--upstream-model",
             help="The model name sent upstream (what the server serves, such as vLLM's "
-            "--served-model-name).",
+            "--served-model-name); `latest`: the newest LoRA adapter callgrove's sampler pushed "
+            "(NAME-vN on /v1/models), asked for on every call. Each call's policy version is "
+            "read from the server: the adapter's N, or the weight version on /weight_info.",
         ),
     ] = "policy",
     upstream_processed_logprobs: Annotated[
@@ -235,6 +237,7 @@ def gateway(
                 token=upstream_token,
                 timeout=timeout,
                 tempered_logprobs=upstream_processed_logprobs,
+                server_versions=True,
             )
         )
     except (ImportError, OSError, ValueError) as error:

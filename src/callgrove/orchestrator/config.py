@@ -129,12 +129,8 @@ class TrainConfig(_Section):
         if self.sampling.seed is not None:
             # One seed on every call would draw the same completion for every episode of a group.
             raise ValueError("sampling.seed: a run seeds its sampler from run.seed")
-        if self.model.vllm is not None:
-            # Ray's sampler actor builds its own backend; supervised runs sample nothing.
-            if self.run.executor != "local":
-                raise ValueError("model.vllm: vLLM sampling runs with run.executor = 'local'")
-            if self.train.objective != "rl":
-                raise ValueError("model.vllm: an sft run samples nothing (leave [model.vllm] out)")
+        if self.model.vllm is not None and self.train.objective != "rl":
+            raise ValueError("model.vllm: an sft run samples nothing (leave [model.vllm] out)")
 
 
 @dataclass(frozen=True)

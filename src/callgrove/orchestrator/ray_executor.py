@@ -11,13 +11,21 @@ Episodes come back as their `callgrove.episode/1` JSON line (prompts compacted),
 crosses the wire is the record itself. Cancelling an episode in the driver cancels it on its
 worker, which still returns it (with its kept calls and a `Cancelled` error). `ray.address`
 empty starts a local Ray; otherwise it names a cluster (`auto`, `ray://host:10001`).
+
+With `[model.vllm]` the sampler actor's vLLM sampler starts each server inside a
+`VllmServerActor`, which owns the server's process, reports its URL and stops it with itself
+(killed, its server goes too: the kernel ends a server whose parent dies); the sampler then
+talks HTTP to the URLs the actors reported, so servers can sit on any node of a cluster (pushed
+weights are written to `weights_dir`, which those nodes must share). The driver keeps no server.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -32,6 +40,70 @@ from callgrove.orchestrator.envs import make_env
 from callgrove.policy import Completion, SamplingParams
 from callgrove.policy.backends import build_policy
 from callgrove.policy.learner import PolicyBackend
+from callgrove.policy.vllm import VllmServer, VllmSettings
+
+
+@ray.remote(num_cpus=0)
+class VllmServerActor:
+    """One vLLM server process, owned by this actor (`VllmServer`)."""
+
+    def __init__(self, model_folder: str, settings: VllmSettings, lora_rank: int):
+        self.server = VllmServer.start(Path(model_folder), settings, lora_rank)
+
+    def url(self) -> str:
+        return self.server.url
+
+    def wait_ready(self, timeout: float) -> None:
+        self.server.wait_ready(timeout)
+
+    def exit_code(self) -> int | None:
+        return self.server.exit_code
+
+    def pid(self) -> int:
+        return self.server.process.pid
+
+    def stop(self) -> None:
+        self.server.stop()
+
+
+class RayVllmServer:
+    """The sampler's handle on a server in a `VllmServerActor` (a `StartedServer`)."""
+
+    def __init__(self, actor: Any, url: str, started_with: tuple[Path, VllmSettings, int]):
+        self.actor = actor
+        self.url = url
+        self.started_with = started_with
+
+    @classmethod
+    def start(cls, model_folder: Path, settings: VllmSettings, lora_rank: int) -> RayVllmServer:
+        actor = VllmServerActor.remote(str(model_folder), settings, lora_rank)
+        url = ray.get(actor.url.remote())
+        return cls(actor, url, (model_folder, settings, lora_rank))
+
+    @property
+    def startup_timeout(self) -> float:
+        return self.started_with[1].startup_timeout
+
+    @property
+    def exit_code(self) -> int | None:
+        """The server's exit code (None while it runs, or where its actor is gone with it)."""
+        try:
+            return ray.get(self.actor.exit_code.remote(), timeout=30)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            return None
+
+    def wait_ready(self, timeout: float) -> None:
+        ray.get(self.actor.wait_ready.remote(timeout))
+
+    def relaunch(self) -> RayVllmServer:
+        self.stop()
+        return RayVllmServer.start(*self.started_with)
+
+    def stop(self) -> None:
+        # Where its actor is gone, its server went with it.
+        with contextlib.suppress(ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            ray.get(self.actor.stop.remote(), timeout=60)
+        ray.kill(self.actor)
 
 
 @ray.remote
@@ -43,7 +115,9 @@ class SamplerActor:
 
         torch.set_num_threads(1)
         settings = _config(config)
-        self.sampler = build_policy(settings.model, settings.train, settings.run.seed).sampler
+        self.sampler = build_policy(
+            settings.model, settings.train, settings.run.seed, RayVllmServer.start
+        ).sampler
 
     async def sample(self, prompt_ids: Any, params: SamplingParams) -> Completion:
         return await self.sampler.sample(prompt_ids, params)
@@ -54,6 +128,11 @@ class SamplerActor:
 
     def version(self) -> int:
         return self.sampler.version
+
+    async def close(self) -> None:
+        """Stop the servers it started (vLLM's), before the actor goes."""
+        if callable(getattr(self.sampler, "aclose", None)):
+            await self.sampler.aclose()
 
 
 class RemotePolicy:
@@ -169,6 +248,7 @@ class RayExecutor:
         await self.sampler.load_weights.remote(ray.put(weights), version)
 
     def close(self) -> None:
+        ray.get(self.sampler.close.remote())
         for actor in [*self.workers, self.sampler]:
             ray.kill(actor)
         if self._started_ray:

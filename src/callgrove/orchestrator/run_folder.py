@@ -15,6 +15,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from callgrove.batch import Sample
 from callgrove.orchestrator.config import ConfigError, TrainConfig, check_resume
 from callgrove.orchestrator.errors import RunError
@@ -84,7 +86,11 @@ def _locked(out: Path) -> Iterator[None]:
 
 def policy_backend(config: TrainConfig) -> PolicyBackend:
     try:
-        return build_policy(config.model, config.train, config.run.seed)
+        model = config.model
+        if config.run.executor == "ray" and model.vllm is not None:
+            # Ray's sampler actor starts the servers; the driver keeps the learner.
+            model = msgspec.structs.replace(model, vllm=None)
+        return build_policy(model, config.train, config.run.seed)
     except (ValueError, FileNotFoundError) as error:
         raise ConfigError(f"model: {error}") from None
     except VllmError as error:  # a server that did not start: its log's end is in the message

@@ -18,7 +18,7 @@ import msgspec
 from callgrove.chat import CharFormat, ChatFormat
 from callgrove.formats.ranges import check_range
 from callgrove.policy.learner import PolicyBackend, TrainableSampler
-from callgrove.policy.vllm import VllmSettings
+from callgrove.policy.vllm import Launcher, VllmSettings
 from callgrove.train import require_torch
 from callgrove.train.settings import LearnerSettings
 
@@ -81,7 +81,14 @@ def register_backend(
     _BACKENDS[prefix] = Backend(factory, sampler)
 
 
-def build_policy(model: ModelSettings, learner: LearnerSettings, seed: int) -> PolicyBackend:
+def build_policy(
+    model: ModelSettings,
+    learner: LearnerSettings,
+    seed: int,
+    launch_server: Launcher | None = None,
+) -> PolicyBackend:
+    """`launch_server`: how `[model.vllm]` servers start (a process here by default; on Ray,
+    in an actor)."""
     require_torch()  # every learner trains with it
     if model.vllm is not None and not model.vllm.urls:
         from callgrove.policy.vllm import interpreter
@@ -95,7 +102,7 @@ def build_policy(model: ModelSettings, learner: LearnerSettings, seed: int) -> P
         options = getattr(backend.learner, "options", None)  # an HFLearner's LoRA settings
         lora = getattr(options, "lora", None)
         folder = checkpoint_folder(resolve_model(model.name))
-        backend.sampler = vllm_sampler(model.vllm, folder, lora, seed)
+        backend.sampler = vllm_sampler(model.vllm, folder, lora, seed, launch_server)
     return backend
 
 

@@ -14,12 +14,18 @@ processed log-probabilities (`tempered_logprobs`: vLLM started with `--logprobs-
 processed_logprobs`). Otherwise the call fails saying so: vLLM's default logprobs are those of
 the untempered distribution, and recording them as the behaviour policy's would skew every
 importance ratio.
+
+A call's `policy_version` is the one the response names (serve-policy's `policy_version`);
+where it names none, a client made with `server_versions` reads it from the server
+(`ServerVersions`: vLLM reports none in its responses), and otherwise it is the newest version
+the client has been told so far (0 before any).
 """
 
 from __future__ import annotations
 
 import base64
-from collections.abc import AsyncIterator
+import re
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
@@ -235,6 +241,56 @@ def sample_from_chat(payload: dict, fallback_version: int) -> tuple[np.ndarray, 
     return token_ids_of(prompt, "prompt_token_ids"), sample, message
 
 
+def adapter_name(served_model: str, version: int) -> str:
+    """The name callgrove's vLLM sampler loads the LoRA adapter of `version` under."""
+    return f"{served_model}-v{version}"
+
+
+def adapter_version(name: str) -> int | None:
+    """The version an adapter name of `adapter_name`'s form says, else None."""
+    found = _ADAPTER.fullmatch(name)
+    return int(found.group(1)) if found else None
+
+
+_ADAPTER = re.compile(r".+-v(0|[1-9][0-9]{0,17})")
+LATEST = "latest"
+"""The upstream model name that asks for the newest adapter the server lists."""
+
+
+class ServerVersions:
+    """The policy version a vLLM server holds, read around each call.
+
+    - A LoRA adapter that callgrove's sampler pushed is listed on `/v1/models` (with its base
+      model as `parent`) under `adapter_name`'s form, `NAME-vN`: a call to it is version N.
+      The model name `latest` asks for the newest such adapter on every call (the base model
+      where none is listed).
+    - Full weights pushed by callgrove's sampler set the server's weight version
+      (`/update_weight_version`, read back on `/weight_info`; vLLM's dev endpoints). It is read
+      before a call and again once the call's first tokens are back: a server callgrove
+      pushes pauses for the calls it runs to finish (`/pause?mode=wait`), so equal readings
+      are the version that sampled the call. Readings that differ (a push landed while the
+      call waited to start), a version that is not an integer (vLLM's own is "default"), or a
+      server without `/weight_info` leave it unknown: the call then records the newest version
+      the client read or was told before (0 before any).
+    """
+
+    def __init__(self) -> None:
+        self.adapters: dict[str, int | None] = {}
+        """Model names seen, with the version each names (None: not a pushed adapter)."""
+        self.weight_info = True
+        """Whether the server answers `/weight_info` (one 404 says it does not)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Asked:
+    """What one call asks for: the model name, and the version known before it is sent
+    (the adapter's, or the server's weight version read then; None: unknown)."""
+
+    model: str
+    version: int | None
+    from_weights: bool
+
+
 def split_credentials(url: str) -> tuple[str, tuple[str, str] | None]:
     """(the URL without `user:password@`, the (user, password) it carried or None)."""
     parts = urlsplit(url)
@@ -261,10 +317,13 @@ class HttpPolicyClient:
         timeout: float = 600.0,
         max_connections: int = 256,
         tempered_logprobs: bool = False,
+        server_versions: bool = False,
     ):
         """`tempered_logprobs`: the server reports logprobs of the distribution it sampled from
-        at any settings (see the module). Credentials in the URL (`user:password@host`) are
-        sent as basic auth and kept out of the URL, so no error or ledger line can echo them."""
+        at any settings (see the module); `server_versions`: read each call's version from the
+        server (`ServerVersions`) where its response names none. Credentials in the URL
+        (`user:password@host`) are sent as basic auth and kept out of the URL, so no error or
+        ledger line can echo them."""
         self.base_url, credentials = split_credentials(base_url.rstrip("/"))
         if credentials is not None and token:
             raise ValueError("give the upstream credentials in its URL or as a token, not both")
@@ -279,6 +338,7 @@ class HttpPolicyClient:
             pair = base64.b64encode(":".join(credentials).encode()).decode()
             self._headers["authorization"] = f"Basic {pair}"
         self._version = 0
+        self.versions = ServerVersions() if server_versions else None
         self._session: Any = None  # an aiohttp session, made in (and bound to) the running loop
         self._session_loop: Any = None
 
@@ -288,11 +348,121 @@ class HttpPolicyClient:
         return self._version
 
     async def sample(self, prompt_ids: np.ndarray, params: SamplingParams) -> Completion:
-        body = completion_request(prompt_ids, params, self.model)
-        payload = await self._post("/v1/completions", body)
-        sample = sample_from_completion(payload, self._version)
+        asked, payload = await self._post_asked(
+            "/v1/completions", lambda model: completion_request(prompt_ids, params, model)
+        )
+        sample = sample_from_completion(payload, await self._settled(asked))
         self._version = max(self._version, sample.policy_version)
         return replace(sample, sampling=self._distribution(payload, params))
+
+    async def _post_asked(self, path: str, body_for: Callable[[str], dict]) -> tuple[_Asked, dict]:
+        """POST a call for the model `_ask` picks. The newest adapter can be unloaded between
+        asking which it is and the call reaching the server (which then answers 404, having
+        sampled nothing): the call is then asked once more."""
+        for retry in (False, True):
+            asked = await self._ask()
+            try:
+                return asked, await self._post(path, body_for(asked.model))
+            except UpstreamError as error:
+                if retry or error.status != 404 or self.model != LATEST:
+                    raise
+        raise AssertionError("unreachable")
+
+    async def _ask(self) -> _Asked:
+        """The model a call asks for and the version known before it is sent."""
+        if self.versions is None:
+            return _Asked(self.model, None, False)
+        model = await self._latest() if self.model == LATEST else self.model
+        if model not in self.versions.adapters:
+            await self._list_adapters()
+            self.versions.adapters.setdefault(model, None)  # not listed: no adapter of ours
+        named = self.versions.adapters[model]
+        if named is not None:
+            return _Asked(model, named, False)
+        return _Asked(model, await self._weight_version(), True)
+
+    async def _settled(self, asked: _Asked) -> int:
+        """A call's version once its first tokens are back: the one known before it was sent
+        where that still holds, else the client's newest (see `ServerVersions`)."""
+        if asked.version is None:
+            return self._version
+        if asked.from_weights and await self._weight_version() != asked.version:
+            return self._version
+        return asked.version
+
+    async def _models(self) -> list[dict]:
+        """`/v1/models`' entries (none where the server has no such path)."""
+        listing = await self._get("/v1/models")
+        if listing is None:
+            return []
+        data = listing.get("data")
+        if not isinstance(data, list) or not all(isinstance(e, dict) for e in data):
+            raise UpstreamError("upstream /v1/models is not a list of models (data)")
+        return data
+
+    async def _list_adapters(self) -> list[dict]:
+        """`/v1/models`, its entries' versions remembered (`ServerVersions.adapters`)."""
+        assert self.versions is not None
+        data = await self._models()
+        for entry in data:
+            name = entry.get("id")
+            if isinstance(name, str):
+                self.versions.adapters[name] = (
+                    adapter_version(name) if entry.get("parent") else None
+                )
+        return data
+
+    async def _latest(self) -> str:
+        """The newest pushed adapter the server lists, else its base model."""
+        assert self.versions is not None
+        data = await self._list_adapters()
+        listed = [e["id"] for e in data if isinstance(e.get("id"), str)]
+        adapters = [(v, n) for n in listed if (v := self.versions.adapters.get(n)) is not None]
+        if adapters:
+            return max(adapters)[1]
+        bases = [e["id"] for e in data if isinstance(e.get("id"), str) and not e.get("parent")]
+        if not bases:
+            raise UpstreamError("upstream /v1/models lists no model to ask for as 'latest'")
+        return bases[0]
+
+    async def _weight_version(self) -> int | None:
+        """The server's weight version (`/weight_info`) where it is an integer."""
+        assert self.versions is not None
+        if not self.versions.weight_info:
+            return None
+        info = await self._get("/weight_info")
+        if info is None:
+            self.versions.weight_info = False
+            return None
+        value = info.get("weight_version")
+        if not isinstance(value, str) or not value.isdecimal() or len(value) > 18:
+            return None
+        version = int(value)
+        self._version = max(self._version, version)
+        return version
+
+    async def _get(self, path: str) -> dict | None:
+        """A GET's JSON object; None where the server has no such path (404)."""
+        import aiohttp
+
+        try:
+            async with self._client().get(self.base_url + path) as response:
+                status, raw = response.status, await response.read()
+        except TimeoutError:
+            raise UpstreamError(f"{path}: upstream {self.base_url} timed out", 504) from None
+        except aiohttp.ClientError as error:
+            raise UpstreamError(f"{path}: upstream {self.base_url} unreachable: {error}") from None
+        if status == 404:
+            return None
+        if status != 200:
+            raise _status_error(status, raw)
+        try:
+            payload = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            raise UpstreamError(f"upstream {path} answered something that is not JSON") from None
+        if not isinstance(payload, dict):
+            raise UpstreamError(f"upstream {path} answered JSON that is not an object")
+        return payload
 
     def _distribution(self, payload: dict, params: SamplingParams) -> dict:
         return reported_distribution(payload, params, self.tempered_logprobs)
@@ -301,7 +471,9 @@ class HttpPolicyClient:
         """Sample like `sample`, streamed: the pieces as the server sends them (SSE)."""
         import aiohttp
 
-        body = {**completion_request(prompt_ids, params, self.model), "stream": True}
+        asked = await self._ask()
+        body = {**completion_request(prompt_ids, params, asked.model), "stream": True}
+        version: int | None = None  # settled once the first piece is back
         try:
             async with self._client().post(
                 self.base_url + "/v1/completions",
@@ -326,6 +498,10 @@ class HttpPolicyClient:
                     piece = replace(
                         piece_from_chunk(payload), sampling=self._distribution(payload, params)
                     )
+                    if piece.policy_version is None and self.versions is not None:
+                        if version is None:
+                            version = await self._settled(asked)
+                        piece = replace(piece, policy_version=version)
                     if piece.policy_version is not None:
                         self._version = max(self._version, piece.policy_version)
                     yield piece
@@ -339,7 +515,6 @@ class HttpPolicyClient:
     ) -> tuple[np.ndarray, Completion, dict]:
         """Pass-through: the upstream renders the chat itself and reports the token ids it used."""
         body: dict[str, object] = {
-            "model": self.model,
             "messages": messages,
             "max_tokens": params.max_tokens,
             "temperature": params.temperature,
@@ -353,8 +528,10 @@ class HttpPolicyClient:
             body["tools"] = tools
         if params.stop:
             body["stop"] = list(params.stop)
-        payload = await self._post("/v1/chat/completions", body)
-        prompt, sample, message = sample_from_chat(payload, self._version)
+        asked, payload = await self._post_asked(
+            "/v1/chat/completions", lambda model: {"model": model, **body}
+        )
+        prompt, sample, message = sample_from_chat(payload, await self._settled(asked))
         self._version = max(self._version, sample.policy_version)
         return prompt, replace(sample, sampling=self._distribution(payload, params)), message
 

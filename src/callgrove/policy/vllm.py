@@ -4,15 +4,21 @@ weights pushed into the servers after every optimizer step.
 `[model.vllm]` in a training config turns it on for a Hugging Face model (`hf:PATH`,
 `smollm2-135m`); the learner stays in this process. The sampler either starts `servers` vLLM
 servers itself (`VllmServer`: the interpreter `python` names, loopback, a free port, a bounded
-wait for `/health`, stopped on close) or uses running ones (`urls`).
+wait for `/health`, stopped on close; on Ray, each inside an actor, `RayVllmServer`) or uses
+running ones (`urls`).
 
 Calls go to `/v1/completions` with the prompt as token ids and `return_token_ids`
 (`callgrove.policy.http`). A started server reports the logprobs of the distribution it sampled
 (`--logprobs-mode processed_logprobs`: tempered and top-p renormalised), which each call records
 as its `sampling`; a running server given by URL must have been started so too. Each call goes to
 the server with the fewest calls in flight. A server that stops answering fails the calls it
-held (the error names it; nothing is made up) and is dropped; the sampler goes on with the rest
-and fails every call once none is left.
+held (the error names it; nothing is made up, and no call is sent again, where another version
+could answer it). A server started here is then restarted, up to `restarts` times (a warning
+names it, its exit code and the restart's number): calls go to the other servers meanwhile, or
+wait for it where none is left, and it takes calls again only once it holds the current weights
+(the last full weights pushed, or the current LoRA adapter). A server given by URL, or one whose
+restarts are used up, is dropped; the sampler goes on with the rest and fails every call once
+none is left.
 
 Weights after every step: new calls wait, the calls in flight finish on the version they started
 on, then every server is paused (`/pause?mode=wait`, for clients other than this one), loads the
@@ -38,17 +44,17 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 import numpy as np
 
 from callgrove.formats.ranges import check_choice, check_range
 from callgrove.policy.client import Completion, SamplingParams
-from callgrove.policy.http import HttpPolicyClient, UpstreamError
+from callgrove.policy.http import HttpPolicyClient, UpstreamError, adapter_name
 
 if TYPE_CHECKING:
     from callgrove.train.hf_trainer import LoraSettings
@@ -58,6 +64,8 @@ SERVED_MODEL = "policy"
 _WEIGHTS_FILE = "model.safetensors"
 DTYPES = ("float32", "bfloat16", "float16")
 _EMBEDDING = "model.embed_tokens.weight"
+RESTARTS = 2
+MAX_RESTARTS = 10
 
 
 class VllmSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -80,6 +88,11 @@ class VllmSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_model_len: int = 2048
     dtype: str = "float32"
     startup_timeout: float = 300.0
+    restarts: int = RESTARTS
+    """How many times each server that dies is started again (at most `MAX_RESTARTS`; 0:
+    dropped at once).
+    Two ride out the odd crash of a long run; a server that keeps dying is dropped, not
+    restarted for ever."""
     eager: bool = True
     """Skip vLLM's torch.compile warm-up (`--enforce-eager`): on a busy CPU it took more than
     4 minutes, where an eager server is ready in about one."""
@@ -91,6 +104,7 @@ class VllmSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         check_range("kv_cache_gb", self.kv_cache_gb, at_least=1)
         check_range("max_model_len", self.max_model_len, at_least=16)
         check_range("startup_timeout", self.startup_timeout, above=0)
+        check_range("restarts", self.restarts, at_least=0, at_most=MAX_RESTARTS)
         check_range("request_timeout", self.request_timeout, above=0)
         check_choice("dtype", self.dtype, DTYPES)
         if not self.served_model:
@@ -117,6 +131,7 @@ _STARTED_ONLY = (
     "max_model_len",
     "dtype",
     "startup_timeout",
+    "restarts",
     "eager",
     "extra_args",
 )
@@ -146,10 +161,18 @@ def free_port() -> int:
 class VllmServer:
     """One `vllm serve` process on loopback, in its own process group, its output in a log."""
 
-    def __init__(self, process: subprocess.Popen, url: str, log: Path):
+    def __init__(
+        self,
+        process: subprocess.Popen,
+        url: str,
+        log: Path,
+        started_with: tuple[Path, VllmSettings, int],
+    ):
         self.process = process
         self.url = url
         self.log = log
+        self.started_with = started_with
+        """(model folder, settings, LoRA rank): what `relaunch` starts again."""
 
     @classmethod
     def start(
@@ -198,7 +221,7 @@ class VllmServer:
                 start_new_session=True,  # its workers are stopped with it
                 preexec_fn=_die_with_parent if sys.platform == "linux" else None,
             )
-        server = cls(process, f"http://127.0.0.1:{port}", log)
+        server = cls(process, f"http://127.0.0.1:{port}", log, (model_folder, settings, lora_rank))
         atexit.register(server.stop)  # never outlives this process, whatever fails before close
         return server
 
@@ -224,6 +247,17 @@ class VllmServer:
                     f"log ({self.log}):\n{self.log_tail()}"
                 )
             time.sleep(0.5)
+
+    def relaunch(self) -> VllmServer:
+        """A new server started as this one was (on a new port; see `wait_ready`), after what is
+        left of this one is stopped."""
+        self.stop(grace=5)
+        model_folder, settings, lora_rank = self.started_with
+        return VllmServer.start(model_folder, settings, lora_rank, self.log.parent)
+
+    @property
+    def startup_timeout(self) -> float:
+        return self.started_with[1].startup_timeout
 
     def log_tail(self, size: int = 3000) -> str:
         try:
@@ -272,14 +306,39 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
+class StartedServer(Protocol):
+    """A server the sampler started and may restart: `VllmServer`, or one in a Ray actor
+    (`callgrove.orchestrator.ray_executor.RayVllmServer`)."""
+
+    url: str
+
+    @property
+    def exit_code(self) -> int | None: ...
+
+    @property
+    def startup_timeout(self) -> float: ...
+
+    def wait_ready(self, timeout: float) -> None: ...
+
+    def relaunch(self) -> StartedServer: ...
+
+    def stop(self) -> None: ...
+
+
+Launcher = Callable[[Path, VllmSettings, int], StartedServer]
+"""Starts one server of (model folder, settings, LoRA rank) without waiting for it."""
+
+
 def start_servers(
-    model_folder: Path, settings: VllmSettings, lora_rank: int = 0
-) -> list[VllmServer]:
-    """`settings.servers` servers, started together and waited for; all stopped if one fails."""
-    servers: list[VllmServer] = []
+    model_folder: Path, settings: VllmSettings, lora_rank: int = 0, launch: Launcher | None = None
+) -> list[StartedServer]:
+    """`settings.servers` servers (`launch`: how each starts; a `VllmServer` here by default),
+    started together and waited for; all stopped if one fails."""
+    launch = launch or VllmServer.start
+    servers: list[StartedServer] = []
     try:
         for _ in range(settings.servers):
-            servers.append(VllmServer.start(model_folder, settings, lora_rank))
+            servers.append(launch(model_folder, settings, lora_rank))
         for server in servers:
             server.wait_ready(settings.startup_timeout)
     except BaseException:
@@ -294,10 +353,13 @@ class _Upstream:
     """One server as the sampler sees it."""
 
     client: HttpPolicyClient
-    process: VllmServer | None
+    process: StartedServer | None
     in_flight: int = 0
     gone: str | None = None
     """Why it was dropped (None: in use)."""
+    restarting: bool = False
+    restarts: int = 0
+    """How many times it was restarted."""
 
 
 class VllmSampler:
@@ -311,23 +373,24 @@ class VllmSampler:
         base_folder: Path | None = None,
         lora: LoraSettings | None = None,
         weights_dir: str | Path = "",
-        processes: Sequence[VllmServer] = (),
+        processes: Sequence[StartedServer] = (),
         seed: int = 0,
         timeout: float = 600.0,
+        restarts: int = RESTARTS,
     ):
-        """`processes`: servers this sampler started (stopped by `aclose`); `base_folder`: the
-        served checkpoint, named in a LoRA adapter's config."""
+        """`processes`: servers this sampler started (stopped by `aclose`, restarted up to
+        `restarts` times each when they die); `base_folder`: the served checkpoint, named in a
+        LoRA adapter's config."""
         if not urls:
             raise ValueError("a vLLM sampler needs at least one server")
         started = {p.url: p for p in processes}
-        self.upstreams = [
-            _Upstream(
-                HttpPolicyClient(url, model=served_model, timeout=timeout, tempered_logprobs=True),
-                started.get(url.rstrip("/")),
-            )
-            for url in urls
-        ]
+        check_range("restarts", restarts, at_least=0, at_most=MAX_RESTARTS)
+        self.timeout = timeout
         self.served_model = served_model
+        self.upstreams = [
+            _Upstream(self._client(url), started.get(url.rstrip("/"))) for url in urls
+        ]
+        self.restarts = restarts
         self.base_folder = base_folder
         self.lora = lora
         self._own_weights_dir = not weights_dir
@@ -339,6 +402,9 @@ class VllmSampler:
         self._open = asyncio.Event()
         self._open.set()
         self._idle: asyncio.Condition | None = None
+        self._pushing: asyncio.Lock | None = None  # a weight push, or a restarted server's
+        self._restarting: set[asyncio.Task] = set()
+        self._closed = False
         self.update_seconds: list[float] = []
         """Wall time of each weight push (write, pause, load, resume)."""
 
@@ -348,63 +414,146 @@ class VllmSampler:
 
     @property
     def live(self) -> list[_Upstream]:
-        return [u for u in self.upstreams if u.gone is None]
+        """The servers that take calls (not dropped, not restarting)."""
+        return [u for u in self.upstreams if u.gone is None and not u.restarting]
+
+    def _client(self, url: str) -> HttpPolicyClient:
+        return HttpPolicyClient(
+            url, model=self.served_model, timeout=self.timeout, tempered_logprobs=True
+        )
 
     def _condition(self) -> asyncio.Condition:
         if self._idle is None:
             self._idle = asyncio.Condition()
         return self._idle
 
+    def _push_lock(self) -> asyncio.Lock:
+        if self._pushing is None:
+            self._pushing = asyncio.Lock()
+        return self._pushing
+
+    async def _notify(self) -> None:
+        async with self._condition():
+            self._condition().notify_all()
+
+    async def _route(self) -> _Upstream:
+        """The least loaded server taking calls, once no push holds calls back; while none
+        takes calls but one is restarting, its restart is waited for."""
+        while True:
+            await self._open.wait()  # returns at once (no other task runs) when open
+            live = self.live
+            if live:
+                return min(live, key=lambda u: u.in_flight)
+            if not self._restarts_pending():
+                raise VllmError(f"no vLLM server left: {self.dropped_reasons()}")
+            async with self._condition():
+                await self._condition().wait_for(
+                    lambda: bool(self.live) or not self._restarts_pending()
+                )
+
     async def sample(self, prompt_ids: np.ndarray, params: SamplingParams) -> Completion:
-        await self._open.wait()
-        live = self.live
-        if not live:
-            raise VllmError(f"no vLLM server left: {self.dropped_reasons()}")
-        upstream = min(live, key=lambda u: u.in_flight)
+        upstream = await self._route()
         version = self._version
+        client, process = upstream.client, upstream.process
         if params.seed is None:  # reproducible draws from the run's seed
             params = msgspec.structs.replace(params, seed=int(self._seeds.integers(2**31)))
         upstream.in_flight += 1
         try:
-            sample = await upstream.client.sample(prompt_ids, params)
+            sample = await client.sample(prompt_ids, params)
         except UpstreamError as error:
-            if error.status in (502, 504) and not await self._answers(upstream):
-                self._drop(upstream, str(error))
-                raise UpstreamError(
-                    f"vLLM server {upstream.client.base_url} stopped answering ({upstream.gone}); "
-                    f"this call failed and the server is dropped "
-                    f"({len(self.live)} of {len(self.upstreams)} left)"
-                ) from None
+            if error.status in (502, 504) and not await _answers(client, process):
+                raise UpstreamError(self._lost(upstream, process, str(error))) from None
             raise
         finally:
             upstream.in_flight -= 1
-            async with self._condition():
-                self._condition().notify_all()
+            await self._notify()
         return replace(sample, policy_version=version)
 
-    async def _answers(self, upstream: _Upstream) -> bool:
-        """Whether the server is still there (its process runs and `/health` answers)."""
-        import httpx
+    def _lost(self, upstream: _Upstream, process: StartedServer | None, why: str) -> str:
+        """A call's server stopped answering: restart or drop it (once, whichever of its calls
+        fails first) and say so; the failed call's message."""
+        url = upstream.client.base_url
+        code = process.exit_code if process is not None else None
+        died = f"exited with code {code}" if code is not None else why
+        if upstream.process is not process or upstream.gone or upstream.restarting:
+            fate = "dropped" if upstream.gone else "restarting"
+            return f"vLLM server {url} stopped answering ({died}); this call failed ({fate})"
+        if process is not None and upstream.restarts < self.restarts:
+            upstream.restarting = True
+            upstream.restarts += 1
+            count = f"restart {upstream.restarts} of {self.restarts}"
+            warnings.warn(
+                f"vLLM server {url} stopped answering ({died}); its calls in flight failed; "
+                f"restarting it ({count})",
+                stacklevel=3,
+            )
+            task = asyncio.create_task(self._restart(upstream))
+            self._restarting.add(task)
+            task.add_done_callback(self._restarting.discard)
+            return f"vLLM server {url} stopped answering ({died}); this call failed ({count})"
+        self._drop(
+            upstream,
+            f"{died}; "
+            + (
+                "a server given by URL is not restarted"
+                if process is None
+                else f"no restart left ({upstream.restarts} of {self.restarts} used)"
+            ),
+        )
+        return (
+            f"vLLM server {url} stopped answering ({upstream.gone}); this call failed and the "
+            f"server is dropped ({len(self.live)} of {len(self.upstreams)} left)"
+        )
 
-        if upstream.process is not None and upstream.process.exit_code is not None:
-            return False
+    async def _restart(self, upstream: _Upstream) -> None:
+        """Start a dead server again and bring it to the current weights before it takes calls;
+        dropped if that fails."""
+        assert upstream.process is not None
+        old_url = upstream.client.base_url
         try:
-            async with httpx.AsyncClient(timeout=5) as client:
-                health = await client.get(upstream.client.base_url + "/health")
-        except httpx.HTTPError:
-            return False
-        return health.status_code == 200
+            # Started from this thread: the kernel stops a server when the thread that
+            # started it ends (`_die_with_parent`), and a worker thread may end any time.
+            server = upstream.process.relaunch()
+            upstream.process = server
+            if self._closed:
+                server.stop()
+                upstream.gone = "the sampler closed while it restarted"
+                return
+            await asyncio.to_thread(server.wait_ready, server.startup_timeout)
+            async with self._push_lock():  # no push runs meanwhile: the current weights stay
+                old_client, upstream.client = upstream.client, self._client(server.url)
+                await old_client.aclose()
+                if self._written is not None:
+                    await self._push(upstream, self._written, self._version)
+                if self._adapter is not None:
+                    upstream.client.model = self._adapter
+                if upstream.gone is None:
+                    upstream.restarting = False
+                    warnings.warn(
+                        f"vLLM server {old_url} restarted as {server.url} "
+                        f"(restart {upstream.restarts} of {self.restarts}), on version "
+                        f"{self._version}",
+                        stacklevel=2,
+                    )
+        except Exception as error:
+            self._drop(upstream, f"restart {upstream.restarts} failed: {error}")
+        finally:
+            if upstream.gone is not None:
+                upstream.restarting = False
+            await self._notify()
 
     def _drop(self, upstream: _Upstream, why: str) -> None:
         if upstream.gone is not None:
             return
-        code = upstream.process.exit_code if upstream.process else None
-        upstream.gone = why if code is None else f"exited with code {code}; {why}"
+        upstream.gone = why
         warnings.warn(
             f"vLLM server {upstream.client.base_url} dropped: {upstream.gone} "
             f"({len(self.live)} of {len(self.upstreams)} left)",
             stacklevel=2,
         )
+
+    def _restarts_pending(self) -> bool:
+        return any(u.restarting for u in self.upstreams)
 
     def dropped_reasons(self) -> str:
         return "; ".join(f"{u.client.base_url}: {u.gone}" for u in self.upstreams if u.gone)
@@ -412,32 +561,36 @@ class VllmSampler:
     async def load_weights(self, weights: Any, version: int) -> None:
         """Push `weights` (the learner's trained parameters by their Hugging Face names: all of
         them, or the LoRA adapters alone) into every server; calls sent from now on carry
-        `version`."""
+        `version`. A server restarting meanwhile is brought to them before it takes calls."""
         started = time.perf_counter()
         self._open.clear()
         try:
-            async with self._condition():
-                await self._condition().wait_for(lambda: all(u.in_flight == 0 for u in self.live))
-            if not self.live:
-                raise VllmError(f"no vLLM server left to load weights: {self.dropped_reasons()}")
-            folder = await asyncio.to_thread(self._write, weights, version)
-            adapter = f"{self.served_model}-v{version}"
-            await asyncio.gather(*(self._push(u, folder, adapter) for u in self.live))
-            if not self.live:
-                raise VllmError(f"no vLLM server took the new weights: {self.dropped_reasons()}")
-            previous, self._written = self._written, folder
-            if self.lora is not None:
-                old, self._adapter = self._adapter, adapter
-                for upstream in self.live:
-                    upstream.client.model = adapter
-                if old is not None:
-                    await asyncio.gather(*(self._unload(u, old) for u in self.live))
-            if previous is not None and previous != folder:
-                shutil.rmtree(previous, ignore_errors=True)
-            self._version = version
+            async with self._push_lock():
+                await self._load(weights, version)
         finally:
             self._open.set()
         self.update_seconds.append(time.perf_counter() - started)
+
+    async def _load(self, weights: Any, version: int) -> None:
+        async with self._condition():
+            await self._condition().wait_for(lambda: all(u.in_flight == 0 for u in self.live))
+        if not self.live and not self._restarts_pending():
+            raise VllmError(f"no vLLM server left to load weights: {self.dropped_reasons()}")
+        folder = await asyncio.to_thread(self._write, weights, version)
+        pushed_to = self.live
+        await asyncio.gather(*(self._push(u, folder, version) for u in pushed_to))
+        if pushed_to and not self.live and not self._restarts_pending():
+            raise VllmError(f"no vLLM server took the new weights: {self.dropped_reasons()}")
+        previous, self._written = self._written, folder
+        if self.lora is not None:
+            old, self._adapter = self._adapter, adapter_name(self.served_model, version)
+            for upstream in self.live:
+                upstream.client.model = self._adapter
+            if old is not None:
+                await asyncio.gather(*(self._unload(u, old) for u in self.live))
+        if previous is not None and previous != folder:
+            shutil.rmtree(previous, ignore_errors=True)
+        self._version = version
 
     def _write(self, weights: dict[str, Any], version: int) -> Path:
         from safetensors.torch import save_file
@@ -478,13 +631,17 @@ class VllmSampler:
         (folder / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
         return folder
 
-    async def _push(self, upstream: _Upstream, folder: Path, adapter: str) -> None:
-        """One server onto the weights in `folder`; a server that fails to is dropped."""
+    async def _push(self, upstream: _Upstream, folder: Path, version: int) -> None:
+        """One server onto the weights (of `version`) in `folder`; a server that fails to is
+        dropped. Full weights also set the server's weight version (`/weight_info`)."""
         try:
             if self.lora is not None:
                 await upstream.client.control(
                     "/v1/load_lora_adapter",
-                    {"lora_name": adapter, "lora_path": str(folder)},
+                    {
+                        "lora_name": adapter_name(self.served_model, version),
+                        "lora_path": str(folder),
+                    },
                 )
                 return
             await upstream.client.control("/pause?mode=wait", None)
@@ -492,6 +649,9 @@ class VllmSampler:
                 await upstream.client.control(
                     "/collective_rpc",
                     {"method": "reload_weights", "kwargs": {"weights_path": str(folder)}},
+                )
+                await upstream.client.control(
+                    "/update_weight_version", {"new_version": str(version)}
                 )
             finally:
                 await upstream.client.control("/resume", None)
@@ -515,12 +675,29 @@ class VllmSampler:
         self._version = int(state["version"])
 
     async def aclose(self) -> None:
+        self._closed = True
         for upstream in self.upstreams:
             await upstream.client.aclose()
             if upstream.process is not None:
                 await asyncio.to_thread(upstream.process.stop)
+        # A restart waiting for its server sees it stopped and ends.
+        await asyncio.gather(*self._restarting, return_exceptions=True)
         if self._own_weights_dir:
             shutil.rmtree(self.weights_dir, ignore_errors=True)
+
+
+async def _answers(client: HttpPolicyClient, process: StartedServer | None) -> bool:
+    """Whether a server is still there (its process runs and `/health` answers)."""
+    import httpx
+
+    if process is not None and process.exit_code is not None:
+        return False
+    try:
+        async with httpx.AsyncClient(timeout=5) as session:
+            health = await session.get(client.base_url + "/health")
+    except httpx.HTTPError:
+        return False
+    return health.status_code == 200
 
 
 def vllm_sampler(
@@ -528,12 +705,14 @@ def vllm_sampler(
     model_folder: Path,
     lora: LoraSettings | None,
     seed: int,
+    launch: Launcher | None = None,
 ) -> VllmSampler:
-    """The sampler `[model.vllm]` describes: over `urls`, or over servers started here."""
+    """The sampler `[model.vllm]` describes: over `urls`, or over servers started here (by
+    `launch`, as in `start_servers`)."""
     processes = (
         []
         if settings.urls
-        else start_servers(model_folder, settings, lora.rank if lora is not None else 0)
+        else start_servers(model_folder, settings, lora.rank if lora is not None else 0, launch)
     )
     return VllmSampler(
         settings.urls or [p.url for p in processes],
@@ -544,4 +723,5 @@ def vllm_sampler(
         processes=processes,
         seed=seed,
         timeout=settings.request_timeout,
+        restarts=settings.restarts,
     )
