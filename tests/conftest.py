@@ -54,3 +54,28 @@ def vllm_url(smollm2_folder, request):
         yield server.url
     finally:
         server.stop()
+
+
+@pytest.fixture
+def vllm_weights_restored(vllm_url, smollm2_folder):
+    """The session server's URL, its original weights pushed back after the test (for tests
+    whose training pushes new weights into it). They go back the way the sampler pushes them:
+    reloading the checkpoint folder itself would leave the server's tied output head on the
+    trained tensor, since the folder's file names the embedding alone."""
+    import asyncio
+
+    from safetensors.torch import load_file
+
+    from callgrove.policy.vllm import VllmSampler
+
+    yield vllm_url
+
+    async def restore() -> None:
+        sampler = VllmSampler([vllm_url])
+        try:
+            await sampler.load_weights(load_file(smollm2_folder / "model.safetensors"), 0)
+            assert not sampler.dropped_reasons(), sampler.dropped_reasons()
+        finally:
+            await sampler.aclose()
+
+    asyncio.run(restore())

@@ -22,17 +22,10 @@ pytestmark = [pytest.mark.vllm, pytest.mark.xdist_group("vllm")]
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 
-def reload_weights(url: str, folder: Path) -> None:
-    with httpx.Client(base_url=url, timeout=120) as client:
-        assert client.post("/pause?mode=wait").status_code == 200
-        try:
-            rpc = {"method": "reload_weights", "kwargs": {"weights_path": str(folder)}}
-            assert client.post("/collective_rpc", json=rpc).status_code == 200
-        finally:
-            assert client.post("/resume").status_code == 200
-
-
-def test_callgrove_train_samples_with_vllm_and_pushes_each_step(tmp_path, vllm_url, smollm2_folder):
+def test_callgrove_train_samples_with_vllm_and_pushes_each_step(
+    tmp_path, vllm_weights_restored, smollm2_folder
+):
+    vllm_url = vllm_weights_restored
     out = tmp_path / "out"
     config = tmp_path / "train.toml"
     config.write_text(
@@ -65,27 +58,24 @@ live = false
 plot = false
 """
     )
-    try:
-        done = subprocess.run(
-            [sys.executable, "-c", "from callgrove.cli import main; main()", "train", str(config)],
-            capture_output=True,
-            text=True,
-            env={**os.environ, "PYTHONPATH": SRC},
-            timeout=900,
-        )
-        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-        trained = torch.load(out / "checkpoint.pt", weights_only=False)["learner"]["weights"]
-        tokenizer = AutoTokenizer.from_pretrained(smollm2_folder)
-        greedy = {
-            "model": "policy",
-            "prompt": tokenizer.encode("What is 7 + 15?", add_special_tokens=False),
-            "max_tokens": 8,
-            "temperature": 0,
-            "return_token_ids": True,
-        }
-        served = httpx.post(vllm_url + "/v1/completions", json=greedy, timeout=120).json()
-    finally:
-        reload_weights(vllm_url, smollm2_folder)
+    done = subprocess.run(
+        [sys.executable, "-c", "from callgrove.cli import main; main()", "train", str(config)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": SRC},
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    trained = torch.load(out / "checkpoint.pt", weights_only=False)["learner"]["weights"]
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_folder)
+    greedy = {
+        "model": "policy",
+        "prompt": tokenizer.encode("What is 7 + 15?", add_special_tokens=False),
+        "max_tokens": 8,
+        "temperature": 0,
+        "return_token_ids": True,
+    }
+    served = httpx.post(vllm_url + "/v1/completions", json=greedy, timeout=120).json()
 
     for step in (1, 2):
         lines = (out / f"step_{step}/train/traces.jsonl").read_text().splitlines()
