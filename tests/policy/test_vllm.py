@@ -176,31 +176,41 @@ def test_new_weights_reach_the_server_between_calls_never_under_one(vllm_url, sm
     assert len(sampler.update_seconds) == 2 and all(0 < s < 60 for s in sampler.update_seconds)
 
 
-def test_a_lora_adapter_loads_under_a_new_name_and_the_old_one_goes(
-    vllm_url, smollm2, smollm2_folder
-):
+def lora_learner(model):
+    """A LoRA learner of `model` whose adapter changes the outputs (B is zero at the start)."""
     import copy
 
     from callgrove.train.hf_trainer import HFLearner, HFOptions, LoraSettings
 
-    model, tokenizer = smollm2
     lora = LoraSettings(rank=LORA_RANK)
     learner = HFLearner(copy.deepcopy(model), options=HFOptions(lora=lora))
     weights = learner.weights()
     assert weights and all(".lora_" in name for name in weights)
     generator = torch.Generator().manual_seed(1)
-    with torch.no_grad():  # B starts at zero (the adapter changes nothing): give it a value
+    with torch.no_grad():
         for name, p in learner.hf_model.named_parameters():
             if ".lora_B." in name:
                 p.copy_(0.05 * torch.randn(p.shape, generator=generator))
+    return learner, lora
+
+
+async def served_models(url: str) -> list[str]:
+    async with httpx.AsyncClient() as client:
+        listing = await client.get(url + "/v1/models")
+    return [entry["id"] for entry in listing.json()["data"]]
+
+
+def test_a_lora_adapter_loads_under_a_new_name_and_the_old_one_goes(
+    vllm_url, smollm2, smollm2_folder
+):
+    model, tokenizer = smollm2
+    learner, lora = lora_learner(model)
     prompt = prompt_ids(tokenizer, QUESTIONS[1])
     greedy = SamplingParams(max_tokens=12, temperature=0)
     free = SamplingParams(max_tokens=16, temperature=1.0, stop_token_ids=(END,))
 
     async def served() -> list[str]:
-        async with httpx.AsyncClient() as client:
-            listing = await client.get(vllm_url + "/v1/models")
-        return [entry["id"] for entry in listing.json()["data"]]
+        return await served_models(vllm_url)
 
     async def scenario():
         sampler = VllmSampler([vllm_url], lora=lora, base_folder=smollm2_folder, seed=5)
@@ -230,6 +240,54 @@ def test_a_lora_adapter_loads_under_a_new_name_and_the_old_one_goes(
     )
     want = teacher_forced(peft_model, prompt, drawn.completion_ids, 1.0, 1.0)
     np.testing.assert_allclose(drawn.logprobs, want, rtol=0, atol=1e-4)
+
+
+def test_a_lora_push_waits_for_no_call_in_flight(vllm_url, smollm2, smollm2_folder):
+    """The new adapter loads beside the one in use: calls in flight finish under the adapter
+    they named (and say so) after the push is done, and that adapter goes once they are back."""
+    model, tokenizer = smollm2
+    learner, lora = lora_learner(model)
+    prompt = prompt_ids(tokenizer, QUESTIONS[0])
+    long = SamplingParams(max_tokens=48, temperature=0, stop_token_ids=())
+    finished: dict[str, float] = {}
+
+    async def timed(name, work):
+        result = await work
+        finished[name] = time.monotonic()
+        return result
+
+    async def scenario():
+        sampler = VllmSampler([vllm_url], lora=lora, base_folder=smollm2_folder, seed=3)
+        try:
+            await sampler.load_weights(learner.weights(), 1)
+            alone = await sampler.sample(prompt, long)
+            running = [
+                asyncio.create_task(timed(f"old{i}", sampler.sample(prompt, long)))
+                for i in range(2)
+            ]
+            while sampler.upstreams[0].in_flight < 2:
+                await asyncio.sleep(0.01)
+            await timed("push", sampler.load_weights(learner.weights(), 2))
+            during = await served_models(vllm_url)
+            old = await asyncio.gather(*running)
+            for _ in range(100):  # the old adapter is unloaded in the background
+                if "policy-v1" not in await served_models(vllm_url):
+                    break
+                await asyncio.sleep(0.1)
+            after = await served_models(vllm_url)
+            new = await sampler.sample(prompt, long)
+            return alone, old, new, during, after
+        finally:
+            await sampler.aclose()
+
+    alone, old, new, during, after = asyncio.run(scenario())
+    assert finished["push"] < min(finished["old0"], finished["old1"])
+    assert {"policy-v1", "policy-v2"} <= set(during)
+    assert "policy-v1" not in after and "policy-v2" in after
+    for sample in old:  # the old adapter's output, under its version
+        assert sample.policy_version == 1
+        assert np.array_equal(sample.completion_ids, alone.completion_ids)
+    assert new.policy_version == 2 and np.array_equal(new.completion_ids, alone.completion_ids)
 
 
 def test_a_server_that_dies_with_no_restart_left_fails_its_calls_and_is_dropped(

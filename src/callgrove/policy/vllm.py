@@ -20,12 +20,14 @@ wait for it where none is left, and it takes calls again only once it holds the 
 restarts are used up, is dropped; the sampler goes on with the rest and fails every call once
 none is left.
 
-Weights after every step: new calls wait, the calls in flight finish on the version they started
-on, then every server is paused (`/pause?mode=wait`, for clients other than this one), loads the
-new weights and resumes; a call therefore never spans two versions, and carries the version it
-was sent under. Full weights are written as one safetensors file and reloaded
-(`/collective_rpc` `reload_weights`); LoRA adapters are written in PEFT's layout and loaded under
-a new name (`/v1/load_lora_adapter`, the previous one unloaded), which later calls then name.
+Weights after every step; a call never spans two versions, and carries the version it was sent
+under. Full weights are written as one safetensors file and reloaded in place: new calls wait,
+the calls in flight finish on the version they started on, then every server is paused
+(`/pause?mode=wait`, for clients other than this one), reloads (`/collective_rpc`
+`reload_weights`) and resumes. A LoRA adapter is written in PEFT's layout and loaded beside the
+one in use under a new name (`/v1/load_lora_adapter`), which later calls then name: the calls in
+flight go on under the adapter they named, so the push waits for none of them, and the previous
+adapter is unloaded once the last of them is back (servers hold two adapters, `--max-loras 2`).
 A server on another machine needs `weights_dir` on a filesystem it shares.
 """
 
@@ -44,6 +46,7 @@ import sys
 import tempfile
 import time
 import warnings
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -198,7 +201,10 @@ class VllmServer:
             "--enable-scale-out",
             *(("--enforce-eager",) if settings.eager else ()),
             *(
-                ("--enable-lora", "--max-lora-rank", str(_max_lora_rank(lora_rank)))
+                (
+                    *("--enable-lora", "--max-lora-rank", str(_max_lora_rank(lora_rank))),
+                    *("--max-loras", "2"),  # the adapter in use and the one pushed beside it
+                )
                 if lora_rank
                 else ()
             ),
@@ -404,6 +410,8 @@ class VllmSampler:
         self._idle: asyncio.Condition | None = None
         self._pushing: asyncio.Lock | None = None  # a weight push, or a restarted server's
         self._restarting: set[asyncio.Task] = set()
+        self._adapter_calls: Counter[str | None] = Counter()  # calls in flight per adapter
+        self._retiring: set[asyncio.Task] = set()  # adapters unloaded once their calls are back
         self._closed = False
         self.update_seconds: list[float] = []
         """Wall time of each weight push (write, pause, load, resume)."""
@@ -453,11 +461,12 @@ class VllmSampler:
 
     async def sample(self, prompt_ids: np.ndarray, params: SamplingParams) -> Completion:
         upstream = await self._route()
-        version = self._version
+        version, adapter = self._version, self._adapter
         client, process = upstream.client, upstream.process
         if params.seed is None:  # reproducible draws from the run's seed
             params = msgspec.structs.replace(params, seed=int(self._seeds.integers(2**31)))
         upstream.in_flight += 1
+        self._adapter_calls[adapter] += 1
         try:
             sample = await client.sample(prompt_ids, params)
         except UpstreamError as error:
@@ -466,6 +475,7 @@ class VllmSampler:
             raise
         finally:
             upstream.in_flight -= 1
+            self._adapter_calls[adapter] -= 1
             await self._notify()
         return replace(sample, policy_version=version)
 
@@ -572,8 +582,11 @@ class VllmSampler:
         self.update_seconds.append(time.perf_counter() - started)
 
     async def _load(self, weights: Any, version: int) -> None:
-        async with self._condition():
-            await self._condition().wait_for(lambda: all(u.in_flight == 0 for u in self.live))
+        if self.lora is None:  # reloaded in place: no call may be under way
+            async with self._condition():
+                await self._condition().wait_for(lambda: all(u.in_flight == 0 for u in self.live))
+        else:  # at most two adapters loaded: the previous push's must be gone
+            await asyncio.gather(*self._retiring)
         if not self.live and not self._restarts_pending():
             raise VllmError(f"no vLLM server left to load weights: {self.dropped_reasons()}")
         folder = await asyncio.to_thread(self._write, weights, version)
@@ -586,8 +599,10 @@ class VllmSampler:
             old, self._adapter = self._adapter, adapter_name(self.served_model, version)
             for upstream in self.live:
                 upstream.client.model = self._adapter
-            if old is not None:
+            if old is not None and self._adapter_calls[old] == 0:
                 await asyncio.gather(*(self._unload(u, old) for u in self.live))
+            elif old is not None:
+                self._retire(old)
         if previous is not None and previous != folder:
             shutil.rmtree(previous, ignore_errors=True)
         self._version = version
@@ -658,6 +673,19 @@ class VllmSampler:
         except UpstreamError as error:
             self._drop(upstream, f"loading new weights failed: {error}")
 
+    def _retire(self, adapter: str) -> None:
+        """Unload `adapter` from the servers holding it once no call in flight names it."""
+        holders = self.live
+
+        async def unload() -> None:
+            async with self._condition():
+                await self._condition().wait_for(lambda: self._adapter_calls[adapter] == 0)
+            await asyncio.gather(*(self._unload(u, adapter) for u in holders if u in self.live))
+
+        task = asyncio.create_task(unload())
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+
     async def _unload(self, upstream: _Upstream, adapter: str) -> None:
         try:
             await upstream.client.control("/v1/unload_lora_adapter", {"lora_name": adapter})
@@ -676,12 +704,14 @@ class VllmSampler:
 
     async def aclose(self) -> None:
         self._closed = True
+        for task in self._retiring:  # the servers go: nothing to unload from
+            task.cancel()
         for upstream in self.upstreams:
             await upstream.client.aclose()
             if upstream.process is not None:
                 await asyncio.to_thread(upstream.process.stop)
-        # A restart waiting for its server sees it stopped and ends.
-        await asyncio.gather(*self._restarting, return_exceptions=True)
+        # A restart waiting for its server sees it stopped and ends; so does an unload.
+        await asyncio.gather(*self._restarting, *self._retiring, return_exceptions=True)
         if self._own_weights_dir:
             shutil.rmtree(self.weights_dir, ignore_errors=True)
 
