@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
+import msgspec
 import numpy as np
 import pytest
 import torch
@@ -83,6 +84,42 @@ def next_token_logprobs(model, prompt, completion) -> torch.Tensor:
     with torch.no_grad():
         logits = model(batch.token_ids, batch.position_ids, batch.layout)
     return torch.log_softmax(logits[len(prompt) - 1 : -1].double(), dim=-1)
+
+
+PREFIX = [20, 21, 22, 23, 24, 25]
+# A group's calls repeat a prompt; the prompts share a prefix (a chat template's system turn) and
+# differ after it in length, so the prefill pads between the prefix and a prompt's own tokens.
+SHARING = [np.array(PREFIX + own, dtype=np.int32) for own in ([30], [31, 32, 33], [30], [30])]
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_prompts_sharing_a_prefix_or_repeated_sample_the_models_own_logprobs(attention):
+    model = tiny_llama(torch.float32, attention)
+    params = SamplingParams(max_tokens=8)  # untempered: what `teacher_forced` scores
+    seeded = [msgspec.structs.replace(params, seed=i) for i in range(len(SHARING))]
+    requests = [DecodeRequest(p, s) for p, s in zip(SHARING, seeded, strict=True)]
+    together = hf_decode(model.model, CharTokenizer(), requests, torch.Generator())
+    for request, sample in zip(requests, together, strict=True):
+        want = teacher_forced(model, request.prompt_ids, sample.completion_ids)
+        np.testing.assert_allclose(sample.logprobs, want, atol=2e-5)
+        (alone,) = hf_decode(model.model, CharTokenizer(), [request], torch.Generator())
+        assert alone.completion_ids.tolist() == sample.completion_ids.tolist()
+        np.testing.assert_allclose(alone.logprobs, sample.logprobs, atol=1e-6)
+
+
+def test_the_prefill_forwards_a_repeated_prompt_and_the_common_prefix_once():
+    model = tiny_llama(torch.float32, "sdpa").model
+    forwarded = []
+    model.get_input_embeddings().register_forward_hook(
+        lambda _module, inputs, _output: forwarded.append(inputs[0].numel())
+    )
+    prompts = [np.array(PREFIX + own, dtype=np.int32) for own in ([30, 31], [32, 33], [30, 31])]
+    one_token = SamplingParams(max_tokens=1)  # the prefill is the whole round
+    hf_decode(
+        model, CharTokenizer(), [DecodeRequest(p, one_token) for p in prompts], torch.Generator()
+    )
+    distinct_own_tokens = 2 * 2
+    assert sum(forwarded) == len(PREFIX) + distinct_own_tokens
 
 
 def test_temperature_zero_is_greedy_and_top_p_cuts_the_tail():
