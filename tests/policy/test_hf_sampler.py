@@ -190,3 +190,30 @@ def test_the_sampler_uses_the_learners_weights_after_each_step():
     np.testing.assert_allclose(after.logprobs, want, atol=2e-5)
     with pytest.raises(ValueError, match="lacks"):
         asyncio.run(policy.load_weights({"no.such.weight": torch.zeros(1)}, 2))
+
+
+def test_a_lora_learners_adapters_fold_into_the_samplers_plain_copy():
+    from peft.tuners.lora import LoraLayer
+
+    from callgrove.policy.hf import FoldedLora
+    from callgrove.train.hf_trainer import HFOptions, LoraSettings
+
+    learner = HFLearner(
+        tiny_llama(torch.float32, "sdpa").model,
+        LearnerSettings(),
+        HFOptions(LoraSettings(rank=4)),
+    )
+    policy = HFSampler(learner.hf_model, CharTokenizer(), 0, lora=FoldedLora(learner.hf_model))
+    assert not any(isinstance(m, LoraLayer) for m in policy.model.modules())
+    params = SamplingParams(max_tokens=6, seed=5)
+    for version in (1, 2):  # each step's adapters folded from the base weights afresh
+        with torch.no_grad():
+            for p in learner.hf_model.parameters():
+                if p.requires_grad:
+                    p.normal_(0, 0.3, generator=torch.Generator().manual_seed(version))
+        asyncio.run(policy.load_weights(learner.weights(), version))
+        (sample,) = asyncio.run(sample_all(policy, PROMPTS[:1], params))
+        want = teacher_forced(learner.model, PROMPTS[0], sample.completion_ids)
+        np.testing.assert_allclose(sample.logprobs, want, atol=2e-5)
+    with pytest.raises(ValueError, match="lacks"):
+        asyncio.run(policy.load_weights({"model.embed_tokens.weight": torch.zeros(1)}, 3))
