@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
+import msgspec
 import numpy as np
 import pytest
 import torch
@@ -85,6 +86,42 @@ def next_token_logprobs(model, prompt, completion) -> torch.Tensor:
     return torch.log_softmax(logits[len(prompt) - 1 : -1].double(), dim=-1)
 
 
+PREFIX = [20, 21, 22, 23, 24, 25]
+# A group's calls repeat a prompt; the prompts share a prefix (a chat template's system turn) and
+# differ after it in length, so the prefill pads between the prefix and a prompt's own tokens.
+SHARING = [np.array(PREFIX + own, dtype=np.int32) for own in ([30], [31, 32, 33], [30], [30])]
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_prompts_sharing_a_prefix_or_repeated_sample_the_models_own_logprobs(attention):
+    model = tiny_llama(torch.float32, attention)
+    params = SamplingParams(max_tokens=8)  # untempered: what `teacher_forced` scores
+    seeded = [msgspec.structs.replace(params, seed=i) for i in range(len(SHARING))]
+    requests = [DecodeRequest(p, s) for p, s in zip(SHARING, seeded, strict=True)]
+    together = hf_decode(model.model, CharTokenizer(), requests, torch.Generator())
+    for request, sample in zip(requests, together, strict=True):
+        want = teacher_forced(model, request.prompt_ids, sample.completion_ids)
+        np.testing.assert_allclose(sample.logprobs, want, atol=2e-5)
+        (alone,) = hf_decode(model.model, CharTokenizer(), [request], torch.Generator())
+        assert alone.completion_ids.tolist() == sample.completion_ids.tolist()
+        np.testing.assert_allclose(alone.logprobs, sample.logprobs, atol=1e-6)
+
+
+def test_the_prefill_forwards_a_repeated_prompt_and_the_common_prefix_once():
+    model = tiny_llama(torch.float32, "sdpa").model
+    forwarded = []
+    model.get_input_embeddings().register_forward_hook(
+        lambda _module, inputs, _output: forwarded.append(inputs[0].numel())
+    )
+    prompts = [np.array(PREFIX + own, dtype=np.int32) for own in ([30, 31], [32, 33], [30, 31])]
+    one_token = SamplingParams(max_tokens=1)  # the prefill is the whole round
+    hf_decode(
+        model, CharTokenizer(), [DecodeRequest(p, one_token) for p in prompts], torch.Generator()
+    )
+    distinct_own_tokens = 2 * 2
+    assert sum(forwarded) == len(PREFIX) + distinct_own_tokens
+
+
 def test_temperature_zero_is_greedy_and_top_p_cuts_the_tail():
     policy, model = sampler(), tiny_llama(torch.float32, "sdpa")
     (greedy,) = asyncio.run(sample_all(policy, PROMPTS[:1], SamplingParams(8, temperature=0)))
@@ -153,3 +190,30 @@ def test_the_sampler_uses_the_learners_weights_after_each_step():
     np.testing.assert_allclose(after.logprobs, want, atol=2e-5)
     with pytest.raises(ValueError, match="lacks"):
         asyncio.run(policy.load_weights({"no.such.weight": torch.zeros(1)}, 2))
+
+
+def test_a_lora_learners_adapters_fold_into_the_samplers_plain_copy():
+    from peft.tuners.lora import LoraLayer
+
+    from callgrove.policy.hf import FoldedLora
+    from callgrove.train.hf_trainer import HFOptions, LoraSettings
+
+    learner = HFLearner(
+        tiny_llama(torch.float32, "sdpa").model,
+        LearnerSettings(),
+        HFOptions(LoraSettings(rank=4)),
+    )
+    policy = HFSampler(learner.hf_model, CharTokenizer(), 0, lora=FoldedLora(learner.hf_model))
+    assert not any(isinstance(m, LoraLayer) for m in policy.model.modules())
+    params = SamplingParams(max_tokens=6, seed=5)
+    for version in (1, 2):  # each step's adapters folded from the base weights afresh
+        with torch.no_grad():
+            for p in learner.hf_model.parameters():
+                if p.requires_grad:
+                    p.normal_(0, 0.3, generator=torch.Generator().manual_seed(version))
+        asyncio.run(policy.load_weights(learner.weights(), version))
+        (sample,) = asyncio.run(sample_all(policy, PROMPTS[:1], params))
+        want = teacher_forced(learner.model, PROMPTS[0], sample.completion_ids)
+        np.testing.assert_allclose(sample.logprobs, want, atol=2e-5)
+    with pytest.raises(ValueError, match="lacks"):
+        asyncio.run(policy.load_weights({"model.embed_tokens.weight": torch.zeros(1)}, 3))

@@ -15,6 +15,7 @@ from callgrove.cli import synth as _synth  # noqa: F401  isort: skip
 from callgrove.cli import gateway as _gateway  # noqa: F401  isort: skip
 from callgrove.cli import train as _train  # noqa: F401  isort: skip
 from callgrove.cli import bench as _bench  # noqa: F401  isort: skip
+from callgrove.cli import race as _race  # noqa: F401  isort: skip
 
 plain_help(app)
 

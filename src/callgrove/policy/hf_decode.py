@@ -1,8 +1,10 @@
 """Batched sampling from a Hugging Face causal LM with its KV cache.
 
-Prompts of different lengths decode together: left-padded into one prefill (a 2-D attention
-mask hides the padding, position ids count each sequence's own tokens), then one new token per
-sequence per step through the model's cache. Sampling is `callgrove.train.distribution`'s: temperature
+Prompts of different lengths decode together. The prefill forwards each distinct prompt once
+(a group's calls share one prompt: its cache is copied to each of them) and the prefix all of
+them share once (a chat template's system turn); each prompt's own tokens follow, left-padded
+(a 2-D attention mask hides the padding, position ids count each sequence's own tokens). Then
+one new token per sequence per step through the model's cache. Sampling is `callgrove.train.distribution`'s: temperature
 and top-p over the full vocabulary (no hidden top-k), one uniform per token, and the
 log-probability of each sampled token read from the same final distribution the token was drawn
 from (the behaviour policy). Stop strings end a sequence once its decoded completion contains
@@ -39,8 +41,6 @@ def hf_decode(
     """Sample a completion for every request, all of them decoding together."""
     if not requests:
         return []
-    from transformers import DynamicCache
-
     device = next(model.parameters()).device
     vocab = model.get_output_embeddings().weight.shape[0]
     lengths = torch.tensor([len(r.prompt_ids) for r in requests], device=device)
@@ -49,24 +49,13 @@ def hf_decode(
     for r in requests:
         if int(np.max(r.prompt_ids)) >= vocab or int(np.min(r.prompt_ids)) < 0:
             raise ValueError(f"prompt holds token ids outside the vocabulary of {vocab}")
-    batch, longest = len(requests), int(lengths.max())
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    prompts = torch.full((batch, longest), pad, dtype=torch.long, device=device)
-    mask = torch.zeros(batch, longest, dtype=torch.long, device=device)
-    for i, r in enumerate(requests):
-        prompts[i, longest - len(r.prompt_ids) :] = torch.as_tensor(r.prompt_ids, dtype=torch.long)
-        mask[i, longest - len(r.prompt_ids) :] = 1
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    cache = DynamicCache(config=model.config)
-    output = model(
-        input_ids=prompts,
-        attention_mask=mask,
-        position_ids=positions,
-        cache=cache,
-        use_cache=True,
-        logits_to_keep=1,  # the prompt's last position alone: a long prompt's logits are huge
-    )
-    last = output.logits[:, -1]
+    batch = len(requests)
+    unique, row_of = _unique_prompts(requests)
+    cache, last, mask = _prefill(model, tokenizer, unique, device)
+    if len(unique) < batch:  # identical prompts (a group's calls) share one prefill
+        index = torch.as_tensor(row_of, device=device)
+        cache.reorder_cache(index)
+        last, mask = last[index], mask[index]
 
     temperature, top_p, max_tokens, stop_ids = request_tensors(requests, vocab, device)
     text_of = partial(tokenizer.decode, skip_special_tokens=False)
@@ -77,7 +66,11 @@ def hf_decode(
     logprobs: list[list[float]] = [[] for _ in requests]
     running = torch.ones(batch, dtype=torch.bool, device=device)
     stopped = torch.zeros(batch, dtype=torch.bool, device=device)
-    for step in range(int(max_tokens.max())):
+    steps = int(max_tokens.max())
+    # Every key the round will hold, made once: a step's mask is a prefix of it.
+    keys = mask.shape[1]
+    mask = torch.cat([mask, torch.ones(batch, steps, dtype=torch.long, device=device)], dim=1)
+    for step in range(steps):
         logp = sampling_distribution(last.double(), temperature, top_p)
         chosen = draw(logp, generator, own)
         picked = logp.gather(1, chosen[:, None])[:, 0]
@@ -92,11 +85,10 @@ def hf_decode(
         running &= ~hit & (max_tokens > step + 1)
         if not bool(running.any()):
             break
-        mask = torch.cat([mask, torch.ones(batch, 1, dtype=torch.long, device=device)], dim=1)
         position = (lengths + step)[:, None]
         output = model(
             input_ids=chosen[:, None],
-            attention_mask=mask,
+            attention_mask=mask[:, : keys + step + 1],
             position_ids=position,
             cache=cache,
             use_cache=True,
@@ -106,3 +98,64 @@ def hf_decode(
         Decoded(np.asarray(t, dtype=np.int32), np.asarray(lp, dtype=np.float64), bool(s))
         for t, lp, s in zip(tokens, logprobs, stopped.tolist(), strict=True)
     ]
+
+
+def _unique_prompts(requests: Sequence[DecodeRequest]) -> tuple[list[np.ndarray], list[int]]:
+    """The distinct prompts, in order of first appearance, and each request's among them."""
+    index: dict[bytes, int] = {}
+    unique: list[np.ndarray] = []
+    row_of = []
+    for r in requests:
+        key = np.asarray(r.prompt_ids, dtype=np.int64).tobytes()
+        if key not in index:
+            index[key] = len(unique)
+            unique.append(np.asarray(r.prompt_ids, dtype=np.int64))
+        row_of.append(index[key])
+    return unique, row_of
+
+
+def _common_prefix(prompts: Sequence[np.ndarray]) -> int:
+    """Tokens every prompt starts with, leaving each at least one of its own (whose logits
+    start its completion)."""
+    shortest = min(len(p) for p in prompts)
+    first = prompts[0][: shortest - 1]
+    differs = np.zeros(len(first), dtype=bool)
+    for p in prompts[1:]:
+        differs |= p[: len(first)] != first
+    return int(np.argmax(differs)) if differs.any() else len(first)
+
+
+def _prefill(
+    model: nn.Module, tokenizer, prompts: Sequence[np.ndarray], device: torch.device
+) -> tuple[object, torch.Tensor, torch.Tensor]:
+    """The KV cache of `prompts`, the logits (prompts, vocab) at their last tokens, and the key
+    mask (prompts, keys). Their common prefix (a chat template's system turn, a harness's
+    system prompt) is forwarded once; the rest of each prompt follows it, left-padded, so the
+    padding sits between the prefix and a prompt's own tokens (masked, and skipped by the
+    position ids)."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    shared = _common_prefix(prompts) if len(prompts) > 1 else 0
+    if shared:
+        prefix = torch.as_tensor(prompts[0][:shared], device=device)[None]
+        model(input_ids=prefix, cache=cache, use_cache=True, logits_to_keep=1)
+        cache.reorder_cache(torch.zeros(len(prompts), dtype=torch.long, device=device))
+    own = [p[shared:] for p in prompts]
+    longest = max(len(p) for p in own)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    tokens = torch.full((len(own), longest), pad, dtype=torch.long, device=device)
+    own_mask = torch.zeros(len(own), longest, dtype=torch.long, device=device)
+    for i, p in enumerate(own):
+        tokens[i, longest - len(p) :] = torch.as_tensor(p, device=device)
+        own_mask[i, longest - len(p) :] = 1
+    mask = torch.cat([torch.ones(len(own), shared, dtype=torch.long, device=device), own_mask], 1)
+    output = model(
+        input_ids=tokens,
+        attention_mask=mask,
+        position_ids=shared + (own_mask.cumsum(-1) - 1).clamp(min=0),
+        cache=cache,
+        use_cache=True,
+        logits_to_keep=1,  # the prompt's last position alone: a long prompt's logits are huge
+    )
+    return cache, output.logits[:, -1], mask

@@ -1,0 +1,404 @@
+"""callgrove's RL step against TRL's `GRPOTrainer` on the same model, task and settings
+(`callgrove race`, `benchmarks/trl_race.py`).
+
+Both train SmolLM2-135M-Instruct (the packaged `smollm2-135m`, float32, CPU) with LoRA r=16
+(alpha 32, q/k/v/o projections) on the `arithmetic` environment's tasks (the same tasks in the
+same order: group i's task is `Arithmetic.task(default_rng([seed, i]))`, as callgrove's
+dispatcher draws it), the same prompt tokens (the model's chat template, user turn and
+generation prompt), `--groups-per-step` groups of `--group-size` completions per step, at most
+`--max-tokens` completion tokens at `--temperature` (top-p 1; both score at it), the same
+learning rate, GRPO advantages (reward minus the group mean, not scaled by the std), the
+clipped loss at 0.2 normalised per token (TRL `loss_type="dapo"`, beta 0), one optimizer step
+per generation, gradients clipped at norm 1, float32 and no gradient checkpointing (TRL's
+defaults turn on bf16 autocast, about 12 times slower on this CPU, and checkpointing; callgrove
+trains in float32 without it). Runs interleave: for each seed callgrove's loop (`callgrove train` with the Hugging
+Face sampler), then TRL's trainer with its own generation.
+
+Reported per trainer: seconds per step (median and best), split into sampling, scoring, credit
+and batching, forward and backward, optimizer and weight push (callgrove: its metrics.jsonl
+profile; TRL: its `_generate`, `_calculate_rewards`, the rest of
+`_generate_and_score_completions`, `training_step` less that, and the optimizer step, timed
+around TRL's own methods); episodes and trained tokens per second and per CPU-second (process
+CPU time over the steps); and the mean reward of the last step and of all steps.
+
+By default callgrove trains on-policy as TRL does (`dispatch.max_off_policy_steps = 0`: a step's
+groups are sampled by the weights it trains); `--off-policy-steps 1` lets the loop generate the
+next step's groups while the learner trains (one step of lag, corrected by the clipped
+importance ratio), which pays where sampler and learner have hardware of their own, not on a
+CPU they share. Figures vary on a shared machine; compare within a
+run. Versions: the installed TRL (printed), transformers and peft.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from callgrove.chat import JinjaFormat, Message
+from callgrove.orchestrator.config import config_from_dict
+from callgrove.orchestrator.envs.arithmetic import Arithmetic, score
+from callgrove.orchestrator.loop import train
+from callgrove.orchestrator.monitors import STEP_PHASES
+
+MODEL = "smollm2-135m"
+REWARD = "train/all/episode/reward/mean"
+TARGET = 1.5
+# The phases both trainers report, from callgrove's `STEP_PHASES`.
+PHASES = ("sampling", "scoring", "credit+batching", "forward_backward", "optimizer", "weight_push")
+
+
+TRL_MISSING = "the race needs TRL and its datasets: pip install 'callgrove[hf,trl]'"
+
+
+@dataclass(frozen=True, slots=True)
+class RaceSettings:
+    """What both trainers run (the docstring above says how each is set from these)."""
+
+    seeds: tuple[int, ...] = (0, 1)
+    steps: int = 3
+    group_size: int = 4
+    groups_per_step: int = 2
+    max_tokens: int = 12
+    temperature: float = 0.7
+    lr: float = 2e-4
+    threads: int = 1
+    off_policy_steps: int = 0
+
+
+# The help of each setting, for the command line and the script alike.
+SETTING_HELP = {
+    "seeds": "Run seeds: each trains both trainers, interleaved",
+    "steps": "Optimizer steps per run",
+    "group_size": "Completions per prompt (GRPO's group)",
+    "groups_per_step": "Groups per optimizer step",
+    "max_tokens": "Completion tokens at most",
+    "temperature": "Sampling temperature (both score at it)",
+    "lr": "Learning rate",
+    "threads": "Torch threads (a shared CPU: 1)",
+    "off_policy_steps": (
+        "Steps of lag callgrove's loop allows (dispatch.max_off_policy_steps; 0: on-policy, "
+        "as TRL trains)"
+    ),
+}
+
+
+def trl_version() -> str:
+    """The installed TRL's version; an ImportError saying how to install it otherwise."""
+    try:
+        import datasets  # noqa: F401  TRL's trainer reads its prompts from a Dataset
+        import trl
+    except ImportError as error:
+        raise ImportError(TRL_MISSING) from error
+    return trl.__version__
+
+
+def cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def callgrove_run(settings: RaceSettings, seed: int, out: Path) -> dict[str, Any]:
+    from callgrove.train.hf_trainer import LoraSettings
+
+    config = config_from_dict(
+        {
+            "run": {"steps": settings.steps, "out": str(out), "seed": seed},
+            "env": {"name": "arithmetic"},
+            "model": {
+                "name": MODEL,
+                "options": {"lora_rank": LoraSettings().rank, "lora_alpha": LoraSettings().alpha},
+            },
+            "sampling": {"max_tokens": settings.max_tokens, "temperature": settings.temperature},
+            "dispatch": {
+                "group_size": settings.group_size,
+                "groups_per_step": settings.groups_per_step,
+                "max_off_policy_steps": settings.off_policy_steps,
+            },
+            "algorithm": {"name": "grpo"},
+            "train": {"learning_rate": settings.lr, "max_grad_norm": 1.0},
+            "degeneracy": {"drop": []},  # TRL drops nothing either
+            "monitor": {"live": False, "plot": False, "samples_per_step": 0},
+        }
+    )
+    cpu_before = cpu_seconds()
+    summary = train(config)
+    cpu = cpu_seconds() - cpu_before
+    steps = [m for m in summary.metrics if not m.get("final")]
+    phases = []
+    for m in steps:
+        seconds = {phase: m[f"time/{phase}_s"] for phase in STEP_PHASES}
+        phases.append(
+            {
+                "sampling": seconds["sampling"],
+                "scoring": seconds["scoring"],
+                "credit+batching": seconds["credit"] + seconds["batching"],
+                "forward_backward": seconds["forward_backward"],
+                "optimizer": seconds["optimizer"],
+                "weight_push": seconds["weight_push"],
+            }
+        )
+    return {
+        "step_seconds": [m["time/step_s"] for m in steps],
+        "phases": phases,
+        "episodes": [m["train/all/episode/count"] for m in steps],
+        "trained_tokens": [m["train/loss_tokens"] for m in steps],
+        "rewards": [m[REWARD] for m in steps],
+        "cpu_seconds": cpu,
+    }
+
+
+class PhaseClock:
+    """Seconds spent in named methods of one object, per optimizer step."""
+
+    def __init__(self) -> None:
+        self.current: dict[str, float] = {}
+        self.steps: list[dict[str, float]] = []
+
+    def wrap(self, owner: Any, method: str, phase: str) -> None:
+        inner = getattr(owner, method)
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                self.add(phase, time.perf_counter() - started)
+
+        setattr(owner, method, timed)
+
+    def add(self, phase: str, seconds: float) -> None:
+        self.current[phase] = self.current.get(phase, 0.0) + seconds
+
+
+def trl_run(settings: RaceSettings, seed: int, out: Path, tasks: list[dict]) -> dict[str, Any]:
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from callgrove.train.hf_model import checkpoint_folder, resolve_model
+    from callgrove.train.hf_trainer import LoraSettings
+
+    folder = checkpoint_folder(resolve_model(MODEL))
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    chat = JinjaFormat.from_tokenizer(tokenizer)  # the tokens callgrove's loop renders
+    prompts = [chat.show(chat.render([Message("user", Arithmetic.question(t))])) for t in tasks]
+    answers = [Arithmetic.answer(t) for t in tasks]
+    dataset = Dataset.from_dict({"prompt": prompts, "answer": answers})
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    lora = LoraSettings()
+    per_step = settings.group_size * settings.groups_per_step
+    rewards: list[list[float]] = []
+
+    def arithmetic_reward(completions: list[str], answer: list[int], **_: Any) -> list[float]:
+        given = [score(text, target) for text, target in zip(completions, answer, strict=True)]
+        rewards.append(given)
+        return given
+
+    config = GRPOConfig(
+        output_dir=str(out),
+        per_device_train_batch_size=per_step,
+        num_generations=settings.group_size,
+        generation_batch_size=per_step,
+        max_completion_length=settings.max_tokens,
+        temperature=settings.temperature,
+        top_p=1.0,
+        gradient_checkpointing=False,
+        bf16=False,  # callgrove trains in float32; on a CPU without bf16 units autocast crawls
+        learning_rate=settings.lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        beta=0.0,
+        epsilon=0.2,
+        loss_type="dapo",
+        scale_rewards="none",
+        num_iterations=1,
+        gradient_accumulation_steps=1,
+        max_steps=settings.steps,
+        seed=seed,
+        shuffle_dataset=False,
+        use_cpu=True,
+        report_to=[],
+        logging_steps=1,
+        save_strategy="no",
+        dataloader_num_workers=0,
+        log_completions=False,
+    )
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=[arithmetic_reward],
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        peft_config=LoraConfig(
+            r=lora.rank,
+            lora_alpha=lora.alpha,
+            lora_dropout=lora.dropout,
+            target_modules=list(lora.target_modules),
+            task_type="CAUSAL_LM",
+        ),
+    )
+    clock = PhaseClock()
+    clock.wrap(trainer, "_generate", "sampling")
+    clock.wrap(trainer, "_calculate_rewards", "scoring")
+    clock.wrap(trainer, "_generate_and_score_completions", "prepare")
+    clock.wrap(trainer, "training_step", "training_step")
+    trained_tokens: list[float] = []
+    step_seconds: list[float] = []
+    inner_generate = trainer._generate_and_score_completions
+
+    def counted(*a: Any, **k: Any) -> dict[str, Any]:
+        batch = inner_generate(*a, **k)
+        trained_tokens.append(float(batch["completion_mask"].sum()))
+        return batch
+
+    trainer._generate_and_score_completions = counted
+
+    class Steps(TrainerCallback):
+        def on_step_begin(self, *_: Any, **__: Any) -> None:
+            self.started = time.perf_counter()
+            clock.current = {}
+
+        def on_pre_optimizer_step(self, *_: Any, **__: Any) -> None:
+            self.optimizing = time.perf_counter()
+
+        def on_optimizer_step(self, *_: Any, **__: Any) -> None:
+            clock.add("optimizer", time.perf_counter() - self.optimizing)
+
+        def on_step_end(self, *_: Any, **__: Any) -> None:
+            step_seconds.append(time.perf_counter() - self.started)
+            clock.steps.append(clock.current)
+            print(f"TRL step {len(step_seconds)}: {step_seconds[-1]:.2f} s, {clock.current}")
+
+    trainer.add_callback(Steps())
+    cpu_before = cpu_seconds()
+    trainer.train()
+    cpu = cpu_seconds() - cpu_before
+    phases = []
+    for seconds in clock.steps:
+        sampling, scoring = seconds.get("sampling", 0.0), seconds.get("scoring", 0.0)
+        prepare = seconds.get("prepare", 0.0)
+        phases.append(
+            {
+                "sampling": sampling,
+                "scoring": scoring,
+                "credit+batching": prepare - sampling - scoring,
+                "forward_backward": seconds.get("training_step", 0.0) - prepare,
+                "optimizer": seconds.get("optimizer", 0.0),
+                "weight_push": 0.0,  # one model samples and trains
+            }
+        )
+    return {
+        "step_seconds": step_seconds,
+        "phases": phases,
+        "episodes": [float(per_step)] * len(step_seconds),
+        "trained_tokens": trained_tokens,
+        "rewards": [float(np.mean(r)) for r in rewards],
+        "cpu_seconds": cpu,
+    }
+
+
+def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Figures over every run of one trainer (all seeds' steps together)."""
+    seconds = [s for run in runs for s in run["step_seconds"]]
+    total = sum(seconds)
+    episodes = sum(sum(run["episodes"]) for run in runs)
+    tokens = sum(sum(run["trained_tokens"]) for run in runs)
+    cpu = sum(run["cpu_seconds"] for run in runs)
+    return {
+        "median_s": statistics.median(seconds),
+        "best_s": min(seconds),
+        "phases": {
+            phase: statistics.median([p[phase] for run in runs for p in run["phases"]])
+            for phase in PHASES
+        },
+        "episodes_per_s": episodes / total,
+        "tokens_per_s": tokens / total,
+        "episodes_per_cpu_s": episodes / cpu,
+        "tokens_per_cpu_s": tokens / cpu,
+        "last_reward": [run["rewards"][-1] for run in runs],
+        "mean_reward": [float(np.mean(run["rewards"])) for run in runs],
+    }
+
+
+def race_folder(out: Path | None) -> Path:
+    """Where a race keeps its runs: `out`, or a fresh temporary folder."""
+    return out or Path(tempfile.mkdtemp(prefix="trl-race-"))
+
+
+def run_race(
+    settings: RaceSettings, out: Path, say: Callable[[str], None] = print
+) -> dict[str, Any]:
+    """Both trainers, interleaved per seed, their runs kept under `out`; the settings,
+    versions, load average, figures and runs, also written to OUT/figures.json. `say` hears
+    progress."""
+    import torch
+
+    import callgrove
+
+    version = trl_version()
+    torch.set_num_threads(settings.threads)
+    say(f"TRL {version}; {settings} -> {out}")
+    load_before = os.getloadavg()
+    runs: dict[str, list[dict[str, Any]]] = {"callgrove": [], "TRL": []}
+    for seed in settings.seeds:
+        groups = (settings.steps + 1) * settings.groups_per_step  # a step of lag: more drawn
+        tasks = [Arithmetic().task(np.random.default_rng([seed, i])) for i in range(groups)]
+        runs["callgrove"].append(callgrove_run(settings, seed, out / f"callgrove-{seed}"))
+        for number, phases in enumerate(runs["callgrove"][-1]["phases"], 1):
+            say(f"callgrove seed {seed} step {number}: {phases}")
+        runs["TRL"].append(trl_run(settings, seed, out / f"trl-{seed}", tasks))
+        say(f"TRL seed {seed}: {runs['TRL'][-1]['step_seconds']}")
+    figures = {name: summary(trainer_runs) for name, trainer_runs in runs.items()}
+    import peft
+    import transformers
+
+    race = {
+        "settings": asdict(settings),
+        "versions": {
+            "callgrove": callgrove.__version__,
+            "trl": version,
+            "transformers": transformers.__version__,
+            "peft": peft.__version__,
+            "torch": torch.__version__,
+        },
+        "load_average": {"before": load_before, "after": os.getloadavg()},
+        "speedup": figures["TRL"]["median_s"] / figures["callgrove"]["median_s"],
+        "figures": figures,
+        "runs": runs,
+    }
+    (out / "figures.json").write_text(json.dumps(race, indent=1))
+    return race
+
+
+def race_lines(race: dict[str, Any]) -> list[str]:
+    """The race's figures as lines of text: a trainer each, then the verdict."""
+    lines = []
+    for name, f in race["figures"].items():
+        split = ", ".join(f"{phase} {s:.2f}" for phase, s in f["phases"].items())
+        lines.append(
+            f"{name:9s} step median {f['median_s']:.2f} s, best {f['best_s']:.2f} s ({split}); "
+            f"{f['episodes_per_s']:.2f} episodes/s, {f['tokens_per_s']:.1f} trained tokens/s, "
+            f"{f['episodes_per_cpu_s']:.3f} episodes/CPU-s, {f['tokens_per_cpu_s']:.2f} "
+            f"tokens/CPU-s; reward last step {f['last_reward']}, mean {f['mean_reward']}"
+        )
+    verdict = "meets" if race["speedup"] >= TARGET else "BELOW"
+    lines.append(
+        f"callgrove's median step is {race['speedup']:.2f}x TRL's speed "
+        f"({verdict} the {TARGET}x target)"
+    )
+    return lines
