@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from callgrove.batch import PackSettings, build_samples, pack
+from callgrove.batch.samples import fill_unknown_sampling
 from callgrove.batch.tree import TreeBatch, TreeSettings, pack_episode_rows, pack_samples
 from callgrove.credit import GRPO, finalize_group
 from callgrove.episode import load
@@ -130,6 +131,7 @@ def fork_heavy_figures(repeats: int) -> bool:
     finalize_group(GRPO(), [episode])
     episode_rows = build_rows(episode)
     samples = build_samples(episode_rows)
+    fill_unknown_sampling(samples, temperature=1.0, top_p=1.0)  # its calls record none
     print(
         f"fork-heavy episode: {len(episode.kept_calls())} calls, {len(samples)} rows, "
         f"longest {max(s.num_tokens for s in samples)} tokens"

@@ -8,6 +8,8 @@ ends. The tests that change its weights put the original ones back.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,26 @@ from callgrove.policy.vllm import VllmServer, VllmSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_LORA_RANK = 16
+
+
+@pytest.fixture(scope="session")
+def train_cli():
+    """`train_cli(config)`: `callgrove train CONFIG` in a fresh process of this checkout's
+    source, bounded in time; fails the test, quoting its output, unless it succeeds."""
+
+    def run(config: Path, timeout: float = 900) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-c", "from callgrove.cli import main; main()", "train"]
+        done = subprocess.run(
+            [*command, str(config)],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+            timeout=timeout,
+        )
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+        return done
+
+    return run
 
 
 @pytest.fixture(scope="session")

@@ -16,9 +16,6 @@ completion, and the episode passes `callgrove check`.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +26,7 @@ from callgrove.episode import load
 from callgrove.gateway.harness import run_harness
 from callgrove.gateway.ledger import EPISODES_FILE
 
-from .helpers import SRC, server_process
+from .helpers import server_process
 from .test_real_harnesses import check_cli, cli
 from .test_vllm_gateway import teacher_forced
 
@@ -139,7 +136,7 @@ def test_a_harness_through_the_gateway_to_vllm_is_recorded_token_exact(
 
 
 def test_callgrove_train_over_codex_samples_with_vllm_and_pushes_each_step(
-    tmp_path, vllm_weights_restored, smollm2_folder
+    tmp_path, vllm_weights_restored, smollm2_folder, train_cli
 ):
     """Two steps over real Codex: the environment's in-process gateway renders Codex's requests
     with SmolLM2's template and samples them from vLLM (`[model.vllm]`); after step 1 the
@@ -191,14 +188,7 @@ live = false
 plot = false
 """
     )
-    done = subprocess.run(
-        [sys.executable, "-c", "from callgrove.cli import main; main()", "train", str(config)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": SRC},
-        timeout=900,
-    )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    train_cli(config)
     for step in (1, 2):
         lines = (out / f"step_{step}/train/traces.jsonl").read_text().splitlines()
         traces = [json.loads(line) for line in lines]

@@ -6,10 +6,6 @@ weights are put back afterwards."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import httpx
 import numpy as np
@@ -19,11 +15,10 @@ from transformers import AutoTokenizer
 
 # One worker runs every vLLM test, so `pytest -n 2` starts one session server, not two.
 pytestmark = [pytest.mark.vllm, pytest.mark.xdist_group("vllm")]
-SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 
 def test_callgrove_train_samples_with_vllm_and_pushes_each_step(
-    tmp_path, vllm_weights_restored, smollm2_folder
+    tmp_path, vllm_weights_restored, smollm2_folder, train_cli
 ):
     vllm_url = vllm_weights_restored
     out = tmp_path / "out"
@@ -58,14 +53,7 @@ live = false
 plot = false
 """
     )
-    done = subprocess.run(
-        [sys.executable, "-c", "from callgrove.cli import main; main()", "train", str(config)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": SRC},
-        timeout=900,
-    )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    train_cli(config)
     trained = torch.load(out / "checkpoint.pt", weights_only=False)["learner"]["weights"]
     tokenizer = AutoTokenizer.from_pretrained(smollm2_folder)
     greedy = {

@@ -106,6 +106,17 @@ def test_samples_carry_the_logprobs_of_the_distribution_they_were_drawn_from(vll
     )
 
 
+def finishing_times(finished: dict[str, float]):
+    """`timed(name, work)`: await `work`, noting when it finished under `name`."""
+
+    async def timed(name, work):
+        result = await work
+        finished[name] = time.monotonic()
+        return result
+
+    return timed
+
+
 def perturbed(model, scale: float, seed: int) -> dict[str, torch.Tensor]:
     generator = torch.Generator().manual_seed(seed)
     return {
@@ -121,11 +132,7 @@ def test_new_weights_reach_the_server_between_calls_never_under_one(vllm_url, sm
     original = {name: p.detach().clone() for name, p in model.named_parameters()}
     changed = perturbed(model, 0.3, seed=0)
     finished: dict[str, float] = {}
-
-    async def timed(name, work):
-        result = await work
-        finished[name] = time.monotonic()
-        return result
+    timed = finishing_times(finished)
 
     async def scenario():
         sampler = VllmSampler([vllm_url])
@@ -250,11 +257,7 @@ def test_a_lora_push_waits_for_no_call_in_flight(vllm_url, smollm2, smollm2_fold
     prompt = prompt_ids(tokenizer, QUESTIONS[0])
     long = SamplingParams(max_tokens=48, temperature=0, stop_token_ids=())
     finished: dict[str, float] = {}
-
-    async def timed(name, work):
-        result = await work
-        finished[name] = time.monotonic()
-        return result
+    timed = finishing_times(finished)
 
     async def scenario():
         sampler = VllmSampler([vllm_url], lora=lora, base_folder=smollm2_folder, seed=3)

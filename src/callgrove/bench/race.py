@@ -183,12 +183,11 @@ class PhaseClock:
 def trl_run(settings: RaceSettings, seed: int, out: Path, tasks: list[dict]) -> dict[str, Any]:
     import torch
     from datasets import Dataset
-    from peft import LoraConfig
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     from callgrove.train.hf_model import checkpoint_folder, resolve_model
-    from callgrove.train.hf_trainer import LoraSettings
+    from callgrove.train.hf_trainer import LoraSettings, peft_lora_config
 
     folder = checkpoint_folder(resolve_model(MODEL))
     tokenizer = AutoTokenizer.from_pretrained(folder)
@@ -244,13 +243,7 @@ def trl_run(settings: RaceSettings, seed: int, out: Path, tasks: list[dict]) -> 
         args=config,
         train_dataset=dataset,
         processing_class=tokenizer,
-        peft_config=LoraConfig(
-            r=lora.rank,
-            lora_alpha=lora.alpha,
-            lora_dropout=lora.dropout,
-            target_modules=list(lora.target_modules),
-            task_type="CAUSAL_LM",
-        ),
+        peft_config=peft_lora_config(lora),
     )
     clock = PhaseClock()
     clock.wrap(trainer, "_generate", "sampling")

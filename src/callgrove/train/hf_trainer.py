@@ -132,16 +132,23 @@ class HFLearner(ModelLearner):
         self.load_state_dict(state)
 
 
-def _with_lora(model: nn.Module, lora: LoraSettings) -> nn.Module:
-    from peft import LoraConfig, get_peft_model
+def peft_lora_config(lora: LoraSettings):
+    """`lora` as peft's `LoraConfig` (what a peft model, or another trainer, is given)."""
+    from peft import LoraConfig
 
-    config = LoraConfig(
+    return LoraConfig(
         r=lora.rank,
         lora_alpha=lora.alpha,
         lora_dropout=lora.dropout,
         target_modules=list(lora.target_modules),
         task_type="CAUSAL_LM",
     )
+
+
+def _with_lora(model: nn.Module, lora: LoraSettings) -> nn.Module:
+    from peft import get_peft_model
+
+    config = peft_lora_config(lora)
     with warnings.catch_warnings():
         # peft 0.21 reads transformers' deprecated `is_gradient_checkpointing` alias while it
         # wraps the model (its FutureWarning named nothing of ours, on every LoRA run); the
