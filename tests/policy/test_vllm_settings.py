@@ -76,3 +76,19 @@ def test_a_missing_vllm_interpreter_says_how_to_get_one(tmp_path):
     raw = {"name": "smollm2-135m", "vllm": {"python": str(missing)}}
     with pytest.raises(ConfigError, match="make vllm"):
         policy_backend(config(raw))
+
+
+@pytest.mark.hf
+def test_with_vllm_sampling_the_hf_backend_keeps_no_sampler_of_its_own():
+    """vLLM servers sample: no in-process sampler (a copy of the model) is built beside them."""
+    import gc
+
+    from callgrove.policy.backends import build_policy
+    from callgrove.policy.hf import HFSampler
+    from callgrove.policy.vllm import VllmSampler
+
+    run = config({"name": "smollm2-135m", "vllm": {"urls": ["http://127.0.0.1:9"]}})
+    backend = build_policy(run.model, run.train, seed=0)
+    assert isinstance(backend.sampler, VllmSampler)
+    gc.collect()
+    assert not any(isinstance(o, HFSampler) for o in gc.get_objects())

@@ -161,10 +161,13 @@ def hf_backend(model: ModelSettings, learner: LearnerSettings, seed: int) -> Pol
         learner,
         HFOptions(lora, bool(options["gradient_checkpointing"])),
     )
+    chat = JinjaFormat.from_tokenizer(tokenizer)
+    if model.vllm is not None:  # vLLM servers sample (`build_policy`): no copy of the model here
+        return PolicyBackend(trainer, None, chat)  # type: ignore[arg-type]
     if lora:
         sampler = HFSampler(
             trainer.hf_model, tokenizer, seed, model.max_batch, FoldedLora(trainer.hf_model)
         )
     else:
         sampler = HFSampler(copy.deepcopy(trainer.hf_model), tokenizer, seed, model.max_batch)
-    return PolicyBackend(trainer, sampler, JinjaFormat.from_tokenizer(tokenizer))
+    return PolicyBackend(trainer, sampler, chat)
