@@ -612,17 +612,18 @@ class VllmSampler:
         if pushed_to and not self.live and not self._restarts_pending():
             raise VllmError(f"no vLLM server took the new weights: {self.dropped_reasons()}")
         previous, self._written = self._written, folder
-        if self.lora is not None:
-            old, self._adapter = self._adapter, adapter_name(self.served_model, version)
-            for upstream in self.live:
-                upstream.client.model = self._adapter
-            if old is not None and self._adapter_calls[old] == 0:
-                await asyncio.gather(*(self._unload(u, old) for u in self.live))
-            elif old is not None:
-                self._retire(old)
-        if previous is not None and previous != folder:
-            shutil.rmtree(previous, ignore_errors=True)
         self._version = version
+        if self.lora is None:
+            if previous is not None and previous != folder:
+                shutil.rmtree(previous, ignore_errors=True)
+            return
+        old, self._adapter = self._adapter, adapter_name(self.served_model, version)
+        for upstream in self.live:
+            upstream.client.model = self._adapter
+        if old is not None:
+            self._retire(old, previous)
+        if self._adapter_calls[old] == 0:  # nothing holds it up: gone before the push ends
+            await asyncio.gather(*self._retiring)
 
     def _write(self, weights: dict[str, Any], version: int) -> Path:
         from safetensors.torch import save_file
@@ -673,6 +674,9 @@ class VllmSampler:
                     {
                         "lora_name": adapter_name(self.served_model, version),
                         "lora_path": str(folder),
+                        # a running server may hold this name from an earlier run: this run's
+                        # version N replaces it
+                        "load_inplace": True,
                     },
                 )
                 return
@@ -690,14 +694,18 @@ class VllmSampler:
         except UpstreamError as error:
             self._drop(upstream, f"loading new weights failed: {error}")
 
-    def _retire(self, adapter: str) -> None:
-        """Unload `adapter` from the servers holding it once no call in flight names it."""
+    def _retire(self, adapter: str, folder: Path | None) -> None:
+        """Unload `adapter` from the servers holding it once no call in flight names it, then
+        remove its `folder`: a server reads an adapter's file again whenever it swaps it back
+        into a batch, so the file stays while any call names it."""
         holders = self.live
 
         async def unload() -> None:
             async with self._condition():
                 await self._condition().wait_for(lambda: self._adapter_calls[adapter] == 0)
             await asyncio.gather(*(self._unload(u, adapter) for u in holders if u in self.live))
+            if folder is not None and folder != self._written:
+                shutil.rmtree(folder, ignore_errors=True)
 
         task = asyncio.create_task(unload())
         self._retiring.add(task)
