@@ -131,6 +131,11 @@ def test_the_gateway_records_the_version_the_server_holds(tmp_path, vllm_url, sm
     turn = [{"role": "user", "content": QUESTION}]
     ledger = tmp_path / "ledger"
     args = gateway_args(vllm_url, ledger, smollm2_folder, "--upstream-model", "latest")
+    # The session server may hold adapters earlier tests pushed: `latest` must not find them.
+    for entry in httpx.get(vllm_url + "/v1/models", timeout=30).json()["data"]:
+        if entry.get("parent"):
+            unload = {"lora_name": entry["id"]}
+            httpx.post(vllm_url + "/v1/unload_lora_adapter", json=unload, timeout=30)
 
     async def push(sampler, weights, version):
         try:

@@ -14,8 +14,7 @@ empty starts a local Ray; otherwise it names a cluster (`auto`, `ray://host:1000
 
 With `[model.vllm]` the sampler actor's vLLM sampler starts each server inside a
 `VllmServerActor`, which owns the server's process, reports its URL and stops it with itself
-(killed, its server goes too: a watchdog in the server's process group ends the group once
-the process that started it is gone); the sampler then
+(killed, its server goes too: the kernel ends a server whose parent dies); the sampler then
 talks HTTP to the URLs the actors reported, so servers can sit on any node of a cluster (pushed
 weights are written to `weights_dir`, which those nodes must share). The driver keeps no server.
 """

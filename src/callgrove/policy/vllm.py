@@ -217,7 +217,16 @@ class VllmServer:
             "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
             "HF_HUB_OFFLINE": "1",
         }
-        process = spawn_group(command, log, env)
+        with log.open("wb") as out:
+            process = subprocess.Popen(
+                command,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,  # its workers are stopped with it
+                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+            )
         server = cls(process, f"http://127.0.0.1:{port}", log, (model_folder, settings, lora_rank))
         atexit.register(server.stop)  # never outlives this process, whatever fails before close
         return server
@@ -295,40 +304,12 @@ def _max_lora_rank(rank: int) -> int:
     )
 
 
-# The leader of a server's process group: it runs the server and ends as it ends (with its exit
-# code or signal), and once the process that started it is gone (its parent pid changes) it
-# ends the whole group, the workers the server started included.
-_GUARD = """
-import os, signal, subprocess, sys, time
-parent = int(sys.argv[1])
-signal.signal(signal.SIGTERM, lambda *_: None)  # the group's SIGTERM is the server's to act on
-server = subprocess.Popen(sys.argv[2:])
-while (code := server.poll()) is None:
-    if os.getppid() != parent:
-        os.killpg(0, signal.SIGKILL)
-    time.sleep(0.2)
-if code < 0:
-    if -code != signal.SIGKILL:
-        signal.signal(-code, signal.SIG_DFL)
-    os.kill(os.getpid(), -code)
-sys.exit(code)
-"""
+def _die_with_parent() -> None:
+    """In the server's process before it starts: the kernel ends it when its parent dies, so a
+    process killed before it could stop its servers leaves none behind."""
+    import ctypes
 
-
-def spawn_group(command: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
-    """Start `command` in a process group of its own, its output in `log`, under a guard that
-    leads the group: a process killed before it could stop its servers leaves nothing behind
-    (a signal from the kernel to the server alone would leave the workers it started). The
-    returned process is the guard; its exit is the server's."""
-    with log.open("wb") as out:
-        return subprocess.Popen(
-            [sys.executable, "-c", _GUARD, str(os.getpid()), *command],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            start_new_session=True,  # its workers are stopped with it
-        )
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 class StartedServer(Protocol):
@@ -540,6 +521,8 @@ class VllmSampler:
         assert upstream.process is not None
         old_url = upstream.client.base_url
         try:
+            # Started from this thread: the kernel stops a server when the thread that
+            # started it ends (`_die_with_parent`), and a worker thread may end any time.
             server = upstream.process.relaunch()
             upstream.process = server
             if self._closed:
@@ -737,7 +720,15 @@ class VllmSampler:
                 await asyncio.to_thread(upstream.process.stop)
         # A restart waiting for its server sees it stopped and ends; so does an unload.
         await asyncio.gather(*self._restarting, *self._retiring, return_exceptions=True)
-        if self._own_weights_dir:
+        # A server given by URL goes on holding the last weights pushed, and vLLM reads an
+        # adapter's files again whenever it swaps it back in: that folder stays.
+        held = any(u.process is None and u.gone is None for u in self.upstreams)
+        keep = self._written if held else None
+        if keep is not None:
+            for folder in self.weights_dir.iterdir():
+                if folder != keep:
+                    shutil.rmtree(folder, ignore_errors=True)
+        elif self._own_weights_dir:
             shutil.rmtree(self.weights_dir, ignore_errors=True)
 
 
