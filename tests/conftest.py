@@ -2,7 +2,8 @@
 
 It is started from `.venv-vllm` (`make vllm`, which `make test` runs; `CALLGROVE_VLLM_PYTHON`
 names another interpreter), on loopback, with a bounded wait, and stopped when the session
-ends. The tests that change its weights put the original ones back.
+ends. The tests that change its weights put the original ones back. No other vLLM process a
+`vllm` test starts may outlive it.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -18,6 +21,52 @@ from callgrove.policy.vllm import VllmServer, VllmSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_LORA_RANK = 16
+# Inherited by every process this session starts, so its vLLM processes are told from others'.
+SESSION = os.environ.setdefault("CALLGROVE_TEST_SESSION", uuid.uuid4().hex)
+SESSION_SERVER_GROUPS: set[int] = set()
+"""The process groups of the servers the session fixtures hold."""
+
+
+def session_vllm_processes() -> dict[int, tuple[int, str]]:
+    """{pid: (process group, command line)} of the running vLLM processes this session started,
+    wherever they were reparented (a server's engine workers outlive a killed leader)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+            if not ("vllm.entrypoints" in command or command.startswith("VLLM::")):
+                continue
+            if f"CALLGROVE_TEST_SESSION={SESSION}".encode() not in (entry / "environ").read_bytes():
+                continue
+            state, _parent, group = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:3]
+        except (OSError, ValueError):  # not a process, or gone meanwhile
+            continue
+        if state != "Z":
+            found[int(entry.name)] = (int(group), command)
+    return found
+
+
+@pytest.fixture(autouse=True)
+def no_vllm_process_outlives_its_test(request):
+    """A `vllm` test leaves none of its own vLLM processes running: a leak fails where it
+    happens, not as a later test's lack of memory."""
+    if request.node.get_closest_marker("vllm") is None or sys.platform != "linux":
+        yield
+        return
+    before = set(session_vllm_processes())
+
+    def left() -> dict[int, str]:
+        return {
+            pid: command
+            for pid, (group, command) in session_vllm_processes().items()
+            if pid not in before and group not in SESSION_SERVER_GROUPS
+        }
+
+    yield
+    deadline = time.monotonic() + 30
+    while left() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not left(), f"vLLM processes outlived the test: {left()}"
 
 
 @pytest.fixture(scope="session")
@@ -71,6 +120,7 @@ def vllm_url(smollm2_folder, request):
         return
     settings = request.getfixturevalue("vllm_settings")()
     server = VllmServer.start(smollm2_folder, settings, lora_rank=MAX_LORA_RANK)
+    SESSION_SERVER_GROUPS.add(server.process.pid)
     try:
         server.wait_ready(settings.startup_timeout)
         yield server.url

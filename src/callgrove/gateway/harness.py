@@ -29,6 +29,7 @@ from callgrove.episode import Episode, episode_from_wire
 from callgrove.formats.jsonl import decode_episode_line
 from callgrove.gateway.attribution import valid_episode
 from callgrove.gateway.relay import UnixToTcp
+from callgrove.policy.guard import guard_group
 
 HARNESSES = ("claude-code", "codex")
 INSIDE_PORT = 8123
@@ -238,6 +239,7 @@ def _run_cli(
         text=True,
         start_new_session=True,
     )
+    guard_group(process.pid)  # its subprocesses end with this process, however it ends
     deadline = time.monotonic() + timeout
     while True:
         try:

@@ -42,7 +42,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 import warnings
@@ -57,6 +56,7 @@ import numpy as np
 
 from callgrove.formats.ranges import check_choice, check_range
 from callgrove.policy.client import Completion, SamplingParams
+from callgrove.policy.guard import guard_group
 from callgrove.policy.http import HttpPolicyClient, UpstreamError, adapter_name
 
 if TYPE_CHECKING:
@@ -225,8 +225,8 @@ class VllmServer:
                 stdin=subprocess.DEVNULL,
                 env=env,
                 start_new_session=True,  # its workers are stopped with it
-                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
             )
+        guard_group(process.pid)  # ended with this process, however it ends
         server = cls(process, f"http://127.0.0.1:{port}", log, (model_folder, settings, lora_rank))
         atexit.register(server.stop)  # never outlives this process, whatever fails before close
         return server
@@ -302,14 +302,6 @@ def _max_lora_rank(rank: int) -> int:
     raise ValueError(
         f"LoRA rank {rank}: vLLM serves adapters of rank {_MAX_LORA_RANKS[-1]} at most"
     )
-
-
-def _die_with_parent() -> None:
-    """In the server's process before it starts: the kernel ends it when its parent dies, so a
-    process killed before it could stop its servers leaves none behind."""
-    import ctypes
-
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 class StartedServer(Protocol):
@@ -521,9 +513,7 @@ class VllmSampler:
         assert upstream.process is not None
         old_url = upstream.client.base_url
         try:
-            # Started from this thread: the kernel stops a server when the thread that
-            # started it ends (`_die_with_parent`), and a worker thread may end any time.
-            server = upstream.process.relaunch()
+            server = await asyncio.to_thread(upstream.process.relaunch)
             upstream.process = server
             if self._closed:
                 server.stop()
