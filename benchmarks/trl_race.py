@@ -4,7 +4,8 @@ race` runs the same).
 
     python benchmarks/trl_race.py [--seeds 0 1] [--steps 3] [--group-size 4]
         [--groups-per-step 2] [--max-tokens 12] [--temperature 0.7] [--lr 2e-4] [--threads 1]
-        [--off-policy-steps 0] [--out DIR] [--results FILE]
+        [--off-policy-steps 0] [--sampler hf|vllm] [--vllm-python PATH] [--out DIR]
+        [--results FILE]
 
 `--results FILE` also keeps the figures (settings, versions, load average, the runs) as JSON,
 as `benchmarks/results/trl_race.json` is kept.
@@ -17,7 +18,14 @@ import dataclasses
 import json
 from pathlib import Path
 
-from callgrove.bench.race import SETTING_HELP, RaceSettings, race_folder, race_lines, run_race
+from callgrove.bench.race import (
+    SETTING_HELP,
+    TARGETS,
+    RaceSettings,
+    race_folder,
+    race_lines,
+    run_race,
+)
 
 
 def main() -> None:
@@ -32,6 +40,7 @@ def main() -> None:
                 "--" + field.name.replace("_", "-"),
                 type=type(field.default),
                 default=field.default,
+                choices=list(TARGETS) if field.name == "sampler" else None,
                 help=SETTING_HELP[field.name],
             )
     parser.add_argument("--out", type=Path, help="keep the runs and figures.json here")

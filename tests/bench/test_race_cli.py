@@ -4,9 +4,11 @@ install it (the race itself: `benchmarks/trl_race.py`, minutes of CPU)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 
+import pytest
 from typer.testing import CliRunner
 
 from callgrove.bench import race
@@ -40,7 +42,8 @@ def recording_race(monkeypatch, tmp_path):
             "callgrove": race.summary(fake_runs(settings, 2.0)),
             "TRL": race.summary(fake_runs(settings, 3.0)),
         }
-        return {"settings": {"steps": settings.steps}, "figures": figures, "speedup": 1.5}
+        settings_json = dataclasses.asdict(settings)
+        return {"settings": settings_json, "figures": figures, "speedup": 1.5}
 
     monkeypatch.setattr(race, "trl_version", lambda: "0")
     monkeypatch.setattr(race, "run_race", run_race)
@@ -57,7 +60,32 @@ def test_the_options_reach_the_race_and_its_figures_print(monkeypatch, tmp_path)
     assert out == tmp_path
     assert "callgrove step median 2.00 s" in result.stdout
     assert "TRL       step median 3.00 s" in result.stdout
-    assert "1.50x TRL's speed (meets the 1.5x target)" in result.stdout
+    assert "(hf sampler) is 1.50x TRL's speed (meets the 1.5x target)" in result.stdout
+
+
+def test_the_vllm_sampler_is_held_to_its_own_target(monkeypatch, tmp_path):
+    seen = recording_race(monkeypatch, tmp_path)
+    args = ["race", "--sampler", "vllm", "--vllm-python", "/opt/v/bin/python"]
+    result = runner.invoke(app, [*args, "-o", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    [(settings, _)] = seen
+    assert (settings.sampler, settings.vllm_python) == ("vllm", "/opt/v/bin/python")
+    assert "(vllm sampler) is 1.50x TRL's speed (BELOW the 3.0x target)" in result.stdout
+
+
+def test_an_unknown_sampler_is_refused():
+    result = runner.invoke(app, ["race", "--sampler", "sglang"])
+    assert result.exit_code == 2 and "sglang" in result.output
+    with pytest.raises(ValueError, match="sampler 'sglang': one of hf, vllm"):
+        race.RaceSettings(sampler="sglang")
+
+
+def test_a_vllm_run_leaves_its_cpu_figures_out():
+    settings = race.RaceSettings(steps=2)
+    runs = [{**run, "cpu_seconds": None} for run in fake_runs(settings, 2.0)]
+    figures = race.summary(runs)
+    assert figures["episodes_per_cpu_s"] is None and figures["tokens_per_cpu_s"] is None
+    assert figures["episodes_per_s"] == 4.0
 
 
 def test_json_is_the_race_on_stdout(monkeypatch, tmp_path):
@@ -65,7 +93,7 @@ def test_json_is_the_race_on_stdout(monkeypatch, tmp_path):
     result = runner.invoke(app, ["race", "--steps", "4", "--json", "-o", str(tmp_path)])
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
-    assert report["settings"] == {"steps": 4}
+    assert report["settings"]["steps"] == 4 and report["settings"]["sampler"] == "hf"
     assert report["figures"]["TRL"]["median_s"] == 3.0
 
 

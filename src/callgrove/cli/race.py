@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import json
 import sys
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from callgrove.bench.race import SETTING_HELP, RaceSettings
+from callgrove.bench.race import SETTING_HELP, TARGETS, RaceSettings
 from callgrove.cli.app import EXIT_USAGE, app, err, out, safe
 
 DEFAULT = RaceSettings()
+Sampler = StrEnum("Sampler", {name: name for name in TARGETS})  # type: ignore[misc]
+DEFAULT_SAMPLER = Sampler(DEFAULT.sampler)
 
 
 @app.command("race")
@@ -43,6 +46,10 @@ def race_command(
     off_policy_steps: Annotated[
         int, typer.Option(min=0, help=SETTING_HELP["off_policy_steps"])
     ] = DEFAULT.off_policy_steps,
+    sampler: Annotated[Sampler, typer.Option(help=SETTING_HELP["sampler"])] = DEFAULT_SAMPLER,
+    vllm_python: Annotated[
+        str, typer.Option(help=SETTING_HELP["vllm_python"])
+    ] = DEFAULT.vllm_python,
     out_dir: Annotated[
         Path | None, typer.Option("--out", "-o", help="Keep the runs and figures.json here.")
     ] = None,
@@ -53,7 +60,7 @@ def race_command(
         ),
     ] = False,
 ) -> None:
-    """Race callgrove's loop (Hugging Face sampler) against TRL's GRPOTrainer.
+    """Race callgrove's loop (Hugging Face or vLLM sampler) against TRL's GRPOTrainer.
 
     Both train SmolLM2-135M with LoRA r=16 on the arithmetic environment: the same tasks,
     groups, completion length, temperature, learning rate, seeds and steps; one run of each
@@ -79,6 +86,8 @@ def race_command(
         lr=lr,
         threads=threads,
         off_policy_steps=off_policy_steps,
+        sampler=sampler.value,
+        vllm_python=vllm_python,
     )
     race = run_race(settings, race_folder(out_dir), say=lambda line: err.print(safe(line)))
     if as_json:
