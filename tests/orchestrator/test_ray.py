@@ -7,11 +7,14 @@ import pytest
 from callgrove.episode import load
 from callgrove.orchestrator.config import config_from_dict
 from callgrove.orchestrator.loop import train
+from callgrove.orchestrator.sinks import load_checkpoint
+from callgrove.policy.backends import build_sampler
 from callgrove.rows import build_rows, check_rows
 
 pytestmark = pytest.mark.processes
 
 pytest.importorskip("ray")
+torch = pytest.importorskip("torch")
 
 
 def test_a_tiny_run_on_local_ray(tmp_path):
@@ -41,3 +44,9 @@ def test_a_tiny_run_on_local_ray(tmp_path):
     # Evaluation after step 2 sampled on the remote sampler with the weights of version 2.
     evaluated = list(load(tmp_path / "step_2" / "eval" / "traces.jsonl"))
     assert {c.policy_version for e in evaluated for c in e.calls()} == {2}
+    # The checkpoint holds the sampler actor's state, the random state its sampling moved on,
+    # not that of a copy in the driver, which the driver no longer has.
+    kept = load_checkpoint(tmp_path)["sampler"]
+    fresh, _ = build_sampler(config.model, config.run.seed)
+    assert kept["version"] == 2
+    assert not torch.equal(kept["generator"], fresh.state_dict()["generator"])

@@ -102,7 +102,23 @@ async def _train(
     if (done := nothing_to_do(checkpoint, config.run.steps)) is not None:
         return RunSummary(out, done, done, sinks.read_metrics(out))
     env = environment(config)
-    backend = policy_backend(config)
+    executor = _executor(config)
+    try:
+        return await _run(config, console, checkpoint, env, executor)
+    finally:
+        if executor:
+            executor.close()
+
+
+async def _run(
+    config: TrainConfig,
+    console: Console,
+    checkpoint: dict[str, Any] | None,
+    env: Environment,
+    executor: Any,
+) -> RunSummary:
+    out = Path(config.run.out)
+    backend = policy_backend(config, executor.sampler if executor else None)
     resolved = resolve(config, tuple(backend.chat.stop_token_ids))
     algorithm = resolved.algorithm
 
@@ -133,15 +149,17 @@ async def _train(
             ("sampler", backend.sampler),
             ("algorithm", algorithm),
         )
+    if checkpoint is not None or executor:  # a restored learner, or a sampler actor's own copy
         await backend.sampler.load_weights(backend.learner.weights(), backend.learner.version)
     first = int(progress["step"])
     sinks.rewind(out, first)
     (out / "config.toml").write_text(to_toml(config))
 
-    executor = await _executor(config, backend, env, resolved)
+    if executor:
+        executor.start_workers(backend.chat, resolved.sampling)
     dispatcher = Dispatcher(
         env,
-        executor.policy if executor else backend.sampler,
+        backend.sampler,
         backend.chat,
         resolved.sampling,
         config.dispatch,
@@ -157,7 +175,7 @@ async def _train(
     dispatcher.start()
     try:
         for step in range(first + 1, config.run.steps + 1):
-            metrics, table = await _step(step, config, resolved, backend, dispatcher, out, executor)
+            metrics, table = await _step(step, config, resolved, backend, dispatcher, out)
             for sink in metric_sinks:
                 sink.log(step, metrics)
                 sink.log_samples(step, table)
@@ -180,8 +198,6 @@ async def _train(
             sink.log(max(first, int(progress["step"])), final)
             sink.close()
         display.close()
-        if executor:
-            executor.close()
         if callable(getattr(backend.sampler, "aclose", None)):  # servers it started
             await backend.sampler.aclose()
     metrics = sinks.read_metrics(out)
@@ -197,7 +213,6 @@ async def _step(
     backend: PolicyBackend,
     dispatcher: Dispatcher,
     out: Path,
-    executor: Any,
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
     started = time.perf_counter()
     collected = await dispatcher.collect(step)
@@ -211,8 +226,6 @@ async def _step(
     pushed_at = time.perf_counter()
     train_seconds = pushed_at - trained_at
     await backend.sampler.load_weights(backend.learner.weights(), backend.learner.version)
-    if executor:
-        await executor.load_weights(backend.learner.weights(), backend.learner.version)
     await dispatcher.notify()
 
     evaluated_at = time.perf_counter()
@@ -273,11 +286,10 @@ def _metric_sinks(config: TrainConfig, out: Path, run_id: str) -> list[Any]:
     return chosen
 
 
-async def _executor(
-    config: TrainConfig, backend: PolicyBackend, env: Any, resolved: Resolved
-) -> Any:
+def _executor(config: TrainConfig) -> Any:
+    """On Ray, the actors' handle (`RayExecutor`), its sampler actor started; else None."""
     if config.run.executor != "ray":
         return None
     from callgrove.orchestrator.ray_executor import RayExecutor
 
-    return await RayExecutor.start(config, backend, resolved)
+    return RayExecutor.start(config)

@@ -4,8 +4,10 @@
 out: `env_workers` async `EnvWorker` actors run episodes (each through the same `run_episode`
 as locally, so an episode records itself the same way), and one `SamplerActor` holds the
 sampler, batching the calls of every worker's episodes. A worker's policy client forwards each
-call to the sampler actor. After each optimizer step the driver puts the new weights in the
-object store once and the sampler actor loads them between decoding rounds.
+call to the sampler actor. The driver's sampler is the actor's, through its handle
+(`RaySampler`): the driver holds no copy of the model for sampling, a checkpoint keeps the
+actor's sampler state, and after each optimizer step the new weights go into the object store
+once and the sampler actor loads them between decoding rounds.
 
 Episodes come back as their `callgrove.episode/1` JSON line (prompts compacted), so what
 crosses the wire is the record itself. Cancelling an episode in the driver cancels it on its
@@ -14,7 +16,8 @@ empty starts a local Ray; otherwise it names a cluster (`auto`, `ray://host:1000
 
 With `[model.vllm]` the sampler actor's vLLM sampler starts each server inside a
 `VllmServerActor`, which owns the server's process, reports its URL and stops it with itself
-(killed, its server goes too: the kernel ends a server whose parent dies); the sampler then
+(killed, its server goes too: a guard process ends the server's group once the actor is gone,
+`callgrove.policy.guard`); the sampler then
 talks HTTP to the URLs the actors reported, so servers can sit on any node of a cluster (pushed
 weights are written to `weights_dir`, which those nodes must share). The driver keeps no server.
 """
@@ -25,21 +28,22 @@ import asyncio
 import contextlib
 import itertools
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import ray
 
 from callgrove.episode import Episode, episode_from_wire
 from callgrove.episode.io import encode_episode
 from callgrove.forest import compact_prompts
 from callgrove.formats.wire import episode_decoder
-from callgrove.orchestrator.config import Resolved, TrainConfig
+from callgrove.orchestrator.config import TrainConfig
 from callgrove.orchestrator.env import run_episode
 from callgrove.orchestrator.envs import make_env
 from callgrove.policy import Completion, SamplingParams
 from callgrove.policy.backends import build_policy
-from callgrove.policy.learner import PolicyBackend
 from callgrove.policy.vllm import VllmServer, VllmSettings
 
 
@@ -129,6 +133,12 @@ class SamplerActor:
     def version(self) -> int:
         return self.sampler.version
 
+    def state_dict(self) -> dict[str, Any]:
+        return self.sampler.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.sampler.load_state_dict(state)
+
     async def close(self) -> None:
         """Stop the servers it started (vLLM's), before the actor goes."""
         if callable(getattr(self.sampler, "aclose", None)):
@@ -136,7 +146,8 @@ class SamplerActor:
 
 
 class RemotePolicy:
-    """A `PolicyClient` inside a worker that forwards each call to the sampler actor."""
+    """A `PolicyClient` that forwards each call to the sampler actor (an environment worker's);
+    its version is the newest a call came back with."""
 
     def __init__(self, actor: Any):
         self.actor = actor
@@ -148,8 +159,23 @@ class RemotePolicy:
 
     async def sample(self, prompt_ids: Any, params: SamplingParams) -> Completion:
         sample = await self.actor.sample.remote(prompt_ids, params)
-        self._version = sample.policy_version
+        self._version = max(self._version, sample.policy_version)
         return sample
+
+
+class RaySampler(RemotePolicy):
+    """The driver's sampler: the sampler actor's, through its handle (a `TrainableSampler`);
+    its version is the one last pushed, which the dispatcher counts a step's lag from."""
+
+    async def load_weights(self, weights: Any, version: int) -> None:
+        await self.actor.load_weights.remote(ray.put(weights), version)
+        self._version = version
+
+    def state_dict(self) -> dict[str, Any]:
+        return ray.get(self.actor.state_dict.remote())
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        ray.get(self.actor.load_state_dict.remote(state))
 
 
 @ray.remote
@@ -190,6 +216,11 @@ class EnvWorker:
         return True
 
 
+def _raw(config: TrainConfig) -> dict[str, Any]:
+    """The config as plain data, how actors receive it."""
+    return msgspec.to_builtins(config)
+
+
 def _config(raw: dict[str, Any]) -> TrainConfig:
     from callgrove.orchestrator.config import config_from_dict
 
@@ -197,21 +228,19 @@ def _config(raw: dict[str, Any]) -> TrainConfig:
 
 
 class RayExecutor:
-    """The driver's handle on the actors: an `EpisodeRunner` and weight updates."""
+    """The driver's handle on the actors: the sampler actor (`sampler`), started before the
+    driver builds its learner, then the environment workers (an `EpisodeRunner`)."""
 
-    def __init__(self, sampler: Any, workers: list[Any], policy: Any):
+    def __init__(self, config: TrainConfig, sampler: RaySampler, started_ray: bool):
+        self.config = config
         self.sampler = sampler
-        self.workers = workers
-        self.policy = policy  # the driver's sampler: its version is the one last pushed
-        self._next = itertools.cycle(workers)
-        self._started_ray = False
+        self.workers: list[Any] = []
+        self._next: Iterator[Any] = iter(())
+        self._started_ray = started_ray
 
     @classmethod
-    async def start(
-        cls, config: TrainConfig, backend: PolicyBackend, resolved: Resolved
-    ) -> RayExecutor:
-        import msgspec
-
+    def start(cls, config: TrainConfig) -> RayExecutor:
+        """Ray (started here unless running) and the sampler actor."""
         started = False
         if not ray.is_initialized():
             env_vars = {k: os.environ[k] for k in ("PYTHONPATH",) if k in os.environ}
@@ -223,16 +252,14 @@ class RayExecutor:
                 runtime_env={"env_vars": env_vars} if env_vars else None,
             )
             started = True
-        raw = msgspec.to_builtins(config)
-        sampler = SamplerActor.remote(raw)
-        workers = [
-            EnvWorker.remote(raw, sampler, backend.chat, resolved.sampling)
-            for _ in range(config.ray.env_workers)
+        return cls(config, RaySampler(SamplerActor.remote(_raw(config))), started)
+
+    def start_workers(self, chat: Any, params: SamplingParams) -> None:
+        self.workers = [
+            EnvWorker.remote(_raw(self.config), self.sampler.actor, chat, params)
+            for _ in range(self.config.ray.env_workers)
         ]
-        executor = cls(sampler, workers, backend.sampler)
-        executor._started_ray = started
-        await executor.load_weights(backend.learner.weights(), backend.learner.version)
-        return executor
+        self._next = itertools.cycle(self.workers)
 
     async def run_episode(self, episode: Episode, task: Any) -> Episode:
         worker = next(self._next)
@@ -244,12 +271,10 @@ class RayExecutor:
             line = await reference
         return episode_from_wire(episode_decoder.decode(line))
 
-    async def load_weights(self, weights: Any, version: int) -> None:
-        await self.sampler.load_weights.remote(ray.put(weights), version)
-
     def close(self) -> None:
-        ray.get(self.sampler.close.remote())
-        for actor in [*self.workers, self.sampler]:
+        with contextlib.suppress(ray.exceptions.RayActorError):  # one that failed to start
+            ray.get(self.sampler.actor.close.remote())
+        for actor in [*self.workers, self.sampler.actor]:
             ray.kill(actor)
         if self._started_ray:
             ray.shutdown()

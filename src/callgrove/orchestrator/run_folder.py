@@ -15,14 +15,12 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import msgspec
-
 from callgrove.batch import Sample
 from callgrove.orchestrator.config import ConfigError, TrainConfig, check_resume
 from callgrove.orchestrator.errors import RunError
 from callgrove.orchestrator.sinks import CHECKPOINT, METRICS, load_checkpoint
 from callgrove.policy.backends import build_policy
-from callgrove.policy.learner import Learner, PolicyBackend
+from callgrove.policy.learner import Learner, PolicyBackend, TrainableSampler
 from callgrove.policy.vllm import VllmError
 
 if TYPE_CHECKING:
@@ -84,13 +82,11 @@ def _locked(out: Path) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def policy_backend(config: TrainConfig) -> PolicyBackend:
+def policy_backend(config: TrainConfig, sampler: TrainableSampler | None = None) -> PolicyBackend:
+    """The run's learner, chat format and sampler (`sampler`, where one runs elsewhere: Ray's
+    sampler actor, which starts any vLLM servers; the driver then keeps the learner alone)."""
     try:
-        model = config.model
-        if config.run.executor == "ray" and model.vllm is not None:
-            # Ray's sampler actor starts the servers; the driver keeps the learner.
-            model = msgspec.structs.replace(model, vllm=None)
-        return build_policy(model, config.train, config.run.seed)
+        return build_policy(config.model, config.train, config.run.seed, sampler=sampler)
     except (ValueError, FileNotFoundError) as error:
         raise ConfigError(f"model: {error}") from None
     except VllmError as error:  # a server that did not start: its log's end is in the message

@@ -60,7 +60,9 @@ def with_trainer(check: Callable[[], object]) -> None:
     check()
 
 
-BackendFactory = Callable[[ModelSettings, LearnerSettings, int], PolicyBackend]
+BackendFactory = Callable[[ModelSettings, LearnerSettings, int, bool], PolicyBackend]
+"""(model, learner settings, seed, with_sampler): with_sampler False leaves the backend's
+sampler None, for one that samples elsewhere (vLLM servers, Ray's sampler actor)."""
 SamplerFactory = Callable[[ModelSettings, int], tuple[TrainableSampler, ChatFormat]]
 
 
@@ -86,16 +88,22 @@ def build_policy(
     learner: LearnerSettings,
     seed: int,
     launch_server: Launcher | None = None,
+    sampler: TrainableSampler | None = None,
 ) -> PolicyBackend:
     """`launch_server`: how `[model.vllm]` servers start (a process here by default; on Ray,
-    in an actor)."""
+    in an actor). `sampler`: one that runs elsewhere (Ray's sampler actor), used as it is; no
+    copy of the model is made here for sampling."""
     require_torch()  # every learner trains with it
-    if model.vllm is not None and not model.vllm.urls:
+    if sampler is None and model.vllm is not None and not model.vllm.urls:
         from callgrove.policy.vllm import interpreter
 
         interpreter(model.vllm)  # before the model loads: a missing venv is said at once
-    backend = _factory(model.name).build(model, learner, seed)
-    if model.vllm is not None:
+    backend = _factory(model.name).build(
+        model, learner, seed, sampler is None and model.vllm is None
+    )
+    if sampler is not None:
+        backend.sampler = sampler
+    elif model.vllm is not None:
         from callgrove.policy.vllm import vllm_sampler
         from callgrove.train.hf_model import checkpoint_folder, resolve_model
 
@@ -159,21 +167,25 @@ def _tiny_sampler(
     return LocalSampler(sampler_model, seed, model.max_batch, text_of=chat.text_of), chat
 
 
-def _tiny(model: ModelSettings, learner: LearnerSettings, seed: int) -> PolicyBackend:
+def _tiny(
+    model: ModelSettings, learner: LearnerSettings, seed: int, with_sampler: bool
+) -> PolicyBackend:
     from callgrove.train.learner import TinyLearner
 
     trainer = TinyLearner(tiny_config(model), learner, seed)
     sampler, chat = _tiny_sampler(model, seed, trainer.weights())
-    return PolicyBackend(trainer, sampler, chat)
+    return PolicyBackend(trainer, sampler if with_sampler else None, chat)  # type: ignore[arg-type]
 
 
 register_backend("tiny", _tiny, _tiny_sampler)
 
 
-def _hf(model: ModelSettings, learner: LearnerSettings, seed: int) -> PolicyBackend:
+def _hf(
+    model: ModelSettings, learner: LearnerSettings, seed: int, with_sampler: bool
+) -> PolicyBackend:
     from callgrove.policy.hf import hf_backend
 
-    return hf_backend(model, learner, seed)
+    return hf_backend(model, learner, seed, with_sampler)
 
 
 def _hf_sampler(model: ModelSettings, seed: int) -> tuple[TrainableSampler, ChatFormat]:

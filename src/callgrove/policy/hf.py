@@ -144,9 +144,11 @@ def hf_sampler(model: ModelSettings, seed: int) -> tuple[HFSampler, JinjaFormat]
     )
 
 
-def hf_backend(model: ModelSettings, learner: LearnerSettings, seed: int) -> PolicyBackend:
-    """Learner, sampler and chat format of a Hugging Face model (`model.name`: `hf:PATH` or a
-    packaged name); `model.options` as in `HF_OPTIONS`."""
+def hf_backend(
+    model: ModelSettings, learner: LearnerSettings, seed: int, with_sampler: bool
+) -> PolicyBackend:
+    """Learner, sampler (None unless `with_sampler`) and chat format of a Hugging Face model
+    (`model.name`: `hf:PATH` or a packaged name); `model.options` as in `HF_OPTIONS`."""
     from callgrove.train.hf_trainer import HFLearner, HFOptions, LoraSettings
 
     options = _options(model)
@@ -162,7 +164,7 @@ def hf_backend(model: ModelSettings, learner: LearnerSettings, seed: int) -> Pol
         HFOptions(lora, bool(options["gradient_checkpointing"])),
     )
     chat = JinjaFormat.from_tokenizer(tokenizer)
-    if model.vllm is not None:  # vLLM servers sample (`build_policy`): no copy of the model here
+    if not with_sampler:  # it samples elsewhere (`build_policy`): no copy of the model here
         return PolicyBackend(trainer, None, chat)  # type: ignore[arg-type]
     if lora:
         sampler = HFSampler(
