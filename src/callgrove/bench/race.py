@@ -104,7 +104,10 @@ SETTING_HELP = {
         "Steps of lag callgrove's loop allows (dispatch.max_off_policy_steps; 0: on-policy, "
         "as TRL trains)"
     ),
-    "sampler": "callgrove's sampler: hf (in the learner's process) or vllm (a server it starts)",
+    "sampler": (
+        "What samples for callgrove's loop: hf (in the learner's process) or vllm (a server "
+        "it starts)"
+    ),
     "vllm_python": "The interpreter that starts the vLLM server (--sampler vllm)",
 }
 
