@@ -21,8 +21,9 @@ from callgrove.policy.vllm import VllmServer, VllmSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_LORA_RANK = 16
-# Inherited by every process this session starts, so its vLLM processes are told from others'.
-SESSION = os.environ.setdefault("CALLGROVE_TEST_SESSION", uuid.uuid4().hex)
+# Inherited by every process this test process starts, so its vLLM processes are told from
+# those of another worker or run.
+SESSION = os.environ["CALLGROVE_TEST_SESSION"] = uuid.uuid4().hex
 SESSION_SERVER_GROUPS: set[int] = set()
 """The process groups of the servers the session fixtures hold."""
 
@@ -67,6 +68,20 @@ def no_vllm_process_outlives_its_test(request):
     while left() and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not left(), f"vLLM processes outlived the test: {left()}"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Under `--dist loadgroup` each `xdist_group` runs on one worker (the `vllm` tests share
+    one server; two would not fit in CI's memory). pytest-xdist groups by suffixing the node
+    ids; where it could not, each grouped test fails here, before its fixtures start anything."""
+    grouped = item.get_closest_marker("xdist_group") is not None
+    if grouped and getattr(item.config.option, "loadgroup", False) and "@" not in item.nodeid:
+        pytest.fail(
+            "--dist loadgroup left this test ungrouped: this pytest-xdist cannot suffix this "
+            "pytest's node ids (install the test extra, which pins a pytest it can)",
+            pytrace=False,
+        )
 
 
 @pytest.fixture(scope="session")
