@@ -13,10 +13,11 @@ import pytest
 from typer.testing import CliRunner
 
 import callgrove as cg
-from callgrove.batch import TOKEN_FIELDS, read_samples
+from callgrove.batch import TOKEN_FIELDS, fill_unknown_sampling, read_samples
 from callgrove.batch.samples import METADATA_FIELDS
 from callgrove.cli import app
 from callgrove.formats.problems import InputError
+from callgrove.synth import Shape, synth_episode
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
 GROUP = EXAMPLES / "login_group.jsonl"
@@ -34,7 +35,8 @@ def summary(result) -> dict:
 def expected_samples(algorithm: cg.Algorithm, path: Path = GROUP) -> list[cg.Sample]:
     episodes = list(cg.load(path))
     cg.finalize_group(algorithm, episodes)
-    return cg.build_samples([cg.build_rows(e) for e in episodes if e.ok])
+    made = cg.build_samples([cg.build_rows(e) for e in episodes if e.ok])
+    return [sample for sample in made if sample.num_loss_tokens]  # the rest is not written
 
 
 def assert_same(actual: list[cg.Sample], expected: list[cg.Sample]) -> None:
@@ -96,7 +98,10 @@ def test_unscored_episodes_are_an_error_naming_file_line_and_episode(tmp_path):
         assert f"{GROUP}:{line}: episode {episode}: " in result.stderr
     assert "--algorithm" in result.stderr
     assert summary(result)["samples"] == 0
-    assert read_samples(out) == []  # nothing with null advantages was written
+    assert not out.exists()  # nothing with null advantages was written, not even an empty file
+    out.write_bytes(b"a good file of an earlier run")
+    assert run("samples", GROUP, "-o", out).exit_code == 1
+    assert out.read_bytes() == b"a good file of an earlier run"  # a failed rerun keeps it
 
 
 def test_recorded_advantages_are_used_without_an_algorithm(tmp_path):
@@ -147,7 +152,7 @@ def test_a_group_with_an_unrewarded_episode_is_not_scored_and_named(tmp_path):
     assert result.exit_code == 1
     assert f"{path}:3: episode login-bug-g2: no reward to score it by" in result.stderr
     assert summary(result)["skipped"] == {"in a group that was not scored": 4}
-    assert read_samples(out) == []
+    assert not out.exists()
 
 
 @pytest.mark.parametrize(
@@ -197,3 +202,52 @@ def test_rows_jsonl_has_the_group_column_of_the_parquet_rows(tmp_path):
     out = tmp_path / "rows.parquet"
     assert run("rows", GROUP, "-o", out).exit_code == 0
     assert [r["group"] for r in records] == pq.read_table(out).column("group").to_pylist()
+
+
+def _synthetic_group(tmp_path: Path) -> Path:
+    """Episodes with twins (whose duplicate rows train nothing), forks, background agents and
+    compaction, as a file."""
+    shape = Shape(leader_calls=6, forks=1, fork_depth=2, subagent_calls=3, context=96)
+    path = tmp_path / "synthetic.jsonl"
+    cg.save(path, [synth_episode(shape, seed) for seed in range(4)])
+    return path
+
+
+def test_rows_that_train_nothing_are_counted_not_written_and_every_sample_reaches_a_trainer(
+    tmp_path,
+):
+    from callgrove.interop.prime_rl import prime_rl_samples
+
+    path = _synthetic_group(tmp_path)
+    episodes = list(cg.load(path))
+    cg.finalize_group(cg.GRPO(), episodes)
+    every_row = cg.build_samples([cg.build_rows(e) for e in episodes])
+    built = [s for s in every_row if s.num_loss_tokens]
+    untrained = len(every_row) - len(built)
+    assert untrained > 0  # the twins' duplicate rows: the test can tell
+    for suffix in (".parquet", ".arrow", ".jsonl"):
+        out = tmp_path / f"s{suffix}"
+        result = run("samples", path, "-o", out, "--algorithm", "grpo", "--json")
+        assert result.exit_code == 0, result.output
+        record = summary(result)
+        assert (record["samples"], record["untrained_rows"]) == (len(built), untrained)
+        back = read_samples(out)
+        assert_same(back, built)
+        # Read-only columns (Parquet, Arrow) take the run's sampling all the same.
+        assert fill_unknown_sampling(back, 0.7, 1.0) > 0
+        assert not np.isnan(np.concatenate([s.temperatures for s in back])).any()
+        assert len(prime_rl_samples(back, "synthetic")) == len(back)  # none refused
+
+
+@pytest.mark.parametrize("kind", ["rows", "episodes", "folder"])
+def test_a_parquet_file_that_holds_no_samples_is_refused_by_name(tmp_path, kind):
+    path = tmp_path / "x.parquet"
+    if kind == "rows":
+        assert run("rows", GROUP, "-o", path).exit_code == 0
+    elif kind == "episodes":
+        cg.save(path, list(cg.load(GROUP)))
+    else:
+        path.mkdir()
+    with pytest.raises(InputError, match="not a samples file") as refused:
+        read_samples(path)
+    assert str(path) in str(refused.value)

@@ -260,14 +260,23 @@ def fill_unknown_sampling(
 ) -> int:
     """Give the completion tokens whose call recorded no `sampling` these settings (a run's
     own, which a learner then scores them with); returns how many tokens were filled. The
-    samples' arrays are changed in place (they are views into arrays built for them)."""
+    samples' arrays are changed in place where they are writable (views into arrays built
+    for them); a read-only one (a column read from Parquet or Arrow) is replaced by a copy."""
     filled = 0
     for sample in samples:
         unknown = np.isnan(sample.temperatures)
         if unknown.any():
-            for name, value in (("temperatures", temperature), ("top_p", top_p)):
-                getattr(sample, name)[unknown] = value
-            sample.top_k[unknown] = NO_TOP_K if top_k is None else top_k
+            fills = {
+                "temperatures": temperature,
+                "top_p": top_p,
+                "top_k": NO_TOP_K if top_k is None else top_k,
+            }
+            for name, value in fills.items():
+                array = getattr(sample, name)
+                if not array.flags.writeable:
+                    array = array.copy()
+                    setattr(sample, name, array)
+                array[unknown] = value
             filled += int(unknown.sum())
     return filled
 
@@ -372,11 +381,14 @@ def read_samples(path: str | Path) -> list[Sample]:
     whose per-token arrays differ in length raises `InputError` naming the file, the line
     (the row, from 1, in the binary forms) and the episode."""
     form, file = sample_form(path), str(path)
+    if Path(path).is_dir():
+        raise InputError(Problem("not a samples file: a folder", file=file))
     if form == "jsonl":
         samples = list(_read_jsonl(file))
     else:
         try:
             if form == "parquet":
+                _check_columns(pq.read_schema(path))
                 table = pq.read_table(path, schema=SAMPLE_SCHEMA)
             else:
                 with pa.memory_map(file) as source:
@@ -389,6 +401,17 @@ def read_samples(path: str | Path) -> list[Sample]:
     for number, sample in enumerate(samples, start=1):
         _check_lengths(sample, file, number)
     return samples
+
+
+def _check_columns(schema: pa.Schema) -> None:
+    """Refuse a Parquet file that lacks a samples column (a rows or episodes file, say): read
+    with the samples schema, its missing columns would come back as nulls."""
+    missing = [name for name in SAMPLE_SCHEMA.names if name not in schema.names]
+    if missing:
+        raise pa.ArrowInvalid(
+            f"it has no {', '.join(missing)} column{'s' if len(missing) > 1 else ''} "
+            "(a rows or episodes file? `callgrove samples` writes samples)"
+        )
 
 
 _JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY  # NaN (unknown sampling) is written as null

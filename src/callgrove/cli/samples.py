@@ -6,7 +6,8 @@ without it the advantages the episodes carry are used, and an episode that carri
 error, never a sample of `null` advantages. Failed episodes (`ok: false`) take no credit and
 episodes without calls have no rows: both are skipped and counted. Supervised episodes
 (imported transcripts) give samples without advantages, for a cross-entropy loss, and are
-counted apart.
+counted apart. Rows that train no token (a twin's duplicate, a row that only carries context)
+give no sample: every trainer would refuse it. They are counted, never written.
 """
 
 from __future__ import annotations
@@ -68,15 +69,20 @@ class SampleTally:
     num_loss_tokens: int = 0
     supervised: int = 0  # episodes whose samples carry no advantages (cross-entropy)
     unknown_sampling_tokens: int = 0  # trained tokens whose call recorded no sampling
+    untrained_rows: int = 0  # rows that train no token (duplicates, context only): not written
     skipped: Counter[str] = field(default_factory=Counter)
 
-    def add(self, samples: list[Sample]) -> None:
-        self.samples += len(samples)
-        for sample in samples:
+    def add(self, samples: list[Sample]) -> list[Sample]:
+        """Count `samples` and return those that train a token."""
+        trains = [sample for sample in samples if sample.num_loss_tokens]
+        self.untrained_rows += len(samples) - len(trains)
+        self.samples += len(trains)
+        for sample in trains:
             self.num_tokens += sample.num_tokens
             self.num_loss_tokens += sample.num_loss_tokens
             trained = sample.loss_mask == 1
             self.unknown_sampling_tokens += int(np.isnan(sample.temperatures[trained]).sum())
+        return trains
 
 
 @app.command("samples")
@@ -147,10 +153,12 @@ def samples_command(
             continue
         outcome.episodes += 1
         tally.supervised += episode.supervised
-        tally.add(made)
-        samples.extend(made)
-    _write(out_file, samples, form)
+        samples.extend(tally.add(made))
     status = outcome.report()
+    if samples or not outcome.diagnostics.errors:
+        _write(out_file, samples, form)
+    else:  # a failed rerun must not replace a good file with an empty one
+        err.print(f"nothing usable: {safe(out_file)} was not written")
     if as_json:
         record = {
             "out": str(out_file),
@@ -164,6 +172,7 @@ def samples_command(
             "num_loss_tokens": tally.num_loss_tokens,
             "supervised_episodes": tally.supervised,
             "unknown_sampling_tokens": tally.unknown_sampling_tokens,
+            "untrained_rows": tally.untrained_rows,
             "skipped": dict(tally.skipped),
             "errors": len(outcome.diagnostics.errors),
         }
@@ -220,6 +229,11 @@ def _summary_table(path, form, algorithm_name, scoring, tally: SampleTally, outc
         table.add_row(
             "trained tokens with no recorded sampling (NaN temperature, top_p)",
             f"{tally.unknown_sampling_tokens:,}",
+        )
+    if tally.untrained_rows:
+        table.add_row(
+            "rows that train no token (duplicates, context only): not written",
+            f"{tally.untrained_rows:,}",
         )
     for reason, count in tally.skipped.most_common():
         table.add_row(f"skipped: {reason}", f"{count:,}")
