@@ -1,6 +1,11 @@
 """Credited samples for the trainer adapters' tests: rows with holes (tool results between turns,
-context-only calls), advantages that change along a row, sampling logprobs near a model's own
-(some importance ratios clipped, some not), every call sampled at one temperature and no cut."""
+context-only calls), advantages that change along a row, stale sampling logprobs near a model's
+own (some importance ratios clipped, some not), no top-p or top-k cut.
+
+Two sources: `login`, the bundled two-episode group, and `synthetic`, a group of generated
+episodes with fresh subagents, forks and forks of forks, background agents, twins and a
+compaction in every agent. Calls are sampled at one temperature, or at several taken in turn
+(`temperature` a tuple) for the trainers that score each token at its own."""
 
 from __future__ import annotations
 
@@ -12,18 +17,45 @@ import torch
 from callgrove.batch import Sample, build_samples
 from callgrove.episode import load, sampling_record
 from callgrove.rows import EpisodeRows, build_rows
-from train.helpers import EXAMPLES, sample_near_the_model, tiny_llama
+from callgrove.synth import Shape, synth_episode
+from train.helpers import EXAMPLES, VOCAB, sample_near_the_model, tiny_llama
 
 TEMPERATURE = 1.0
+SOURCES = ("login", "synthetic")
+# Every kind of agent and both fork depths, small enough for a float64 model on a CPU.
+SYNTHETIC = Shape(
+    leader_calls=6,
+    fresh=2,
+    forks=1,
+    fork_depth=2,
+    background=1,
+    twins=1,
+    subagent_calls=3,
+    compactions=1,
+    context=96,
+    group_size=2,
+    vocab=VOCAB,
+)
 
 
-def credited_rows(seed: int = 0, temperature: float = TEMPERATURE) -> list[EpisodeRows]:
-    episode_rows = [build_rows(e) for e in load(EXAMPLES / "login_group.jsonl")]
+def source_episodes(source: str):
+    if source == "login":
+        return load(EXAMPLES / "login_group.jsonl")
+    return [synth_episode(SYNTHETIC, seed) for seed in range(SYNTHETIC.group_size)]
+
+
+def credited_rows(
+    seed: int = 0, temperature: float | tuple[float, ...] = TEMPERATURE, source: str = "login"
+) -> list[EpisodeRows]:
+    """Rows of `source` with an advantage per completion token; calls sampled at `temperature`,
+    or at each of a tuple's in turn."""
+    episode_rows = [build_rows(e) for e in source_episodes(source)]
     rng = np.random.default_rng(seed)
+    temperatures = temperature if isinstance(temperature, tuple) else (temperature,)
     for er in episode_rows:
-        for call in er.forest.calls:
+        for number, call in enumerate(er.forest.calls):
             call.advantages = rng.normal(size=len(call.completion_ids))  # one per token
-            call.sampling = sampling_record(temperature, 1.0)
+            call.sampling = sampling_record(temperatures[number % len(temperatures)], 1.0)
     return episode_rows
 
 
@@ -52,9 +84,12 @@ def plain_copy(reference) -> torch.nn.Module:
 
 
 def trainer_samples(
-    reference, seed: int = 0, temperature: float = TEMPERATURE
+    reference,
+    seed: int = 0,
+    temperature: float | tuple[float, ...] = TEMPERATURE,
+    source: str = "login",
 ) -> tuple[list[EpisodeRows], list[Sample]]:
-    episode_rows = credited_rows(seed, temperature)
+    episode_rows = credited_rows(seed, temperature, source)
     sample_near_the_model(reference, episode_rows, seed)
     samples = [s for s in build_samples(episode_rows) if s.num_loss_tokens]
     assert_rows_have_holes_and_varying_advantages(samples)

@@ -140,3 +140,18 @@ def prompt_completion(
         batch.advantages[index, :width] = sample.advantages[completion]
         batch.logprobs[index, :width] = sample.logprobs[completion]
     return batch
+
+
+def check_vocabulary(samples: Sequence[Sample], vocab_size: int, trainer: str) -> None:
+    """Refuse token ids the model has no embedding for (a trainer would fail on them with a
+    bare index error, or a GPU kernel with a device assert)."""
+    for sample in samples:
+        outside = np.flatnonzero((sample.token_ids >= vocab_size) | (sample.token_ids < 0))
+        if len(outside):
+            at = int(outside[0])
+            raise refuse(
+                sample,
+                trainer,
+                f"holds token id {int(sample.token_ids[at])} at position {at}, outside the "
+                f"model's vocabulary of {vocab_size} (samples of another tokenizer?)",
+            )

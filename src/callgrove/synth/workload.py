@@ -24,7 +24,7 @@ import numpy as np
 from callgrove.episode import LOGPROB_DTYPE, TOKEN_DTYPE, Agent, Call, Episode
 from callgrove.formats.wire import WireEnv, WirePolicy, WireRun
 
-VOCAB = 151_000  # token ids are drawn below this (a Qwen-sized vocabulary)
+VOCAB = 151_000  # token ids are drawn below this by default (a Qwen-sized vocabulary)
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,8 @@ class Shape:
     """Of what each call adds to the history, the share the model samples."""
     group_size: int = 8
     """Episodes per group (GRPO scores within a group)."""
+    vocab: int = VOCAB
+    """Token ids are drawn from 1 to `vocab` - 1 (a small one fits a tiny test model)."""
 
     def __post_init__(self) -> None:
         if self.leader_calls < 1 or self.subagent_calls < 1:
@@ -62,6 +64,8 @@ class Shape:
             raise ValueError("completion_share is a fraction between 0 and 1")
         if self.group_size < 1:
             raise ValueError("group_size must be at least 1")
+        if self.vocab < 2:
+            raise ValueError("vocab must hold at least one token id besides 0")
 
     @property
     def system_tokens(self) -> int:
@@ -106,7 +110,7 @@ class _Generator:
         self.added = max(1, grow - self.completion)
 
     def _tokens(self, n: int) -> np.ndarray:
-        return self.rng.integers(1, VOCAB, size=n, dtype=TOKEN_DTYPE)
+        return self.rng.integers(1, self.shape.vocab, size=n, dtype=TOKEN_DTYPE)
 
     def _jitter(self, n: int) -> int:
         return max(1, int(n * self.rng.uniform(0.75, 1.25)))
