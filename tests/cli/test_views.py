@@ -351,3 +351,19 @@ def test_help_paragraphs_are_not_hard_wrapped():
     for text in helps:
         for paragraph in text.split("\n\n"):
             assert "\n" not in paragraph, paragraph
+
+
+def test_show_tells_fresh_fork_and_background_subagents_apart(tmp_path):
+    from callgrove.synth import Shape, synth_episode
+
+    episode = synth_episode(Shape(leader_calls=6, forks=1, subagent_calls=2, context=96), 0)
+    for agent in episode.agents:
+        if agent.parent is not None:
+            agent.name = "subagent"  # as the gateway names every subagent
+    path = tmp_path / "e.jsonl"
+    save(path, [episode])
+    result = run("show", path)
+    assert result.exit_code == 0, result.output
+    for start in ("fresh", "fork", "background"):
+        assert f"·subagent ({start})" in result.stdout, start
+    assert "L·leader (" not in result.stdout  # the leader has no start kind to tell

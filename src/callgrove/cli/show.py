@@ -226,6 +226,8 @@ def forest_view(result: EpisodeRows) -> Tree:
         agent = episode.agent_of(call)
         label = labels[agent.id]
         who = label if label == agent.name else f"{clip_middle(label, ID_CHARS)}·{agent.name}"
+        if agent.parent is not None and agent.start:  # a gateway names every subagent alike
+            who = f"{who} ({agent.start})"
         parts = [f"[bold]{safe(clip_middle(call.id, ID_CHARS))}[/]", safe(who)]
         if call.purpose != "turn":
             parts.append(f"[magenta]{safe(call.purpose)}[/]")
