@@ -139,7 +139,8 @@ def test_failed_episodes_are_skipped_and_counted(tmp_path):
     assert_same(back, expected_samples(cg.GRPO(), path))
     assert "login-bug-g1" not in {s.episode for s in back}
     table = run("samples", path, "-o", out, "--algorithm", "grpo")
-    assert "skipped: failed (ok false): no credit" in table.stdout
+    assert "skipped: failed (ok false): no credit" in table.stderr
+    assert table.stdout == ""  # the summary goes to stderr, as every command's
 
 
 def test_a_group_with_an_unrewarded_episode_is_not_scored_and_named(tmp_path):
@@ -251,3 +252,19 @@ def test_a_parquet_file_that_holds_no_samples_is_refused_by_name(tmp_path, kind)
     with pytest.raises(InputError, match="not a samples file") as refused:
         read_samples(path)
     assert str(path) in str(refused.value)
+
+
+@pytest.mark.parametrize("algorithm", [["--algorithm", "grpo"], []])
+def test_episodes_the_loop_dropped_as_stale_are_skipped_and_counted(tmp_path, algorithm):
+    episodes = list(cg.load(GROUP))
+    cg.finalize_group(cg.GRPO(), episodes)
+    for episode in episodes:
+        episode.meta = {**(episode.meta or {}), "dropped": "stale"}
+    path = tmp_path / "traces.jsonl"
+    cg.save(path, episodes)
+    out = tmp_path / "s.jsonl"
+    result = run("samples", path, "-o", out, "--json", *algorithm)
+    assert result.exit_code == 0, result.output
+    record = summary(result)
+    assert record["samples"] == 0
+    assert record["skipped"] == {"dropped by the training loop as stale (never trained there)": 4}

@@ -57,6 +57,7 @@ from callgrove.rows import RowSettings, build_rows
 SKIPPED_FAILED = "failed (ok false): no credit"
 SKIPPED_NO_CALLS = "no calls: no rows"
 SKIPPED_REFUSED = "in a group that was not scored"
+SKIPPED_STALE = "dropped by the training loop as stale (never trained there)"
 
 
 @dataclass
@@ -125,6 +126,10 @@ def samples_command(
     outcome, tally = Outcome(), SampleTally()
     located = _read(files, outcome)
     tally.read = len(located)
+    stale = [item for item in located if _dropped_as_stale(item.episode)]
+    if stale:  # whole groups the loop left untrained: scoring them now would train them
+        tally.skipped[SKIPPED_STALE] += len(stale)
+        located = [item for item in located if not _dropped_as_stale(item.episode)]
     scoring = score_groups(located, algorithm, outcome.diagnostics) if algorithm else None
     settings = RowSettings(max_identical_trained=max_identical)
     samples: list[Sample] = []
@@ -178,8 +183,12 @@ def samples_command(
         }
         sys.stdout.buffer.write(orjson.dumps(record) + b"\n")
     else:
-        out.print(_summary_table(out_file, form, algorithm_name, scoring, tally, outcome))
+        err.print(_summary_table(out_file, form, algorithm_name, scoring, tally, outcome))
     raise typer.Exit(status)
+
+
+def _dropped_as_stale(episode) -> bool:
+    return (episode.meta or {}).get("dropped") == "stale"
 
 
 def _read(files: list[Path], outcome: Outcome) -> list[Located]:
