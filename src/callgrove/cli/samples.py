@@ -30,7 +30,6 @@ from callgrove.cli.app import (
     app,
     episode_inputs,
     err,
-    out,
     progress_bar,
     read_input,
     reading,
