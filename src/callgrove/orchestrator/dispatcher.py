@@ -106,7 +106,11 @@ class Dispatcher:
         next_group: int = 0,
         relaunch: Iterable[int] = (),
         runner: EpisodeRunner | None = None,
+        steps_done: int = 0,
     ):
+        """A resumed run passes what its checkpoint holds: the next group's index, the groups
+        launched but not trained (`relaunch`), and the steps done, whose groups count against
+        the room ahead of training as they did before the restart."""
         self.env = env
         self.policy = policy
         self.chat = chat
@@ -118,7 +122,9 @@ class Dispatcher:
         self._relaunch = sorted(relaunch)
         self.runner = runner or self._run_here
         self.counters: Counter[str] = Counter()
-        self.taken = 0  # groups handed to steps (trained); dropped ones free their room
+        # Groups handed to steps (trained): each step takes `groups_per_step`; dropped ones
+        # free their room.
+        self.taken = steps_done * settings.groups_per_step
         self.in_flight_episodes = 0
         self._live: dict[int, asyncio.Task[Group]] = {}
         # The episode tasks of each group (or evaluation) still gathering, for `stop`.

@@ -168,6 +168,7 @@ async def _run(
         next_group=int(progress["next_group"]),
         relaunch=progress["pending"],
         runner=executor.run_episode if executor else None,
+        steps_done=first,
     )
     dispatcher.counters.update(progress.get("counters", {}))
     metric_sinks = _metric_sinks(config, out, progress["run_id"])
