@@ -71,6 +71,7 @@ def test_the_generated_scenarios_are_all_there():
         "fresh_subagent",
         "leader_compaction",
         "nested_subagent",
+        "subagent_fork",
     ]
 
 

@@ -174,11 +174,15 @@ def user_messages(content: Any) -> list[Message]:
 
 
 class SubagentMeta(msgspec.Struct, kw_only=True, rename="camel"):
-    """The `agent-<id>.meta.json` beside a nested subagent's file."""
+    """The `agent-<id>.meta.json` beside a nested subagent's file: its type, whether it is a
+    fork, the tool call that started it and the subagent that did (none: the leader)."""
 
     agent_type: str | None = None
     is_fork: bool = False
     fork: bool = False  # its name in earlier releases
+    tool_use_id: str | None = None
+    parent_agent_id: str | None = None
+    request_shape: str | None = None  # "foreground" or "background"
 
 
 @dataclass(eq=False)
@@ -269,8 +273,11 @@ def _session(files: SessionFiles, made: dict[str, str], report: ImportReport) ->
     main = _entries(files.main, report)
     session_id = next((e.record.session_id for e in main if e.record.session_id), files.main.stem)
     units = _split_main(main)
-    for rank, (path, layout) in enumerate(files.subagents, start=1):
-        units.append(_file_unit(path, layout, rank, report))
+    files_units = [
+        _file_unit(path, layout, rank, report)
+        for rank, (path, layout) in enumerate(files.subagents, start=1)
+    ]
+    units += _parents_first(files_units)
     own: dict[str, str | None] = {}  # this session's calls (None: made by an agent here)
     responses = ChainMap(own, made)
     turns: dict[str, Turn | None] = {}  # uuid -> history there, of the agents built so far
@@ -424,6 +431,29 @@ def _file_unit(path: Path, layout: str, rank: int, report: ImportReport) -> Unit
     return Unit(agent, entries, rank, layout, claude_agent_id=claude_id, meta=found)
 
 
+def _parents_first(units: list[Unit]) -> list[Unit]:
+    """Subagent files in an order where each comes after the subagent that started it
+    (`parentAgentId` in its meta.json): a fork's file repeats its parent's responses, and a
+    response is the call of the first agent built that holds it, so the parent must come
+    first, whatever the files' names."""
+    by_id = {unit.claude_agent_id: unit for unit in units if unit.claude_agent_id}
+    placed: set[int] = set()
+    ordered: list[Unit] = []
+
+    def place(unit: Unit, path: frozenset[int]) -> None:
+        if id(unit) in placed:
+            return
+        parent = by_id.get(unit.meta.parent_agent_id) if unit.meta else None
+        if parent is not None and id(parent) not in path:  # a cycle is no order: keep the file's
+            place(parent, path | {id(unit)})
+        placed.add(id(unit))
+        ordered.append(unit)
+
+    for unit in units:
+        place(unit, frozenset())
+    return ordered
+
+
 def _link(built: list[Built], report: ImportReport) -> list[Gap]:
     """Each subagent's parent agent and spawning call; unlinkable ones become gaps."""
     spawns = [spawn for b in built for spawn in b.history.spawns]
@@ -438,6 +468,9 @@ def _link(built: list[Built], report: ImportReport) -> list[Gap]:
         if unit.claude_agent_id and unit.claude_agent_id in results:
             use_id, status = results[unit.claude_agent_id]
             found, how = by_use_id.get(use_id), "toolUseResult.agentId"
+        if found is None and unit.meta and unit.meta.tool_use_id in by_use_id:
+            # a subagent's own spawns get no toolUseResult naming the agent (2.1.332)
+            found, how = by_use_id[unit.meta.tool_use_id], "meta.json toolUseId"
         if found is None and first_prompt is not None:
             found = next(
                 (
@@ -478,10 +511,13 @@ def _start_of(
     """`SpawnArguments.start`: the launch status tells whether it ran in the background (an
     async launch) or not (any other status); a fork's history repeats its parent's responses."""
     said_fork = meta is not None and (meta.is_fork or meta.fork)
-    return arguments.start(
-        ran_in_background=None if status is None else status in BACKGROUND_STATUSES,
-        forked=bool(copied) or said_fork,
-    )
+    if status is not None:
+        ran_in_background: bool | None = status in BACKGROUND_STATUSES
+    elif meta is not None and meta.request_shape in ("foreground", "background"):
+        ran_in_background = meta.request_shape == "background"
+    else:
+        ran_in_background = None
+    return arguments.start(ran_in_background=ran_in_background, forked=bool(copied) or said_fork)
 
 
 def _missing_subagents(

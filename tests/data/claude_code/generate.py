@@ -90,6 +90,18 @@ SCENARIOS: dict[str, dict[str, Any]] = {
             ("Fork answer", ("The fork said 4. Done.", [], USAGE_SMALL)),
         ],
     },
+    # A subagent that forks: its own file gets no toolUseResult for the fork (null), the fork's
+    # file starts with the subagent's copied history, and its meta.json names the spawn.
+    "subagent_fork": {
+        "runs": ["START: ask a helper that forks."],
+        "rules": [
+            ("SFORK-B: report", ("Fork B answer: 3.", [], USAGE_SMALL)),
+            ("Fork B answer", ("A relays 3.", [], USAGE_SMALL)),
+            ("SFORK-A: report", ("A forks B.", [spawn("SFORK-B", False, "fork")], USAGE_SMALL)),
+            ("START", ("I will ask helper A.", [spawn("SFORK-A", False)], USAGE_SMALL)),
+            ("A relays", ("A relayed 3. Done.", [], USAGE_SMALL)),
+        ],
+    },
     "leader_compaction": {
         "runs": ["START: say one word.", "/compact", "NEXT: say another word."],
         "rules": [
