@@ -96,6 +96,12 @@ def reported_distribution(payload: dict, params: SamplingParams, tempered: bool)
 
 TOKEN_ID_MAX = int(np.iinfo(TOKEN_DTYPE).max)
 
+UPSTREAM_EVENT_LIMIT = 64 * 1024 * 1024
+"""The longest line a streamed answer may send: its first event carries the whole prompt's
+`prompt_token_ids` (vLLM, serve-policy), at most about 8 bytes a token, so 64 MiB holds a
+prompt of some 8 million tokens, far past any context (aiohttp's own limit, 512 KiB, cut
+prompts of about 140,000 tokens)."""
+
 
 def token_ids_of(values: Any, field: str) -> np.ndarray:
     """An upstream's token ids as the stored dtype: every one a JSON integer that fits, else an
@@ -215,16 +221,22 @@ def sample_from_chat(payload: dict, fallback_version: int) -> tuple[np.ndarray, 
     try:
         choice = payload["choices"][0]
         message = choice["message"]
-    except (KeyError, IndexError, TypeError):
+        prompt = payload.get("prompt_token_ids") or choice.get("prompt_token_ids")
+    except (KeyError, IndexError, TypeError, AttributeError):
         raise UpstreamError("upstream chat response has no choices[0].message") from None
-    prompt = payload.get("prompt_token_ids") or choice.get("prompt_token_ids")
     if not prompt:
         raise UpstreamError(
             "upstream chat response has no prompt_token_ids: the server must support "
             "return_token_ids"
         )
-    content = (choice.get("logprobs") or {}).get("content") or []
-    logprobs = [entry.get("logprob") for entry in content if isinstance(entry, dict)]
+    try:
+        content = (choice.get("logprobs") or {}).get("content") or []
+        logprobs = [entry.get("logprob") for entry in content]
+    except (TypeError, AttributeError):
+        raise UpstreamError(
+            "upstream chat response's choices[0].logprobs.content is not a list of "
+            "per-token logprobs"
+        ) from None
     sample = sample_from_completion(
         {
             "choices": [
@@ -470,6 +482,7 @@ class HttpPolicyClient:
     async def stream(self, prompt_ids: np.ndarray, params: SamplingParams) -> AsyncIterator[Piece]:
         """Sample like `sample`, streamed: the pieces as the server sends them (SSE)."""
         import aiohttp
+        from aiohttp.http_exceptions import LineTooLong
 
         asked = await self._ask()
         body = {**completion_request(prompt_ids, params, asked.model), "stream": True}
@@ -481,7 +494,7 @@ class HttpPolicyClient:
             ) as response:
                 if response.status != 200:
                     raise _status_error(response.status, await response.read())
-                async for line in response.content:
+                while line := await response.content.readline(max_line_length=UPSTREAM_EVENT_LIMIT):
                     if not line.startswith(b"data:"):
                         continue
                     data = line[5:].strip()
@@ -509,6 +522,10 @@ class HttpPolicyClient:
             raise UpstreamError(f"upstream {self.base_url} timed out", 504) from None
         except aiohttp.ClientError as error:
             raise UpstreamError(f"upstream {self.base_url} unreachable: {error}") from None
+        except LineTooLong:
+            raise UpstreamError(
+                f"upstream streamed a line over the {UPSTREAM_EVENT_LIMIT}-byte limit"
+            ) from None
 
     async def chat(
         self, messages: list[dict], tools: list[dict], params: SamplingParams
