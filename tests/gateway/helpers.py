@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import json
 import os
 import re
+import resource
 import signal
 import subprocess
 import sys
@@ -83,16 +85,24 @@ def sse_events(text: str) -> list[tuple[str | None, dict | str]]:
 
 
 @contextmanager
-def server_process(*args: str, env: dict | None = None, timeout: float = 30.0):
+def server_process(
+    *args: str, env: dict | None = None, timeout: float = 30.0, open_files: int | None = None
+):
     """`callgrove ARGS --port 0` as a process; yields (process, base URL); killed afterwards.
-    `timeout`: how long it may take to start listening."""
+    `timeout`: how long it may take to start listening; `open_files`: its descriptor limit."""
+
+    def prepare() -> None:
+        die_with_parent()
+        if open_files is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, open_files))
+
     process = subprocess.Popen(
         [sys.executable, "-c", "from callgrove.cli import main; main()", *args, "--port", "0"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env={**os.environ, "PYTHONPATH": SRC, **(env or {})},
         start_new_session=True,
-        preexec_fn=die_with_parent,
+        preexec_fn=prepare,
     )
     try:
         url = wait_for_url(process, timeout)
@@ -122,3 +132,42 @@ def wait_for_url(process: subprocess.Popen, timeout: float = 30.0) -> str:
         if not line and process.poll() is not None:
             raise RuntimeError(f"server exited: {process.stderr.read().decode()[-2000:]}")
     raise TimeoutError("server did not report its address")
+
+
+class CannedUpstream:
+    """A loopback upstream written by hand: every request is answered `answer(path, body)`,
+    a (status line, content type, bytes) triple, on a connection closed after it. For answers
+    no real server would give (malformed ones, lines of any length)."""
+
+    def __init__(self, answer):
+        self.answer = answer
+        self.url = ""
+
+    async def __aenter__(self) -> CannedUpstream:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self.server.close()
+
+    async def _serve(self, reader, writer) -> None:
+        head = (await reader.readuntil(b"\r\n\r\n")).decode()
+        path = head.split()[1]
+        length = next(
+            (
+                int(line.partition(":")[2])
+                for line in head.lower().splitlines()
+                if line.startswith("content-length:")
+            ),
+            0,
+        )
+        body = json.loads(await reader.readexactly(length)) if length else None
+        status, kind, raw = self.answer(path, body)
+        writer.write(
+            f"HTTP/1.1 {status}\r\ncontent-type: {kind}\r\ncontent-length: {len(raw)}\r\n"
+            "connection: close\r\n\r\n".encode()
+            + raw
+        )
+        await writer.drain()
+        writer.close()

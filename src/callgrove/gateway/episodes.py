@@ -21,6 +21,7 @@ import hashlib
 import shutil
 import time
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -103,6 +104,18 @@ class Recorded:
 
 class LedgerWriteError(RuntimeError):
     """A call's line could not be written or made durable: the call is not recorded."""
+
+
+@contextlib.contextmanager
+def ledger_errors(episode_id: str) -> Iterator[None]:
+    """An episode's ledger file that cannot be read or opened (no descriptor left, a disk
+    error) as a 500 naming it: the gateway's fault, answered in the client's API shape."""
+    try:
+        yield
+    except OSError as error:
+        raise HttpError(
+            500, f"the ledger could not open episode {episode_id!r}: {error}", "server_error"
+        ) from None
 
 
 def closed_error(episode_id: str, while_in_flight: bool = False) -> HttpError:
@@ -284,17 +297,15 @@ class Episodes:
         self._lock = LedgerLock(self.ledger)
         # How long a close waits for the episode's calls in flight; later ones are refused.
         self.close_wait = close_wait
-        # Open episodes only: a closed one's file is closed and its calls let go.
+        # Open episodes only: a closed one's calls are let go.
         self.open: dict[str, EpisodeState] = {}
         self.quarantined: dict[str, str] = {}  # damaged ledger files: episode -> why
         self.strays: list[str] = []  # files in the ledger folder that are no episode's
 
     def release(self) -> None:
-        """Close every open episode's file and give up the ledger folder's lock."""
+        """Let every open episode go and give up the ledger folder's lock."""
         for state in self.open.values():
-            if state.file is not None:
-                state.file.close()
-                state.file = None
+            state.file = None
         self.open.clear()
         self._lock.release()
 
@@ -303,10 +314,16 @@ class Episodes:
 
     def episode(self, episode_id: str) -> EpisodeState:
         """The open state of an episode, recovered from its ledger file on first use. A closed
-        episode raises the error late calls get; a damaged file is quarantined (and raises)."""
+        episode raises the error late calls get; a damaged file is quarantined (and raises); a
+        file that cannot be opened (no descriptor left, a disk error) is a 500, and the episode
+        is opened again on its next call."""
         state = self.open.get(episode_id)
         if state is not None:
             return state
+        with ledger_errors(episode_id):
+            return self._opened(episode_id)
+
+    def _opened(self, episode_id: str) -> EpisodeState:
         path = self._path(episode_id)
         self._refuse_quarantined(episode_id, path)
         if not path.exists():
@@ -364,8 +381,11 @@ class Episodes:
                 self.strays.append(name)
                 warnings.warn(f"{path}: not an episode's ledger file; left alone", stacklevel=2)
                 continue
-            with contextlib.suppress(HttpError):  # closed, or quarantined and reported
+            try:
                 self.episode(episode_id)
+            except HttpError as error:  # closed, or quarantined and reported, or unreadable
+                if error.status >= 500:
+                    warnings.warn(error.message, stacklevel=2)
         return len(self.open)
 
     async def close(self, episode_id: str, data: dict[str, Any] | None = None) -> Episode:
@@ -401,6 +421,10 @@ class Episodes:
 
     def _closable(self, episode_id: str, body: CloseBody) -> EpisodeState | Episode:
         """The open episode to close, or the record of one closed before with this body."""
+        with ledger_errors(episode_id):
+            return self._found_to_close(episode_id, body)
+
+    def _found_to_close(self, episode_id: str, body: CloseBody) -> EpisodeState | Episode:
         state = self.open.get(episode_id)
         if state is not None:
             if state.closing or state.closed:
@@ -451,7 +475,8 @@ class Episodes:
         storing the record once."""
         try:
             episode = self._record_of(state, body)
-            file = state.file or AppendFile(self._path(state.id))
+            with ledger_errors(state.id):
+                file = state.file or AppendFile(self._path(state.id))
         except BaseException:
             state.closed = False
             raise
@@ -480,6 +505,5 @@ class Episodes:
                 ) from None
         finally:
             if state.closed:
-                file.close()
                 state.file = None
         return episode

@@ -110,7 +110,8 @@ class _Syncer:
 def _fsync(file: AppendFile) -> OSError | None:
     covered = file.written  # every line written before the fsync starts
     try:
-        os.fdatasync(file.fd)
+        with _opened(file.path) as fd:
+            os.fdatasync(fd)
     except OSError as error:
         return error
     file.synced = max(file.synced, covered)
@@ -130,26 +131,45 @@ def _settle(done: list[tuple[asyncio.Future[None], OSError | None]]) -> None:
 _SYNCER = _Syncer()
 
 
+@contextlib.contextmanager
+def _opened(path: Path, create: bool = False) -> Iterator[int]:
+    """A descriptor appending to `path`, closed on leaving."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | (os.O_CREAT if create else 0), PRIVATE_FILE)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
 class AppendFile:
     """An append-only file whose `append` returns once the line is durable (group-committed).
 
-    A write that fails part way (a full disk) is cut back off, so the file always ends with a
-    whole line and holds no line whose call was not answered as recorded."""
+    It holds no file descriptor between writes: each write opens the file, appends and closes
+    it, and each sync opens it again (an fsync makes the file's data durable through any
+    descriptor of it). So the episodes open at once are bounded by memory, never by the
+    process's descriptor limit: a harness that crashes leaves its episodes open, and they
+    must not wedge the gateway. A write that fails part way (a full disk) is cut back off, so
+    the file always ends with a whole line and holds no line whose call was not answered as
+    recorded. The file is created (private) with the object; later writes never create it."""
 
     def __init__(self, path: Path):
         self.path = path
-        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, PRIVATE_FILE)
-        self.size = os.fstat(self.fd).st_size  # bytes of whole lines
+        with _opened(path, create=True) as fd:
+            self.size = os.fstat(fd).st_size  # bytes of whole lines
         self.written = 0  # lines written, and of them made durable (the syncer advances it)
         self.synced = 0
 
     def write(self, line: bytes) -> None:
         """Write one whole line, or (on an error) nothing: a partial write is cut off."""
+        with _opened(self.path) as fd:
+            self._write(fd, line)
+
+    def _write(self, fd: int, line: bytes) -> None:
         try:
-            _write_all(self.fd, line)
+            _write_all(fd, line)
         except OSError:
             with contextlib.suppress(OSError):
-                os.ftruncate(self.fd, self.size)
+                os.ftruncate(fd, self.size)
             raise
         self.size += len(line)
         self.written += 1
@@ -164,19 +184,19 @@ class AppendFile:
         flight, so the fsync runs right here, sparing two thread hand-offs that would only add
         latency."""
         if alone:
-            os.fdatasync(self.fd)
-            self.synced = max(self.synced, self.written)
+            covered = self.written
+            with _opened(self.path) as fd:
+                os.fdatasync(fd)
+            self.synced = max(self.synced, covered)
             return
         await _SYNCER.durable(self, self.written)
 
     def append_now(self, line: bytes) -> None:
         """Append and fsync without an event loop (closing, recovery repairs)."""
-        self.write(line)
-        os.fsync(self.fd)
+        with _opened(self.path) as fd:
+            self._write(fd, line)
+            os.fsync(fd)
         self.synced = max(self.synced, self.written)
-
-    def close(self) -> None:
-        os.close(self.fd)
 
 
 def private_folder(path: Path) -> Path:
