@@ -32,6 +32,7 @@ from callgrove.cli.kinds import VERIFIERS_FILE, harness_hint
 from callgrove.episode import Episode, format_for, load_located
 from callgrove.formats.output import check_output
 from callgrove.formats.problems import Diagnostics, InputError
+from callgrove.formats.streams import readable
 from callgrove.formats.text import printable
 from callgrove.interop import GYM
 from callgrove.interop.gym import TOKENS_SUFFIX
@@ -213,12 +214,16 @@ InvocationsOption = Annotated[
 
 def episode_inputs(files: list[Path], invocations: Path | None = None) -> list[Path]:
     """The inputs to read, as given but for a verifiers results folder, read as the
-    traces.jsonl in it (a NeMo Gym capture folder is read whole). Usage errors (exit 2), named
+    traces.jsonl in it (a NeMo Gym capture folder is read whole), and an input that can be
+    read only once (`-` for standard input, a pipe, a FIFO), read whole now and given as its
+    copy (`formats.streams`; problems in it name the input). Usage errors (exit 2), named
     on stderr before any work: a path that is not there, a folder that is neither, a harness
-    transcript (with the command that imports it), and --invocations without one Gym capture.
-    An empty file is a warning: it holds no episodes."""
+    transcript (with the command that imports it), and --invocations without one Gym capture;
+    an input that cannot be read whole (a FIFO no writer opens) is an error (exit 1). An
+    empty file is a warning: it holds no episodes."""
     inputs = []
-    for path in files:
+    for given in files:
+        path = read_once(given)
         if path.is_dir() and (path / VERIFIERS_FILE).is_file():
             path = path / VERIFIERS_FILE
         elif path.is_dir() and not any(path.glob(f"*{TOKENS_SUFFIX}")):
@@ -230,17 +235,27 @@ def episode_inputs(files: list[Path], invocations: Path | None = None) -> list[P
             _usage(f"{path}: no such file")
         hint = harness_hint(path)
         if hint is not None:
-            _usage(f"{path}: {hint}")
+            _usage(f"{given}: {hint}")
         if path.is_file() and path.stat().st_size == 0:
-            err.print(f"[yellow]warning[/]: {safe(path)}: an empty file, no episodes in it")
+            err.print(f"[yellow]warning[/]: {safe(given)}: an empty file, no episodes in it")
         inputs.append(path)
     if invocations is not None:
         gym = [path for path in inputs if format_for(path) is GYM]
         if len(inputs) != 1 or len(gym) != 1:
             _usage("--invocations goes with one NeMo Gym capture (a folder or a .tokens.jsonl)")
-        if not invocations.is_file():
+        if not read_once(invocations).is_file():
             _usage(f"--invocations {invocations}: no such file")
     return inputs
+
+
+def read_once(path: Path) -> Path:
+    """`path`, or for an input that can be read only once its copy, read whole now; a FIFO
+    with no writer is said to wait, and one that gets none is an error (exit 1)."""
+    try:
+        return readable(path, waiting=lambda message: err.print(safe(message)))
+    except InputError as error:
+        err.print(f"[red]error[/]: {safe(error.problem)}")
+        raise typer.Exit(EXIT_FAILED) from None
 
 
 def read_input(

@@ -37,6 +37,7 @@ from callgrove.cli.app import (
     err,
     one_output,
     progress_bar,
+    read_once,
     reading,
     require_output,
     safe,
@@ -71,7 +72,7 @@ from callgrove.credit import Algorithm
 from callgrove.episode import Episode, format_for, load, load_located, open_writer
 from callgrove.forest import compact_prompts
 from callgrove.formats.output import NewFile
-from callgrove.formats.problems import Diagnostics, InputError
+from callgrove.formats.problems import Diagnostics, InputError, shown_file
 from callgrove.interop.gym import TOKENS_SUFFIX
 from callgrove.interop.verifiers import write_advantages
 
@@ -183,6 +184,8 @@ def convert_command(
     OUT's folder is made if it is not there.
     """
     out = one_output(out, out_option)
+    source = read_once(source)
+    invocations, onto = (None if p is None else read_once(p) for p in (invocations, onto))
     from_ = from_ or _infer_source(source)
     to = to or _infer_target(out, onto)
     source = _input_path(source, from_, invocations, onto, to)
@@ -247,11 +250,11 @@ def _infer_source(source: Path) -> Source:
     path that is not there is a usage error."""
     hint = harness_hint(source)
     if hint is not None or not source.exists():
-        err.print(f"error: {safe(source)}: {safe(hint or 'no such file or folder')}")
+        err.print(f"error: {safe(shown_file(source))}: {safe(hint or 'no such file or folder')}")
         raise typer.Exit(EXIT_USAGE)
     folder_of_traces = source.is_dir() and (source / VERIFIERS_FILE).is_file()
     kind = "verifiers" if folder_of_traces else format_for(source).name
-    err.print(f"reading {safe(source)} as {kind} (--from overrides)")
+    err.print(f"reading {safe(shown_file(source))} as {kind} (--from overrides)")
     return Source(kind)
 
 
@@ -440,7 +443,7 @@ def _summary(
 ) -> None:
     if as_json:
         record = {
-            "in": str(source),
+            "in": shown_file(source),
             "from": from_.value,
             "out": str(out),
             "to": to.value,
@@ -457,7 +460,7 @@ def _summary(
         }
         sys.stdout.buffer.write(orjson.dumps(record) + b"\n")
     table = Table(
-        title=safe(f"{source} ({from_.value}) -> {out} ({to.value})"),
+        title=safe(f"{shown_file(source)} ({from_.value}) -> {out} ({to.value})"),
         title_justify="left",
         show_header=False,
     )

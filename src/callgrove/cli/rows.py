@@ -55,7 +55,7 @@ from callgrove.cli.shards import (
 )
 from callgrove.episode import Agent, Episode
 from callgrove.formats.output import NewFile
-from callgrove.formats.problems import Diagnostics
+from callgrove.formats.problems import Diagnostics, shown_file
 from callgrove.pictures.text import agent_labels, clip_middle
 from callgrove.rows import EpisodeRows, Row, RowSettings, build_rows, check_rows
 from callgrove.rows.check import CheckSummary
@@ -136,7 +136,9 @@ def rows_of(
             result = build_rows(episode, settings)
         except Exception as error:  # an episode that cannot become rows must not stop the rest
             outcome.failed += 1
-            failed(f"[red]error[/]: {safe(path)}: episode {safe(episode.id)}: {safe(error)}")
+            failed(
+                f"[red]error[/]: {safe(shown_file(path))}: episode {safe(episode.id)}: {safe(error)}"
+            )
             continue
         outcome.episodes += 1
         yield result

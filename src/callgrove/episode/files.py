@@ -26,6 +26,7 @@ from callgrove.episode.record import Episode
 from callgrove.formats.jsonl import iter_lines
 from callgrove.formats.output import output_error
 from callgrove.formats.problems import Diagnostics, InputError
+from callgrove.formats.streams import readable
 
 JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".json", ".gz", ".zst")
 
@@ -82,7 +83,7 @@ def format_for(
         if name not in FORMATS:
             raise ValueError(f"unknown episode format {name!r}; known: {', '.join(FORMATS)}")
         return FORMATS[name]
-    path = Path(path)
+    path = readable(path)
     if path.is_dir():
         folders = [f for f in FORMATS.values() if f.folder]
         if folders:
@@ -124,7 +125,10 @@ def load_located(
 
     An episode id is unique within a file: a later episode with an earlier one's id is an
     error (recorded in `diagnostics` and skipped, or raised without them), never a second copy.
+    An input that can be read only once (a pipe, a FIFO, `-` for standard input) is read
+    whole, once, and its copy read (`formats.streams`).
     """
+    path = readable(path)
     episodes = format_for(path, format).read(path, diagnostics, **options)
     return _unique_ids(episodes, str(path), diagnostics)
 

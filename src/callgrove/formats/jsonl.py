@@ -33,6 +33,7 @@ else:
 from callgrove.formats.looks import HEAD_BYTES, not_json_lines
 from callgrove.formats.output import NewFile, open_locked_append
 from callgrove.formats.problems import Diagnostics, InputError, Problem
+from callgrove.formats.streams import readable
 from callgrove.formats.wire import (
     FORMAT,
     KNOWN_FIELDS,
@@ -51,9 +52,10 @@ def open_binary(path: str | os.PathLike[str], mode: str = "rb") -> IO[bytes]:
     Reading streams with bounded buffers whatever the compression ratio, across every gzip
     member and zstd frame (appends add them). A compressed file that ends early (a crash
     mid-write) raises `EOFError` at its end, for gzip and zstd alike, once every complete byte
-    has been read; data that is not gzip or zstd raises `CompressedDataError`.
+    has been read; data that is not gzip or zstd raises `CompressedDataError`. An input that
+    can be read only once (a pipe, a FIFO, `-`) is read through its copy (`formats.streams`).
     """
-    name = str(path)
+    name = str(readable(path) if mode == "rb" else path)
     if name.endswith(".gz"):
         return gzip.open(name, mode)  # type: ignore[return-value]
     if name.endswith(".zst"):
@@ -90,7 +92,7 @@ def iter_lines(
                 if not line.isspace():  # JSON decoders skip the trailing newline: no copy
                     yield number, line, line.endswith(b"\n")
     except EOFError:
-        if os.path.getsize(path) == 0:
+        if os.path.getsize(readable(path)) == 0:
             return  # an empty file holds no lines, compressed or not
         raise InputError(
             Problem(

@@ -13,18 +13,28 @@ _SHOWN_CHARS = 60
 _SETTING = re.compile(r"^(\[[\w.\- \"]+\]|[\w.\-\"]+\s*=\s*\S)")
 
 JSON_LINES = "the file should hold one JSON object per line"
+# The binary forms callgrove reads, by their first bytes: what they are and the name ending
+# that reads them.
+READ_FORMS = (
+    (b"PAR1", "Parquet data", ".parquet"),
+    (b"ARROW1", "Arrow IPC data", ".arrow"),
+    (b"\x1f\x8b", "gzip data", ".jsonl.gz"),
+    (b"\x28\xb5\x2f\xfd", "zstd data", ".jsonl.zst"),
+)
 # Binary forms by their first bytes, with what to do instead.
 _MAGIC = (
-    (b"PAR1", "Parquet data (name the file .parquet)"),
-    (b"ARROW1", "Arrow IPC data (name the file .arrow)"),
-    (b"\x1f\x8b", "gzip data (name the file .jsonl.gz)"),
-    (b"\x28\xb5\x2f\xfd", "zstd data (name the file .jsonl.zst)"),
+    *((magic, f"{what} (name the file {suffix})") for magic, what, suffix in READ_FORMS),
     (b"PK\x03\x04", "a ZIP archive"),
     (b"%PDF", "a PDF document"),
     (b"\x89PNG", "a PNG image"),
     (b"\xff\xd8\xff", "a JPEG image"),
     (b"\x7fELF", "an executable"),
 )
+
+
+def suffix_by_content(head: bytes) -> str:
+    """The name ending that reads data starting with `head`: a binary form's, else `.jsonl`."""
+    return next((suffix for magic, _what, suffix in READ_FORMS if head.startswith(magic)), ".jsonl")
 
 
 def not_json_lines(head: bytes) -> tuple[str, int] | None:

@@ -5,6 +5,20 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
+# Files read under another name than the one they are shown by: the temporary copy of an input
+# that can be read only once (`formats.streams`) is shown as that input.
+_SHOWN_AS: dict[str, str] = {}
+
+
+def show_file_as(file: str, name: str) -> None:
+    """Show `file` as `name` wherever a problem names it."""
+    _SHOWN_AS[file] = name
+
+
+def shown_file(file: object) -> str:
+    """The name `file` is shown by: the input's, for the copy of an input read once."""
+    return _SHOWN_AS.get(str(file), str(file))
+
 
 @dataclass(frozen=True, slots=True)
 class Problem:
@@ -18,8 +32,14 @@ class Problem:
     severity: str = "error"  # "error" or "warning"
     kind: str = "invalid"
 
+    @property
+    def where(self) -> str:
+        """`file:line`, as much of it as is known."""
+        file = None if self.file is None else shown_file(self.file)
+        return ":".join(str(part) for part in (file, self.line) if part is not None)
+
     def __str__(self) -> str:
-        where = ":".join(str(part) for part in (self.file, self.line) if part is not None)
+        where = self.where
         names = ", ".join(
             f"{label} {value}"
             for label, value in (("episode", self.episode), ("call", self.call))

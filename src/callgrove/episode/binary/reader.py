@@ -43,6 +43,7 @@ from callgrove.episode.provenance import gaps_from_json, split_spawn
 from callgrove.episode.record import TOKEN_DTYPE, Agent, Call, Episode, share_histories
 from callgrove.formats.jsonl import report
 from callgrove.formats.problems import Diagnostics, InputError, Problem
+from callgrove.formats.streams import readable
 from callgrove.formats.wire import FORMAT, WireEnv, WireError, WirePolicy, WireRun
 
 
@@ -55,7 +56,7 @@ def _record_batches(
 ) -> Iterator[pa.RecordBatch]:
     """The file's record batches, one at a time; Arrow IPC files are memory-mapped. Columns
     the layout does not have are named (warnings; none are read where they are refused)."""
-    file = str(path)
+    file = str(readable(path))
     try:
         if file.endswith(PARQUET_SUFFIX):
             parquet = pq.ParquetFile(file, memory_map=True, page_checksum_verification=True)
