@@ -66,8 +66,8 @@ def test_a_hugging_face_model_serves_with_its_own_chat_template():
     from callgrove.chat import JinjaFormat, Message
     from callgrove.serving.policy_server import PolicyServer, hf_policy, model_tokenizer
 
-    policy, chat = hf_policy("smollm2-135m", seed=0)
-    server = PolicyServer(policy, chat)
+    policy, chat, context = hf_policy("smollm2-135m", seed=0)
+    server = PolicyServer(policy, chat, context=context)
 
     async def go():
         transport = httpx.ASGITransport(app=server.app())

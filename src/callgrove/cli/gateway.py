@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import warnings
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
+from urllib.parse import urlsplit
 
 import orjson
 import typer
@@ -34,12 +36,59 @@ Tokens = Annotated[
 ]
 
 
+def _refuse(message: str) -> NoReturn:
+    """A usage error: one line, exit 2."""
+    err.print(f"error: {safe(message)}")
+    raise typer.Exit(EXIT_USAGE)
+
+
+def _check_serving(
+    host: str,
+    port: int,
+    tokens: list[str],
+    parser: str,
+    max_tokens: int,
+    tokenizer: Path | None,
+    template: Path | None,
+) -> None:
+    """The options both servers take, checked before anything starts."""
+    from callgrove.chat import PARSERS
+
+    if (tokenizer is None) != (template is None):
+        _refuse("--tokenizer and --template go together")
+    if not host.strip():
+        _refuse("--host is empty")
+    if not 0 <= port <= 65535:
+        _refuse(f"--port {port}: a port is 0 (any free one) to 65535")
+    if any(not token.strip() for token in tokens):
+        _refuse("--token is empty: give a token, or no --token for no key")
+    if parser not in PARSERS:
+        _refuse(f"--tool-parser {parser!r}: known are {', '.join(sorted(PARSERS))}")
+    if max_tokens < 1:
+        _refuse(f"--max-tokens {max_tokens}: at least 1")
+
+
+def _check_upstream(upstream: str, timeout: float, model: str, token: str | None) -> None:
+    """The gateway's upstream options, checked before anything starts."""
+    try:
+        parts = urlsplit(upstream)
+        parts.port  # noqa: B018 - a port that is not one raises here
+        url = parts.scheme in ("http", "https") and bool(parts.hostname)
+    except ValueError:
+        url = False
+    if not url:  # not echoed: it may carry credentials
+        _refuse("--upstream is not an http:// or https:// URL with a host (http://HOST:PORT)")
+    if not (math.isfinite(timeout) and timeout > 0):
+        _refuse(f"--timeout {timeout}: a number of seconds above 0")
+    if not model.strip() or model != model.strip():
+        _refuse(f"--upstream-model {model!r}: the name the upstream serves, without blanks")
+    if token is not None and not token.strip():
+        _refuse("--upstream-token is empty")
+
+
 def _chat(tokenizer: Path | None, template: Path | None, parser: str):
     from callgrove.chat import BuiltinFormat, JinjaFormat
 
-    if (tokenizer is None) != (template is None):
-        err.print("error: --tokenizer and --template go together")
-        raise typer.Exit(EXIT_USAGE)
     if tokenizer is None:
         return BuiltinFormat()
     return JinjaFormat(tokenizer, template, parser=parser)  # type: ignore[arg-type]
@@ -58,7 +107,10 @@ def _serve(what: str, app: Any, host: str, port: int, tokens: list[str]) -> None
         out.print(f"{what} listening on http://{host}:{bound}")
         sys.stdout.flush()
 
-    web.serve(app, host, port, ready)
+    try:
+        web.serve(app, host, port, ready)
+    except OSError as error:  # the address is taken, unknown or not this machine's
+        _refuse(f"cannot listen on {host}:{port}: {error}")
 
 
 def _tokens(tokens: list[str] | None, env: str) -> list[str]:
@@ -95,11 +147,22 @@ def serve_policy(
 ) -> None:
     """Serve a policy on an OpenAI-compatible API with vLLM's token extras."""
     from callgrove.policy.script import Script, ScriptedPolicy
-    from callgrove.serving.policy_server import PolicyServer, hf_policy, reference_policy
+    from callgrove.serving.policy_server import (
+        REFERENCE_CONTEXT,
+        PolicyServer,
+        hf_policy,
+        reference_policy,
+    )
 
     if (script is None) == (model is None):
-        err.print("error: give either --script FILE or --model (tiny, hf:PATH or a packaged name)")
-        raise typer.Exit(EXIT_USAGE)
+        _refuse("give either --script FILE or --model (tiny, hf:PATH or a packaged name)")
+    tokens = _tokens(token, "CALLGROVE_TOKEN")
+    _check_serving(host, port, tokens, parser, max_tokens, tokenizer, template)
+    if not 0 <= seed < 2**63:
+        _refuse(f"--seed {seed}: a non-negative 64-bit integer")
+    if weights is not None and model != "tiny":
+        _refuse("--weights is the reference decoder's state dict: it goes with --model tiny")
+    context = None
     try:
         if script is not None:
             chat = _chat(tokenizer, template, parser)
@@ -107,13 +170,14 @@ def serve_policy(
         elif model == "tiny":
             chat = _chat(tokenizer, template, parser)
             policy = reference_policy(chat, seed, str(weights) if weights else None)
+            context = REFERENCE_CONTEXT
         else:  # a Hugging Face model brings its own tokenizer and chat template
-            policy, chat = hf_policy(model, seed, parser)
+            policy, chat, context = hf_policy(model, seed, parser)
     except (InputError, OSError, RuntimeError, ValueError) as error:
-        err.print(f"error: {safe(error)}")
-        raise typer.Exit(EXIT_USAGE) from None
-    tokens = _tokens(token, "CALLGROVE_TOKEN")
-    server = PolicyServer(policy, chat, model or "policy", tokens, max_tokens=max_tokens)
+        _refuse(str(error))
+    server = PolicyServer(
+        policy, chat, model or "policy", tokens, max_tokens=max_tokens, context=context
+    )
     _serve("serve-policy", server.app(), host, port, tokens)
 
 
@@ -208,14 +272,17 @@ def gateway(
     from callgrove.serving.policy_server import model_tokenizer
 
     if model is not None and (tokenizer or template):
-        err.print("error: give --model or --tokenizer/--template, not both")
-        raise typer.Exit(EXIT_USAGE)
+        _refuse("give --model or --tokenizer/--template, not both")
+    tokens = _tokens(token, "CALLGROVE_TOKEN")
+    _check_serving(host, port, tokens, parser, max_tokens, tokenizer, template)
+    _check_upstream(upstream, timeout, upstream_model, upstream_token)
+    if ledger.exists() and not ledger.is_dir():
+        _refuse(f"--ledger {ledger}: a file, not a folder")
     if upstream_gguf and upstream_processed_logprobs:
-        err.print(
-            "error: llama.cpp reports untempered logprobs: --upstream-processed-logprobs "
+        _refuse(
+            "llama.cpp reports untempered logprobs: --upstream-processed-logprobs "
             "does not go with --upstream-gguf"
         )
-        raise typer.Exit(EXIT_USAGE)
     try:
         chat = (
             JinjaFormat.from_tokenizer(model_tokenizer(model), parser)
@@ -223,8 +290,7 @@ def gateway(
             else _chat(tokenizer, template, parser)
         )
     except (OSError, ValueError) as error:
-        err.print(f"error: {safe(error)}")
-        raise typer.Exit(EXIT_USAGE) from None
+        _refuse(str(error))
     try:
         policy = (
             _llama_cpp_client(
@@ -241,9 +307,7 @@ def gateway(
             )
         )
     except (ImportError, OSError, ValueError) as error:
-        err.print(f"error: {safe(error)}")
-        raise typer.Exit(EXIT_USAGE) from None
-    tokens = _tokens(token, "CALLGROVE_TOKEN")
+        _refuse(str(error))
     try:
         server = Gateway(
             policy,
@@ -254,8 +318,7 @@ def gateway(
             passthrough=passthrough,
         )
     except (LedgerInUse, OSError) as error:
-        err.print(f"error: {safe(error)}")
-        raise typer.Exit(EXIT_USAGE) from None
+        _refuse(str(error))
     with warnings.catch_warnings(record=True) as found:
         warnings.simplefilter("always")
         recovered = server.episodes.recover()
@@ -331,8 +394,7 @@ def harness(
             extra_args=list(arg or []),
         )
     except (ValueError, FileNotFoundError) as error:
-        err.print(f"error: {safe(error)}")
-        raise typer.Exit(EXIT_USAGE) from None
+        _refuse(str(error))
     except CloseFailed as error:
         err.print(f"error: {safe(error)}")
         raise typer.Exit(1) from None

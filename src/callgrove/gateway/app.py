@@ -59,6 +59,7 @@ from callgrove.serving.apis import (
     openai_message,
     openai_tools,
 )
+from callgrove.serving.bodies import assistant_message
 from callgrove.serving.streaming import PlainText
 from callgrove.serving.web import DEFAULT_BODY_LIMIT, HttpError
 
@@ -277,7 +278,7 @@ class Gateway:
             except Exception as error:
                 recorded = True
                 failed = await self._failed(turn, error)
-                yield b"".join(error_events(turn.api, failed.status, failed.message, failed.kind))
+                yield b"".join(error_events(turn.api, failed))
                 return
             yield b"".join(out.closing(reply))
         except (asyncio.CancelledError, GeneratorExit):
@@ -447,7 +448,11 @@ class Gateway:
             openai_history(chat_request.messages), openai_tools(chat_request.tools), params
         )
         sample = self._checked(prompt, sample, params)
-        response = openai_message(raw, "upstream choices[0].message")
+        try:
+            assistant_message(raw, "choices[0].message")
+        except HttpError as error:  # the upstream's answer, not the client's request
+            raise UpstreamError(f"upstream answer refused: {error.message}") from None
+        response = openai_message(raw)
         if base is not None:
             length = base.call.full_len
             if len(prompt) <= length or not np.array_equal(

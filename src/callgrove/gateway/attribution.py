@@ -43,6 +43,7 @@ from callgrove.transcripts.codex_records import agent_name
 EPISODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 AGENT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
 UNTAGGED = "untagged"
+NAME_LIMIT = 256  # characters of an agent's name or task path a header may give (stored per call)
 KEY_PREFIX = "cg:"
 CODEX_SPAWN_TOOL = "spawn_agent"
 CODEX_ROOT = "/root"  # the leader's `agent_name`, and every thread's in a v1 run
@@ -73,6 +74,16 @@ def valid_episode(value: str) -> str:
     """`value`, if it is an episode id (`is_episode_id`); else a 400."""
     if not is_episode_id(value):
         raise HttpError(400, f"invalid episode id {value[:80]!r}: letters, digits, . _ - only")
+    return value
+
+
+def bounded(value: str | None, header: str) -> str | None:
+    """A header's value that is stored with the agent, if it is within `NAME_LIMIT`; a 400
+    naming the header otherwise."""
+    if value is not None and len(value) > NAME_LIMIT:
+        raise HttpError(
+            400, f"{header} of {len(value)} characters, over the {NAME_LIMIT}-character limit"
+        )
     return value
 
 
@@ -129,7 +140,7 @@ def identify(headers: Any, messages: list[Message]) -> Identity:
         parent = headers.get("x-callgrove-parent")
         return Identity(
             valid_agent(own),
-            headers.get("x-callgrove-name"),
+            bounded(headers.get("x-callgrove-name"), "X-Callgrove-Name"),
             valid_agent(parent) if parent else None,
             start,
             purpose,
@@ -169,7 +180,7 @@ def identify(headers: Any, messages: list[Message]) -> Identity:
             start,
             purpose,
             harness="codex",
-            path=codex_path(meta.get("agent_name")),
+            path=bounded(codex_path(meta.get("agent_name")), "x-codex-turn-metadata agent_name"),
         )
     return Identity("main", "leader", None, "root", purpose)
 

@@ -429,7 +429,9 @@ class Episodes:
         if state is not None:
             if state.closing or state.closed:
                 raise HttpError(409, f"episode {episode_id!r} is being closed", "conflict")
-            return state
+            if state.in_flight or state.file is None or state.file.exists():
+                return state
+            del self.open[episode_id]  # only refused requests named it: it holds nothing
         path = self._path(episode_id)
         self._refuse_quarantined(episode_id, path)
         if not path.exists():

@@ -150,18 +150,22 @@ class AppendFile:
     process's descriptor limit: a harness that crashes leaves its episodes open, and they
     must not wedge the gateway. A write that fails part way (a full disk) is cut back off, so
     the file always ends with a whole line and holds no line whose call was not answered as
-    recorded. The file is created (private) with the object; later writes never create it."""
+    recorded. The file is created (private) by its first line: a request refused before it
+    leaves no file behind."""
 
     def __init__(self, path: Path):
         self.path = path
-        with _opened(path, create=True) as fd:
-            self.size = os.fstat(fd).st_size  # bytes of whole lines
+        self.size = path.stat().st_size if path.exists() else 0  # bytes of whole lines
         self.written = 0  # lines written, and of them made durable (the syncer advances it)
         self.synced = 0
 
+    def exists(self) -> bool:
+        """Whether a line was ever written (the file is made by its first)."""
+        return self.path.exists()
+
     def write(self, line: bytes) -> None:
         """Write one whole line, or (on an error) nothing: a partial write is cut off."""
-        with _opened(self.path) as fd:
+        with _opened(self.path, create=True) as fd:
             self._write(fd, line)
 
     def _write(self, fd: int, line: bytes) -> None:
@@ -193,7 +197,7 @@ class AppendFile:
 
     def append_now(self, line: bytes) -> None:
         """Append and fsync without an event loop (closing, recovery repairs)."""
-        with _opened(self.path) as fd:
+        with _opened(self.path, create=True) as fd:
             self._write(fd, line)
             os.fsync(fd)
         self.synced = max(self.synced, self.written)

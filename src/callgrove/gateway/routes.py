@@ -24,10 +24,11 @@ from callgrove.chat import tools_message
 from callgrove.episode import encode_episode
 from callgrove.gateway.attribution import UNTAGGED, episode_from_key, identify, valid_episode
 from callgrove.serving.apis import (
+    ERROR_HANDLERS,
     ChatRequest,
     anthropic_messages,
     anthropic_request,
-    error_json,
+    error_response,
     openai_chat_request,
     reply_events,
     reply_json,
@@ -35,6 +36,7 @@ from callgrove.serving.apis import (
 )
 from callgrove.serving.web import (
     HttpError,
+    check_headers,
     check_token,
     json_response,
     read_json,
@@ -69,10 +71,11 @@ class Routes:
                 Route(f"{prefix}/v1/models", self.models, methods=["GET"]),
             ]
         routes.append(Route("/e/{episode}/close", self.close, methods=["POST"]))
-        return Starlette(routes=routes)
+        return Starlette(routes=routes, exception_handlers=ERROR_HANDLERS)
 
     def _attribute(self, request: Request) -> str:
-        """The request's episode, after checking its key."""
+        """The request's episode, after checking its headers and key."""
+        check_headers(request)
         path_episode = request.path_params.get("episode")
         key_episode, token = episode_from_key(request_key(request))
         check_token(token, self.gateway.tokens)
@@ -103,7 +106,7 @@ class Routes:
                     return streamed
                 reply = await gateway.call(api, chat_request, episode, who)
             except HttpError as error:
-                return error.response(error_json(api, error.status, error.message, error.kind))
+                return error_response(api, error)
             headers = {
                 "x-callgrove-policy-version": str(reply.policy_version),
                 "x-callgrove-episode": episode,
@@ -121,22 +124,18 @@ class Routes:
         try:
             self._attribute(request)
             data = await read_json(request, self.gateway.body_limit)
-            messages = anthropic_messages(data)
-            tools = tools_message([t for t in data.get("tools") or [] if isinstance(t, dict)])
+            messages = anthropic_messages(data, call=False)
+            tools = tools_message(data.get("tools") or [])
             count = len(self.gateway.chat.render(([tools] if tools else []) + messages))
         except HttpError as error:
-            return json_response(
-                error_json("messages", error.status, error.message, error.kind), error.status
-            )
+            return error_response("messages", error)
         return json_response({"input_tokens": count})
 
     async def models(self, request: Request) -> Response:
         try:
             self._attribute(request)
         except HttpError as error:
-            return json_response(
-                error_json("chat", error.status, error.message, error.kind), error.status
-            )
+            return error_response("chat", error)
         return json_response(
             {
                 "object": "list",
@@ -146,6 +145,7 @@ class Routes:
 
     async def close(self, request: Request) -> Response:
         try:
+            check_headers(request)
             episode = valid_episode(request.path_params["episode"])
             key_episode, token = episode_from_key(request_key(request))
             check_token(token, self.gateway.tokens)
@@ -154,7 +154,7 @@ class Routes:
             body = await read_json(request, self.gateway.body_limit, empty_ok=True)
             record = await self.gateway.episodes.close(episode, body)
         except HttpError as error:
-            return error.response(error_json("chat", error.status, error.message, error.kind))
+            return error_response("chat", error)
         return Response(encode_episode(record), media_type="application/json")
 
     async def health(self, request: Request) -> Response:

@@ -16,9 +16,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
 
 from callgrove.chat import Message, ToolCall
-from callgrove.serving.web import HttpError, sse_event
+from callgrove.serving.bodies import check_chat, check_messages, check_responses
+from callgrove.serving.web import HttpError, json_response, sse_event
 from callgrove.transcripts.claude_code import user_messages
 from callgrove.transcripts.codex import input_messages, response_message
 
@@ -83,41 +87,30 @@ def stops_of(value: Any) -> tuple[str, ...]:
     raise HttpError(400, "stop must be a string or a list of strings")
 
 
-def _common(
-    api: str, data: dict[str, Any], messages: list[Message], tools: Any, *keys: str
-) -> ChatRequest:
-    if tools is not None and not isinstance(tools, list):
-        raise HttpError(400, "tools must be a list")
+def _common(api: str, data: dict[str, Any], messages: list[Message], *keys: str) -> ChatRequest:
+    """The request of a body its API's shape has checked (`serving.bodies`)."""
     return ChatRequest(
         api=api,
         messages=messages,
-        tools=[t for t in tools or [] if isinstance(t, dict)],
-        model=str(data.get("model") or "policy"),
+        tools=data.get("tools") or [],
+        model=data.get("model") or "policy",
         stream=bool(data.get("stream")),
         max_tokens=max_tokens_of(data, *keys),
         temperature=number_of(data, "temperature", 1.0, 0.0, 2.0),
         top_p=number_of(data, "top_p", 1.0, 1e-9, 1.0),
         stop=stops_of(data.get("stop", data.get("stop_sequences"))),
-        metadata=data.get("metadata") if isinstance(data.get("metadata"), dict) else {},
+        metadata=data.get("metadata") or {},
     )
 
 
-def _text(content: Any) -> str:
-    """Text of a content value: a string or a list of text parts (other parts named in brackets)."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
+def _text(content: str | list[dict[str, Any]] | None) -> str:
+    """Text of a checked content value: a string, or parts whose text is joined (other parts
+    named in brackets: `[image]`)."""
     if isinstance(content, list):
-        parts = []
-        for part in content:
-            if isinstance(part, dict):
-                kind = part.get("type")
-                parts.append(str(part["text"]) if "text" in part else f"[{kind}]")
-            else:
-                parts.append(str(part))
-        return "\n".join(parts)
-    return orjson.dumps(content).decode()
+        return "\n".join(
+            p["text"] if isinstance(p.get("text"), str) else f"[{p['type']}]" for p in content
+        )
+    return content or ""
 
 
 def _arguments(raw: Any) -> Any:
@@ -139,43 +132,32 @@ def _need_list(value: Any, name: str) -> list[Any]:
 # Requests
 
 
-def openai_message(raw: Any, where: str) -> Message:
-    """One OpenAI chat message (request history or a response's `message`) as a renderer message."""
-    if not isinstance(raw, dict) or raw.get("role") not in (
-        "system",
-        "developer",
-        "user",
-        "assistant",
-        "tool",
-    ):
-        raise HttpError(400, f"{where} needs a role of system, developer, user, assistant or tool")
+def openai_message(raw: dict[str, Any]) -> Message:
+    """One OpenAI chat message (request history or a response's `message`, of the shape
+    `serving.bodies` checks) as a renderer message."""
     role = raw["role"]
     if role == "assistant":
         calls = tuple(
             ToolCall(
-                str(c.get("id") or ""),
-                str((c.get("function") or {}).get("name") or ""),
-                _arguments((c.get("function") or {}).get("arguments")),
+                c.get("id") or "",
+                c["function"]["name"],
+                _arguments(c["function"].get("arguments")),
             )
             for c in raw.get("tool_calls") or []
-            if isinstance(c, dict)
         )
-        thinking = str(raw.get("reasoning_content") or raw.get("reasoning") or "")
+        thinking = raw.get("reasoning_content") or raw.get("reasoning") or ""
         return Message("assistant", _text(raw.get("content")), thinking, calls)
     if role == "tool":
         return Message(
-            "tool", _text(raw.get("content")), tool_call_id=str(raw.get("tool_call_id") or "")
+            "tool", _text(raw.get("content")), tool_call_id=raw.get("tool_call_id") or ""
         )
     return Message(role, _text(raw.get("content")))
 
 
 def openai_chat_request(data: dict[str, Any]) -> ChatRequest:
-    messages = [
-        openai_message(raw, f"messages[{index}]")
-        for index, raw in enumerate(_need_list(data.get("messages"), "messages"))
-    ]
-    tools = data.get("tools")
-    return _common("chat", data, messages, tools, "max_completion_tokens", "max_tokens")
+    check_chat(data)
+    messages = [openai_message(raw) for raw in _need_list(data.get("messages"), "messages")]
+    return _common("chat", data, messages, "max_completion_tokens", "max_tokens")
 
 
 def openai_history(messages: list[Message]) -> list[dict[str, Any]]:
@@ -207,16 +189,16 @@ def openai_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def anthropic_messages(data: dict[str, Any]) -> list[Message]:
-    """`system` (a string or blocks) and `messages` (system entries, tool use and results)."""
+def anthropic_messages(data: dict[str, Any], call: bool = True) -> list[Message]:
+    """`system` (a string or blocks) and `messages` (system entries, tool use and results);
+    `call`: the body of a call, not of a token count (`check_messages`)."""
+    check_messages(data, call)
     messages: list[Message] = []
     system = data.get("system")
     if system:
         messages.append(Message("system", _text(system)))
-    for index, raw in enumerate(_need_list(data.get("messages"), "messages")):
-        if not isinstance(raw, dict) or raw.get("role") not in ("user", "assistant", "system"):
-            raise HttpError(400, f"messages.{index}: role must be user, assistant or system")
-        content = raw.get("content")
+    for raw in _need_list(data.get("messages"), "messages"):
+        content = raw["content"]
         if raw["role"] == "system":
             messages.append(Message("system", _text(content)))
         elif raw["role"] == "user":
@@ -248,14 +230,14 @@ def _anthropic_assistant(content: Any) -> Message:
 
 
 def anthropic_request(data: dict[str, Any]) -> ChatRequest:
-    tools = data.get("tools")
-    return _common("messages", data, anthropic_messages(data), tools, "max_tokens")
+    return _common("messages", data, anthropic_messages(data), "max_tokens")
 
 
 _ASSISTANT_ITEMS = frozenset({"reasoning", "function_call", "custom_tool_call", "local_shell_call"})
 
 
 def responses_request(data: dict[str, Any]) -> ChatRequest:
+    check_responses(data)
     messages: list[Message] = []
     if data.get("instructions"):
         messages.append(Message("system", _text(data["instructions"])))
@@ -264,8 +246,6 @@ def responses_request(data: dict[str, Any]) -> ChatRequest:
         items = [{"type": "message", "role": "user", "content": items}]
     pending: list[dict[str, Any]] = []  # consecutive assistant-side items: one assistant message
     for index, item in enumerate(_need_list(items, "input")):
-        if not isinstance(item, dict):
-            raise HttpError(400, f"input[{index}] must be an object")
         kind = item.get("type", "message")
         if kind in _ASSISTANT_ITEMS or (kind == "message" and item.get("role") == "assistant"):
             pending.append({**item, "type": kind})
@@ -279,7 +259,7 @@ def responses_request(data: dict[str, Any]) -> ChatRequest:
         messages.extend(added)
     if pending:
         messages.append(response_message(pending))
-    return _common("responses", data, messages, data.get("tools"), "max_output_tokens")
+    return _common("responses", data, messages, "max_output_tokens")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -306,8 +286,9 @@ def reply_events(request: ChatRequest, reply: Reply) -> list[bytes]:
     ](request, reply)
 
 
-def error_json(api: str, status: int, message: str, kind: str) -> dict[str, Any]:
+def error_json(api: str, error: HttpError) -> dict[str, Any]:
     """An error in the API's own shape."""
+    status, message = error.status, error.message
     if api == "messages":
         anthropic = {
             401: "authentication_error",
@@ -318,21 +299,56 @@ def error_json(api: str, status: int, message: str, kind: str) -> dict[str, Any]
         }
         name = anthropic.get(status, "invalid_request_error" if status < 500 else "api_error")
         return {"type": "error", "error": {"type": name, "message": message}}
-    return {"error": {"message": message, "type": kind, "param": None, "code": status}}
+    return {
+        "error": {
+            "message": message,
+            "type": error.kind,
+            "param": None,
+            "code": error.code or status,
+        }
+    }
 
 
-def error_events(api: str, status: int, message: str, kind: str) -> list[bytes]:
+def error_response(api: str, error: HttpError) -> Response:
+    """An error answered in the API's own shape, with its status and headers."""
+    return json_response(error_json(api, error), error.status, error.headers)
+
+
+def api_of_path(path: str) -> str:
+    """The API a request path speaks, for errors no route answers (an unknown path)."""
+    if "/v1/messages" in path:
+        return "messages"
+    return "responses" if path.endswith("/v1/responses") else "chat"
+
+
+async def _unrouted(request: Request, error: Exception) -> Response:
+    """No route's answer (an unknown path or method, a server fault) in the path's API shape;
+    a fault's traceback still reaches the log, as a server bug's should."""
+    if isinstance(error, HTTPException):
+        status, kind = (
+            error.status_code,
+            "not_found" if error.status_code == 404 else "invalid_request_error",
+        )
+        answer = HttpError(status, f"{request.method} {request.url.path}: {error.detail}", kind)
+    else:
+        answer = HttpError(500, f"internal error: {type(error).__name__}: {error}", "server_error")
+    return error_response(api_of_path(request.url.path), answer)
+
+
+ERROR_HANDLERS = {HTTPException: _unrouted, Exception: _unrouted}
+"""Starlette's exception handlers for both servers: every answer in the client's API shape."""
+
+
+def error_events(api: str, error: HttpError) -> list[bytes]:
     """An error after a stream has begun: the API's error event."""
-    payload = error_json(api, status, message, kind)
+    payload = error_json(api, error)
     if api == "messages":
         return [sse_event(payload, "error")]
     if api == "responses":
+        failed = {"code": error.code or error.kind, "message": error.message}
         return [
             sse_event(
-                {
-                    "type": "response.failed",
-                    "response": {"status": "failed", "error": {"code": kind, "message": message}},
-                }
+                {"type": "response.failed", "response": {"status": "failed", "error": failed}}
             )
         ]
     return [sse_event(payload), b"data: [DONE]\n\n"]

@@ -10,7 +10,9 @@ The policy samples on an event loop of its own, in a thread of its own (`PolicyT
 decoding round never holds up `/health` or the reading of other requests, and requests that
 arrive together still batch. What the server cannot honour is refused with a 400 naming the
 field, never ignored: `max_tokens` past the server's limit, token ids outside the vocabulary,
-and the sampling options in `UNSERVED` at any but their neutral value.
+the sampling options in `UNSERVED` at any but their neutral value, and a prompt that with its
+`max_tokens` does not fit the model's context (OpenAI's `context_length_exceeded`, checked
+before anything is sampled).
 """
 
 from __future__ import annotations
@@ -34,9 +36,10 @@ from callgrove.policy import Completion, PolicyClient, SamplingParams
 from callgrove.policy.threads import LoopPolicy
 from callgrove.serving.apis import (
     DEFAULT_MAX_TOKENS,
+    ERROR_HANDLERS,
     ChatRequest,
     Reply,
-    error_json,
+    error_response,
     max_tokens_of,
     number_of,
     openai_chat_request,
@@ -47,6 +50,7 @@ from callgrove.serving.apis import (
 from callgrove.serving.web import (
     DEFAULT_BODY_LIMIT,
     HttpError,
+    check_headers,
     check_token,
     json_response,
     read_json,
@@ -56,6 +60,10 @@ from callgrove.serving.web import (
 )
 
 STREAM_CHUNK_TOKENS = 16
+REFERENCE_CONTEXT = 8192
+"""The reference decoder's context here: its prefill attends over a (prompt x prompt) mask, so
+memory and time grow with the prompt's square (8192 tokens: about 0.5 GB and 5 s on a CPU;
+300,000 would ask for 90 GB)."""
 
 # Request fields this server does not implement, with the values that ask for nothing of them
 # (absent is neutral too): any other value is a 400, as the client would get something else.
@@ -160,14 +168,18 @@ class PolicyServer:
         tokens: list[str] | None = None,
         body_limit: int = DEFAULT_BODY_LIMIT,
         max_tokens: int = DEFAULT_MAX_TOKENS,
+        context: int | None = None,
     ):
-        """`max_tokens`: the most tokens one completion may ask for (more is a 400)."""
+        """`max_tokens`: the most tokens one completion may ask for (more is a 400);
+        `context`: the most tokens a prompt and its completion may hold together (None: the
+        policy has no such limit, as a script)."""
         self.policy = policy
         self.chat = chat
         self.model = model
         self.tokens = tokens or []
         self.body_limit = body_limit
         self.max_tokens = max_tokens
+        self.context = context
         self.sampler = PolicyThread(policy)
 
     def close(self) -> None:
@@ -180,7 +192,8 @@ class PolicyServer:
                 Route("/v1/completions", self.completions, methods=["POST"]),
                 Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
                 Route("/health", self.health, methods=["GET"]),
-            ]
+            ],
+            exception_handlers=ERROR_HANDLERS,
         )
 
     async def health(self, request: Request) -> Response:
@@ -188,11 +201,10 @@ class PolicyServer:
 
     async def models(self, request: Request) -> Response:
         try:
+            check_headers(request)
             check_token(request_key(request), self.tokens)
         except HttpError as error:
-            return json_response(
-                error_json("chat", error.status, error.message, error.kind), error.status
-            )
+            return error_response("chat", error)
         return json_response(
             {
                 "object": "list",
@@ -250,6 +262,14 @@ class PolicyServer:
     async def _sample(self, prompt: np.ndarray, params: SamplingParams) -> Completion:
         if not len(prompt):
             raise HttpError(400, "the prompt is empty")
+        if self.context is not None and len(prompt) + params.max_tokens > self.context:
+            raise HttpError(
+                400,
+                f"this model's maximum context length is {self.context} tokens, but "
+                f"{len(prompt) + params.max_tokens} were asked for: {len(prompt)} in the prompt "
+                f"and {params.max_tokens} for the completion (max_tokens)",
+                code="context_length_exceeded",
+            )
         try:
             return await self.sampler.client.sample(prompt, params)
         except HttpError:
@@ -259,6 +279,7 @@ class PolicyServer:
 
     async def completions(self, request: Request) -> Response:
         try:
+            check_headers(request)
             check_token(request_key(request), self.tokens)
             data = await read_json(request, self.body_limit)
             prompt = data.get("prompt")
@@ -295,9 +316,7 @@ class PolicyServer:
             )
             sample = await self._sample(prompt_ids, params)
         except HttpError as error:
-            return json_response(
-                error_json("chat", error.status, error.message, error.kind), error.status
-            )
+            return error_response("chat", error)
         return self._completion_response(request_chat, data, prompt_ids, sample)
 
     def _completion_response(
@@ -360,6 +379,7 @@ class PolicyServer:
 
     async def chat_completions(self, request: Request) -> Response:
         try:
+            check_headers(request)
             check_token(request_key(request), self.tokens)
             data = await read_json(request, self.body_limit)
             chat_request = openai_chat_request(data)
@@ -375,9 +395,7 @@ class PolicyServer:
             )
             sample = await self._sample(prompt_ids, params)
         except HttpError as error:
-            return json_response(
-                error_json("chat", error.status, error.message, error.kind), error.status
-            )
+            return error_response("chat", error)
         as_ids = bool(data.get("return_tokens_as_token_ids"))
         choice: dict[str, Any] = {}
         top: dict[str, Any] = {"sampling": sample.sampling}  # what the logprobs are under
@@ -428,8 +446,11 @@ def model_tokenizer(name: str) -> Any:
     return AutoTokenizer.from_pretrained(checkpoint_folder(resolve_model(name)))
 
 
-def hf_policy(name: str, seed: int = 0, parser: str = "hermes") -> tuple[PolicyClient, ChatFormat]:
-    """A Hugging Face causal LM (`hf:PATH` or a packaged name) and its own chat format.
+def hf_policy(
+    name: str, seed: int = 0, parser: str = "hermes"
+) -> tuple[PolicyClient, ChatFormat, int | None]:
+    """A Hugging Face causal LM (`hf:PATH` or a packaged name), its own chat format and its
+    context (`max_position_embeddings`, where its config says).
 
     Prompts are rendered with the model's tokenizer and chat template through the chat layer,
     so the ids the gateway and serve-policy render are the ones the model was trained
@@ -442,4 +463,9 @@ def hf_policy(name: str, seed: int = 0, parser: str = "hermes") -> tuple[PolicyC
 
     torch.manual_seed(seed)
     model, tokenizer = load_model(name)
-    return HFSampler(model, tokenizer, seed), JinjaFormat.from_tokenizer(tokenizer, parser)
+    context = getattr(model.config, "max_position_embeddings", None)
+    return (
+        HFSampler(model, tokenizer, seed),
+        JinjaFormat.from_tokenizer(tokenizer, parser),
+        context if isinstance(context, int) else None,
+    )

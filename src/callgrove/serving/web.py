@@ -1,4 +1,5 @@
-"""HTTP plumbing both servers share: bearer tokens, a body size limit, errors, SSE, uvicorn."""
+"""HTTP plumbing both servers share: bearer tokens, limits on a request's headers and body,
+errors, SSE, uvicorn."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 DEFAULT_BODY_LIMIT = 32 * 1024 * 1024
+HEADER_LIMIT = 64 * 1024
+"""The most bytes a request's headers may hold together (harnesses send a few KiB): more is a
+431, before anything is read from them."""
 
 
 class HttpError(Exception):
@@ -25,18 +29,16 @@ class HttpError(Exception):
         kind: str = "invalid_request_error",
         *,
         no_retry: bool = False,
+        code: str | None = None,
     ):
         super().__init__(message)
         self.status = status
         self.message = message
         self.kind = kind
+        self.code = code  # OpenAI's error code, where it names one (`context_length_exceeded`)
         # The OpenAI and Anthropic clients (and the harnesses built on them) honour this header:
         # an error that asking again cannot mend is not retried.
         self.headers = {"x-should-retry": "false"} if no_retry else None
-
-    def response(self, payload: Any) -> Response:
-        """`payload` (the error in the client's API shape) answered with this status."""
-        return json_response(payload, self.status, self.headers)
 
 
 def json_response(
@@ -48,6 +50,13 @@ def json_response(
         media_type="application/json",
         headers=headers,
     )
+
+
+def check_headers(request: Request) -> None:
+    """A 431 when the request's headers are over `HEADER_LIMIT` bytes together."""
+    size = sum(len(name) + len(value) for name, value in request.scope["headers"])
+    if size > HEADER_LIMIT:
+        raise HttpError(431, f"request headers of {size} bytes, over the {HEADER_LIMIT}-byte limit")
 
 
 def request_key(request: Request) -> str | None:
