@@ -417,3 +417,46 @@ def test_a_port_in_use_is_one_line_and_exit_2(tmp_path, command):
     assert result.exit_code == 2
     assert result.output.strip().splitlines()[-1].startswith("error: cannot listen on")
     assert "Traceback" not in result.output
+
+
+def test_a_key_of_any_bytes_is_a_401_and_a_utf8_token_is_matched(tmp_path):
+    async def go():
+        policy = scripted(write_script(tmp_path / "s.json", []))
+        _, client = gateway_client(policy, tmp_path / "l", tokens=["sekrit", "clé"])
+        async with client:
+
+            async def ask(key: bytes):
+                headers = {"authorization": b"Bearer " + key}
+                answered = await client.post(
+                    "/e/ep/v1/chat/completions", json=CHAT, headers=headers
+                )
+                health = await client.get("/health", headers=headers)
+                return answered.status_code, health.status_code, health.json()
+
+            return await ask("\xe9\xff".encode("latin-1")), await ask("clé".encode())
+
+    (refused, health, said), (accepted, _, counted) = asyncio.run(go())
+    assert (refused, health, said) == (401, 200, {"ok": True})
+    assert accepted == 200 and counted["episodes"] == 1
+
+
+@pytest.mark.parametrize(
+    ("body", "named"),
+    [
+        ({"prompt": [1, 2], "stream": "yes"}, "stream"),
+        ({"prompt": [1, 2], "model": 5}, "model"),
+        ({"prompt": [1, 2], "return_token_ids": "no"}, "return_token_ids"),
+        ({"prompt": {"a": 1}}, "prompt"),
+        ({"prompt": "hi", "stop": [5]}, "stop[0]"),
+        ({"prompt": [1, 2], "stop_token_ids": [1.5]}, "stop_token_ids[0]"),
+    ],
+)
+def test_a_malformed_completions_body_is_a_400_naming_the_field(tmp_path, body, named):
+    from .helpers import policy_client
+
+    async def go():
+        async with policy_client(scripted(write_script(tmp_path / "s.json", []))) as client:
+            return await client.post("/v1/completions", json=body)
+
+    answered = asyncio.run(go())
+    assert answered.status_code == 400 and named in answered.json()["error"]["message"]

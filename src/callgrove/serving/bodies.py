@@ -104,12 +104,22 @@ class _Sampling(_Shape):
     tools: Blocks | None = None
 
 
-class _ChatBody(_Sampling):
+class _TokenExtras(_Sampling):
+    """vLLM's token fields a request may ask for (serve-policy answers them)."""
+
+    return_token_ids: bool | None = None
+    return_tokens_as_token_ids: bool | None = None
+    stop_token_ids: list[int] | None = None
+    seed: int | None = None
+
+
+class _ChatBody(_TokenExtras):
     messages: list[_ChatMessage] = []
     n: int | None = None
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     stop: str | list[str] | None = None
+    logprobs: bool | None = None
 
 
 CHAT_PARTS = {"text": _Text}
@@ -135,6 +145,18 @@ def assistant_message(raw: Any, where: str) -> None:
         raise HttpError(400, f"{where}.role: {raw['role']!r}, not 'assistant'")
     if isinstance(raw.get("content"), list):
         fit_kinds(raw["content"], CHAT_PARTS, f"{where}.content")
+
+
+class _CompletionsBody(_TokenExtras):
+    prompt: str | list[Any] | None = None  # text, token ids or a batch of one (checked where read)
+    max_tokens: int | None = None
+    stop: str | list[str] | None = None
+    logprobs: int | bool | None = None
+
+
+def check_completions(data: Object) -> None:
+    """An OpenAI completions body (serve-policy's `/v1/completions`)."""
+    fit(data, _CompletionsBody)
 
 
 # Anthropic Messages

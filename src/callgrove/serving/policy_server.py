@@ -47,6 +47,7 @@ from callgrove.serving.apis import (
     reply_json,
     stops_of,
 )
+from callgrove.serving.bodies import check_completions
 from callgrove.serving.web import (
     DEFAULT_BODY_LIMIT,
     HttpError,
@@ -282,6 +283,7 @@ class PolicyServer:
             check_headers(request)
             check_token(request_key(request), self.tokens)
             data = await read_json(request, self.body_limit)
+            check_completions(data)
             prompt = data.get("prompt")
             if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], list | str):
                 prompt = prompt[0]

@@ -72,7 +72,10 @@ def check_token(key: str | None, tokens: Iterable[str]) -> None:
     tokens = list(tokens)
     if not tokens:
         return
-    if key is None or not any(hmac.compare_digest(key, t) for t in tokens):
+    # Compared as bytes: a header's bytes arrive as latin-1 text, and a key of any bytes must
+    # be a 401 (hmac refuses to compare text that is not ASCII).
+    given = None if key is None else key.encode("latin-1", "replace")
+    if given is None or not any(hmac.compare_digest(given, t.encode()) for t in tokens):
         raise HttpError(401, "missing or wrong API key", "authentication_error")
 
 
