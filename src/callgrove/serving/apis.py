@@ -208,24 +208,19 @@ def anthropic_messages(data: dict[str, Any], call: bool = True) -> list[Message]
     return messages
 
 
-def _anthropic_assistant(content: Any) -> Message:
+def _anthropic_assistant(content: str | list[dict[str, Any]]) -> Message:
+    """An assistant turn's content (checked: a string or typed blocks) as one message."""
     if isinstance(content, str):
         return Message("assistant", content)
     texts, thinking, calls = [], [], []
-    for block in content if isinstance(content, list) else []:
-        if not isinstance(block, dict):
-            continue
-        kind = block.get("type")
+    for block in content:
+        kind = block["type"]
         if kind == "text":
-            texts.append(str(block.get("text", "")))
+            texts.append(block["text"])
         elif kind == "thinking":
-            thinking.append(str(block.get("thinking", "")))
+            thinking.append(block["thinking"])
         elif kind in ("tool_use", "server_tool_use"):
-            calls.append(
-                ToolCall(
-                    str(block.get("id") or ""), str(block.get("name") or ""), block.get("input")
-                )
-            )
+            calls.append(ToolCall(block["id"], block["name"], block["input"]))
     return Message("assistant", "\n".join(texts), "\n".join(thinking), tuple(calls))
 
 
@@ -325,11 +320,9 @@ async def _unrouted(request: Request, error: Exception) -> Response:
     """No route's answer (an unknown path or method, a server fault) in the path's API shape;
     a fault's traceback still reaches the log, as a server bug's should."""
     if isinstance(error, HTTPException):
-        status, kind = (
-            error.status_code,
-            "not_found" if error.status_code == 404 else "invalid_request_error",
-        )
-        answer = HttpError(status, f"{request.method} {request.url.path}: {error.detail}", kind)
+        kind = "not_found" if error.status_code == 404 else "invalid_request_error"
+        where = f"{request.method} {request.url.path}"
+        answer = HttpError(error.status_code, f"{where}: {error.detail}", kind)
     else:
         answer = HttpError(500, f"internal error: {type(error).__name__}: {error}", "server_error")
     return error_response(api_of_path(request.url.path), answer)

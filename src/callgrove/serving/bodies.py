@@ -35,21 +35,23 @@ def _located(error: msgspec.ValidationError, where: str) -> str:
     return f"{located}: {message}" if located else message
 
 
-def fit(value: Any, shape: Any, where: str = "") -> Any:
-    """`value` converted to `shape`; a 400 naming the field that does not fit."""
+def _fit(value: Any, shape: Any, where: str = "", index: int | None = None) -> Any:
+    """`value` (at `where`, item `index`) converted to `shape`; a 400 naming the field that
+    does not fit (the location is written only then: bodies are checked on every call)."""
     try:
         return msgspec.convert(value, shape)
     except msgspec.ValidationError as error:
-        raise HttpError(400, _located(error, where)) from None
+        at = where if index is None else f"{where}[{index}]"
+        raise HttpError(400, _located(error, at)) from None
 
 
-def fit_kinds(values: list[Object], kinds: dict[str, Any], where: str) -> None:
+def _fit_kinds(values: list[Object], kinds: dict[str, Any], where: str) -> None:
     """Each object's fields as its `type`'s shape in `kinds` says (any other type passes)."""
     for index, value in enumerate(values):
-        at = f"{where}[{index}]"
-        kind = fit(value, _Kind, at).type
-        if kind in kinds:
-            fit(value, kinds[kind], at)
+        kind = value.get("type")
+        shape = kinds.get(kind) if isinstance(kind, str) else _Kind
+        if shape is not None:
+            _fit(value, shape, where, index)
 
 
 class _Kind(_Shape):
@@ -128,11 +130,11 @@ CHAT_TOOLS = {"function": _ChatFunctionTool}
 
 def check_chat(data: Object) -> None:
     """An OpenAI chat completions body (`messages`, `tools`, sampling)."""
-    body = fit(data, _ChatBody)
+    body = _fit(data, _ChatBody)
     for index, message in enumerate(data.get("messages") or []):
         if isinstance(message.get("content"), list):
-            fit_kinds(message["content"], CHAT_PARTS, f"messages[{index}].content")
-    fit_kinds(data.get("tools") or [], CHAT_TOOLS, "tools")
+            _fit_kinds(message["content"], CHAT_PARTS, f"messages[{index}].content")
+    _fit_kinds(data.get("tools") or [], CHAT_TOOLS, "tools")
     if body.n not in (None, 1):
         raise HttpError(400, f"n {body.n}: this server answers one choice per request (n 1)")
 
@@ -140,11 +142,11 @@ def check_chat(data: Object) -> None:
 def assistant_message(raw: Any, where: str) -> None:
     """An OpenAI chat response's `message` (what a pass-through upstream answered) at
     `where`: an assistant message of the chat shape."""
-    fit(raw, _ChatMessage, where)
+    _fit(raw, _ChatMessage, where)
     if raw["role"] != "assistant":
         raise HttpError(400, f"{where}.role: {raw['role']!r}, not 'assistant'")
     if isinstance(raw.get("content"), list):
-        fit_kinds(raw["content"], CHAT_PARTS, f"{where}.content")
+        _fit_kinds(raw["content"], CHAT_PARTS, f"{where}.content")
 
 
 class _CompletionsBody(_TokenExtras):
@@ -156,7 +158,7 @@ class _CompletionsBody(_TokenExtras):
 
 def check_completions(data: Object) -> None:
     """An OpenAI completions body (serve-policy's `/v1/completions`)."""
-    fit(data, _CompletionsBody)
+    _fit(data, _CompletionsBody)
 
 
 # Anthropic Messages
@@ -193,6 +195,7 @@ class _MessagesBody(_Sampling):
     messages: list[_AnthropicMessage] = []
     system: str | Blocks | None = None
     stop_sequences: list[str] | None = None
+    tools: list[_AnthropicTool] | None = None
 
 
 class _MessagesCall(_MessagesBody, kw_only=True):
@@ -211,19 +214,17 @@ ANTHROPIC_BLOCKS = {
 def check_messages(data: Object, call: bool = True) -> None:
     """An Anthropic Messages body; `call`: one that samples (`max_tokens` required), not a
     token count."""
-    fit(data, _MessagesCall if call else _MessagesBody)
+    _fit(data, _MessagesCall if call else _MessagesBody)
     if isinstance(data.get("system"), list):
-        fit_kinds(data["system"], {"text": _Text}, "system")
+        _fit_kinds(data["system"], {"text": _Text}, "system")
     for index, message in enumerate(data.get("messages") or []):
         content = message["content"]
         if isinstance(content, list):
             where = f"messages[{index}].content"
-            fit_kinds(content, ANTHROPIC_BLOCKS, where)
+            _fit_kinds(content, ANTHROPIC_BLOCKS, where)
             for number, block in enumerate(content):
                 if block["type"] == "tool_result" and isinstance(block.get("content"), list):
-                    fit_kinds(block["content"], ANTHROPIC_BLOCKS, f"{where}[{number}].content")
-    for index, tool in enumerate(data.get("tools") or []):
-        fit(tool, _AnthropicTool, f"tools[{index}]")
+                    _fit_kinds(block["content"], ANTHROPIC_BLOCKS, f"{where}[{number}].content")
 
 
 # OpenAI Responses
@@ -288,13 +289,13 @@ RESPONSES_TOOLS = {"function": _NamedTool, "custom": _NamedTool, "namespace": _N
 def check_responses(data: Object) -> None:
     """An OpenAI Responses body (`input` items, `instructions`, `tools`, sampling). An item
     without a `type` is a message."""
-    fit(data, _ResponsesBody)
+    _fit(data, _ResponsesBody)
     items = data.get("input")
     if isinstance(items, list):
         typed = [{"type": "message", **i} if "type" not in i else i for i in items]
-        fit_kinds(typed, RESPONSES_ITEMS, "input")
+        _fit_kinds(typed, RESPONSES_ITEMS, "input")
         for index, item in enumerate(typed):
             content = item.get("content")
             if item["type"] == "message" and isinstance(content, list):
-                fit_kinds(content, RESPONSES_PARTS, f"input[{index}].content")
-    fit_kinds(data.get("tools") or [], RESPONSES_TOOLS, "tools")
+                _fit_kinds(content, RESPONSES_PARTS, f"input[{index}].content")
+    _fit_kinds(data.get("tools") or [], RESPONSES_TOOLS, "tools")
