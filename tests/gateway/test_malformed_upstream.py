@@ -163,3 +163,29 @@ def test_a_well_formed_passthrough_answer_is_still_a_call(tmp_path):
     assert answered.json()["choices"][0]["message"]["content"] == "AB"
     (call,) = record["agents"][0]["calls"]
     assert call["completion_ids"] == IDS and call["logprobs"] == LOGPROBS
+
+
+def long_stream(prompt_tokens: int) -> bytes:
+    """A stream whose first event carries `prompt_tokens` prompt ids, as vLLM's does."""
+    first = {"prompt_token_ids": [65] * prompt_tokens, "choices": [completion_choice()]}
+    return b"data: " + orjson.dumps(first) + b"\n\ndata: [DONE]\n\n"
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_a_first_line_past_aiohttps_cap_is_read(tmp_path, api):
+    answer = long_stream(400_000)  # a 1.6 MB line: aiohttp's own cap is 512 KiB
+    answered, lines, record = one_call(tmp_path, api, answer, stream=True)
+    assert answered.status_code == 200, answered.text[:300]
+    (line,) = lines
+    assert "failed" not in line
+    (call,) = record["agents"][0]["calls"]
+    assert call["completion_ids"] == IDS
+
+
+def test_a_line_past_the_documented_limit_is_an_upstream_error(tmp_path, monkeypatch):
+    from callgrove.policy import http
+
+    monkeypatch.setattr(http, "UPSTREAM_EVENT_LIMIT", 1024 * 1024)
+    answered, lines, record = one_call(tmp_path, "chat", long_stream(400_000), stream=True)
+    check_upstream_fault("chat", answered, lines, record)
+    assert "1048576-byte limit" in answered.json()["error"]["message"]
