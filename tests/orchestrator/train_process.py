@@ -15,19 +15,23 @@ from pathlib import Path
 from callgrove.episode import load
 
 ROOT = Path(__file__).resolve().parents[2]
-ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+# `tests/` too, where the environments the tests name live (`orchestrator.misbehaving_envs`).
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")])}
 
 
-def write_config(path: Path, out: Path, steps: int, *extra: str) -> Path:
-    """A tiny relay run of `steps` steps into `out` (`extra`: more TOML lines)."""
+def write_config(
+    path: Path, out: Path, steps: int, *extra: str, env: str = "relay", dispatch: str = ""
+) -> Path:
+    """A tiny run of `steps` steps of `env` into `out` (`dispatch`: more `[dispatch]` lines;
+    `extra`: more TOML lines)."""
     path.write_text(
         "\n".join(
             [
                 f'[run]\nsteps = {steps}\nout = "{out}"',
                 "[model]\nd_model = 16\nn_heads = 2\nd_ff = 32",
-                '[env]\nname = "relay"',
+                f'[env]\nname = "{env}"',
                 "[sampling]\nmax_tokens = 4",
-                "[dispatch]\ngroup_size = 2\ngroups_per_step = 2",
+                f"[dispatch]\ngroup_size = 2\ngroups_per_step = 2\n{dispatch}",
                 "[monitor]\nlive = false\nplot = false",
                 *extra,
             ]
@@ -71,9 +75,16 @@ def kill_after(process: subprocess.Popen, out: Path, step: int, how=signal.SIGKI
 
 
 def finish(config: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """The command run to its end within `timeout` seconds, which must succeed."""
     done = subprocess.run(command(config, *args), env=ENV, capture_output=True, timeout=timeout)
     assert done.returncode == 0, done.stderr.decode()[-3000:]
     return done
+
+
+def episodes(out: Path) -> list:
+    """Every episode the folder holds: its steps' (trained or dropped) and the unused ones."""
+    paths = [*sorted(out.glob("step_*/train/traces.jsonl")), out / "unused/train/traces.jsonl"]
+    return [episode for path in paths if path.exists() for episode in load(path)]
 
 
 def account(out: Path, steps: int) -> dict:

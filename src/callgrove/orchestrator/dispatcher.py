@@ -39,7 +39,7 @@ from callgrove.chat import ChatFormat
 from callgrove.episode import Episode, off_policy_steps
 from callgrove.formats.ranges import check_range
 from callgrove.formats.wire import WireEnv, WirePolicy, WireRun
-from callgrove.orchestrator.env import Environment, cancelled_error, run_episode
+from callgrove.orchestrator.env import Environment, EpisodeLoop, cancelled_error
 from callgrove.orchestrator.errors import RunError
 from callgrove.policy import PolicyClient, SamplingParams
 
@@ -121,6 +121,7 @@ class Dispatcher:
         self.next_group = next_group
         self._relaunch = sorted(relaunch)
         self.runner = runner or self._run_here
+        self._episodes = EpisodeLoop()  # where `_run_here` runs them
         self.counters: Counter[str] = Counter()
         # Groups handed to steps (trained): each step takes `groups_per_step`; dropped ones
         # free their room.
@@ -245,7 +246,7 @@ class Dispatcher:
         return episode
 
     async def _run_here(self, episode: Episode, task: Any) -> Episode:
-        return await run_episode(
+        return await self._episodes.run(
             self.env,
             task,
             self.policy,
@@ -335,6 +336,7 @@ class Dispatcher:
                 task.cancel()
         # Each finished group joins the queue; a failed one is already the run's failure.
         await asyncio.gather(*self._live.values(), return_exceptions=True)
+        self._episodes.close()
         groups = []
         while not self._done.empty():
             if (group := self._done.get_nowait()) is not None:

@@ -33,14 +33,27 @@ failed inside it) makes the episode `ok: false` with the error and the agent tha
 timeout is a `Timeout` error; a cancellation a `Cancelled` one. Background agents still running
 when `run` returns are stopped: their kept calls stay, and their agent's `meta.ended` says
 `stopped` (`finished` or `failed` otherwise; a failed background agent fails the episode). No
-agent is added for a failure: an episode that never started has no agents.
+agent is added for a failure: an episode that never started has no agents. Whatever an
+environment raises, `SystemExit` and `KeyboardInterrupt` included, is its episode's failure.
+
+Episodes run on an event loop of their own in a thread of its own (`EpisodeLoop`), apart from
+the loop that dispatches and trains: an environment that blocks its loop (a synchronous sleep or
+a busy loop in `run`) cannot stop the dispatcher's clock, so its episode still ends as a
+`Timeout`, and the run goes on.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
+import copy
+import ctypes
+import dataclasses
 import math
+import threading
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -53,6 +66,7 @@ from callgrove.episode import TOKEN_DTYPE, Agent, Call, Episode
 from callgrove.formats.wire import WireEnv, WireError
 from callgrove.policy import PolicyClient, SamplingParams
 from callgrove.policy.backends import ModelSettings, build_sampler
+from callgrove.policy.threads import LoopPolicy
 
 Rewards = float | dict[str, float]
 EMPTY = np.zeros(0, dtype=TOKEN_DTYPE)
@@ -262,7 +276,7 @@ class EpisodeRun:
                 ended = "finished"
             except asyncio.CancelledError:
                 ended = "stopped"
-            except Exception as error:
+            except BaseException as error:  # SystemExit too: the agent's failure, not the run's
                 ended = "failed"
                 errors.append(error_record(error, agent.id))
             agent.record.meta = {**(agent.record.meta or {}), "ended": ended}
@@ -293,11 +307,241 @@ async def run_episode(
     episode: Episode,
     timeout: float | None = None,
 ) -> Episode:
-    """Run `env` on `task` into `episode` (which carries the id, group and run); never raises
-    for what went wrong in the episode: errors, timeouts and cancellation are recorded on it."""
-    episode.env = episode.env or WireEnv(id=env.name, name=env.name)
-    episode.task = task
-    run = EpisodeRun(episode, policy, chat, params)
+    """Run `env` on `task` into `episode` (which carries the id, group and run) on an
+    `EpisodeLoop` of its own, and return it; never raises for what went wrong in the episode:
+    errors, timeouts and cancellation are recorded on it. The episode returned is `episode`
+    unless its loop was blocked by an environment and abandoned (see `EpisodeLoop`)."""
+    episodes = EpisodeLoop()
+    try:
+        return await episodes.run(env, task, policy, chat, params, episode, timeout)
+    finally:
+        episodes.close()
+
+
+BLOCKED_AFTER = 3.0
+"""Seconds an episode's event loop may run no callback of ours, once the episode is past its
+timeout or cancelled, before it counts as blocked by its environment (a synchronous sleep or a
+busy loop in `run`) and is abandoned (`EpisodeLoop`)."""
+
+_ATTEMPT: contextvars.ContextVar[_Attempt | None] = contextvars.ContextVar(
+    "episode_attempt", default=None
+)
+"""The episode a task on an episode loop works for (tasks inherit it from their creator)."""
+
+
+class EnvironmentBlocked(BaseException):
+    """Raised in the thread of an abandoned episode loop, to end an environment's busy loop there
+    (a BaseException, so that an environment's `except Exception` does not swallow it)."""
+
+
+class EpisodeLoop:
+    """Where environments' episodes run: an event loop in a daemon thread of its own, whose
+    policy calls are made on the caller's loop (where the sampler batches them).
+
+    Every episode an `EpisodeLoop` runs shares that one loop, as they would share the caller's,
+    so an environment may keep loop-bound state (a client, a lock) across its episodes. The
+    caller's clock stays its own: an episode past its timeout (or cancelled) whose loop then
+    runs nothing for `BLOCKED_AFTER` seconds has blocked it, and the loop is abandoned. The
+    episode running when it blocked ends as a `Timeout` (`Cancelled` if it was being cancelled)
+    with what it recorded so far; the others on that loop start over on a fresh one, their
+    calls so far never recorded. The abandoned thread is told to stop (`EnvironmentBlocked` is
+    raised in it, which ends a busy loop; a sleep ends in its own time) and never keeps the
+    process from exiting.
+    """
+
+    def __init__(self) -> None:
+        self._host: _Host | None = None
+
+    async def run(
+        self,
+        env: Environment,
+        task: Any,
+        policy: PolicyClient,
+        chat: ChatFormat,
+        params: SamplingParams,
+        episode: Episode,
+        timeout: float | None = None,
+    ) -> Episode:
+        """As `run_episode`, on this loop: use the episode returned, which is `episode` unless
+        its loop was abandoned (then a copy of it, or a fresh record of the episode started
+        over)."""
+        episode.env = episode.env or WireEnv(id=env.name, name=env.name)
+        episode.task = task
+        blank = dataclasses.replace(episode, agents=[], errors=[], rewards={})
+        started = time.perf_counter()
+        while True:
+            if self._host is None or self._host.abandoned:
+                self._host = _Host(asyncio.get_running_loop())
+            host = self._host
+            run = EpisodeRun(episode, host.policy(policy), chat, params)
+            attempt = host.start(env, task, run, timeout)
+            cancelled = await self._wait(host, attempt, timeout)
+            if attempt.finished.result():
+                return episode
+            if cancelled or attempt.blamed:
+                return _abandoned(attempt, timeout, cancelled, started)
+            episode = dataclasses.replace(blank, agents=[], errors=[], rewards={})
+
+    async def _wait(self, host: _Host, attempt: _Attempt, timeout: float | None) -> bool:
+        """Until the attempt ends on its loop, or its loop is abandoned as blocked; whether it was
+        cancelled meanwhile (the cancellation is passed on to it, never raised here)."""
+        cancelled = False
+        limit = timeout
+        while not attempt.finished.done():
+            try:
+                await asyncio.wait({attempt.finished}, timeout=limit)
+                if attempt.finished.done():
+                    break
+                if not await host.answers(BLOCKED_AFTER):
+                    host.abandon()
+                    break
+            except asyncio.CancelledError:
+                if not cancelled:
+                    host.cancel(attempt)
+                cancelled = True
+            limit = BLOCKED_AFTER
+        return cancelled
+
+    def close(self) -> None:
+        """Stop the loop (its episodes have ended) and its thread (an abandoned one is
+        stopping already, in its own time)."""
+        if self._host is not None and not self._host.abandoned:
+            self._host.close()
+        self._host = None
+
+
+@dataclass(eq=False)
+class _Attempt:
+    """One start of an episode on a loop."""
+
+    run: EpisodeRun
+    finished: asyncio.Future[bool]
+    """On the caller's loop: True once the episode ended on its loop, False if that loop was
+    abandoned first."""
+    task: asyncio.Task[None] | None = None
+    blamed: bool = False
+    """Its loop was abandoned while this episode blocked it."""
+
+
+class _Host:
+    """One episode loop's thread (`EpisodeLoop`), seen from the caller's loop `caller`."""
+
+    def __init__(self, caller: asyncio.AbstractEventLoop):
+        self.caller = caller
+        self.loop = asyncio.new_event_loop()
+        self.loop.set_task_factory(self._new_task)
+        self.owners: weakref.WeakKeyDictionary[asyncio.Task[Any], _Attempt] = (
+            weakref.WeakKeyDictionary()
+        )
+        self.attempts: set[_Attempt] = set()
+        self.abandoned = False
+        self._policies: dict[int, LoopPolicy] = {}
+        self.thread = threading.Thread(target=self._serve, name="episode-loop", daemon=True)
+        self.thread.start()
+
+    def policy(self, policy: PolicyClient) -> LoopPolicy:
+        """`policy`, called from this loop; one object per policy, as environments that keep
+        state per policy expect."""
+        if id(policy) not in self._policies:
+            self._policies[id(policy)] = LoopPolicy(policy, self.caller)
+        return self._policies[id(policy)]
+
+    def _new_task(self, loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> Any:
+        task = asyncio.Task(coro, loop=loop, **kwargs)
+        if (owner := _ATTEMPT.get()) is not None:
+            self.owners[task] = owner
+        return task
+
+    def _serve(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        while not self.abandoned:
+            try:
+                self.loop.run_forever()
+                break
+            except BaseException:  # an environment's KeyboardInterrupt or SystemExit in a task
+                continue  # of its own, which holds it (its episode records it): serve on
+        with contextlib.suppress(BaseException):  # what is left is stopped, however it ends
+            left = asyncio.all_tasks(self.loop)
+            for task in left:
+                task.cancel()
+            self.loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
+            self.loop.close()
+
+    def _call(self, callback: Callable[[], Any]) -> bool:
+        """`callback` on this loop; False if the loop is closed."""
+        try:
+            self.loop.call_soon_threadsafe(callback)
+        except RuntimeError:
+            return False
+        return True
+
+    def _back(self, callback: Callable[..., Any], *args: Any) -> None:
+        """`callback(*args)` on the caller's loop, unless it is closed (a thread outliving it)."""
+        with contextlib.suppress(RuntimeError):
+            self.caller.call_soon_threadsafe(callback, *args)
+
+    def start(
+        self, env: Environment, task: Any, run: EpisodeRun, timeout: float | None
+    ) -> _Attempt:
+        attempt = _Attempt(run, self.caller.create_future())
+        self.attempts.add(attempt)
+
+        def begin() -> None:
+            _ATTEMPT.set(attempt)
+            attempt.task = self.loop.create_task(_play(env, task, run, timeout))
+            attempt.task.add_done_callback(lambda _: self._back(self._ended, attempt))
+
+        if not self._call(begin):
+            self._ended(attempt)
+        return attempt
+
+    def _ended(self, attempt: _Attempt) -> None:
+        self.attempts.discard(attempt)
+        if not attempt.finished.done():
+            attempt.finished.set_result(True)
+
+    def cancel(self, attempt: _Attempt) -> None:
+        self._call(lambda: attempt.task is not None and attempt.task.cancel())
+
+    async def answers(self, within: float) -> bool:
+        """Whether the loop runs a callback within `within` seconds."""
+        pong = self.caller.create_future()
+        if not self._call(lambda: self._back(_settle, pong)):
+            return False
+        done, _ = await asyncio.wait({pong}, timeout=within)
+        return bool(done)
+
+    def abandon(self) -> None:
+        """Give up on the blocked loop: blame the episode whose task runs on it (every episode
+        on it if no episode's does), release each waiting episode, and stop the thread."""
+        if self.abandoned:
+            return
+        self.abandoned = True
+        culprit = self.owners.get(asyncio.current_task(self.loop))  # type: ignore[arg-type]
+        for attempt in self.attempts:
+            attempt.blamed = culprit is None or attempt is culprit
+            if not attempt.finished.done():
+                attempt.finished.set_result(False)
+        self.attempts.clear()
+        self._call(self.loop.stop)
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(
+            ctypes.c_ulong(self.thread.ident or 0), ctypes.py_object(EnvironmentBlocked)
+        )
+
+    def close(self, wait: float = BLOCKED_AFTER) -> None:
+        if self._call(self.loop.stop):
+            self.thread.join(wait)
+
+
+def _settle(future: asyncio.Future[Any]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+async def _play(env: Environment, task: Any, run: EpisodeRun, timeout: float | None) -> None:
+    """The episode on its loop: `env.run`, then its background agents stopped; how it ended is
+    recorded on `run.episode`."""
+    episode = run.episode
     started = time.perf_counter()
     try:
         async with asyncio.timeout(timeout):
@@ -307,9 +551,30 @@ async def run_episode(
         episode.errors.append(WireError(type="Timeout", message=f"episode ran past {timeout} s"))
     except asyncio.CancelledError:
         episode.errors.append(cancelled_error("cancelled while running"))
-    except Exception as error:
-        episode.errors.append(error_record(error))
+    except BaseException as error:  # an environment's SystemExit or KeyboardInterrupt too: on
+        episode.errors.append(error_record(error))  # this thread it is never the user's Ctrl-C
     episode.errors.extend(await run.stop_background())
+    _conclude(run, started)
+
+
+def _abandoned(
+    attempt: _Attempt, timeout: float | None, cancelled: bool, started: float
+) -> Episode:
+    """The episode of an attempt whose loop was abandoned: a copy of what it recorded (its
+    thread may still change the original), failed as a timeout or a cancellation."""
+    run = attempt.run
+    episode = copy.deepcopy(run.episode)
+    blocked = "its environment blocked its event loop (a synchronous sleep or busy loop in run?)"
+    episode.errors.append(
+        cancelled_error(f"cancelled while running; {blocked}")
+        if cancelled
+        else WireError(type="Timeout", message=f"episode ran past {timeout} s; {blocked}")
+    )
+    return _conclude(run, started, episode)
+
+
+def _conclude(run: EpisodeRun, started: float, episode: Episode | None = None) -> Episode:
+    episode = episode or run.episode
     episode.ok = not episode.errors
     if not episode.ok:
         episode.rewards = {}

@@ -1,8 +1,7 @@
 """Episodes on Ray: environment workers and the sampler as actors (the `ray` extra).
 
 `--executor ray` keeps the loop, the learner and every sink in the driver and moves what scales
-out: `env_workers` async `EnvWorker` actors run episodes (each through the same `run_episode`
-as locally, so an episode records itself the same way), and one `SamplerActor` holds the
+out: `env_workers` async `EnvWorker` actors run episodes (each on an `EpisodeLoop`, as locally, so an episode records itself the same way), and one `SamplerActor` holds the
 sampler, batching the calls of every worker's episodes. A worker's policy client forwards each
 call to the sampler actor. The driver's sampler is the actor's, through its handle
 (`RaySampler`): the driver holds no copy of the model for sampling, a checkpoint keeps the
@@ -40,7 +39,7 @@ from callgrove.episode.io import encode_episode
 from callgrove.forest import compact_prompts
 from callgrove.formats.wire import episode_decoder
 from callgrove.orchestrator.config import TrainConfig
-from callgrove.orchestrator.env import run_episode
+from callgrove.orchestrator.env import EpisodeLoop
 from callgrove.orchestrator.envs import make_env
 from callgrove.policy import Completion, SamplingParams
 from callgrove.policy.backends import build_policy
@@ -190,18 +189,26 @@ class EnvWorker:
         self.params = params
         self.timeout = settings.dispatch.episode_timeout
         self.running: dict[str, asyncio.Task[Episode]] = {}
+        self.episodes = EpisodeLoop()
 
     async def run(self, episode_id: str, group: str | None, task: Any) -> bytes:
-        episode = Episode(id=episode_id, group=group)
         job = asyncio.ensure_future(
-            run_episode(self.env, task, self.policy, self.chat, self.params, episode, self.timeout)
+            self.episodes.run(
+                self.env,
+                task,
+                self.policy,
+                self.chat,
+                self.params,
+                Episode(id=episode_id, group=group),
+                self.timeout,
+            )
         )
         self.running[episode_id] = job
         try:
-            await asyncio.shield(job)
+            episode = await asyncio.shield(job)
         except asyncio.CancelledError:
             job.cancel()
-            await job
+            episode = await job
         finally:
             self.running.pop(episode_id, None)
         if any(True for _ in episode.calls()):
