@@ -8,12 +8,18 @@ is exp(logp - sampling logprob), clipped PPO-style to [1 - clip_low, 1 + clip_hi
 `dual_clip` c, a negative advantage's term is bounded by c x |A| (verl's and OpenRLHF's dual
 clip). `token` averages the terms over every trained token of the batch; `sequence` within
 each sample, then over the samples.
+
+Not every trainer clips: `trust_region="probability_mask"` is DPPO's binary total-variation
+mask (arXiv 2602.04879) instead, where a token whose probability rose from the sampler's by more
+than `clip_high` (positive advantage) or fell by more than `clip_low` (otherwise) leaves the
+policy term, value and gradient, and the ratio is never clipped; `squared_log_ratio` adds that
+coefficient times (logp - sampling logprob)^2 on every trained token (a KL-like penalty).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -27,6 +33,8 @@ class Clip:
     clip_high: float = 0.2
     dual_clip: float | None = None
     normalisation: str = "token"
+    trust_region: str = "clip"  # or "probability_mask"
+    squared_log_ratio: float = 0.0
 
 
 def token_terms(model: torch.nn.Module, sample: Sample, clip: Clip) -> torch.Tensor:
@@ -41,11 +49,20 @@ def token_terms(model: torch.nn.Module, sample: Sample, clip: Clip) -> torch.Ten
     old = torch.from_numpy(sample.logprobs[1:].astype(np.float64)).to(dtype)[trained]
     advantage = torch.from_numpy(sample.advantages[1:].astype(np.float64)).to(dtype)[trained]
     ratio = torch.exp(logp - old)
-    clipped = torch.clamp(ratio, 1 - clip.clip_low, 1 + clip.clip_high)
-    terms = torch.maximum(-ratio * advantage, -clipped * advantage)
-    if clip.dual_clip is not None:
-        bounded = torch.minimum(terms, -clip.dual_clip * advantage)
-        terms = torch.where(advantage < 0, bounded, terms)
+    if clip.trust_region == "clip":
+        clipped = torch.clamp(ratio, 1 - clip.clip_low, 1 + clip.clip_high)
+        terms = torch.maximum(-ratio * advantage, -clipped * advantage)
+        if clip.dual_clip is not None:
+            bounded = torch.minimum(terms, -clip.dual_clip * advantage)
+            terms = torch.where(advantage < 0, bounded, terms)
+    elif clip.trust_region == "probability_mask":
+        moved = logp.exp() - old.exp()
+        outside = torch.where(advantage > 0, moved > clip.clip_high, moved < -clip.clip_low)
+        terms = torch.where(outside, torch.zeros_like(ratio), -ratio * advantage)
+    else:
+        raise ValueError(f"unknown trust region {clip.trust_region!r}")
+    if clip.squared_log_ratio:
+        terms = terms + clip.squared_log_ratio * (logp - old) ** 2
     return terms
 
 
@@ -59,9 +76,10 @@ def reference_loss(model: torch.nn.Module, samples: Sequence[Sample], clip: Clip
 
 
 def clipped_share(model: torch.nn.Module, samples: Sequence[Sample], clip: Clip) -> float:
-    """The share of trained tokens whose ratio leaves the clip range (a test asserts it lies
-    strictly between 0 and 1, so clipping is compared, not only the plain ratio)."""
-    plain = Clip(clip_low=1e9, clip_high=1e9)
+    """The share of trained tokens whose ratio leaves the clip range, or whose probability the
+    mask's (a test asserts it lies strictly between 0 and 1, so clipping is compared, not only
+    the plain ratio)."""
+    plain = replace(clip, clip_low=1e9, clip_high=1e9, dual_clip=None)
     with torch.no_grad():
         unclipped = torch.cat([token_terms(model, s, plain) for s in samples])
         terms = torch.cat([token_terms(model, s, clip) for s in samples])

@@ -1,43 +1,151 @@
 """Callgrove samples as NeMo RL's GRPO training batch, written from NeMo RL's source at commit
 7ea279abfbeb698b092856d0dab61e7cf39bc909 (`nemo_rl/algorithms/loss/loss_functions.py`,
-`ClippedPGLossDataDict`, and `nemo_rl/algorithms/grpo.py`, where the train data is built;
-`nemo-rl` on PyPI is an empty placeholder and the package does not install on CPU Python 3.11).
+`ClippedPGLossFn` and `ClippedPGLossDataDict`, and `nemo_rl/algorithms/grpo.py`, where the train
+data is built; `nemo-rl` on PyPI is an empty placeholder and the package does not install on CPU
+Python 3.11).
 
 The batch is a dict of tensors, one right-padded row per sample, every per-token tensor aligned
 with `input_ids` (the loss reads each as `[:, 1:]`, next to the log-probability of the token
 at that position): `input_ids` (int64), `input_lengths` (int32), `token_mask` (int64, the loss
-mask: 0 on prompts, tool results and context-only calls), `advantages` and
-`generation_logprobs` (float32, the sampling logprobs), and `sample_mask` (float32, one per
-row). NeMo RL's workers add `prev_logprobs` and `reference_policy_logprobs` themselves. Wrap
-it as `BatchedDataDict(batch)`.
+mask: 0 on prompts, tool results and context-only calls), `advantages`, `generation_logprobs`
+and `prev_logprobs` (float32; both the sampling logprobs) and `sample_mask` (float32, one per
+row). Wrap it as `BatchedDataDict(batch)`. With tensor or context parallelism NeMo RL needs the
+width padded to a multiple (its `policy.make_sequence_length_divisible_by`): pass it as
+`divisible_by`.
 
-NeMo RL scores every token at its generation config's one temperature with no top-p or top-k
-cut: samples sampled otherwise are refused (`trainer_rows`), and the temperature they share is
-returned for that config.
+The ratio. `ClippedPGLossFn` takes its PPO ratio against `prev_logprobs`, which NeMo RL's GRPO
+loop recomputes with the policy before training (and it recomputes the advantages too); the
+sampling logprobs (`generation_logprobs`) enter only through its importance-sampling
+correction. So the ratio is the recorded one, the sampler's, in two ways, which
+`check_nemo_rl_loss_config` tells apart:
+
+- `recorded`: train this batch as it is (`policy.train`), `prev_logprobs` the sampling ones.
+  The ratio is the recorded one and its clip is against the sampler, as callgrove's loss is.
+- `recomputed`: `prev_logprobs` recomputed by the policy, and
+  `use_importance_sampling_correction: true`, whose weight exp(prev - generation) times the
+  ratio exp(current - prev) is the recorded ratio, value and gradient; but the clip is then on
+  exp(current - prev), against the policy the update started from, not against the sampler.
+
+NeMo RL scores every token under its generation config's one temperature, top-p and top-k (it
+divides the logits by the temperature, then cuts top-k and top-p as vLLM does): samples whose
+trained tokens were sampled under several are refused (`shared_sampling`), and the one they
+share is returned for that config.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from callgrove.batch.samples import Sample
-from callgrove.interop.trainer_rows import shared_temperature, trained_span
+from callgrove.batch.samples import NO_TOP_K, Sample
+from callgrove.interop.trainer_rows import check_vocabulary, refuse, trained_span
 
 TRAINER = "NeMo RL"
 COMMIT = "7ea279abfbeb698b092856d0dab61e7cf39bc909"
+# Where `prev_logprobs` come from when the loss runs (see the module's docstring).
+PREV_LOGPROBS = ("recorded", "recomputed")
+# `ClippedPGLossConfig`'s defaults at `COMMIT`, for the keys that decide the ratio.
+LOSS_DEFAULTS: dict[str, Any] = {
+    "disable_ppo_ratio": False,
+    "sequence_level_importance_ratios": False,
+    "use_importance_sampling_correction": False,
+    "truncated_importance_sampling_type": None,
+    "truncated_importance_sampling_ratio": None,
+    "truncated_importance_sampling_ratio_min": None,
+    "force_on_policy_ratio": False,
+    "use_cispo": False,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationSampling:
+    """The distribution NeMo RL must score the samples under: its `policy.generation`
+    `temperature`, `top_p` and `top_k` (None: no top-k cut), which it applies at training too."""
+
+    temperature: float
+    top_p: float
+    top_k: int | None
+
+    def as_config(self) -> dict[str, Any]:
+        return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k}
+
+
+def shared_sampling(samples: Sequence[Sample]) -> GenerationSampling:
+    """The one (temperature, top-p, top-k) every trained token of `samples` was sampled under:
+    NeMo RL scores every token under one, so samples under several are refused."""
+    if not samples:
+        raise ValueError(f"{TRAINER}: no samples")
+    first: tuple[float, float, int] | None = None
+    for sample in samples:
+        trained = sample.loss_mask.astype(bool)
+        settings = np.stack(
+            [
+                sample.temperatures[trained].astype(np.float64),
+                sample.top_p[trained].astype(np.float64),
+                sample.top_k[trained].astype(np.float64),
+            ],
+            axis=1,
+        )
+        for temperature, top_p, top_k in np.unique(settings, axis=0):
+            # Samples hold float32: the shortest decimal of each is what its call recorded.
+            value = (float(str(np.float32(temperature))), float(str(np.float32(top_p))), int(top_k))
+            if value[0] <= 0:
+                raise refuse(
+                    sample,
+                    TRAINER,
+                    f"has trained tokens sampled greedily (temperature 0), which {TRAINER} "
+                    "cannot score: it divides the logits by the temperature",
+                )
+            if first is None:
+                first = value
+            elif value != first:
+                raise refuse(
+                    sample,
+                    TRAINER,
+                    f"has trained tokens sampled at {describe(value)} and others (in it or an "
+                    f"earlier row) at {describe(first)}: "
+                    f"{TRAINER} scores every token at one temperature and one top-p or top-k cut "
+                    "(its generation config's)",
+                )
+    assert first is not None  # every sample trains a token (`trained_span`)
+    temperature, top_p, top_k = first
+    return GenerationSampling(temperature, top_p, None if top_k == NO_TOP_K else top_k)
+
+
+def describe(setting: tuple[float, float, int]) -> str:
+    temperature, top_p, top_k = setting
+    cut = "no top-k" if top_k == NO_TOP_K else f"top-k {top_k}"
+    return f"temperature {temperature:g}, top-p {top_p:g}, {cut}"
 
 
 def nemo_rl_arrays(
-    samples: Sequence[Sample], pad_token_id: int = 0
-) -> tuple[dict[str, np.ndarray], float]:
-    """The batch as numpy arrays, and the temperature every trained token was sampled at."""
+    samples: Sequence[Sample],
+    pad_token_id: int = 0,
+    *,
+    divisible_by: int = 1,
+    vocab_size: int | None = None,
+) -> tuple[dict[str, np.ndarray], GenerationSampling]:
+    """The batch as numpy arrays, its width padded up to a multiple of `divisible_by`, and the
+    sampling every trained token shares. With `vocab_size`, token ids outside the model's
+    vocabulary are refused."""
+    if divisible_by < 1:
+        raise ValueError(f"{TRAINER}: divisible_by must be at least 1, not {divisible_by}")
     for sample in samples:
         trained_span(sample, TRAINER)
-    temperature = shared_temperature(samples, TRAINER)
-    rows, width = len(samples), max(sample.num_tokens for sample in samples)
+    sampling = shared_sampling(samples)
+    if vocab_size is not None:
+        check_vocabulary(samples, vocab_size, TRAINER)
+        if not 0 <= pad_token_id < vocab_size:
+            raise ValueError(
+                f"{TRAINER}: pad_token_id {pad_token_id} is outside the vocabulary of {vocab_size}"
+            )
+    rows = len(samples)
+    longest = max(sample.num_tokens for sample in samples)
+    width = -(-longest // divisible_by) * divisible_by
     batch = {
         "input_ids": np.full((rows, width), pad_token_id, dtype=np.int64),
         "input_lengths": np.array([s.num_tokens for s in samples], dtype=np.int32),
@@ -52,14 +160,83 @@ def nemo_rl_arrays(
         batch["token_mask"][index, :length] = sample.loss_mask
         batch["advantages"][index, :length] = sample.advantages
         batch["generation_logprobs"][index, :length] = sample.logprobs
-    return batch, temperature
+    batch["prev_logprobs"] = batch["generation_logprobs"].copy()
+    return batch, sampling
 
 
-def write_nemo_rl(path: str | Path, samples: Sequence[Sample], pad_token_id: int = 0) -> float:
+def write_nemo_rl(
+    path: str | Path,
+    samples: Sequence[Sample],
+    pad_token_id: int = 0,
+    *,
+    divisible_by: int = 1,
+    vocab_size: int | None = None,
+) -> GenerationSampling:
     """The batch as torch tensors saved with `torch.save` at `path` (load it with
-    `BatchedDataDict(torch.load(path))`); returns the temperature to generate and score at."""
+    `BatchedDataDict(torch.load(path))`); returns the sampling to generate and score under
+    (`policy.generation`: `.as_config()`)."""
     import torch
 
-    batch, temperature = nemo_rl_arrays(samples, pad_token_id)
+    batch, sampling = nemo_rl_arrays(
+        samples, pad_token_id, divisible_by=divisible_by, vocab_size=vocab_size
+    )
     torch.save({name: torch.from_numpy(array) for name, array in batch.items()}, path)
-    return temperature
+    return sampling
+
+
+def check_nemo_rl_loss_config(config: Mapping[str, Any], prev_logprobs: str = "recorded") -> None:
+    """Refuse a `ClippedPGLossFn` config (`loss_fn`, as a dict; absent keys take NeMo RL's
+    defaults) under which its ratio is not the recorded one, with `prev_logprobs` `recorded`
+    (the batch as written) or `recomputed` (by the policy, as NeMo RL's GRPO loop does).
+
+    It checks the ratio only: `reference_policy_kl_penalty` (0.01 by default, and it needs
+    `reference_policy_logprobs` in the batch) and `positive_example_nll_weight` add terms of
+    their own, which callgrove's loss does not have."""
+    if prev_logprobs not in PREV_LOGPROBS:
+        raise ValueError(
+            f"{TRAINER}: prev_logprobs is one of {PREV_LOGPROBS}, not {prev_logprobs!r}"
+        )
+    setting = {**LOSS_DEFAULTS, **config}
+    problems = []
+    if setting["disable_ppo_ratio"]:
+        problems.append("disable_ppo_ratio trains -A x logprob (REINFORCE), with no ratio")
+    if setting["use_cispo"]:
+        problems.append("use_cispo weighs the logprob by a detached clipped ratio (CISPO)")
+    if setting["sequence_level_importance_ratios"]:
+        problems.append(
+            "sequence_level_importance_ratios gives each sequence one ratio (GSPO), not each token"
+        )
+    truncation = setting["truncated_importance_sampling_type"]
+    if prev_logprobs == "recorded":
+        if setting["force_on_policy_ratio"]:
+            problems.append(
+                "force_on_policy_ratio replaces prev_logprobs by the current ones (ratio 1)"
+            )
+        if truncation is not None and not truncation_keeps_one(setting):
+            problems.append(
+                f"{truncation} truncation bounds exclude 1, the importance weight of recorded "
+                "prev_logprobs"
+            )
+    else:
+        if not setting["use_importance_sampling_correction"]:
+            problems.append(
+                "without use_importance_sampling_correction the ratio is against the recomputed "
+                "prev_logprobs (1 at the first update), not the sampler"
+            )
+        if truncation is not None:
+            problems.append(
+                f"truncated_importance_sampling_type {truncation} truncates the recorded ratio"
+            )
+    if problems:
+        raise ValueError(
+            f"{TRAINER}: with {prev_logprobs} prev_logprobs this loss config does not train the "
+            "recorded ratio: " + "; ".join(problems)
+        )
+
+
+def truncation_keeps_one(setting: Mapping[str, Any]) -> bool:
+    """Whether a truncated importance-sampling setting leaves a weight of exactly 1 as it is."""
+    high = setting["truncated_importance_sampling_ratio"]
+    low = setting["truncated_importance_sampling_ratio_min"]
+    low = 0.0 if low is None else low
+    return high is not None and low <= 1.0 <= high

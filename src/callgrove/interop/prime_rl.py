@@ -3,18 +3,26 @@
 `TrainingSample`; prime-rl is not on PyPI and does not install on CPU Python 3.11).
 
 A `TrainingSample` is one flat branch of a rollout: `token_ids`, `mask` (trainable tokens),
-`logprobs` and `temperatures` aligned per token, `env_name`, and `advantages` over the whole
-sequence; the other fields (reference logprobs, multimodal inputs, routed experts, loss weight
-streams) stay absent. It is a msgspec struct encoded as an array (`array_like`) with trailing
-defaults omitted, so a sample with advantages is written with the seven absent fields before
-them as nil. prime-rl's orchestrator hands a list of them to its packer (`prepare_sample` in
-`src/prime_rl/trainer/batch.py`), which decodes them as `msgspec.msgpack.Decoder(
-list[TrainingSample])` would.
+`logprobs` and `temperatures` aligned per position, `env_name`, and `advantages` over the
+whole sequence; the other fields (reference logprobs, multimodal inputs, routed experts, loss
+weight streams) stay absent. It is a msgspec struct encoded as an array (`array_like`) with
+trailing defaults omitted, so a sample with advantages is written with the seven absent fields
+before them as nil. prime-rl's orchestrator hands a list of them to its packer
+(`prepare_sample` in `src/prime_rl/trainer/batch.py`), which decodes them as
+`msgspec.msgpack.Decoder(list[TrainingSample])` would.
 
-Temperatures are per token, so rows sampled at several temperatures are fine; prime-rl
-scores a token under its temperature alone, so trained tokens sampled with a top-p or top-k
-cut are refused. On untrained tokens whose sampling is unknown the temperature is written as
-1 (prime-rl reads it only where the mask is set).
+The temperatures are per position, and a position's is the one its logits are divided by:
+prime-rl's trainer divides the logits at position i, which predict token i + 1, by
+`temperatures[i]` (`src/prime_rl/trainer/rl/train.py`, and its fused head in
+`src/prime_rl/trainer/models/layers/lm_head.py`), so position i carries the temperature token
+i + 1 was sampled at. Rows sampled at several temperatures are fine. Positions followed by no
+trained token carry 1.0, as prime-rl's own padding does: the last position predicts nothing in
+its sample, and the others only untrained tokens. The value must still be finite and positive
+there, because prime-rl's default loss multiplies by its masks instead of selecting with them
+(a NaN logprob anywhere would make the loss NaN).
+
+prime-rl scores a token under its temperature alone, so trained tokens sampled with a top-p or
+top-k cut, or greedily (temperature 0), are refused.
 """
 
 from __future__ import annotations
@@ -26,10 +34,12 @@ import msgspec
 import numpy as np
 
 from callgrove.batch.samples import Sample
-from callgrove.interop.trainer_rows import check_uncut, trained_span
+from callgrove.interop.trainer_rows import check_uncut, check_vocabulary, refuse, trained_span
 
 TRAINER = "prime-rl"
 COMMIT = "559b44772e471d1538537b8805cc77f3824a5e64"
+# What a position followed by no trained token carries (prime-rl pads with it too).
+UNSCORED_TEMPERATURE = 1.0
 
 
 class TrainingSample(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -50,22 +60,44 @@ class TrainingSample(msgspec.Struct, array_like=True, omit_defaults=True):
     advantages: list[float] | None = None
 
 
-def prime_rl_samples(samples: Sequence[Sample], env_name: str) -> list[TrainingSample]:
+def predicting_temperatures(sample: Sample) -> np.ndarray:
+    """Per position, the temperature prime-rl divides its logits by: the temperature of the
+    token it predicts where that token is trained, `UNSCORED_TEMPERATURE` elsewhere."""
+    out = np.full(sample.num_tokens, UNSCORED_TEMPERATURE, dtype=np.float64)
+    next_trained = sample.loss_mask[1:].astype(bool)
+    out[:-1][next_trained] = sample.temperatures[1:][next_trained]
+    return out
+
+
+def prime_rl_samples(
+    samples: Sequence[Sample], env_name: str, *, vocab_size: int | None = None
+) -> list[TrainingSample]:
     """One `TrainingSample` per sample, `env_name` its environment (prime-rl keys its metrics
-    by it; `all` is reserved there)."""
+    by it; `all` is reserved there). With `vocab_size`, token ids outside the model's
+    vocabulary are refused."""
     if env_name == "all":
         raise ValueError(f"{TRAINER}: env_name 'all' is reserved for its aggregate metrics")
+    if not samples:
+        raise ValueError(f"{TRAINER}: no samples to write")
     check_uncut(samples, TRAINER)
+    if vocab_size is not None:
+        check_vocabulary(samples, vocab_size, TRAINER)
     out = []
     for sample in samples:
         trained_span(sample, TRAINER)
-        temperatures = np.where(np.isnan(sample.temperatures), 1.0, sample.temperatures)
+        if (sample.temperatures[sample.loss_mask.astype(bool)] <= 0).any():
+            raise refuse(
+                sample,
+                TRAINER,
+                f"has trained tokens sampled greedily (temperature 0), which {TRAINER} cannot "
+                "score: it divides the logits by the temperature",
+            )
         out.append(
             TrainingSample(
                 token_ids=sample.token_ids.tolist(),
                 mask=sample.loss_mask.astype(bool).tolist(),
                 logprobs=sample.logprobs.tolist(),
-                temperatures=temperatures.tolist(),
+                temperatures=predicting_temperatures(sample).tolist(),
                 env_name=env_name,
                 advantages=sample.advantages.tolist(),
             )
@@ -73,6 +105,9 @@ def prime_rl_samples(samples: Sequence[Sample], env_name: str) -> list[TrainingS
     return out
 
 
-def write_prime_rl(path: str | Path, samples: Sequence[Sample], env_name: str) -> None:
+def write_prime_rl(
+    path: str | Path, samples: Sequence[Sample], env_name: str, *, vocab_size: int | None = None
+) -> None:
     """The samples as one msgpack list of `TrainingSample`s at `path`."""
-    Path(path).write_bytes(msgspec.msgpack.encode(prime_rl_samples(samples, env_name)))
+    records = prime_rl_samples(samples, env_name, vocab_size=vocab_size)
+    Path(path).write_bytes(msgspec.msgpack.encode(records))
