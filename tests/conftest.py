@@ -166,3 +166,12 @@ def vllm_weights_restored(vllm_url, smollm2_folder):
             await sampler.aclose()
 
     asyncio.run(restore())
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """One torch thread per test process: the suite runs a process per core, and torch's own
+    pool of one thread per core in each made the tiny models' forwards about 100 times slower
+    on two loaded cores. Set after collection, so torch is never imported for this alone."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(1)
