@@ -41,6 +41,14 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install -q packaging==26.4
 	$(BIN)/pip install -q --no-deps verl==0.9.1 omegaconf==2.3.1 antlr4-python3-runtime==4.9.3 \
 		codetiming==1.4.0
+	# OpenRLHF 0.11.2 (callgrove.interop.openrlhf's tests) pins deepspeed, flash-attn, ray 2.55 and
+	# transformers 5.15, so it goes in without its dependencies, plus the few its loss, experience
+	# and loss-normalisation modules import: DeepSpeed (openrlhf/models/utils.py imports it; built
+	# without ops, it imports on a CPU) with einops, hjson and py-cpuinfo, and pylatexenc (its
+	# utils package's math grader). flash-attn is CUDA only: openrlhf.models' package root, which
+	# imports the actor's ring attention, stays unimportable, and the tests load loss.py by path.
+	$(BIN)/pip install -q --no-deps openrlhf==0.11.2 deepspeed==0.19.6 einops==0.8.2 hjson==3.1.0 \
+		py-cpuinfo==9.0.0 pylatexenc==2.11
 	touch $(STAMP)
 
 setup: $(STAMP)

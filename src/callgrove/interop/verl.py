@@ -12,34 +12,47 @@ the ratio is taken against the policy that sampled each token, as in callgrove's
 `token_level_scores` and `token_level_rewards` (the row reward at the last response token).
 `non_tensor_batch`: `uid` (the group, or the episode where it has none), `episode`, `row`.
 
-verl's own advantage estimator must not run on this batch: hand it to the actor's policy
-update (whose loss reads `advantages` as given), not to a trainer step that recomputes them.
-verl scores tokens at one temperature (its rollout config's) and with no top-p or top-k cut,
-so samples sampled otherwise are refused (`trainer_rows`). Its vanilla policy loss also
-applies dual clipping (`clip_ratio_c`, 3 by default) to negative advantages, which callgrove's
-loss does not; the two agree where no ratio exceeds `clip_ratio_c`.
+Hand the batch to the actor's update (`RayPPOTrainer._update_actor`, or the actor worker
+group's `update_actor` on `batch.to_tensordict()` after `left_right_2_no_padding`), whose
+`ppo_loss` (verl/workers/utils/losses.py) reads `old_log_probs` and `advantages` as given. Not
+to `RayPPOTrainer.fit`: it recomputes `old_log_probs` with the training policy (unless
+`algorithm.rollout_correction.bypass_mode`) and runs verl's advantage estimator.
+`_update_actor` sets `meta_info["temperature"]` from `actor_rollout_ref.rollout.temperature`
+over what the batch carries, and the actor divides its logits by it: `check_verl_config`
+refuses a config whose temperature is not the samples', and the other settings under which
+the actor's loss is not the clipped importance-ratio loss on these samples. verl scores
+tokens at that one temperature with no top-p or top-k cut, so samples sampled otherwise are
+refused (`trainer_rows`). Its vanilla policy loss also bounds a negative advantage's term by
+`clip_ratio_c` x |A| (dual clip, 3 by default), which callgrove's own loss does not: the two
+agree where no ratio exceeds `clip_ratio_c` (set it out of reach to train as callgrove does).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from callgrove.batch.samples import Sample
-from callgrove.interop.trainer_rows import prompt_completion, shared_temperature
+from callgrove.interop.trainer_rows import check_vocabulary, prompt_completion, shared_temperature
 
 TRAINER = "verl"
+# verl's loss_agg_mode values that are callgrove's normalisations (`token`, `sequence`); its
+# others sum tokens instead of averaging them.
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean")
 
 
 def verl_arrays(
-    samples: Sequence[Sample], pad_token_id: int
+    samples: Sequence[Sample], pad_token_id: int, *, vocab_size: int | None = None
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], float]:
     """The tensors and non-tensors of the batch as numpy arrays, and the one temperature every
-    trained token was sampled at (set verl's rollout temperature to it)."""
+    trained token was sampled at (set verl's rollout temperature to it). With `vocab_size`,
+    token ids outside the model's vocabulary are refused."""
     split = prompt_completion(samples, pad_token_id, TRAINER)
     temperature = shared_temperature(samples, TRAINER)
+    if vocab_size is not None:
+        check_vocabulary(samples, vocab_size, TRAINER)
     prompts, responses = split.prompt_ids, split.completion_ids
     advantages, logprobs = split.advantages, split.logprobs
     scores = np.zeros_like(advantages)  # the reward at each row's last response token
@@ -68,15 +81,89 @@ def verl_arrays(
     return tensors, non_tensors, temperature
 
 
-def to_data_proto(samples: Sequence[Sample], pad_token_id: int, **meta_info: Any) -> Any:
+def to_data_proto(
+    samples: Sequence[Sample], pad_token_id: int, *, vocab_size: int | None = None, **meta_info: Any
+) -> Any:
     """The samples as a `verl.DataProto` (see the module docstring); `meta_info` is passed on,
     with `temperature` set to the one the samples were sampled at."""
     import torch
     from verl import DataProto
 
-    tensors, non_tensors, temperature = verl_arrays(samples, pad_token_id)
+    tensors, non_tensors, temperature = verl_arrays(samples, pad_token_id, vocab_size=vocab_size)
     return DataProto.from_dict(
         tensors={name: torch.from_numpy(array.copy()) for name, array in tensors.items()},
         non_tensors=non_tensors,
         meta_info={"temperature": temperature, **meta_info},
     )
+
+
+def check_verl_config(config: Any, samples: Sequence[Sample]) -> None:
+    """Refuse a verl config (its `actor_rollout_ref` section, or the whole trainer config; an
+    omegaconf config or a mapping) under which the actor's update on these samples' batch is
+    not the clipped importance-ratio loss against their sampling logprobs:
+
+    - `rollout.temperature` other than the samples': `_update_actor` puts it in the batch's
+      `meta_info` and the actor divides its logits by it;
+    - `actor.policy_loss.loss_mode` other than `vanilla` (or `bypass_mode` with `ppo_clip`
+      and no rejection sampling, which runs the vanilla loss unchanged);
+    - `actor.loss_agg_mode` other than `token-mean` (callgrove's `token` normalisation) or
+      `seq-mean-token-mean` (its `sequence` one);
+    - `actor.entropy_coeff` other than 0, `actor.use_kl_loss`, and (in a whole config)
+      `distillation.enabled`: terms the clipped loss does not have (the KL loss also reads
+      reference logprobs the batch does not carry).
+
+    `actor.clip_ratio_low` / `clip_ratio_high` and `clip_ratio_c` (the dual clip) are the
+    loss's own settings; micro-batching, dynamic batch sizes, remove-padding and sequence
+    parallelism leave it unchanged (the loss is normalised over the whole mini-batch)."""
+    temperature = shared_temperature(samples, TRAINER)
+    section = _get(config, "actor_rollout_ref", None)
+    whole = section is not None
+    section = config if section is None else section
+    actor, rollout = _get(section, "actor", {}), _get(section, "rollout", {})
+    policy_loss = _get(actor, "policy_loss", {})
+    problems = []
+    scored_at = _get(rollout, "temperature", 1.0)
+    if np.float32(scored_at) != np.float32(temperature):
+        problems.append(
+            f"rollout.temperature is {scored_at:g} but the samples were sampled at "
+            f"{temperature:g} (the actor update takes it over the batch's own): set it to "
+            f"{temperature:g}"
+        )
+    loss_mode = _get(policy_loss, "loss_mode", "vanilla")
+    if loss_mode == "bypass_mode":
+        correction = _get(policy_loss, "rollout_correction", {})
+        if _get(correction, "loss_type", "ppo_clip") != "ppo_clip":
+            problems.append("bypass_mode's loss_type 'reinforce' is not the clipped loss")
+        if _get(correction, "rollout_rs", None) is not None:
+            problems.append("bypass_mode's rejection sampling (rollout_rs) drops tokens")
+    elif loss_mode != "vanilla":
+        problems.append(
+            f"actor.policy_loss.loss_mode is {loss_mode!r}: only 'vanilla' is the clipped "
+            "importance-ratio loss"
+        )
+    loss_agg_mode = _get(actor, "loss_agg_mode", "token-mean")
+    if loss_agg_mode not in LOSS_AGG_MODES:
+        problems.append(
+            f"actor.loss_agg_mode is {loss_agg_mode!r}: 'token-mean' (callgrove's token "
+            "normalisation) or 'seq-mean-token-mean' (its sequence one)"
+        )
+    if _get(actor, "entropy_coeff", 0) != 0:
+        problems.append("actor.entropy_coeff adds an entropy term: set it to 0")
+    if _get(actor, "use_kl_loss", False):
+        problems.append(
+            "actor.use_kl_loss adds a KL term against reference logprobs the batch does not "
+            "carry: turn it off"
+        )
+    if whole and _get(_get(config, "distillation", {}), "enabled", False):
+        problems.append("distillation.enabled replaces the actor's loss with a distillation one")
+    if problems:
+        raise ValueError(f"{TRAINER}: " + "; ".join(problems))
+
+
+def _get(section: Any, name: str, default: Any = None) -> Any:
+    """A key of an omegaconf config, a mapping or an attribute namespace, or `default`."""
+    if section is None:
+        return default
+    if isinstance(section, Mapping) or hasattr(section, "get"):
+        return section.get(name, default)
+    return getattr(section, name, default)
