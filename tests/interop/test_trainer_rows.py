@@ -14,6 +14,7 @@ from callgrove.batch import build_samples
 from callgrove.episode import sampling_record
 from callgrove.formats.problems import InputError
 from callgrove.interop.nemo_rl import nemo_rl_arrays
+from callgrove.interop.openrlhf import openrlhf_arrays
 from callgrove.interop.prime_rl import prime_rl_samples
 from callgrove.interop.trl import trl_batch
 from callgrove.interop.verl import verl_arrays
@@ -26,6 +27,7 @@ ADAPTERS = {
     "verl": lambda samples: verl_arrays(samples, 0),
     "prime-rl": lambda samples: prime_rl_samples(samples, "login"),
     "NeMo RL": lambda samples: nemo_rl_arrays(samples),
+    "OpenRLHF": lambda samples: openrlhf_arrays(samples, 0),
 }
 
 
@@ -79,12 +81,14 @@ def test_every_trained_token_keeps_its_values_in_each_batch(episode, seed):
     verl, _, _ = verl_arrays(samples, 0)
     nemo, _ = nemo_rl_arrays(samples)
     prime = prime_rl_samples(samples, "random")
+    openrlhf, _ = openrlhf_arrays(samples, 0)
     for index, sample in enumerate(samples):
         trained = sample.loss_mask == 1
         want = {"advantages": sample.advantages[trained], "logprobs": sample.logprobs[trained]}
         in_trl = (trl["completion_mask"][index] * trl["tool_mask"][index]).bool().numpy()
         in_verl = verl["response_mask"][index] == 1
         in_nemo = nemo["token_mask"][index] == 1
+        in_openrlhf = openrlhf["action_mask"][index] == 1  # entry t is token t + 1's
         got = {
             "TRL": (
                 trl["advantages"][index].numpy()[in_trl],
@@ -94,6 +98,10 @@ def test_every_trained_token_keeps_its_values_in_each_batch(episode, seed):
             "NeMo RL": (
                 nemo["advantages"][index][in_nemo],
                 nemo["generation_logprobs"][index][in_nemo],
+            ),
+            "OpenRLHF": (
+                openrlhf["advantages"][index][in_openrlhf],
+                openrlhf["action_log_probs"][index][in_openrlhf],
             ),
             "prime-rl": (
                 np.asarray(prime[index].advantages, np.float32)[np.asarray(prime[index].mask)],
@@ -110,3 +118,9 @@ def test_every_trained_token_keeps_its_values_in_each_batch(episode, seed):
             np.concatenate([trl["prompt_ids"][index], trl["completion_ids"][index]])[real].tolist()
             == sample.token_ids[:last].tolist()
         )
+
+
+@pytest.mark.parametrize("trainer", sorted(ADAPTERS))
+def test_an_adapter_given_no_samples_says_so(trainer):
+    with pytest.raises(ValueError, match=f"{trainer}: no samples"):
+        ADAPTERS[trainer]([])

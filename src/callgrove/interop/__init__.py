@@ -7,8 +7,8 @@
 
 Trainer adapters, imported by name only (each needs its trainer where it builds the trainer's
 objects; docs/trainers.md): `callgrove.interop.trl` (TRL's GRPO batch and a `GRPOTrainer` on
-samples), `.verl` (a `DataProto`), `.prime_rl` (its `TrainingSample`s) and `.nemo_rl` (its
-GRPO train data).
+samples), `.verl` (a `DataProto`), `.prime_rl` (its `TrainingSample`s), `.nemo_rl` (its
+GRPO train data) and `.openrlhf` (the `Experience` its actor trains on).
 
 Importing the package registers both as episode formats (`verifiers`, `gym`) for `load`,
 `save` and `convert`.

@@ -115,6 +115,8 @@ def prompt_completion(
     samples: Sequence[Sample], pad_token_id: int, trainer: str
 ) -> PromptCompletion:
     """The split every prompt / completion trainer takes, each sample checked (`trained_span`)."""
+    if not samples:
+        raise ValueError(f"{trainer}: no samples to batch")
     spans = [trained_span(sample, trainer) for sample in samples]
     prompt_width = max(span.start for span in spans)
     completion_width = max(span.end - span.start for span in spans)
