@@ -125,18 +125,18 @@ def test_good_episodes_still_produce_rows_when_others_are_bad(tmp_path):
     errors = result.stderr
     assert f"{path}:2: episode login-bug-g1, call C3: logprobs has 1 values" in errors
     assert f"{path}:3: not valid JSON" in errors
-    assert f"{path}:5: truncated final line" in errors and "warning" in errors
-    assert "2 episode(s) failed, 2 went through" in errors
+    assert f"error: {path}:5: truncated final line" in errors  # cut inside the id
+    assert "3 episode(s) failed, 2 went through" in errors
 
 
-def test_truncated_final_line_alone_is_a_warning_not_a_failure(tmp_path):
+def test_truncated_final_line_alone_fails_and_keeps_the_rest(tmp_path):
     good = (EXAMPLES / "login_group.jsonl").read_bytes()
     path = tmp_path / "crashed.jsonl"
     path.write_bytes(good[: len(good) - 100])
     result = run("rows", str(path), "--json")
-    assert result.exit_code == 0
+    assert result.exit_code == 1  # an episode was lost
     assert len({r["episode"] for r in jsonl_rows(result.stdout)}) == 3
-    assert "truncated final line" in result.stderr
+    assert f"error: {path}:4: episode login-bug-g3: truncated final line" in result.stderr
 
 
 def test_check_command_summarises_and_fails_on_bad_input(tmp_path):

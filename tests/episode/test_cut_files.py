@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 
 import pytest
 
 from callgrove.episode import EpisodeWriter, load, save
-from callgrove.formats.jsonl import InputWarning
-from callgrove.formats.problems import Diagnostics
+from callgrove.formats.problems import Diagnostics, InputError
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
 
@@ -19,7 +17,7 @@ def group():
 
 
 @pytest.mark.parametrize("suffix", [".jsonl.gz", ".jsonl.zst"])
-def test_compressed_file_cut_short_keeps_complete_episodes_and_warns(tmp_path, suffix):
+def test_compressed_file_cut_short_keeps_complete_episodes_and_is_an_error(tmp_path, suffix):
     # Enough episodes for several compressed blocks: a cut block loses what it holds.
     episodes = [e for copy in range(60) for e in group() if not setattr(e, "id", f"{e.id}-{copy}")]
     path = tmp_path / f"episodes{suffix}"
@@ -30,8 +28,8 @@ def test_compressed_file_cut_short_keeps_complete_episodes_and_warns(tmp_path, s
     kept = [e.id for e in load(path, diagnostics)]
     assert 0 < len(kept) < len(episodes)
     assert kept == [e.id for e in episodes[: len(kept)]]  # a prefix, each episode whole
-    (problem,) = diagnostics.problems
-    assert problem.severity == "warning" and problem.kind == "truncated"
+    (problem,) = diagnostics.problems  # what follows the cut is lost: an error
+    assert problem.severity == "error" and problem.kind == "truncated"
     assert problem.file == str(path)
 
 
@@ -48,16 +46,16 @@ def test_zstd_file_appended_in_several_frames_reads_whole(tmp_path):
     assert not diagnostics.problems
 
 
-def test_truncated_final_line_without_diagnostics_is_a_python_warning(tmp_path):
+def test_truncated_final_line_without_diagnostics_raises_after_the_whole_lines(tmp_path):
     path = tmp_path / "episodes.jsonl"
     save(path, group())
     data = path.read_bytes()
     path.write_bytes(data[:-50])
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        assert len(list(load(path))) == 3
-    assert [w.category for w in caught] == [InputWarning]
-    assert "truncated final line" in str(caught[0].message)
+    read = []
+    with pytest.raises(InputError, match="truncated final line") as raised:
+        read.extend(episode.id for episode in load(path))
+    assert len(read) == 3
+    assert (raised.value.problem.line, raised.value.problem.episode) == (4, "login-bug-g3")
 
 
 def test_appending_after_a_crash_does_not_lose_the_next_episode(tmp_path):
@@ -70,5 +68,5 @@ def test_appending_after_a_crash_does_not_lose_the_next_episode(tmp_path):
         writer.write(episodes[2])
     diagnostics = Diagnostics()
     assert [e.id for e in load(path, diagnostics)] == ["login-bug-g0", "login-bug-g2"]
-    (problem,) = diagnostics.problems  # the cut line stays a reported gap, not an error
-    assert (problem.line, problem.kind, problem.severity) == (2, "truncated", "warning")
+    (problem,) = diagnostics.problems  # the cut line's episode stays lost, and is an error
+    assert (problem.line, problem.kind, problem.severity) == (2, "truncated", "error")

@@ -11,7 +11,6 @@ import pytest
 
 from callgrove.episode import EpisodeWriter, load, save, write_binary_episodes
 from callgrove.formats import Diagnostics, InputError
-from callgrove.formats.jsonl import InputWarning
 
 from .helpers import cancelled, healthy
 
@@ -23,18 +22,20 @@ def _write(path: Path) -> list[bytes]:
     return path.read_bytes().splitlines(keepends=True)
 
 
-def test_truncated_final_line_is_a_warning_and_the_rest_is_kept(tmp_path: Path) -> None:
+def test_truncated_final_line_is_an_error_and_the_rest_is_kept(tmp_path: Path) -> None:
     path = tmp_path / "traces.jsonl"
     lines = _write(path)
     path.write_bytes(b"".join(lines[:3]) + lines[3][: len(lines[3]) // 2])
     diagnostics = Diagnostics()
     assert [e.id for e in load(path, diagnostics)] == IDS[:3]
-    (problem,) = diagnostics.problems
-    assert (problem.severity, problem.kind, problem.line) == ("warning", "truncated", 4)
-    assert problem.file == str(path)
-    # without diagnostics the same file still reads; the warning is a Python warning
-    with pytest.warns(InputWarning, match="truncated final line"):
-        assert [e.id for e in load(path)] == IDS[:3]
+    (problem,) = diagnostics.problems  # its episode is lost: an error, the rest still read
+    assert (problem.severity, problem.kind, problem.line) == ("error", "truncated", 4)
+    assert problem.file == str(path) and problem.episode == "ok-3"
+    # without diagnostics the first three are read, then the cut line raises
+    read = []
+    with pytest.raises(InputError, match="truncated final line"):
+        read.extend(e.id for e in load(path))
+    assert read == IDS[:3]
 
 
 def test_final_line_complete_but_for_its_newline_is_kept(tmp_path: Path) -> None:
@@ -66,7 +67,7 @@ def test_malformed_middle_line_is_an_error_naming_its_line(tmp_path: Path) -> No
     assert raised.value.problem.line == 2
 
 
-def test_middle_line_cut_short_then_ended_is_a_truncated_warning(tmp_path: Path) -> None:
+def test_middle_line_cut_short_then_ended_is_a_truncated_error(tmp_path: Path) -> None:
     path = tmp_path / "traces.jsonl"
     lines = _write(path)
     lines[1] = lines[1][:60] + b"\n"  # a crash cut the line; a later write ended it
@@ -74,7 +75,7 @@ def test_middle_line_cut_short_then_ended_is_a_truncated_warning(tmp_path: Path)
     diagnostics = Diagnostics()
     assert [e.id for e in load(path, diagnostics)] == ["ok-0", "ok-2", "ok-3"]
     (problem,) = diagnostics.problems
-    assert (problem.severity, problem.kind, problem.line) == ("warning", "truncated", 2)
+    assert (problem.severity, problem.kind, problem.line) == ("error", "truncated", 2)
     assert problem.episode == "ok-1"
 
 
@@ -85,7 +86,7 @@ def test_episode_written_straight_after_a_cut_line_is_read(tmp_path: Path) -> No
     diagnostics = Diagnostics()
     assert [e.id for e in load(path, diagnostics)] == ["ok-0", "ok-2", "ok-3"]
     (problem,) = diagnostics.problems
-    assert (problem.severity, problem.kind, problem.line) == ("warning", "truncated", 2)
+    assert (problem.severity, problem.kind, problem.line) == ("error", "truncated", 2)
 
 
 def test_several_bad_lines_are_each_reported_once(tmp_path: Path) -> None:

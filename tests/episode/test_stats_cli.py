@@ -120,12 +120,12 @@ def test_skip_bad_skips_counts_and_still_fails_the_exit_status(traces: Path) -> 
     assert "skipped 1 unusable" in result.stderr
 
 
-def test_truncated_final_line_warns_and_exits_zero(traces: Path) -> None:
+def test_truncated_final_line_is_an_error_and_exits_one(traces: Path) -> None:
     data = traces.read_bytes()
     traces.write_bytes(data[:-30])
-    result = run(traces)
-    assert result.exit_code == 0, result.output
-    assert "warning" in result.stderr and f"{traces}:4" in result.stderr
+    result = run(traces, "--skip-bad")
+    assert result.exit_code == 1, result.output
+    assert f"error: {traces}:4: episode" in result.stderr and "its episode is lost" in result.stderr
     assert cell(result.stdout, "episodes") == "3"
 
 

@@ -381,4 +381,4 @@ def test_bad_rows_are_reported_with_file_and_line(tmp_path: Path) -> None:
     assert (first.line, first.kind) == (2, "malformed")
     assert (second.line, second.episode, second.call) == (3, "broken", "t1.n1")
     assert "one run at the end" in second.message
-    assert (truncated.line, truncated.severity, truncated.kind) == (5, "warning", "truncated")
+    assert (truncated.line, truncated.severity, truncated.kind) == (5, "error", "truncated")

@@ -15,10 +15,12 @@ from pathlib import Path
 from typing import Annotated, get_args
 
 import typer
+from msgspec import UNSET
 
 from callgrove.cli.app import EXIT_USAGE, err, safe
 from callgrove.credit import ALGORITHMS, Algorithm, Scope, finalize_group
 from callgrove.episode import Episode
+from callgrove.episode.checks import DUPLICATE
 from callgrove.formats.problems import Diagnostics, Problem
 
 AlgorithmName = StrEnum("AlgorithmName", {name: name for name in ALGORITHMS})  # type: ignore[misc]
@@ -133,8 +135,11 @@ def score_groups(located: list[Located], algorithm: Algorithm, diagnostics: Diag
 
     Supervised episodes take no advantages and are left out. A group holding a completed
     episode with no reward is refused whole (its baseline would be wrong without it), as is
-    one the algorithm refuses; each refusal is a problem naming file, line and episode, and
-    the group's episodes are in `refused`."""
+    one the algorithm refuses, and one an episode of which was lost in reading (an error in
+    `diagnostics` before scoring; every group, when a lost episode's group is not known);
+    each refusal is a problem naming file, line and episode, and the group's episodes are in
+    `refused`."""
+    lost = _lost_by_group(diagnostics)
     groups: dict[object, list[Located]] = {}
     scoring = Scoring()
     for item in located:
@@ -145,7 +150,12 @@ def score_groups(located: list[Located], algorithm: Algorithm, diagnostics: Diag
             scoring.alone += 1
         key = episode.group if episode.group is not None else (None, id(item))
         groups.setdefault(key, []).append(item)
-    for members in groups.values():
+    for key, members in groups.items():
+        first_lost = lost.get(key, lost.get(UNSET)) if not isinstance(key, tuple) else None
+        if first_lost is not None:
+            diagnostics.add(members[0].problem(_lost_message(members[0].episode, first_lost)))
+            scoring.refused.update(id(m) for m in members)
+            continue
         unscored = [m for m in members if m.episode.ok and not m.episode.scored]
         if unscored:
             for member in unscored:
@@ -165,6 +175,30 @@ def score_groups(located: list[Located], algorithm: Algorithm, diagnostics: Diag
         scoring.groups += 1
         scoring.unassigned_calls.update(credit.unassigned_calls)
     return scoring
+
+
+def _lost_by_group(diagnostics: Diagnostics) -> dict[object, Problem]:
+    """The first episode lost in reading of each group (`UNSET`: of a group not known); a
+    second copy of an episode id is no loss."""
+    lost: dict[object, Problem] = {}
+    for problem in diagnostics.errors:
+        if problem.kind != DUPLICATE:
+            lost.setdefault(problem.group, problem)
+    lost.pop(None, None)  # an episode of no group was scored alone: no group lacks it
+    return lost
+
+
+def _lost_message(episode: Episode, lost: Problem) -> str:
+    where = lost.where or "its input"
+    if lost.group is UNSET:
+        return (
+            f"group {episode.group!r} not scored: an episode whose group could not be read was "
+            f"lost ({where}), and any group may lack it"
+        )
+    return (
+        f"group {episode.group!r} not scored: an episode of it was lost ({where}); its "
+        "baseline would be wrong without it"
+    )
 
 
 def never_scored(episode: Episode) -> bool:

@@ -491,9 +491,9 @@ def stats_command(
 ) -> None:
     """Ok rate, rewards, advantages, rows, agents by name, errors by type, off-policy spread.
 
-    Exit 0 when every episode was read (a truncated final line is only a warning), 1 when
-    any line or episode could not be used (with --skip-bad: after the tables), 2 on usage
-    errors.
+    Exit 0 when every episode was read, 1 when any line or episode could not be used (a
+    line cut off mid-write included, final or not; with --skip-bad: after the tables), 2 on
+    usage errors.
     """
     files = episode_inputs(files, invocations)
     diagnostics = Diagnostics()

@@ -114,6 +114,9 @@ def fits_int64(values: Sequence[int | None]) -> bool:
     return not present or (min(present) >= INT64_MIN and max(present) <= INT64_MAX)
 
 
+POSITIVE_LOGPROB = "logprobs holds a value above 0 (a log-probability is at most 0)"
+
+
 def wrong_length(field: str, values: int, tokens: int) -> str:
     return f"{field} has {values} values but completion_ids has {tokens} tokens"
 
@@ -300,6 +303,9 @@ def call_problems(columns: CallColumns) -> dict[int, str]:
             if column.bad_values.size:
                 bad |= column.bad_values
             flag(column.items_where(bad), not_finite(name))
+    positive = columns.logprobs.values > 0
+    if positive.any():
+        flag(columns.logprobs.items_where(positive), POSITIVE_LOGPROB)
     for index, sampling in enumerate(columns.sampling):
         if sampling is not None and (problem := sampling_problem(sampling)) is not None:
             flag([index], problem)
@@ -425,6 +431,9 @@ def check_unique_calls(calls: Sequence[Call], episode: str) -> None:
         seqs[call.seq] = call.id
 
 
+DUPLICATE = "duplicate"  # the kind of problem of a second copy of an episode id
+
+
 def duplicate_episode(episode: str, first: str, file: str, line: int | None = None) -> Problem:
     """An episode id seen earlier in the same file (`first` says where): the later copy is
     not used."""
@@ -433,7 +442,7 @@ def duplicate_episode(episode: str, first: str, file: str, line: int | None = No
         file=file,
         line=line,
         episode=episode,
-        kind="duplicate",
+        kind=DUPLICATE,
     )
 
 

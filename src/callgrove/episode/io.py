@@ -40,7 +40,7 @@ def read_located_episodes(
         try:
             yield number, episode_from_wire(wire)
         except InputError as error:
-            located = error.located(file=file, line=number, episode=wire.id)
+            located = error.located(file=file, line=number, episode=wire.id, group=wire.group)
             if diagnostics is None:
                 raise located from None
             diagnostics.add(located.problem)

@@ -1,8 +1,9 @@
 """JSON Lines episode files: plain, `.gz` and `.zst`, streamed line by line.
 
 Reading never holds more than one line. A malformed line is reported with its number (and the
-episode and call it names, when those can be found); a truncated final line, the usual trace of
-a crash mid-write, is a warning, never a reason to lose the lines before it.
+episode and call it names, when those can be found). A line cut off mid-write (the trace of a
+crash, or of a file still being written), in the middle or at the end, is an error: its episode
+is lost, whatever the lines around it hold, and those are still read.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import IO, Any, TypeVar
 import msgspec
 import numpy as np
 import orjson
+from msgspec import UNSET, UnsetType
 
 if sys.version_info >= (3, 14):
     from compression import zstd
@@ -72,7 +74,7 @@ def iter_lines(
 ) -> Iterator[tuple[int, bytes, bool]]:
     """Yield (line number from 1, line as read, ended-with-newline) for non-blank lines.
 
-    A compressed file cut short raises `InputError` (a `truncated` warning) after its last
+    A compressed file cut short raises `InputError` (a `truncated` error) after its last
     complete line; compressed data that is damaged, or is not of its extension's kind, raises
     an `InputError` naming the line it stopped at.
     `byte_range` (start, end), in a plain file, reads only the lines that start in it (a
@@ -99,7 +101,6 @@ def iter_lines(
                 "compressed file ends early (cut off mid-write); what follows is lost",
                 file=str(path),
                 line=number + 1,
-                severity="warning",
                 kind="truncated",
             )
         ) from None
@@ -140,22 +141,38 @@ def _block_lines(stream: IO[bytes]) -> Iterator[bytes]:
 
 
 class _Named(msgspec.Struct):
-    """Just the id of a line's object: decodes lines whose other fields do not."""
+    """Just the id and group of a line's object: decodes lines whose other fields do not."""
 
     id: Any = None
+    group: Any = UNSET
 
 
-_ID_FIELD = re.compile(rb'"id"\s*:\s*"((?:[^"\\]|\\.){1,200})"')
+_ID_FIELD = re.compile(rb'"id"\s*:\s*("(?:[^"\\]|\\.){1,200}")')
+_GROUP_FIELD = re.compile(rb'"group"\s*:\s*("(?:[^"\\]|\\.){0,200}"|null)')
 
 
-def _episode_id(line: bytes) -> str | None:
-    """The id a line names, best effort, even when the line is not valid JSON."""
+def _named(line: bytes) -> tuple[str | None, str | UnsetType | None]:
+    """The episode id and group a line names, best effort, even when the line is not valid
+    JSON (one cut off mid-write): None for an id not found, `UNSET` for a group not found."""
     try:
-        named = msgspec.json.decode(line, type=_Named).id
+        named = msgspec.json.decode(line, type=_Named)
+        episode, group = named.id, named.group
     except (msgspec.DecodeError, RecursionError):
-        found = _ID_FIELD.search(line)
-        named = found.group(1).decode("utf-8", "replace") if found else None
-    return named if isinstance(named, str) else None
+        episode, group = _field(_ID_FIELD, line, None), _field(_GROUP_FIELD, line, UNSET)
+    return (
+        episode if isinstance(episode, str) else None,
+        group if group is None or isinstance(group, str) else UNSET,
+    )
+
+
+def _field(pattern: re.Pattern[bytes], line: bytes, missing: object) -> Any:
+    found = pattern.search(line)
+    if found is None:
+        return missing
+    try:
+        return msgspec.json.decode(found.group(1))
+    except msgspec.DecodeError:  # an escape cut in two
+        return missing
 
 
 def _range_lines(
@@ -172,13 +189,12 @@ def _range_lines(
                 yield number, line, line.endswith(b"\n")
 
 
-def _locate_in_json(line: bytes, path: str) -> tuple[str | None, str | None]:
-    """Best-effort episode id and call id for a msgspec error path like `$.agents[0].calls[2].seq`."""
+def _locate_in_json(line: bytes, path: str) -> str | None:
+    """Best-effort call id for a msgspec error path like `$.agents[0].calls[2].seq`."""
     try:
         node: Any = msgspec.json.decode(line)
     except (msgspec.DecodeError, RecursionError):
-        return _episode_id(line), None
-    episode = node.get("id") if isinstance(node, dict) else None
+        return None
     call = None
     previous_key = None
     for key, index in _PATH_PART.findall(path):
@@ -189,9 +205,7 @@ def _locate_in_json(line: bytes, path: str) -> tuple[str | None, str | None]:
         if index and previous_key == "calls" and isinstance(node, dict):
             call = node.get("id")
         previous_key = key or None
-    return (episode if isinstance(episode, str) else None), (
-        call if isinstance(call, str) else None
-    )
+    return call if isinstance(call, str) else None
 
 
 class ReadWithWarnings(Exception):
@@ -261,13 +275,16 @@ def decode_episode_line(line: bytes) -> WireEpisode:
             raise ReadWithWarnings(decode_episode_line(known), found) from None
         text = str(error)
         path = text.rsplit(" - at `", 1)[1].rstrip("`") if " - at `" in text else ""
-        episode, call = _locate_in_json(line, path)
-        raise InputError(Problem(text, episode=episode, call=call, kind="invalid")) from None
+        episode, group = _named(line)
+        call = _locate_in_json(line, path)
+        problem = Problem(text, episode=episode, call=call, kind="invalid", group=group)
+        raise InputError(problem) from None
     except (msgspec.DecodeError, RecursionError) as error:
-        raise InputError(replace(_as_problem(error, line), episode=_episode_id(line))) from None
+        episode, group = _named(line)
+        raise InputError(replace(_as_problem(error, line), episode=episode, group=group)) from None
     if wire.format != FORMAT:
         message = f"format is {wire.format!r}, expected {FORMAT!r}"
-        raise InputError(Problem(message, episode=wire.id, kind="invalid"))
+        raise InputError(Problem(message, episode=wire.id, kind="invalid", group=wire.group))
     return wire
 
 
@@ -289,9 +306,9 @@ def read_rows(
     `decode` may raise msgspec's errors or `InputError`; either becomes a problem located at
     the file and line. Without `diagnostics` the first bad line raises `InputError`; with it,
     bad lines are recorded there and skipped, and reading goes on. A line whose JSON stops
-    short is the trace of a write cut off by a crash: a `truncated` warning, never an error,
-    wherever it is and however it was later ended (by a newline, or by the next episode
-    written straight after it, which is then read).
+    short is the trace of a write cut off (by a crash, or still going on): a `truncated` error
+    naming its line, wherever it is and however it was later ended (by a newline, or by the
+    next episode written straight after it, which is then read), for its episode is lost.
     """
     file = str(path)
     if byte_range is None or byte_range[0] == 0:
@@ -329,12 +346,12 @@ def read_rows(
                 problem = replace(
                     problem,
                     message=(
-                        "truncated final line (no newline, incomplete JSON); ignored"
+                        "truncated final line (no newline, incomplete JSON: cut off mid-write, "
+                        "or still being written); its episode is lost"
                         if not complete
                         else "truncated line (incomplete JSON, cut off mid-write and ended by "
-                        "a later write); ignored"
+                        "a later write); its episode is lost"
                     ),
-                    severity="warning",
                     kind="truncated",
                 )
             report(
@@ -436,7 +453,8 @@ def read_wire_episodes(
 
 
 class InputWarning(UserWarning):
-    """Input that was read with a loss worth knowing about (a truncated final line)."""
+    """Input that was read with something worth knowing about (a field the format does not
+    have, left out)."""
 
 
 def report(error: InputError, diagnostics: Diagnostics | None) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
+from msgspec import UNSET, UnsetType
+
 # Files read under another name than the one they are shown by: the temporary copy of an input
 # that can be read only once (`formats.streams`) is shown as that input.
 _SHOWN_AS: dict[str, str] = {}
@@ -31,6 +33,9 @@ class Problem:
     call: str | None = None
     severity: str = "error"  # "error" or "warning"
     kind: str = "invalid"
+    # The group of the episode it is about (None: the episode has none), where it could be
+    # read: a lost episode's group is not scored as if whole (`UNSET`: not known).
+    group: str | UnsetType | None = UNSET
 
     @property
     def where(self) -> str:
@@ -57,8 +62,8 @@ class InputError(ValueError):
         self.problem = problem
 
     def located(self, **where: object) -> InputError:
-        """The same error with missing coordinates (file, line, episode) filled in."""
-        missing = {k: v for k, v in where.items() if getattr(self.problem, k) is None}
+        """The same error with missing coordinates (file, line, episode, group) filled in."""
+        missing = {k: v for k, v in where.items() if getattr(self.problem, k) in (None, UNSET)}
         return InputError(replace(self.problem, **missing))
 
 

@@ -397,7 +397,8 @@ def _batch_episodes(
         try:
             episode = batch.episode(row)
         except InputError as error:
-            located = error.located(file=file, line=number, episode=batch.ids[row])
+            where = {"file": file, "line": number, "episode": batch.ids[row]}
+            located = error.located(**where, group=batch.groups[row])
             if diagnostics is None:
                 raise located from None
             diagnostics.add(located.problem)
