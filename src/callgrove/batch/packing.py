@@ -172,7 +172,7 @@ def pack(samples: Sequence[Sample], settings: PackSettings) -> PackedBatch:
     longest_first = np.argsort(-lengths, kind="stable")
     plans = [
         _first_fit(members, lengths, settings.seq_len)
-        for members in _deal_to_ranks(longest_first, lengths, settings.ranks)
+        for members in deal_to_ranks(longest_first, lengths, settings.ranks)
     ]
     steps = max(len(plan) for plan in plans)
     empty = np.zeros(0, dtype=np.int64)
@@ -211,8 +211,9 @@ def _overlong(
     ]
 
 
-def _deal_to_ranks(order: np.ndarray, lengths: np.ndarray, ranks: int) -> list[list[int]]:
-    """Longest first, each sample to the rank holding the fewest tokens (ties: lowest rank).
+def deal_to_ranks(order: np.ndarray, lengths: np.ndarray, ranks: int) -> list[list[int]]:
+    """Longest first (`order`), each sample (or any unit of work of `lengths` tokens) to the
+    rank holding the fewest tokens (ties: lowest rank).
 
     When a rank last received a sample it was the lightest, so it ends at most that sample's
     length above any other rank.

@@ -234,6 +234,14 @@ def deal_rows(rows: Sequence[np.ndarray], budget: int) -> list[np.ndarray]:
     return [np.sort(np.asarray(batch, dtype=NODE_DTYPE)) for batch in batches]
 
 
+def trie_nodes(rows: Sequence[np.ndarray]) -> int:
+    """The nodes of one trie over `rows` (what tree-packing them forwards): their tokens less
+    the prefix each shares with its neighbour in lexicographic order."""
+    arrays = [np.asarray(row) for row in rows]
+    _, shared, _ = _sorted_prefixes(arrays, None)
+    return sum(len(row) for row in arrays) - sum(shared)
+
+
 def pack_episode_rows(
     episode_rows: Iterable[EpisodeRows], settings: TreeSettings = TreeSettings()
 ) -> TreeBatch:

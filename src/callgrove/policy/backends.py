@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -171,8 +172,9 @@ def _tiny(
     model: ModelSettings, learner: LearnerSettings, seed: int, with_sampler: bool
 ) -> PolicyBackend:
     from callgrove.train.learner import TinyLearner
+    from callgrove.train.ranks import ranked_or_local
 
-    trainer = TinyLearner(tiny_config(model), learner, seed)
+    trainer = ranked_or_local(partial(TinyLearner, tiny_config(model), seed=seed), learner)
     sampler, chat = _tiny_sampler(model, seed, trainer.weights())
     return PolicyBackend(trainer, sampler if with_sampler else None, chat)  # type: ignore[arg-type]
 

@@ -15,6 +15,7 @@ layers run three (about 12% of a SmolLM2 round on a CPU).
 from __future__ import annotations
 
 import copy
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from callgrove.chat import JinjaFormat
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from callgrove.policy.backends import ModelSettings
+    from callgrove.train.hf_trainer import HFLearner, HFOptions
 
 # `[model] options` a Hugging Face backend reads, with their defaults.
 HF_OPTIONS = {
@@ -148,28 +150,63 @@ def hf_backend(
     model: ModelSettings, learner: LearnerSettings, seed: int, with_sampler: bool
 ) -> PolicyBackend:
     """Learner, sampler (None unless `with_sampler`) and chat format of a Hugging Face model
-    (`model.name`: `hf:PATH` or a packaged name); `model.options` as in `HF_OPTIONS`."""
-    from callgrove.train.hf_trainer import HFLearner, HFOptions, LoraSettings
+    (`model.name`: `hf:PATH` or a packaged name); `model.options` as in `HF_OPTIONS`. With
+    `world_size` ranks the ranks load the model themselves, and this process only samples."""
+    from callgrove.train.hf_trainer import HFLearner, with_lora
+    from callgrove.train.ranks import RankedLearner
 
     options = _options(model)
-    hf_model, tokenizer = _load(model, options, seed)
+    hf_options = _hf_options(options)
+    if learner.world_size > 1:
+        trainer = RankedLearner(
+            partial(hf_learner, model, seed),
+            learner,
+            options=hf_options,
+            preload=["transformers.modeling_utils", *(["peft"] if hf_options.lora else [])],
+        )
+        if not with_sampler:  # it samples elsewhere (`build_policy`): no copy of the model here
+            return PolicyBackend(trainer, None, JinjaFormat.from_tokenizer(_tokenizer(model)))  # type: ignore[arg-type]
+        sampled, tokenizer = _load(model, options, seed)
+        if hf_options.lora:
+            sampled = with_lora(sampled, hf_options.lora)
+    else:
+        hf_model, tokenizer = _load(model, options, seed)
+        trainer = HFLearner(hf_model, learner, hf_options)
+        if not with_sampler:
+            return PolicyBackend(trainer, None, JinjaFormat.from_tokenizer(tokenizer))  # type: ignore[arg-type]
+        # With LoRA the sampler folds the adapters into a copy of its own (`FoldedLora`).
+        sampled = trainer.hf_model if hf_options.lora else copy.deepcopy(trainer.hf_model)
+    lora = FoldedLora(sampled) if hf_options.lora else None
+    sampler = HFSampler(sampled, tokenizer, seed, model.max_batch, lora)
+    if learner.world_size > 1:
+        sampler.set_weights(trainer.weights())  # the ranks' (LoRA adapters start at random)
+    return PolicyBackend(trainer, sampler, JinjaFormat.from_tokenizer(tokenizer))
+
+
+def hf_learner(model: ModelSettings, seed: int, learner: LearnerSettings) -> HFLearner:
+    """A Hugging Face model's learner (what each rank of a `RankedLearner` builds, seeded
+    alike)."""
+    from callgrove.train.hf_trainer import HFLearner
+
+    options = _options(model)
+    hf_model, _ = _load(model, options, seed)
+    return HFLearner(hf_model, learner, _hf_options(options))
+
+
+def _hf_options(options: dict[str, Any]) -> HFOptions:
+    from callgrove.train.hf_trainer import HFOptions, LoraSettings
+
     lora = (
         LoraSettings(rank=int(options["lora_rank"]), alpha=float(options["lora_alpha"]))
         if options["lora_rank"]
         else None
     )
-    trainer = HFLearner(
-        hf_model,
-        learner,
-        HFOptions(lora, bool(options["gradient_checkpointing"])),
-    )
-    chat = JinjaFormat.from_tokenizer(tokenizer)
-    if not with_sampler:  # it samples elsewhere (`build_policy`): no copy of the model here
-        return PolicyBackend(trainer, None, chat)  # type: ignore[arg-type]
-    if lora:
-        sampler = HFSampler(
-            trainer.hf_model, tokenizer, seed, model.max_batch, FoldedLora(trainer.hf_model)
-        )
-    else:
-        sampler = HFSampler(copy.deepcopy(trainer.hf_model), tokenizer, seed, model.max_batch)
-    return PolicyBackend(trainer, sampler, chat)
+    return HFOptions(lora, bool(options["gradient_checkpointing"]))
+
+
+def _tokenizer(model: ModelSettings):
+    from transformers import AutoTokenizer
+
+    from callgrove.train.hf_model import checkpoint_folder, resolve_model
+
+    return AutoTokenizer.from_pretrained(checkpoint_folder(resolve_model(model.name)))

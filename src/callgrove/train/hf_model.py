@@ -193,7 +193,7 @@ class HFPolicyModel(nn.Module):
         if self.dense:
             extra = {"attention_mask": dense_mask(layout, len(token_ids), self.attention, dtype)}
         else:
-            blocks = attention_blocks(layout, self.attention, dtype)
+            blocks = attention_blocks(layout, self.attention, dtype, token_ids.device)
             # The blocks carry the masks; an empty 4-D mask keeps the model from building one.
             extra = {"attention_mask": blocks.placeholder, "callgrove_blocks": blocks}
         output = self.model(

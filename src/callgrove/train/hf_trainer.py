@@ -59,7 +59,7 @@ class HFLearner(ModelLearner):
             # Non-reentrant: recomputation sees the forward's keyword arguments (the blocks).
             model.activation_checkpointing_enable({"use_reentrant": False})
         if options.lora is not None:
-            model = _with_lora(model, options.lora)
+            model = with_lora(model, options.lora)
         super().__init__(HFPolicyModel(model), settings or LearnerSettings())
 
     @property
@@ -145,7 +145,8 @@ def peft_lora_config(lora: LoraSettings):
     )
 
 
-def _with_lora(model: nn.Module, lora: LoraSettings) -> nn.Module:
+def with_lora(model: nn.Module, lora: LoraSettings) -> nn.Module:
+    """`model` wrapped by peft with `lora`'s adapters (only they train)."""
     from peft import get_peft_model
 
     config = peft_lora_config(lora)

@@ -25,7 +25,12 @@ from torch import nn
 
 from callgrove.batch import PackSettings, Sample, pack
 from callgrove.batch.tree import TreeSettings, pack_micro_batches
-from callgrove.train.batches import ModelBatch, micro_batch_model_batch, tree_model_batch
+from callgrove.train.batches import (
+    ModelBatch,
+    micro_batch_model_batch,
+    packed_model_batch,
+    tree_model_batch,
+)
 from callgrove.train.loss import PolicyTerms, policy_terms, supervised_loss
 from callgrove.train.model import TinyConfig, TinyDecoder
 from callgrove.train.settings import LearnerSettings
@@ -33,6 +38,8 @@ from callgrove.train.settings import LearnerSettings
 # A step's phases as `StepReport.seconds` names them: packing the rows into model batches, the
 # forward and backward passes, and gradient clipping with the optimizer's update.
 LEARNER_PHASES = ("batching", "forward_backward", "optimizer")
+# One token and nothing trained: a pass whose gradient is zero (`ModelLearner.accumulate`).
+IDLE_BATCH = packed_model_batch(np.zeros(1, np.int64), np.array([0, 1]), np.zeros(1, np.uint8))
 
 
 @dataclass(slots=True)
@@ -68,13 +75,18 @@ class ModelLearner:
     def __init__(self, model: nn.Module, settings: LearnerSettings = LearnerSettings()):
         self.settings = settings
         self.model = model
-        self.trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
+        self.build_optimizer()
+        self._version = 0
+
+    def build_optimizer(self) -> None:
+        """AdamW over the model's trainable parameters, as they are now (sharding the model
+        replaces them, and a fresh optimizer is built over the shards)."""
+        self.trainable = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
         self.optimizer = torch.optim.AdamW(
             self.trainable.values(),
-            lr=settings.learning_rate,
-            weight_decay=settings.weight_decay,
+            lr=self.settings.learning_rate,
+            weight_decay=self.settings.weight_decay,
         )
-        self._version = 0
 
     @property
     def version(self) -> int:
@@ -108,45 +120,16 @@ class ModelLearner:
         """One optimizer step over `samples`; `FloatingPointError` (and no step) when the loss
         or the gradient is not finite."""
         started = time.perf_counter()
+        reset_peak_memory(self.device)
         with_samples = self.batches_with_samples(samples)
-        batches = [batch for batch, _ in with_samples]
         loss_tokens = sum(s.num_loss_tokens for s in samples)
-        denominator = self._denominator(samples, loss_tokens)
-        self.model.train()
-        self.optimizer.zero_grad(set_to_none=True)
         batched = time.perf_counter()
-        total = 0.0
-        measured = []
-        for batch, rows_of in with_samples:
-            terms = self.loss(batch, denominator)
-            loss = terms if isinstance(terms, torch.Tensor) else terms.loss
-            loss.backward()
-            total += float(loss.detach())
-            if isinstance(terms, PolicyTerms):
-                versions = batch.target_values.get("policy_versions")
-                measured.append(
-                    Measured(
-                        terms,
-                        rows_of[batch.target_rows.numpy()],
-                        None if versions is None else versions.numpy(),
-                    )
-                )
-        grad_norm = 0.0
+        total, measured = self.accumulate(with_samples, step_denominator(self.settings, samples))
         forwarded = time.perf_counter()
-        if batches and loss_tokens:
-            grad_norm = float(
-                torch.nn.utils.clip_grad_norm_(self.trainable.values(), self.settings.max_grad_norm)
-            )
-            if not (math.isfinite(total) and math.isfinite(grad_norm)):
-                # Stepping would write nan into every weight, and all later steps with them.
-                self.optimizer.zero_grad(set_to_none=True)
-                raise FloatingPointError(
-                    f"loss {total} and gradient norm {grad_norm} of {len(samples)} samples are "
-                    "not both finite: no optimizer step taken"
-                )
-            self.optimizer.step()
+        grad_norm = self.update(total, bool(with_samples) and loss_tokens > 0, len(samples))
         self._version += 1
         stepped = time.perf_counter()
+        batches = [batch for batch, _ in with_samples]
         return StepReport(
             loss=total,
             samples=len(samples),
@@ -155,7 +138,7 @@ class ModelLearner:
             row_tokens=sum(b.num_row_tokens for b in batches),
             grad_norm=grad_norm,
             mismatch=mismatch_metrics(measured, samples, self._version - 1),
-            extra=_clip_fraction(measured),
+            extra=clip_fraction(measured) | peak_memory(self.device),
             seconds=dict(
                 zip(
                     LEARNER_PHASES,
@@ -165,10 +148,62 @@ class ModelLearner:
             ),
         )
 
-    def _denominator(self, samples: Sequence[Sample], loss_tokens: int) -> float:
-        if self.settings.objective == "sft" or self.settings.normalisation == "token":
-            return float(max(loss_tokens, 1))
-        return float(max(sum(1 for s in samples if s.num_loss_tokens), 1))
+    @property
+    def device(self) -> torch.device:
+        """Where the model's parameters are (batches are built on the CPU and moved there)."""
+        return next(self.model.parameters()).device
+
+    def accumulate(
+        self,
+        with_samples: Sequence[tuple[ModelBatch, np.ndarray]],
+        denominator: float,
+        idle_passes: int = 0,
+    ) -> tuple[float, list[Measured]]:
+        """Forward and backward every batch, the gradients adding up on the parameters (zeroed
+        first): the summed loss and what each forward measured. `idle_passes` more passes of
+        no loss (a zero gradient) keep a rank with fewer batches in step with the others,
+        whose sharded forwards and backwards it takes part in."""
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        total = 0.0
+        measured = []
+        for batch, rows_of in with_samples:
+            terms = self._backward(batch, denominator)
+            if isinstance(terms, torch.Tensor):
+                total += float(terms.detach())
+                continue
+            total += float(terms.loss.detach())
+            versions = batch.target_values.get("policy_versions")
+            rows = rows_of[batch.target_rows.numpy()]
+            measured.append(Measured.of(terms, rows, None if versions is None else versions))
+        for _ in range(idle_passes):
+            self._backward(IDLE_BATCH, denominator)
+        return total, measured
+
+    def _backward(self, batch: ModelBatch, denominator: float) -> PolicyTerms | torch.Tensor:
+        terms = self.loss(batch.to(self.device), denominator)
+        (terms if isinstance(terms, torch.Tensor) else terms.loss).backward()
+        return terms
+
+    def update(self, total: float, stepping: bool, samples: int) -> float:
+        """Clip the accumulated gradient and take the optimizer step (none unless `stepping`);
+        the gradient's norm before clipping. `total`: the whole step's loss, `samples` its
+        count (for the error)."""
+        if not stepping:
+            return 0.0
+        norm = torch.nn.utils.clip_grad_norm_(self.trainable.values(), self.settings.max_grad_norm)
+        # A sharded model's norm is a DTensor of the whole gradient's norm (`full_tensor`).
+        full = getattr(norm, "full_tensor", None)
+        grad_norm = float(norm if full is None else full())
+        if not (math.isfinite(total) and math.isfinite(grad_norm)):
+            # Stepping would write nan into every weight, and all later steps with them.
+            self.optimizer.zero_grad(set_to_none=True)
+            raise FloatingPointError(
+                f"loss {total} and gradient norm {grad_norm} of {samples} samples are "
+                "not both finite: no optimizer step taken"
+            )
+        self.optimizer.step()
+        return grad_norm
 
     def weights(self) -> dict[str, torch.Tensor]:
         return {name: t.detach().clone() for name, t in self.model.state_dict().items()}
@@ -188,13 +223,41 @@ class ModelLearner:
 
 @dataclass(frozen=True, slots=True)
 class Measured:
-    """What one batch's forward measured on its targets, and whose they are."""
+    """What one batch's forward measured on its targets, and whose they are, as arrays (a rank
+    of a sharded learner sends them to the process that reports the step)."""
 
-    terms: PolicyTerms
+    difference: np.ndarray
+    """float64: the learner's log-probability of each target less the sampler's."""
+    masked: np.ndarray | None
+    """Per target: whether a mismatch correction masked it (None: no correction on)."""
+    clipped: np.ndarray | None
+    """Per target: whether clipping took its gradient away (None: not measured)."""
     samples: np.ndarray
     """The index in the step's samples of each target's row."""
     versions: np.ndarray | None
     """The policy version that sampled each target (None: not carried)."""
+
+    @classmethod
+    def of(cls, terms: PolicyTerms, samples: np.ndarray, versions: torch.Tensor | None) -> Measured:
+        def array(tensor: torch.Tensor) -> np.ndarray:
+            return tensor.detach().cpu().numpy()
+
+        return cls(
+            array(terms.logprobs.double()) - array(terms.sampler_logprobs.double()),
+            None if terms.weights is None else array(terms.weights) == 0,
+            None if terms.clipped is None else array(terms.clipped),
+            samples,
+            None if versions is None else array(versions),
+        )
+
+
+def step_denominator(settings: LearnerSettings, samples: Sequence[Sample]) -> float:
+    """What every micro-batch's loss of a step is divided by, so that they add up to the step's
+    loss: its trained tokens (`token` normalisation, and SFT), or its rows that train something
+    (`sequence`)."""
+    if settings.objective == "sft" or settings.normalisation == "token":
+        return float(max(sum(s.num_loss_tokens for s in samples), 1))
+    return float(max(sum(1 for s in samples if s.num_loss_tokens), 1))
 
 
 def mismatch_metrics(
@@ -210,18 +273,9 @@ def mismatch_metrics(
     hold the policy's change since an older version sampled them."""
     if not measured:
         return {}
-    difference = np.concatenate(
-        [
-            m.terms.logprobs.double().numpy() - m.terms.sampler_logprobs.double().numpy()
-            for m in measured
-        ]
-    )
-    weights = [m.terms.weights for m in measured]
-    masked = (
-        np.concatenate([w.numpy() == 0 for w in weights])
-        if all(w is not None for w in weights)
-        else None
-    )
+    difference = np.concatenate([m.difference for m in measured])
+    masks = [m.masked for m in measured]
+    masked = np.concatenate(masks) if all(m is not None for m in masks) else None
     seats = np.asarray([s.seat for s in samples], dtype=object)[
         np.concatenate([m.samples for m in measured])
     ]
@@ -254,8 +308,21 @@ class TinyLearner(ModelLearner):
         super().__init__(TinyDecoder(config), settings)
 
 
-def _clip_fraction(measured: Sequence[Measured]) -> dict[str, float]:
+def reset_peak_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory(device: torch.device) -> dict[str, float]:
+    """On a GPU, the most memory torch held there since `reset_peak_memory`
+    (`peak_memory_gib`)."""
+    if device.type != "cuda":
+        return {}
+    return {"peak_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30}
+
+
+def clip_fraction(measured: Sequence[Measured]) -> dict[str, float]:
     """The share of trained tokens whose gradient clipping took away (`clip_fraction`)."""
-    cut = [m.terms.clipped for m in measured if m.terms.clipped is not None]
+    cut = [m.clipped for m in measured if m.clipped is not None]
     tokens = sum(len(c) for c in cut)
     return {"clip_fraction": float(sum(int(c.sum()) for c in cut)) / tokens} if tokens else {}

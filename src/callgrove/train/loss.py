@@ -204,7 +204,9 @@ def _mismatch_weights(
         weights = torch.where((weights < low) | (weights > high), 0.0, weights)
     elif settings.mismatch_mask == "row":
         rows = batch.target_rows
-        sums = torch.zeros(batch.num_rows, dtype=log_ratio.dtype).index_add(0, rows, log_ratio)
+        sums = torch.zeros(
+            batch.num_rows, dtype=log_ratio.dtype, device=log_ratio.device
+        ).index_add(0, rows, log_ratio)
         counts = torch.bincount(rows, minlength=batch.num_rows).clamp(min=1)
         row_ratio = torch.exp(sums / counts)[rows]
         weights = torch.where((row_ratio < low) | (row_ratio > high), 0.0, weights)
@@ -218,9 +220,9 @@ def _normalised(
 ) -> torch.Tensor:
     if settings.normalisation == "token":
         return per_token.sum() / (denominator or len(per_token))
-    row_sums = torch.zeros(batch.num_rows, dtype=per_token.dtype).index_add(
-        0, batch.target_rows, per_token
-    )
+    row_sums = torch.zeros(
+        batch.num_rows, dtype=per_token.dtype, device=per_token.device
+    ).index_add(0, batch.target_rows, per_token)
     row_counts = torch.bincount(batch.target_rows, minlength=batch.num_rows)
     training = row_counts > 0
     row_means = row_sums[training] / row_counts[training]
@@ -241,7 +243,6 @@ def supervised_loss(
 
 def _nothing_trained(model: TinyDecoder, batch: ModelBatch) -> torch.Tensor:
     """A zero loss still tied to the model (a backward pass through it is then a no-op)."""
-    logits = model(
-        batch.token_ids, batch.position_ids, batch.layout, at=torch.zeros(1, dtype=torch.long)
-    )
+    first = torch.zeros(1, dtype=torch.long, device=batch.token_ids.device)
+    logits = model(batch.token_ids, batch.position_ids, batch.layout, at=first)
     return logits.sum() * 0.0

@@ -83,6 +83,10 @@ class LearnerSettings(LossSettings, kw_only=True, frozen=True, forbid_unknown_fi
     objective: str = "rl"
     """`rl` (episodes of `[env]`, the clipped policy-gradient loss) or `sft` (the episodes of
     `[data]`, cross-entropy on their assistant tokens)."""
+    world_size: int = 1
+    """Processes the learner trains in: 1, this one; N > 1, N ranks of torch.distributed that
+    the learner starts (gloo on the CPU), the model sharded across them by FSDP2 and each step's
+    rows dealt among them; the update is the one process's (`callgrove.train.ranks`)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -93,3 +97,4 @@ class LearnerSettings(LossSettings, kw_only=True, frozen=True, forbid_unknown_fi
         check_range("weight_decay", self.weight_decay, at_least=0)
         check_range("max_grad_norm", self.max_grad_norm, above=0)
         check_range("seq_len", self.seq_len, at_least=1)
+        check_range("world_size", self.world_size, at_least=1)
