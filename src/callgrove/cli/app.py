@@ -28,7 +28,7 @@ from rich.text import Text
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 from typer.models import DefaultPlaceholder
 
-from callgrove.cli.kinds import VERIFIERS_FILE, harness_hint
+from callgrove.cli.kinds import VERIFIERS_FILE, folder_hint, not_episodes_hint
 from callgrove.episode import Episode, format_for, load_located
 from callgrove.formats.output import check_output
 from callgrove.formats.problems import Diagnostics, InputError
@@ -224,16 +224,14 @@ def episode_inputs(files: list[Path], invocations: Path | None = None) -> list[P
     inputs = []
     for given in files:
         path = read_once(given)
+        without = folder_without_episodes(path)
+        if without is not None:
+            _usage(f"{given}: {without}")
         if path.is_dir() and (path / VERIFIERS_FILE).is_file():
             path = path / VERIFIERS_FILE
-        elif path.is_dir() and not any(path.glob(f"*{TOKENS_SUFFIX}")):
-            _usage(
-                f"{path}: a folder holding neither a verifiers {VERIFIERS_FILE} nor NeMo Gym "
-                f"*{TOKENS_SUFFIX} files"
-            )
         elif not path.exists():
             _usage(f"{path}: no such file")
-        hint = harness_hint(path)
+        hint = not_episodes_hint(path)
         if hint is not None:
             _usage(f"{given}: {hint}")
         if path.is_file() and path.stat().st_size == 0:
@@ -246,6 +244,19 @@ def episode_inputs(files: list[Path], invocations: Path | None = None) -> list[P
         if not read_once(invocations).is_file():
             _usage(f"--invocations {invocations}: no such file")
     return inputs
+
+
+def folder_without_episodes(path: Path) -> str | None:
+    """For a folder that holds neither a verifiers results file nor NeMo Gym captures (the
+    folders read as episodes): what it is, where that is known."""
+    if not path.is_dir() or (path / VERIFIERS_FILE).is_file():
+        return None
+    if any(path.glob(f"*{TOKENS_SUFFIX}")):
+        return None
+    neither = (
+        f"a folder holding neither a verifiers {VERIFIERS_FILE} nor NeMo Gym *{TOKENS_SUFFIX} files"
+    )
+    return folder_hint(path) or neither
 
 
 def read_once(path: Path) -> Path:

@@ -35,6 +35,7 @@ from callgrove.cli.app import (
     OutputOption,
     app,
     err,
+    folder_without_episodes,
     one_output,
     progress_bar,
     read_once,
@@ -42,7 +43,7 @@ from callgrove.cli.app import (
     require_output,
     safe,
 )
-from callgrove.cli.kinds import VERIFIERS_FILE, harness_hint
+from callgrove.cli.kinds import VERIFIERS_FILE, not_episodes_hint
 from callgrove.cli.scoring import (
     AlgorithmOption,
     DecayOption,
@@ -185,6 +186,10 @@ def convert_command(
     """
     out = one_output(out, out_option)
     source = read_once(source)
+    without = folder_without_episodes(source)
+    if without is not None:
+        err.print(f"error: {safe(shown_file(source))}: {safe(without)}")
+        raise typer.Exit(EXIT_USAGE)
     invocations, onto = (None if p is None else read_once(p) for p in (invocations, onto))
     from_ = from_ or _infer_source(source)
     to = to or _infer_target(out, onto)
@@ -248,7 +253,7 @@ def _diagnostics(drop_unknown: bool) -> Diagnostics:
 def _infer_source(source: Path) -> Source:
     """What IN holds, as the episode format registry reads it; a harness transcript or a
     path that is not there is a usage error."""
-    hint = harness_hint(source)
+    hint = not_episodes_hint(source)
     if hint is not None or not source.exists():
         err.print(f"error: {safe(shown_file(source))}: {safe(hint or 'no such file or folder')}")
         raise typer.Exit(EXIT_USAGE)

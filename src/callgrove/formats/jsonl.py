@@ -32,7 +32,7 @@ if sys.version_info >= (3, 14):
 else:
     from backports import zstd
 
-from callgrove.formats.looks import HEAD_BYTES, not_json_lines
+from callgrove.formats.looks import HEAD_BYTES, LINES_LOOKED_AT, not_json_lines
 from callgrove.formats.output import NewFile, open_locked_append
 from callgrove.formats.problems import Diagnostics, InputError, Problem
 from callgrove.formats.streams import readable
@@ -300,8 +300,13 @@ def read_rows(
     decode: Callable[[bytes], Row],
     diagnostics: Diagnostics | None = None,
     byte_range: tuple[int, int] | None = None,
+    other_kind: Callable[[bytes], tuple[str, int] | None] | None = None,
 ) -> Iterator[tuple[int, Row]]:
     """Stream `(line number, decode(line))` from any JSON Lines file.
+
+    A file that is not JSON Lines, or whose first lines `other_kind` (given the file's head)
+    finds to be records of another kind, is one problem for the file (saying what it holds
+    and at which line), not an error per line.
 
     `decode` may raise msgspec's errors or `InputError`; either becomes a problem located at
     the file and line. Without `diagnostics` the first bad line raises `InputError`; with it,
@@ -312,12 +317,13 @@ def read_rows(
     """
     file = str(path)
     if byte_range is None or byte_range[0] == 0:
-        looks = not_json_lines(_head(path))
+        head = _head(path)
+        looks, kind = not_json_lines(head), "not_json_lines"
+        if looks is None and other_kind is not None:
+            looks, kind = other_kind(head), "other_kind"
         if looks is not None:  # one message for the file, not an error per line
             what, line = looks
-            report(
-                InputError(Problem(what, file=file, line=line, kind="not_json_lines")), diagnostics
-            )
+            report(InputError(Problem(what, file=file, line=line, kind=kind)), diagnostics)
             return
     lines = iter_lines(path, byte_range)
     while True:
@@ -449,7 +455,41 @@ def read_wire_episodes(
     byte_range: tuple[int, int] | None = None,
 ) -> Iterator[tuple[int, WireEpisode]]:
     """Stream `(line number, WireEpisode)` from an episode file (see `read_rows`)."""
-    return read_rows(path, decode_episode_line, diagnostics, byte_range)
+    return read_rows(path, decode_episode_line, diagnostics, byte_range, _not_episodes)
+
+
+def _not_episodes(head: bytes) -> tuple[str, int] | None:
+    """For JSON Lines whose first records are objects none of which has a `format` field
+    (rows, samples, a gateway's calls, metrics): what they hold, and the first one's line;
+    None for episodes, and for lines the reader should judge one by one."""
+    records: list[tuple[int, dict[str, Any]]] = []
+    pieces = head.split(b"\n")
+    for number, raw in enumerate(pieces, start=1):
+        if not raw.strip():
+            continue
+        try:
+            value = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            if number == len(pieces) and records:
+                break  # the line the head cuts
+            return None
+        if not isinstance(value, dict) or "format" in value:
+            return None
+        records.append((number, value))
+        if len(records) == LINES_LOOKED_AT:
+            break
+    if not records:
+        return None
+    number, first = records[0]
+    keys = ", ".join(list(first)[:_KEYS_SHOWN]) + (", ..." if len(first) > _KEYS_SHOWN else "")
+    message = (
+        f"JSON Lines of another kind, not {FORMAT} episodes: no record has a `format` field "
+        f"(the first holds {keys or 'nothing'})"
+    )
+    return message, number
+
+
+_KEYS_SHOWN = 8
 
 
 class InputWarning(UserWarning):
