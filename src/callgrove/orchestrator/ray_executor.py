@@ -8,10 +8,17 @@ call to the sampler actor. The driver's sampler is the actor's, through its hand
 actor's sampler state, and after each optimizer step the new weights go into the object store
 once and the sampler actor loads them between decoding rounds.
 
+`ray.address` empty starts a Ray of this machine for the run (`LocalCluster`): a process of its
+own, in a session of its own, starts it and holds it, and a guard ends that session (every Ray
+process started for the run) once the driver is gone, however it ends. (`ray.init` in the driver
+leaves Ray's agents running for a minute or more after a driver killed with SIGKILL, two more
+after each kill.)
+
 Episodes come back as their `callgrove.episode/1` JSON line (prompts compacted), so what
 crosses the wire is the record itself. Cancelling an episode in the driver cancels it on its
-worker, which still returns it (with its kept calls and a `Cancelled` error). `ray.address`
-empty starts a local Ray; otherwise it names a cluster (`auto`, `ray://host:10001`).
+worker, which still returns it (with its kept calls and a `Cancelled` error). A non-empty
+`ray.address` names a cluster to join (`auto`, `ray://host:10001`), which the run leaves as it
+found it.
 
 With `[model.vllm]` the sampler actor's vLLM sampler starts each server inside a
 `VllmServerActor`, which owns the server's process, reports its URL and stops it with itself
@@ -27,6 +34,9 @@ import asyncio
 import contextlib
 import itertools
 import os
+import subprocess
+import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -41,8 +51,10 @@ from callgrove.formats.wire import episode_decoder
 from callgrove.orchestrator.config import TrainConfig
 from callgrove.orchestrator.env import EpisodeLoop
 from callgrove.orchestrator.envs import make_env
+from callgrove.orchestrator.errors import RunError
 from callgrove.policy import Completion, SamplingParams
 from callgrove.policy.backends import build_policy
+from callgrove.policy.guard import end_group, guard_group
 from callgrove.policy.vllm import VllmServer, VllmSettings
 
 
@@ -234,32 +246,93 @@ def _config(raw: dict[str, Any]) -> TrainConfig:
     return config_from_dict(raw, source="driver config")
 
 
+# The process that starts and holds a run's Ray (`LocalCluster`): it prints the cluster's
+# address, then waits to be ended with it.
+_HOLD_RAY = """
+import threading, ray
+ray.init(address="local", include_dashboard=False, log_to_driver=False, configure_logging=False)
+print(ray.get_runtime_context().gcs_address, flush=True)
+threading.Event().wait()
+"""
+
+
+class LocalCluster:
+    """A Ray of this machine for one run, started and held by a process in a session of its own,
+    which a guard ends, with every process Ray started in it, once the driver is gone."""
+
+    def __init__(self, holder: subprocess.Popen[bytes], address: str):
+        self.holder = holder
+        self.address = address
+
+    @classmethod
+    def start(cls) -> LocalCluster:
+        # What `ray.init` does in a process that starts a Ray: token authentication on (saving a
+        # token if there is none) unless RAY_AUTH_MODE says otherwise; the holder inherits it,
+        # and this process connects with it.
+        from ray._private.authentication.authentication_token_setup import (
+            enable_token_auth_by_default,
+        )
+
+        enable_token_auth_by_default()
+        with tempfile.TemporaryFile() as log:
+            holder = subprocess.Popen(
+                [sys.executable, "-c", _HOLD_RAY],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                start_new_session=True,  # its group is Ray's processes, which the guard ends
+            )
+            guard_group(holder.pid)
+            assert holder.stdout is not None
+            address = holder.stdout.readline().decode().strip()
+            if not address:
+                holder.wait()
+                log.seek(0)
+                tail = log.read()[-2000:].decode(errors="replace").strip()
+                raise RunError(f"Ray did not start (exit code {holder.returncode}): {tail}")
+        return cls(holder, address)
+
+    def stop(self) -> None:
+        end_group(self.holder.pid, grace=10.0)
+        self.holder.wait()
+
+
 class RayExecutor:
     """The driver's handle on the actors: the sampler actor (`sampler`), started before the
     driver builds its learner, then the environment workers (an `EpisodeRunner`)."""
 
-    def __init__(self, config: TrainConfig, sampler: RaySampler, started_ray: bool):
+    def __init__(
+        self,
+        config: TrainConfig,
+        sampler: RaySampler,
+        connected: bool,
+        cluster: LocalCluster | None,
+    ):
+        """`connected`: whether this run connected this process to Ray (and disconnects it);
+        `cluster`: the run's own Ray, if it started one."""
         self.config = config
         self.sampler = sampler
         self.workers: list[Any] = []
         self._next: Iterator[Any] = iter(())
-        self._started_ray = started_ray
+        self._connected = connected
+        self._cluster = cluster
 
     @classmethod
     def start(cls, config: TrainConfig) -> RayExecutor:
-        """Ray (started here unless running) and the sampler actor."""
-        started = False
-        if not ray.is_initialized():
+        """Ray (this run's own, unless `ray.address` names a cluster or this process is
+        connected to one already) and the sampler actor."""
+        cluster, connected = None, not ray.is_initialized()
+        if connected:
             env_vars = {k: os.environ[k] for k in ("PYTHONPATH",) if k in os.environ}
-            ray.init(
-                address=config.ray.address or None,
-                include_dashboard=False,
-                log_to_driver=False,
-                configure_logging=False,
-                runtime_env={"env_vars": env_vars} if env_vars else None,
-            )
-            started = True
-        return cls(config, RaySampler(SamplerActor.remote(_raw(config))), started)
+            options: dict[str, Any] = {
+                "log_to_driver": False,
+                "configure_logging": False,
+                "runtime_env": {"env_vars": env_vars} if env_vars else None,
+            }
+            if not config.ray.address:
+                cluster = LocalCluster.start()
+            ray.init(address=cluster.address if cluster else config.ray.address, **options)
+        return cls(config, RaySampler(SamplerActor.remote(_raw(config))), connected, cluster)
 
     def start_workers(self, chat: Any, params: SamplingParams) -> None:
         self.workers = [
@@ -283,5 +356,7 @@ class RayExecutor:
             ray.get(self.sampler.actor.close.remote())
         for actor in [*self.workers, self.sampler.actor]:
             ray.kill(actor)
-        if self._started_ray:
+        if self._connected:
             ray.shutdown()
+        if self._cluster is not None:
+            self._cluster.stop()
