@@ -20,7 +20,6 @@ agree to float32 rounding, not float64's. Measured: 2e-9 to 5e-8 relative on the
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import importlib.util
 import sys
@@ -41,11 +40,10 @@ from callgrove.interop.openrlhf import (
     to_experience,
 )
 
+from .dual_clip import Case, assert_agrees, clip_shares, far_stale
 from .reference_loss import Agreement, Clip, agreement, reference_loss
-from .test_verl import ClipShares, clip_shares, far_stale
 from .trainer_samples import SOURCES, plain_copy, reference_model, trainer_samples
 
-TOLERANCE = 1e-5
 PAD = 0
 SEED = 5
 MICRO_TRAIN_BATCH_SIZE = 4  # --train.micro_batch_size: several micro-batches per step
@@ -178,13 +176,6 @@ def train_step(model: torch.nn.Module, experience, args) -> tuple[torch.Tensor, 
     return total, steps
 
 
-@dataclasses.dataclass(frozen=True)
-class Case:
-    agreement: Agreement
-    shares: ClipShares
-    micro_batches: int
-
-
 def run_case(
     source: str, temperature: float, loss_agg_mode: str = "token-mean", **settings
 ) -> Case:
@@ -214,14 +205,6 @@ def measure(source: str, temperature: float) -> Agreement:
     """OpenRLHF's actor loss against the reference on `source`'s samples at `temperature`:
     token-mean, dual clip 3, no train / rollout correction."""
     return run_case(source, temperature).agreement
-
-
-def assert_agrees(case: Case) -> None:
-    assert 0 < case.shares.clipped < 1
-    assert case.shares.dual_clipped > 0, "no ratio reached the dual clip"
-    assert case.micro_batches > 1
-    assert case.agreement.loss <= TOLERANCE, case.agreement
-    assert case.agreement.gradient <= TOLERANCE, case.agreement
 
 
 @pytest.mark.hf

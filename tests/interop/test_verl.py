@@ -22,7 +22,6 @@ trainer's sdpa copy, one sample at a time, is 8e-10 / 1.9e-8 from the reference'
 from __future__ import annotations
 
 import copy
-import dataclasses
 import functools
 from functools import partial
 from pathlib import Path
@@ -35,52 +34,16 @@ from callgrove.batch.samples import Sample
 from callgrove.formats.problems import InputError
 from callgrove.interop.verl import check_verl_config, to_data_proto
 
-from .reference_loss import Agreement, Clip, agreement, reference_loss, token_terms
+from .dual_clip import Case, assert_agrees, clip_shares, far_stale
+from .reference_loss import Agreement, Clip, agreement, reference_loss
 from .trainer_samples import SOURCES, plain_copy, reference_model, trainer_samples
 
-TOLERANCE = 1e-5
 PAD = 0
 SEED = 5
 NORMALISATION = {"token-mean": "token", "seq-mean-token-mean": "sequence"}
 # Small enough that every batch splits into several micro-batches (the loss is normalised
 # over the mini-batch, not per micro-batch), large enough for the longest sample.
 MAX_TOKENS_PER_MICRO_BATCH = 256
-# The sampling logprob of every third negative-advantage trained token is lowered by log 5,
-# so its ratio (about 5) passes the default dual clip of 3.
-FAR_STALE = float(np.log(5.0))
-
-
-def far_stale(samples: list[Sample]) -> list[Sample]:
-    """The samples with some negative-advantage tokens sampled far from the current policy
-    (ratio about 5): the dual clip bounds their terms. The others stay within +-0.3."""
-    out = []
-    for sample in samples:
-        negative = np.flatnonzero((sample.loss_mask == 1) & (sample.advantages < 0))
-        logprobs = sample.logprobs.copy()
-        logprobs[negative[::3]] -= np.float32(FAR_STALE)
-        out.append(dataclasses.replace(sample, logprobs=logprobs))
-    return out
-
-
-@dataclasses.dataclass(frozen=True)
-class ClipShares:
-    clipped: float
-    """Share of trained tokens whose term a clip changes (PPO's or the dual one)."""
-    dual_clipped: float
-    """Share whose term the dual clip bounds."""
-
-
-def clip_shares(model: torch.nn.Module, samples: list[Sample], clip: Clip) -> ClipShares:
-    """Which clips the samples' ratios reach under `clip`, from one forward pass: each
-    unclipped term is -ratio x advantage."""
-    with torch.no_grad():
-        terms = torch.cat([token_terms(model, s, Clip(1e9, 1e9)) for s in samples]).numpy()
-    advantages = np.concatenate([s.advantages[1:][s.loss_mask[1:] == 1] for s in samples])
-    ratios = -terms / advantages
-    positive, negative = advantages > 0, advantages < 0
-    dual = negative & (ratios > clip.dual_clip)
-    clipped = (positive & (ratios > 1 + clip.clip_high)) | (negative & (ratios < 1 - clip.clip_low))
-    return ClipShares(float((clipped | dual).mean()), float(dual.mean()))
 
 
 @functools.cache
@@ -231,13 +194,6 @@ def update_actor(model: torch.nn.Module, batch, config) -> tuple[torch.Tensor, i
     return forward_backward(engine, mini_batch, partial(ppo_loss, config=settings))
 
 
-@dataclasses.dataclass(frozen=True)
-class Case:
-    agreement: Agreement
-    shares: ClipShares
-    micro_batches: int
-
-
 def run_case(
     source: str, temperature: float, loss_agg_mode: str = "token-mean", unpadded: bool = True
 ) -> Case:
@@ -268,14 +224,6 @@ def measure(source: str, temperature: float) -> Agreement:
     """verl's actor loss against the reference on `source`'s samples at `temperature`: verl's
     default config (token-mean, dual clip 3), unpadded micro-batches."""
     return run_case(source, temperature).agreement
-
-
-def assert_agrees(case: Case) -> None:
-    assert 0 < case.shares.clipped < 1
-    assert case.shares.dual_clipped > 0, "no ratio reached the dual clip"
-    assert case.micro_batches > 1
-    assert case.agreement.loss <= TOLERANCE, case.agreement
-    assert case.agreement.gradient <= TOLERANCE, case.agreement
 
 
 @pytest.mark.hf
