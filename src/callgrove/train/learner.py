@@ -244,7 +244,7 @@ class Measured:
 
         return cls(
             array(terms.logprobs.double()) - array(terms.sampler_logprobs.double()),
-            None if terms.weights is None else array(terms.weights) == 0,
+            None if terms.weights is None else array(terms.weights == 0),
             None if terms.clipped is None else array(terms.clipped),
             samples,
             None if versions is None else array(versions),
