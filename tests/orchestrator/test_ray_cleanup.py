@@ -1,15 +1,18 @@
 """A `callgrove train --executor ray` killed with SIGKILL leaves no process of the Ray it started
-running: its holder, Ray's servers, agents and workers all end within a bounded time."""
+running: its holder, Ray's servers, agents and workers all end within a bounded time. An actor of
+the run that dies stops it with a one-line error naming what died, and the run resumes."""
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from .train_process import kill_after, start, write_config
+from .train_process import finish, kill_after, start, steps_done, write_config
 
 pytestmark = pytest.mark.processes
 
@@ -69,3 +72,28 @@ def test_no_ray_process_outlives_a_driver_killed_with_sigkill(tmp_path):
     while running(ray_processes) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not running(ray_processes), f"outlived the driver: {running(ray_processes)}"
+
+
+def test_the_sampler_actor_dying_stops_the_run_with_one_line_and_it_resumes(tmp_path):
+    out = tmp_path / "run"
+    config = write_config(tmp_path / "c.toml", out, 6, "[ray]\nenv_workers = 2")
+    driver = start(config, "--executor", "ray", stderr=subprocess.PIPE)
+    try:
+        kill_after(driver, out, 1, how=signal.SIGCONT)  # a step done, the run goes on
+        (sampler,) = [
+            pid
+            for (pid, _), command in process_tree(driver.pid).items()
+            if command.startswith("ray::SamplerActor")
+        ]
+        os.kill(sampler, signal.SIGKILL)
+        _, stderr = driver.communicate(timeout=120)
+    finally:
+        driver.kill()
+    message = stderr.decode().strip().splitlines()[-1]
+    assert driver.returncode == 1, stderr.decode()[-3000:]
+    assert "Traceback" not in stderr.decode(), stderr.decode()[-3000:]
+    assert message.startswith("error: ") and "sampler actor" in message and "died" in message
+    finished = steps_done(out)
+    assert finished < 6
+    finish(config, "--executor", "ray")
+    assert steps_done(out) == 6

@@ -174,19 +174,36 @@ class RemotePolicy:
         return sample
 
 
+@contextlib.contextmanager
+def actor_of_the_run(what: str) -> Iterator[None]:
+    """An actor of the run that died (killed, crashed, or failed to start) stops the run with
+    one line naming it."""
+    try:
+        yield
+    except ray.exceptions.RayActorError as error:
+        reason = (str(error).strip().splitlines() or ["no reason given"])[0].rstrip(".")
+        raise RunError(
+            f"Ray's {what} died ({reason}); the run stops here: run the same command again to "
+            "continue from its last checkpoint"
+        ) from None
+
+
 class RaySampler(RemotePolicy):
     """The driver's sampler: the sampler actor's, through its handle (a `TrainableSampler`);
     its version is the one last pushed, which the dispatcher counts a step's lag from."""
 
     async def load_weights(self, weights: Any, version: int) -> None:
-        await self.actor.load_weights.remote(ray.put(weights), version)
+        with actor_of_the_run("sampler actor"):
+            await self.actor.load_weights.remote(ray.put(weights), version)
         self._version = version
 
     def state_dict(self) -> dict[str, Any]:
-        return ray.get(self.actor.state_dict.remote())
+        with actor_of_the_run("sampler actor"):
+            return ray.get(self.actor.state_dict.remote())
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        ray.get(self.actor.load_state_dict.remote(state))
+        with actor_of_the_run("sampler actor"):
+            ray.get(self.actor.load_state_dict.remote(state))
 
 
 @ray.remote
@@ -343,12 +360,13 @@ class RayExecutor:
 
     async def run_episode(self, episode: Episode, task: Any) -> Episode:
         worker = next(self._next)
-        reference = worker.run.remote(episode.id, episode.group, task)
-        try:
-            line = await reference
-        except asyncio.CancelledError:
-            await worker.cancel.remote(episode.id)
-            line = await reference
+        with actor_of_the_run(f"environment worker {self.workers.index(worker)}"):
+            reference = worker.run.remote(episode.id, episode.group, task)
+            try:
+                line = await reference
+            except asyncio.CancelledError:
+                await worker.cancel.remote(episode.id)
+                line = await reference
         return episode_from_wire(episode_decoder.decode(line))
 
     def close(self) -> None:
