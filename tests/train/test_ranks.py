@@ -9,11 +9,13 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections import Counter
 from dataclasses import replace
 from functools import partial
+from pathlib import Path
 
 import msgspec
 import numpy as np
@@ -223,8 +225,9 @@ def test_a_step_whose_loss_is_not_finite_is_refused_by_every_rank_and_the_learne
 
 def test_a_run_whose_rank_is_killed_stops_naming_it_and_the_same_command_resumes(tmp_path):
     """`callgrove train` with `world_size = 2`: a rank killed after step 2 ends the run with
-    exit 1 and one error naming the rank, no traceback; the same command then finishes the
-    run, every group, episode and call trained exactly once."""
+    exit 1 and one error naming the rank, no traceback; the same command (here with the
+    learner in one process) then finishes the run, every group, episode and call trained
+    exactly once."""
     steps = 4
     out = tmp_path / "run"
     config = write_config(tmp_path / "c.toml", out, steps, "[train]\nworld_size = 2")
@@ -250,7 +253,7 @@ def test_a_run_whose_rank_is_killed_stops_naming_it_and_the_same_command_resumes
     ), message
     assert steps_done(out) < steps
     assert_gone([p.pid for p in ranks])
-    finish(config)
+    finish(config, "--set", "train.world_size=1")  # the ranks' checkpoint, in one process
     result = account(out, steps)
     for kind in ("episodes", "groups", "calls"):
         assert set(result[kind].values()) == {1}, f"{kind} trained twice"
@@ -266,6 +269,36 @@ def learner_ranks(pid: int) -> list[psutil.Process]:
         except psutil.NoSuchProcess:  # a short-lived helper, gone meanwhile
             continue
     return []
+
+
+# A process holding a learner of two ranks, which it names, until it is killed.
+DRIVER = """
+import sys, time
+sys.path.insert(0, {tests!r})
+from train import ranked_builds
+from callgrove.train.ranks import RankedLearner
+from callgrove.train.settings import LearnerSettings
+learner = RankedLearner(ranked_builds.tiny, LearnerSettings(world_size=2), timeout_s=60)
+print(*learner.pids, flush=True)
+time.sleep(600)
+"""
+
+
+def test_the_ranks_and_their_forkserver_end_when_their_driver_is_killed():
+    program = DRIVER.format(tests=str(Path(__file__).resolve().parents[1]))
+    driver = subprocess.Popen([sys.executable, "-c", program], stdout=subprocess.PIPE)
+    watchdog = threading.Timer(240, driver.kill)
+    watchdog.start()
+    try:
+        ranks = [int(pid) for pid in driver.stdout.readline().split()]
+        forkservers = [p.pid for p in psutil.Process(driver.pid).children() if p.pid not in ranks]
+        driver.send_signal(signal.SIGKILL)
+        driver.wait(10)
+    finally:
+        watchdog.cancel()
+        driver.kill()
+    assert len(ranks) == 2
+    assert_gone(ranks + forkservers)
 
 
 def test_world_size_is_checked_with_the_settings():

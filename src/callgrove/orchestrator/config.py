@@ -190,7 +190,8 @@ def config_from_dict(raw: dict[str, Any], source: str = "config") -> TrainConfig
 
 
 # What a resumed run may set otherwise than the run it continues: how far it goes, where and how
-# it runs, what it reports. Anything else would make the steps before and after disagree.
+# it runs (the learner's ranks included: their step is the one process's), what it reports.
+# Anything else would make the steps before and after disagree.
 CHANGEABLE_ON_RESUME = (
     "run.steps",
     "run.out",
@@ -198,6 +199,7 @@ CHANGEABLE_ON_RESUME = (
     "run.eval_every",
     "run.eval_repeats",
     "run.keep_freed_memory",
+    "train.world_size",
     "monitor.*",
     "ray.*",
 )
