@@ -108,6 +108,8 @@ def _open(
     name: str, waiting: Callable[[str], None] | None
 ) -> contextlib.AbstractContextManager[IO[bytes]]:
     if name == STDIN:
+        if waiting is not None and sys.stdin.isatty():
+            waiting("reading episodes from the terminal: end them with Ctrl-D")
         return contextlib.nullcontext(sys.stdin.buffer)  # read, never closed: it is the process's
     if not stat.S_ISFIFO(os.stat(name).st_mode):
         return open(name, "rb")
