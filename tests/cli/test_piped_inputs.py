@@ -132,6 +132,11 @@ def test_problems_in_a_pipe_name_the_pipe_and_line(tmp_path):
     assert result.exit_code == 1
     assert f"error: {pipe}:2: episode x: not valid JSON" in result.stderr
     assert "callgrove-inputs" not in result.output  # never the temporary copy's name
+    with piped(data + b"\n") as pipe:
+        stopped = run("stats", pipe)
+    assert stopped.exit_code == 1
+    assert f"stopped at the first unusable line ({pipe}:2)" in stopped.stderr
+    assert "callgrove-inputs" not in stopped.output
 
 
 def test_the_python_reader_reads_a_pipe_whole():

@@ -524,12 +524,9 @@ def stats_command(
         # run stopped there, and the message says where.
         first = diagnostics.problems.index(diagnostics.errors[0])
         _report(Diagnostics(diagnostics.problems[: first + 1]))
-        where = ":".join(
-            str(p) for p in (diagnostics.errors[0].file, diagnostics.errors[0].line) if p
-        )
         err.print(
-            f"stopped at the first unusable line ({safe(where)}); --skip-bad skips such lines "
-            "and goes on"
+            f"stopped at the first unusable line ({safe(diagnostics.errors[0].where)}); "
+            "--skip-bad skips such lines and goes on"
         )
     else:
         _report(diagnostics)

@@ -83,7 +83,8 @@ def format_for(
         if name not in FORMATS:
             raise ValueError(f"unknown episode format {name!r}; known: {', '.join(FORMATS)}")
         return FORMATS[name]
-    path = readable(path)
+    # An input read once is told by its copy; an output's name is never read (sniff=False).
+    path = readable(path) if sniff else Path(path)
     if path.is_dir():
         folders = [f for f in FORMATS.values() if f.folder]
         if folders:
