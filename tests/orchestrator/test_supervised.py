@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from callgrove.cli import app
 from callgrove.orchestrator.config import ConfigError, load_config
+from callgrove.orchestrator.errors import RunError
 from callgrove.orchestrator.loop import train
 from callgrove.orchestrator.supervised import cut, step_samples
 from callgrove.transcripts import import_codex
@@ -154,6 +155,16 @@ def test_what_cannot_be_trained_is_an_error_or_counted(tiny_model, tmp_path):
                 **{"data.allow_dropped_content": False, "data.paths": [str(CODEX_FORK.parent)]},
             )
         )
+
+
+@pytest.mark.parametrize("batching", [{"train.batching": "packed"}, {"train.tree_scope": "step"}])
+def test_rows_longer_than_seq_len_are_refused_before_any_step(tiny_model, tmp_path, batching):
+    """The data are read at the start, so a row longer than a micro-batch's bound is known then:
+    one line naming it, and no step taken."""
+    config = sft_config(tiny_model, tmp_path / "run", 2, **{"train.seq_len": 32, **batching})
+    with pytest.raises(RunError, match=r"data.paths: episode .* row \d+ is 96 tokens, longer than"):
+        train(config)
+    assert not (tmp_path / "run" / "checkpoint.pt").exists()
 
 
 def test_codex_files_given_as_a_list_import_like_their_folder():

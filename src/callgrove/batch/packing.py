@@ -185,20 +185,46 @@ def pack(samples: Sequence[Sample], settings: PackSettings) -> PackedBatch:
     return PackedBatch(ranks, truncations, settings)
 
 
-def _overlong(
-    samples: Sequence[Sample], lengths: np.ndarray, settings: PackSettings
-) -> list[Truncation]:
-    over = np.flatnonzero(lengths > settings.seq_len)
-    if over.size and settings.overlong == "error":
+class OverlongError(ValueError):
+    """Samples longer than `seq_len`: how many, and the longest (`episode`, `row`, `tokens`)."""
+
+    def __init__(
+        self,
+        samples: Sequence[Sample],
+        over: np.ndarray,
+        lengths: np.ndarray,
+        seq_len: int,
+        hint: str = "",
+    ):
+        longest = int(over[np.argmax(lengths[over])])
+        self.count = int(over.size)
+        self.episode, self.row = samples[longest].episode, samples[longest].row
+        self.tokens, self.seq_len = int(lengths[longest]), seq_len
         named = ", ".join(
             f"episode {samples[i].episode} row {samples[i].row} ({lengths[i]} tokens)"
             for i in over[:5]
         )
         more = f" and {over.size - 5} more" if over.size > 5 else ""
-        raise ValueError(
-            f"{over.size} samples are longer than seq_len {settings.seq_len}: {named}{more} "
-            "(overlong='truncate' cuts them)"
+        super().__init__(
+            f"{over.size} samples are longer than seq_len {seq_len}: {named}{more}{hint}"
         )
+
+
+def refuse_overlong(samples: Sequence[Sample], seq_len: int) -> None:
+    """An `OverlongError` if any sample is longer than `seq_len` tokens."""
+    lengths = np.fromiter((s.num_tokens for s in samples), dtype=np.int64, count=len(samples))
+    over = np.flatnonzero(lengths > seq_len)
+    if over.size:
+        raise OverlongError(samples, over, lengths, seq_len)
+
+
+def _overlong(
+    samples: Sequence[Sample], lengths: np.ndarray, settings: PackSettings
+) -> list[Truncation]:
+    over = np.flatnonzero(lengths > settings.seq_len)
+    if over.size and settings.overlong == "error":
+        hint = " (overlong='truncate' cuts them)"
+        raise OverlongError(samples, over, lengths, settings.seq_len, hint)
     return [
         Truncation(
             sample=int(i),

@@ -190,7 +190,8 @@ def config_from_dict(raw: dict[str, Any], source: str = "config") -> TrainConfig
 
 
 # What a resumed run may set otherwise than the run it continues: how far it goes, where and how
-# it runs (the learner's ranks included: their step is the one process's), what it reports.
+# it runs (the learner's ranks included: their step is the one process's; and the tokens of a
+# micro-batch, which split the same step otherwise), what it reports.
 # Anything else would make the steps before and after disagree.
 CHANGEABLE_ON_RESUME = (
     "run.steps",
@@ -200,6 +201,7 @@ CHANGEABLE_ON_RESUME = (
     "run.eval_repeats",
     "run.keep_freed_memory",
     "train.world_size",
+    "train.seq_len",
     "monitor.*",
     "ray.*",
 )

@@ -21,6 +21,7 @@ from typing import Any
 import msgspec
 from rich.console import Console
 
+from callgrove.episode import Episode
 from callgrove.orchestrator import monitors, sinks
 from callgrove.orchestrator.config import ConfigError, Resolved, TrainConfig, resolve, to_toml
 from callgrove.orchestrator.dispatcher import Dispatcher
@@ -173,10 +174,13 @@ async def _run(
     dispatcher.counters.update(progress.get("counters", {}))
     metric_sinks = _metric_sinks(config, out, progress["run_id"])
     display = monitors.LiveDisplay(console, config.run.steps, config.monitor.live, first)
+    # The episodes handed to the step under way until its checkpoint is saved: a step that
+    # fails (or is interrupted) leaves them unused, never lost.
+    handed: list[Episode] = []
     dispatcher.start()
     try:
         for step in range(first + 1, config.run.steps + 1):
-            metrics, table = await _step(step, config, resolved, backend, dispatcher, out)
+            metrics, table = await _step(step, config, resolved, backend, dispatcher, out, handed)
             for sink in metric_sinks:
                 sink.log(step, metrics)
                 sink.log_samples(step, table)
@@ -188,9 +192,10 @@ async def _run(
                 "counters": dict(dispatcher.counters),
             }
             sinks.save_checkpoint(out, state())
+            handed.clear()
             display.update(step, metrics, dispatcher.in_flight_episodes)
     finally:
-        leftovers = await dispatcher.stop()
+        leftovers = [*handed, *await dispatcher.stop()]
         if callable(getattr(env, "close", None)):  # an environment holding a server or workers
             env.close()
         unused = sinks.append_episodes(out / "unused" / "train" / "traces.jsonl", leftovers)
@@ -214,16 +219,21 @@ async def _step(
     backend: PolicyBackend,
     dispatcher: Dispatcher,
     out: Path,
+    handed: list[Episode],
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """One step; `handed` gets the episodes it collects."""
     started = time.perf_counter()
     collected = await dispatcher.collect(step)
+    handed += [e for group in [*collected.trained, *collected.stale] for e in group.episodes]
     waited = time.perf_counter() - started
     groups = [group.episodes for group in collected.trained]
     prepared = prepare_step(
         groups, resolved.algorithm, resolved.degeneracy, resolved.sampling, config.rows
     )
     trained_at = time.perf_counter()
-    report = await asyncio.to_thread(learner_step, step, backend.learner, prepared.samples)
+    report = await asyncio.to_thread(
+        learner_step, step, backend.learner, prepared.samples, config.train
+    )
     pushed_at = time.perf_counter()
     train_seconds = pushed_at - trained_at
     await backend.sampler.load_weights(backend.learner.weights(), backend.learner.version)

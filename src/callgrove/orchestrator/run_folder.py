@@ -16,12 +16,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from callgrove.batch import Sample
+from callgrove.batch.packing import OverlongError, refuse_overlong
 from callgrove.orchestrator.config import ConfigError, TrainConfig, check_resume
 from callgrove.orchestrator.errors import RunError
 from callgrove.orchestrator.sinks import CHECKPOINT, METRICS, load_checkpoint
 from callgrove.policy.backends import build_policy
 from callgrove.policy.learner import Learner, PolicyBackend, TrainableSampler
 from callgrove.policy.vllm import VllmError
+from callgrove.train.settings import LearnerSettings
 
 if TYPE_CHECKING:
     from callgrove.train.learner import StepReport
@@ -113,12 +115,35 @@ def nothing_to_do(checkpoint: dict[str, Any] | None, steps: int) -> int | None:
     return done if checkpoint and done >= steps else None
 
 
-def learner_step(step: int, learner: Learner, samples: Sequence[Sample]) -> StepReport:
-    """One optimizer step; a loss or gradient that is not finite stops the run there (the
-    learner took no step, so nothing of it is saved)."""
+def learner_step(
+    step: int, learner: Learner, samples: Sequence[Sample], train: LearnerSettings
+) -> StepReport:
+    """One optimizer step; a row longer than `train.seq_len` (`check_row_lengths`), or a loss or
+    gradient that is not finite, stops the run there (the learner took no step, so nothing of
+    it is saved)."""
+    stops = f"the run stops here, its checkpoint is of step {step - 1}"
+    check_row_lengths(samples, train, f"step {step}", stops)
     try:
         return learner.train_step(samples)
     except FloatingPointError as error:
+        raise RunError(f"step {step}: {error}; {stops}") from None
+
+
+def check_row_lengths(
+    samples: Sequence[Sample], train: LearnerSettings, where: str, then: str
+) -> None:
+    """Refuse rows longer than `train.seq_len` where it bounds a micro-batch (packed rows end to
+    end, or the trie of tree scope `step`): a `RunError` naming `where` the rows are from, the
+    longest row and what to set; `then` says what happens now."""
+    if train.batching == "tree" and train.tree_scope != "step":
+        return
+    try:
+        refuse_overlong(samples, train.seq_len)
+    except OverlongError as error:
+        batch = "packed rows" if train.batching == "packed" else "tree scope step's trie"
+        more = f" (and {error.count - 1} more rows)" if error.count > 1 else ""
         raise RunError(
-            f"step {step}: {error}; the run stops here, its checkpoint is of step {step - 1}"
+            f"{where}: episode {error.episode} row {error.row} is {error.tokens} tokens, longer "
+            f"than train.seq_len {error.seq_len}{more}, which bounds a micro-batch of {batch}: "
+            f"set train.seq_len to at least {error.tokens}; {then}"
         ) from None

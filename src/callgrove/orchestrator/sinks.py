@@ -6,7 +6,7 @@
     OUT/step_N/train/samples.jsonl        the step's sample table (one line per training row)
     OUT/step_N/eval/traces.jsonl          the step's evaluation episodes
     OUT/unused/train/traces.jsonl         episodes still in flight (cancelled) or finished but
-                                          never trained when a run ended
+                                          never trained when a run ended (a failed step's too)
     OUT/checkpoint.pt                     model, optimizer, sampler RNG, progress, data position
 
 A step's files are written whole and renamed into place, then its metrics line is appended,

@@ -38,6 +38,7 @@ from callgrove.formats.problems import Diagnostics, Problem
 from callgrove.orchestrator import monitors, sinks
 from callgrove.orchestrator.config import ConfigError, DataSection, TrainConfig, to_toml
 from callgrove.orchestrator.run_folder import (
+    check_row_lengths,
     learner_step,
     nothing_to_do,
     open_run,
@@ -234,6 +235,9 @@ def _train(
     backend = policy_backend(config)
     data = load_data(config.data, backend.chat, _vocab_size(backend))
     _print_account(console, data)
+    check_row_lengths(
+        data.samples, config.train, "data.paths", "or cut rows with data.max_row_tokens"
+    )
     if (done := nothing_to_do(checkpoint, config.run.steps)) is not None:
         return SupervisedSummary(out, done, done, sinks.read_metrics(out), data)
 
@@ -290,7 +294,7 @@ def _step(
 ) -> dict[str, float]:
     samples, epoch = step_samples(data.samples, step, config.data.rows_per_step, config.run.seed)
     started = time.perf_counter()
-    report = learner_step(step, backend.learner, samples)
+    report = learner_step(step, backend.learner, samples, config.train)
     elapsed = time.perf_counter() - started
     return monitors.learner_metrics(report, backend.learner.version) | {
         "data/epoch": float(epoch),
