@@ -1,5 +1,5 @@
 """Inputs that can be read only once: standard input given as `-`, a pipe (`/dev/stdin`, a
-process substitution's `/dev/fd/N`), a FIFO, a character device.
+process substitution's `/dev/fd/N`), a FIFO.
 
 Readers open their file by name, some more than once (the form is told from the first line
 before the reader starts from the top; Parquet seeks), and a second open of a pipe finds its
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
 import os
 import shutil
 import stat
@@ -34,11 +35,15 @@ STDIN = "-"
 FIFO_WAIT_S = 10.0
 # A writer already there lets the open return at once; past this, say that the reader waits.
 _QUIET_WAIT_S = 0.2
+# How long the open a FIFO's own reader wakes (see `_open_fifo`) may take to return.
+_WAKE_S = 1.0
 _COPY_BLOCK = 1 << 20
 
 # Each stream's copy, by what tells it from other streams: a pipe or FIFO by its inode (a
 # descriptor's number, /dev/fd/N, is reused for other pipes), standard input by the object
-# this process reads it through.
+# this process reads it through. A character device is no stream here: /dev/null reads as an
+# empty file, and one that never ends (/dev/urandom) is told from its head as not JSON Lines,
+# where a copy would fill the disk.
 _copies: dict[object, Path] = {}
 _lock = threading.Lock()
 _folder: Path | None = None
@@ -47,19 +52,12 @@ _folder: Path | None = None
 def _stream_key(path: str | os.PathLike[str]) -> object | None:
     """What tells the stream `path` is from any other (None: `path` is no stream)."""
     if str(path) == STDIN:
-        return (STDIN, id(sys.stdin.buffer))
+        return (STDIN, id(sys.stdin))
     try:
         status = os.stat(path)
     except (OSError, ValueError):
         return None
-    if stat.S_ISFIFO(status.st_mode) or stat.S_ISCHR(status.st_mode):
-        return (status.st_dev, status.st_ino)
-    return None
-
-
-def is_stream(path: str | os.PathLike[str]) -> bool:
-    """Whether `path` can be read only once: `-`, a pipe or FIFO, a character device."""
-    return _stream_key(path) is not None
+    return (status.st_dev, status.st_ino) if stat.S_ISFIFO(status.st_mode) else None
 
 
 def readable(path: str | os.PathLike[str], waiting: Callable[[str], None] | None = None) -> Path:
@@ -108,6 +106,8 @@ def _open(
     name: str, waiting: Callable[[str], None] | None
 ) -> contextlib.AbstractContextManager[IO[bytes]]:
     if name == STDIN:
+        if sys.stdin is None:
+            raise OSError(errno.EBADF, "this process has no standard input")
         if waiting is not None and sys.stdin.isatty():
             waiting("reading episodes from the terminal: end them with Ctrl-D")
         return contextlib.nullcontext(sys.stdin.buffer)  # read, never closed: it is the process's
@@ -138,7 +138,7 @@ def _open_fifo(name: str, waiting: Callable[[str], None] | None) -> IO[bytes]:
         # Be the writer for a moment so the blocked open returns, and the FIFO is left as found.
         with contextlib.suppress(OSError):
             os.close(os.open(name, os.O_WRONLY | os.O_NONBLOCK))
-        opener.join()
+        opener.join(_WAKE_S)
         for stream in opened:
             stream.close()
         raise InputError(
