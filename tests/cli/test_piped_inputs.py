@@ -111,6 +111,16 @@ def test_compressed_binary_and_foreign_forms_come_through_a_pipe(form, tmp_path)
     assert result.stdout == expected
 
 
+def test_a_gym_capture_comes_through_a_pipe(tmp_path):
+    capture = ROOT / "examples/gym/login-bug-g2.tokens.jsonl"
+    expected = run("check", "--json", capture)
+    assert b'"login-bug-g2"' in expected.stdout_bytes
+    with piped(capture.read_bytes()) as pipe:
+        result = run("check", "--json", pipe)
+    assert result.exit_code == 0, result.output
+    assert result.stdout == expected.stdout
+
+
 def test_a_named_fifo_keeps_its_form_by_name(tmp_path):
     packed = tmp_path / "packed.jsonl.gz"
     cg.save(packed, cg.load(GROUP))

@@ -36,4 +36,13 @@ VERIFIERS = register(
         sniff=_is_verifiers,
     )
 )
-GYM = register(EpisodeFormat("gym", (TOKENS_SUFFIX,), _read_gym, folder=True))
+
+
+def _is_gym(line: bytes) -> bool:
+    return b'"rollout_id"' in line and b'"generation_token_ids"' in line
+
+
+# A capture is told by its name, or, under another JSON Lines name (a pipe's), by its first line.
+GYM = register(
+    EpisodeFormat("gym", (TOKENS_SUFFIX, ".jsonl"), _read_gym, sniff=_is_gym, folder=True)
+)
