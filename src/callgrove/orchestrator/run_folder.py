@@ -13,7 +13,9 @@ import fcntl
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
+
+import msgspec
 
 from callgrove.batch import Sample
 from callgrove.batch.packing import OverlongError, refuse_overlong
@@ -29,21 +31,35 @@ if TYPE_CHECKING:
     from callgrove.train.learner import StepReport
 
 LOCK = ".lock"
-# What a run writes besides its checkpoint (step_N folders too).
-RUN_FILES = ("config.toml", METRICS, "unused", "rewards.png", "loss.png")
+# What a run writes besides its checkpoint: files, and folders (step_N folders too).
+RUN_FILES = ("config.toml", METRICS, "rewards.png", "loss.png")
+RUN_FOLDERS = ("unused",)
+
+
+class Progress(msgspec.Struct, forbid_unknown_fields=True):
+    """Where a run is, as its checkpoint keeps it (supervised runs keep the first two)."""
+
+    step: Annotated[int, msgspec.Meta(ge=0)]
+    run_id: str
+    next_group: Annotated[int, msgspec.Meta(ge=0)] = 0
+    """The index of the next group to launch."""
+    pending: list[Annotated[int, msgspec.Meta(ge=0)]] = []
+    """Groups launched but not trained, launched again on resume."""
+    counters: dict[str, float] = {}
+    """The dispatcher's counters."""
 
 
 @contextlib.contextmanager
 def open_run(config: TrainConfig) -> Iterator[dict[str, Any] | None]:
     """Create and lock `run.out` for this process; yields the checkpoint to continue from
-    (None: a new run)."""
+    (None: a new run), its `progress` checked (`Progress`)."""
     out = Path(config.run.out)
     with _locked(out):
         checkpoint = load_checkpoint(out)
         if checkpoint is None:
             written = sorted(
-                [name for name in RUN_FILES if (out / name).exists()]
-                + [p.name for p in out.glob("step_*")]
+                [name for name in (*RUN_FILES, *RUN_FOLDERS) if (out / name).exists()]
+                + [p.name for p in out.glob("step_*") if p.is_dir()]
             )
             if written:
                 raise RunError(
@@ -52,8 +68,47 @@ def open_run(config: TrainConfig) -> Iterator[dict[str, Any] | None]:
                     "the checkpoint, or move the folder away"
                 )
         else:
+            if not isinstance(checkpoint["config"], dict):
+                raise RunError(
+                    f"{out / CHECKPOINT}: its config is damaged (not a table of settings); "
+                    "restore the checkpoint, or move the folder away to start over"
+                )
             check_resume(checkpoint["config"], config, str(out))
+            try:
+                progress = msgspec.convert(checkpoint["progress"], Progress)
+            except msgspec.ValidationError as error:
+                raise RunError(
+                    f"{out / CHECKPOINT}: its progress is damaged ({error}); restore the "
+                    "checkpoint, or move the folder away to start over"
+                ) from None
+            checkpoint["progress"] = msgspec.to_builtins(progress)
+        first = int(checkpoint["progress"]["step"]) if checkpoint else 0
+        if blocked := _in_the_way(out, first, config.run.steps):
+            raise RunError(
+                f"{out} holds {'; '.join(blocked)}: move {'it' if len(blocked) == 1 else 'them'} "
+                "away to run"
+            )
         yield checkpoint
+
+
+def _in_the_way(out: Path, first: int, steps: int) -> list[str]:
+    """What the folder holds where the run will write something else: a folder where it writes
+    a file, a file where it writes a folder (a step's after `first`, up to `steps`)."""
+    blocked = [
+        f"a folder {name} where the run writes a file"
+        for name in RUN_FILES
+        if (out / name).is_dir()
+    ]
+    blocked += [
+        f"a file {name} where the run writes a folder"
+        for name in RUN_FOLDERS
+        if (out / name).exists() and not (out / name).is_dir()
+    ]
+    for entry in out.glob("step_*"):
+        number = entry.name.removeprefix("step_")
+        if number.isdigit() and first < int(number) <= steps and not entry.is_dir():
+            blocked.append(f"a file {entry.name} where the run writes step {int(number)}'s folder")
+    return sorted(blocked)
 
 
 @contextlib.contextmanager

@@ -72,7 +72,7 @@ def rewind(out: Path, step: int) -> None:
     `final` line of the process that ran before (the counters go on; this one writes its own)."""
     for child in out.glob("step_*"):
         number = child.name.removeprefix("step_")
-        if number.isdigit() and int(number) > step:
+        if number.isdigit() and int(number) > step and child.is_dir():  # a file is not the run's
             shutil.rmtree(child)
     metrics = out / METRICS
     if metrics.exists():
