@@ -3,8 +3,11 @@ and settings, interleaved in one run (`callgrove.bench.race`)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sys
+from collections.abc import Iterator
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
@@ -17,6 +20,22 @@ from callgrove.cli.app import EXIT_USAGE, app, err, out, safe
 DEFAULT = RaceSettings()
 Sampler = StrEnum("Sampler", {name: name for name in TARGETS})  # type: ignore[misc]
 DEFAULT_SAMPLER = Sampler(DEFAULT.sampler)
+
+
+@contextlib.contextmanager
+def stdout_to_stderr() -> Iterator[None]:
+    """What the trainers write to stdout meanwhile (TRL's and transformers' log lines, prints,
+    C libraries, child processes) goes to stderr: stdout carries the race's figures alone."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 @app.command("race")
@@ -89,7 +108,8 @@ def race_command(
         sampler=sampler.value,
         vllm_python=vllm_python,
     )
-    race = run_race(settings, race_folder(out_dir), say=lambda line: err.print(safe(line)))
+    with stdout_to_stderr():
+        race = run_race(settings, race_folder(out_dir), say=lambda line: err.print(safe(line)))
     if as_json:
         sys.stdout.write(json.dumps(race) + "\n")
         return
