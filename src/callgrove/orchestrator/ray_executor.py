@@ -340,11 +340,14 @@ class RayExecutor:
         connected to one already) and the sampler actor."""
         cluster, connected = None, not ray.is_initialized()
         if connected:
-            env_vars = {k: os.environ[k] for k in ("PYTHONPATH",) if k in os.environ}
+            # Workers import what the driver can: its import path and its current folder,
+            # where `make_env` looks for an environment's module.
+            path = [p for p in (os.environ.get("PYTHONPATH"), os.getcwd()) if p]
+            env_vars = {"PYTHONPATH": os.pathsep.join(path)}
             options: dict[str, Any] = {
                 "log_to_driver": False,
                 "configure_logging": False,
-                "runtime_env": {"env_vars": env_vars} if env_vars else None,
+                "runtime_env": {"env_vars": env_vars},
             }
             if not config.ray.address:
                 cluster = LocalCluster.start()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -18,16 +20,23 @@ ENVIRONMENTS: dict[str, Callable[..., Environment]] = {
 
 
 def make_env(name: str, options: dict[str, Any] | None = None) -> Environment:
-    """A built-in environment, or `module:attribute` naming a factory (class or function).
-    Whatever keeps it from being built is a `ValueError` naming the environment and why."""
+    """A built-in environment, or `module:attribute` naming a factory (class or function); the
+    module is looked for on the import path and in the current folder. Whatever keeps it from
+    being built is a `ValueError` naming the environment and why."""
     if ":" in name:
         import importlib
 
         module, _, attribute = name.partition(":")
+        here = os.getcwd()
+        if here not in sys.path:  # as `python -m` finds a module in the current folder (here
+            sys.path.append(here)  # after the installed ones, which it must not shadow)
         try:
             factory = getattr(importlib.import_module(module), attribute)
         except ImportError as error:
-            raise ValueError(f"environment {name!r}: cannot import {module}: {error}") from None
+            raise ValueError(
+                f"environment {name!r}: cannot import {module}: {error} (searched the current "
+                f"folder {here} and the import path)"
+            ) from None
         except AttributeError:
             raise ValueError(f"environment {name!r}: module {module} has no {attribute}") from None
     elif name in ENVIRONMENTS:
