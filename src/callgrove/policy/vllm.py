@@ -42,6 +42,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import warnings
@@ -155,6 +156,10 @@ def interpreter(settings: VllmSettings) -> Path:
     return python
 
 
+STARTING_REPORT_EVERY = 15.0
+"""Seconds between the lines saying a server is still starting."""
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -233,11 +238,23 @@ class VllmServer:
 
     def wait_ready(self, timeout: float) -> None:
         """Return once `/health` answers; a `VllmError` quoting the log if the server exits or
-        `timeout` seconds pass."""
+        `timeout` seconds pass. A server takes a minute or more to start: a line on stderr says
+        so when the wait begins and every `STARTING_REPORT_EVERY` seconds."""
         import httpx
 
-        deadline = time.monotonic() + timeout
+        started = time.monotonic()
+        deadline = started + timeout
+        report = started
         while True:
+            if time.monotonic() >= report:
+                print(
+                    f"waiting for the vLLM server {self.url} to start: "
+                    f"{time.monotonic() - started:.0f} s of at most {timeout:g} s (its log: "
+                    f"{self.log})",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                report += STARTING_REPORT_EVERY
             if self.process.poll() is not None:
                 raise VllmError(
                     f"vLLM server {self.url} exited with code {self.process.returncode} while "
