@@ -33,6 +33,7 @@ from .helpers import read_with_verifiers, row_tokens
 TOKENS = st.lists(st.integers(0, 2**31 - 1), min_size=1, max_size=4)
 NAMES = st.sampled_from(["pass", "style", "len"])
 FLOATS = st.floats(-4, 4, allow_nan=False, allow_subnormal=False)
+LOGPROBS = st.floats(-4, 0, allow_nan=False, allow_subnormal=False)  # a log-probability is <= 0
 
 
 @st.composite
@@ -45,12 +46,13 @@ def calls_of(draw, agent: Agent, ids: itertools.count) -> None:
         purpose = draw(st.sampled_from(["turn", "turn", "compaction"]))
         kept = draw(st.booleans()) if draw(st.booleans()) else True
         per_token = st.lists(FLOATS, min_size=len(completion), max_size=len(completion))
+        logprobs = st.lists(LOGPROBS, min_size=len(completion), max_size=len(completion))
         call = Call.make(
             f"{agent.id}:{next(ids)}",
             0,  # numbered over the episode below
             prompt,
             completion,
-            draw(st.none() | per_token),
+            draw(st.none() | logprobs),
             policy_version=draw(st.none() | st.integers(-(2**63), 2**63 - 1)),
             purpose=purpose,
             kept=kept,
