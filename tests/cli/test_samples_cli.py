@@ -268,3 +268,15 @@ def test_episodes_the_loop_dropped_as_stale_are_skipped_and_counted(tmp_path, al
     record = summary(result)
     assert record["samples"] == 0
     assert record["skipped"] == {"dropped by the training loop as stale (never trained there)": 4}
+
+
+def test_an_episode_id_read_twice_is_an_error_and_trains_once(tmp_path):
+    out = tmp_path / "s.jsonl"
+    result = run("samples", GROUP, GROUP, "-o", out, "--algorithm", "grpo", "--json")
+    assert result.exit_code == 1
+    assert f"{GROUP}:1: episode login-bug-g0: episode id already read at {GROUP}:1" in (
+        result.stderr.replace("\n", "")
+    )
+    record = summary(result)
+    assert record["errors"] == 4
+    assert_same(read_samples(out), expected_samples(cg.GRPO()))  # each episode once

@@ -50,7 +50,7 @@ from callgrove.cli.scoring import (
     unscored_message,
 )
 from callgrove.formats.output import NewFile
-from callgrove.formats.problems import InputError
+from callgrove.formats.problems import InputError, Problem
 from callgrove.rows import RowSettings, build_rows
 
 SKIPPED_FAILED = "failed (ok false): no credit"
@@ -125,6 +125,7 @@ def samples_command(
     outcome, tally = Outcome(), SampleTally()
     located = _read(files, outcome)
     tally.read = len(located)
+    located = _first_of_each_id(located, outcome)
     stale = [item for item in located if _dropped_as_stale(item.episode)]
     if stale:  # whole groups the loop left untrained: scoring them now would train them
         tally.skipped[SKIPPED_STALE] += len(stale)
@@ -184,6 +185,33 @@ def samples_command(
     else:
         err.print(_summary_table(out_file, form, algorithm_name, scoring, tally, outcome))
     raise typer.Exit(status)
+
+
+def _first_of_each_id(located: list[Located], outcome: Outcome) -> list[Located]:
+    """An episode id read twice (a file given twice, or two files whose ids clash) would train
+    its calls twice: the later ones are errors, named and counted, and are not used."""
+    first: dict[str, Located] = {}
+    kept: list[Located] = []
+    for item in located:
+        earlier = first.setdefault(item.episode.id, item)
+        if earlier is item:
+            kept.append(item)
+        else:
+            message = (
+                f"episode id already read at {earlier.file}:{earlier.line}: "
+                "an id read twice would train its calls twice; not used"
+            )
+            # not a lost episode (its first copy is used): no group is refused for it
+            outcome.diagnostics.add(
+                Problem(
+                    message,
+                    file=str(item.file),
+                    line=item.line,
+                    episode=item.episode.id,
+                    group=None,
+                )
+            )
+    return kept
 
 
 def _dropped_as_stale(episode) -> bool:
