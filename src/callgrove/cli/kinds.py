@@ -65,8 +65,10 @@ def _other_files() -> tuple[OtherFile, ...]:
             "episode, while it is open)",
             f"read {episodes_file} in the same folder, where each closed episode is written",
             # a call in the episode format's form with the gateway's fields beside it
-            lambda record: {"seq", "completion_ids", "history"} <= record.keys()
-            or (0 < len(record) <= 3 and record.keys() <= {"failed", "closing", "closed"}),
+            lambda record: (
+                {"seq", "completion_ids", "history"} <= record.keys()
+                or (0 < len(record) <= 3 and record.keys() <= {"failed", "closing", "closed"})
+            ),
             calls_suffix,
         ),
         OtherFile(
@@ -83,8 +85,10 @@ def _other_files() -> tuple[OtherFile, ...]:
         OtherFile(
             f"a training run's {METRICS} (a line per step)",
             "give the run's step_N/train/traces.jsonl, its episodes",
-            lambda record: "step" in record
-            and all(isinstance(v, int | float) or v is None for v in record.values()),
+            lambda record: (
+                "step" in record
+                and all(isinstance(v, int | float) or v is None for v in record.values())
+            ),
         ),
     )
 
