@@ -67,18 +67,14 @@ class HFLearner(ModelLearner):
         """The trained Hugging Face module (a peft model with LoRA)."""
         return self.model.model
 
-    def weights(self) -> dict[str, torch.Tensor]:
-        """The trained parameters (the adapters alone with LoRA), detached copies named as in
-        the Hugging Face module, for a sampler's `load_weights`."""
-        return {
-            name: p.detach().clone()
-            for name, p in self.hf_model.named_parameters()
-            if p.requires_grad
-        }
+    def trained_weights(self) -> dict[str, torch.Tensor]:
+        """The trained parameters (the adapters alone with LoRA), named as in the Hugging Face
+        module."""
+        return {name: p.detach() for name, p in self.hf_model.named_parameters() if p.requires_grad}
 
     def state_dict(self) -> dict[str, Any]:
         return {
-            "weights": self.weights(),
+            "weights": self.trained_weights(),
             "optimizer": self.optimizer.state_dict(),
             "version": self._version,
             "torch_rng": torch.get_rng_state(),

@@ -206,7 +206,12 @@ class ModelLearner:
         return grad_norm
 
     def weights(self) -> dict[str, torch.Tensor]:
-        return {name: t.detach().clone() for name, t in self.model.state_dict().items()}
+        """Copies of `trained_weights()`, for a sampler's `load_weights`."""
+        return {name: t.detach().clone() for name, t in self.trained_weights().items()}
+
+    def trained_weights(self) -> dict[str, torch.Tensor]:
+        """The weights a sampler takes, as the model holds them (the model's state)."""
+        return self.model.state_dict()
 
     def state_dict(self) -> dict[str, Any]:
         return {

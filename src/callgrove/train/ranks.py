@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import math
 import multiprocessing
 import os
 import pickle
@@ -56,10 +57,12 @@ import time
 import traceback
 import warnings
 import weakref
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from multiprocessing.connection import Connection, wait
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import numpy as np
@@ -244,11 +247,11 @@ class RankedLearner:
 
     def weights(self) -> Any:
         """The gathered weights, as the one-process learner's `weights()` gives them."""
-        return self._call("weights", [None] * self.world_size)[0]
+        return self._call("weights", [None] * self.world_size)[0].value()
 
     def state_dict(self) -> dict[str, Any]:
         """The gathered full state, in the one-process learner's format."""
-        return self._call("state_dict", [None] * self.world_size)[0]
+        return self._call("state_dict", [None] * self.world_size)[0].value()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a full state (one taken at any world size)."""
@@ -489,7 +492,7 @@ class _Rank:
         )
 
     def weights(self, _: None) -> Any:
-        return self._gathered(self.learner.weights())
+        return self._gathered(self.learner.trained_weights())
 
     def state_dict(self, _: None) -> Any:
         return self._gathered(self.learner.state_dict())
@@ -516,28 +519,80 @@ class _Rank:
             }
         return {**state, "state": per_parameter}
 
-    def _gathered(self, value: Any) -> Any:
-        """`value` with every DTensor whole, on the CPU, on rank 0 (None elsewhere; every rank
-        takes part in each gather)."""
+    @torch.no_grad()
+    def _gathered(self, value: Any) -> _Shipped | None:
+        """`value` whole on rank 0, its tensors in buffers of shared memory (None on the other
+        ranks; every rank takes part in each gather)."""
+        tensors: list[torch.Tensor] = []
 
-        def whole(item: Any) -> Any:
-            if isinstance(item, DTensor):
-                item = item.full_tensor()
+        def placed(item: Any) -> Any:
             if isinstance(item, torch.Tensor):
-                return item.detach().cpu()
+                tensors.append(item)
+                return _Place(len(tensors) - 1)
             if isinstance(item, dict):
-                return {key: whole(v) for key, v in item.items()}
+                return {key: placed(v) for key, v in item.items()}
             if isinstance(item, list | tuple):
-                return type(item)(whole(v) for v in item)
+                return type(item)(placed(v) for v in item)
             return item
 
-        gathered = whole(value)
-        return gathered if self.spec.rank == 0 else None
+        skeleton = placed(value)
+        places: list[tuple[torch.dtype, tuple[int, ...], int]] = []
+        ends = Counter[torch.dtype]()
+        for tensor in tensors:  # a DTensor's shape and dtype are the whole tensor's
+            places.append((tensor.dtype, tuple(tensor.shape), ends[tensor.dtype]))
+            ends[tensor.dtype] += tensor.numel()
+        keep = self.spec.rank == 0
+        buffers = {dtype: torch.empty(end, dtype=dtype) for dtype, end in ends.items()}
+        for tensor, (dtype, _, offset) in zip(tensors, places, strict=True):
+            whole = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+            if keep:
+                buffers[dtype][offset : offset + whole.numel()].copy_(whole.detach().reshape(-1))
+        if not keep:
+            return None
+        for buffer in buffers.values():
+            buffer.share_memory_()
+        return _Shipped(skeleton, places, buffers)
 
     def _reduce(self, value: float, op: dist.ReduceOp) -> float:
         tensor = torch.tensor([value], dtype=torch.float64, device=self.device)
         dist.all_reduce(tensor, op=op)
         return float(tensor.item())
+
+
+@dataclass(frozen=True, slots=True)
+class _Place:
+    index: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Shipped:
+    """A value whose tensors lie end to end in one buffer of shared memory per dtype: what
+    crosses the pipe is a file descriptor a buffer, and the bytes are written once (a full
+    model's weights every step, for the sampler)."""
+
+    skeleton: Any
+    """The value with a `_Place` for each tensor."""
+    places: list[tuple[torch.dtype, tuple[int, ...], int]]
+    """Each tensor's dtype, shape and offset in its dtype's buffer."""
+    buffers: dict[torch.dtype, torch.Tensor]
+
+    def value(self) -> Any:
+        """The value, its tensors views of the buffers."""
+        tensors = [
+            self.buffers[dtype][offset : offset + math.prod(shape)].view(shape)
+            for dtype, shape, offset in self.places
+        ]
+
+        def filled(item: Any) -> Any:
+            if isinstance(item, _Place):
+                return tensors[item.index]
+            if isinstance(item, dict):
+                return {key: filled(v) for key, v in item.items()}
+            if isinstance(item, list | tuple):
+                return type(item)(filled(v) for v in item)
+            return item
+
+        return filled(self.skeleton)
 
 
 def _sharded_like(value: Any, reference: Any) -> Any:
@@ -583,7 +638,8 @@ def _serve(spec: _RankSpec, pipe: Connection) -> None:
 
 def _reply(pipe: Connection, reply: tuple) -> None:
     try:
-        pipe.send_bytes(pickle.dumps(reply, pickle.HIGHEST_PROTOCOL))
+        # torch's pickler for processes: a shipped buffer travels as a file descriptor.
+        pipe.send_bytes(ForkingPickler.dumps(reply, pickle.HIGHEST_PROTOCOL))
     except OSError:  # the driver is gone
         os._exit(0)
 
