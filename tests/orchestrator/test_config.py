@@ -93,6 +93,7 @@ NAN, INF = float("nan"), float("inf")
         ("dispatch.episode_timeout", NAN),
         ("dispatch.max_off_policy_steps", -1),
         ("run.seed", -1),
+        ("run.seed", 2**63),  # torch seeds with 64 signed bits
         ("run.steps", -1),
         ("run.eval_every", -2),
         ("run.eval_repeats", 0),
@@ -196,3 +197,10 @@ def test_configs_load_without_torch():
     default, refused = done.stdout.strip().splitlines()
     assert float(default) == LearnerSettings().learning_rate
     assert "sampling: temperature must be a finite number >= 0, not nan" in refused
+
+
+def test_a_config_that_is_not_utf8_is_named_not_a_traceback(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_bytes(b"[run]\nsteps = 1\n# caf\xe9\n")
+    with pytest.raises(ConfigError, match=r"c.toml: not valid TOML: not UTF-8 text"):
+        load_config(path)

@@ -53,7 +53,8 @@ class RunSection(_Section):
 
     def __post_init__(self) -> None:
         check_range("steps", self.steps, at_least=0)
-        check_range("seed", self.seed, at_least=0)  # the generators of tasks take no negatives
+        # The generators of tasks take no negatives, torch's none of 64 bits or more.
+        check_range("seed", self.seed, at_least=0, below=2**63)
         check_choice("executor", self.executor, EXECUTORS)
         check_range("eval_every", self.eval_every, at_least=0)
         check_range("eval_repeats", self.eval_repeats, at_least=1)
@@ -168,6 +169,10 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
             raw = tomllib.loads(Path(path).read_text())
         except tomllib.TOMLDecodeError as error:
             raise ConfigError(f"{path}: not valid TOML: {error}") from None
+        except UnicodeDecodeError as error:
+            raise ConfigError(
+                f"{path}: not valid TOML: not UTF-8 text ({error.reason} at byte {error.start})"
+            ) from None
         except OSError as error:
             raise ConfigError(f"{path}: {error.strerror}") from None
     for key, value in (overrides or {}).items():

@@ -154,7 +154,7 @@ async def _run(
         await backend.sampler.load_weights(backend.learner.weights(), backend.learner.version)
     first = int(progress["step"])
     sinks.rewind(out, first)
-    (out / "config.toml").write_text(to_toml(config))
+    sinks.write_text_atomically(out / "config.toml", to_toml(config))
 
     if executor:
         executor.start_workers(backend.chat, resolved.sampling)

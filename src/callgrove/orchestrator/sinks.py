@@ -20,11 +20,12 @@ step recorded is lost. Optional sinks (W&B in offline mode, TensorBoard) get the
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
 import shutil
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -37,30 +38,49 @@ CHECKPOINT_KEYS = frozenset({"progress", "learner", "config"})
 METRICS = "metrics.jsonl"
 
 
+@contextlib.contextmanager
+def writing(path: Path) -> Iterator[None]:
+    """An `OSError` while writing `path` names it: a write that fails on a full disk (or past a
+    size limit) does not by itself."""
+    try:
+        yield
+    except OSError as error:
+        if error.filename is None:
+            raise OSError(error.errno, error.strerror or str(error), str(path)) from error
+        raise
+
+
 def write_episodes_atomically(path: Path, episodes: Iterable[Episode]) -> int:
     """Write episodes one per line to `path` through a temporary file renamed into place (a new
     file of `EpisodeWriter` is one).
 
     The records come from the recorder, which builds them by the format's rules, so they are
     written as they are (checking each again costs more than running a no-op episode)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with EpisodeWriter(path) as writer:
-        for episode in episodes:
-            writer.write(episode)
-        return writer.lines
+    with writing(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with EpisodeWriter(path) as writer:
+            for episode in episodes:
+                writer.write(episode)
+            return writer.lines
 
 
 def write_json_lines_atomically(path: Path, records: Iterable[dict[str, Any]]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_text(path, "".join(json.dumps(record) + "\n" for record in records))
+    write_text_atomically(path, "".join(json.dumps(record) + "\n" for record in records))
+
+
+def write_text_atomically(path: Path, text: str) -> None:
+    with writing(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_text(path, text)
 
 
 def append_episodes(path: Path, episodes: Iterable[Episode]) -> int:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with EpisodeWriter(path, append=True) as writer:
-        for episode in episodes:
-            writer.write(episode)
-        return writer.lines
+    with writing(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with EpisodeWriter(path, append=True) as writer:
+            for episode in episodes:
+                writer.write(episode)
+            return writer.lines
 
 
 def step_dir(out: Path, step: int) -> Path:
@@ -81,7 +101,7 @@ def rewind(out: Path, step: int) -> None:
             for line, record in _metric_lines(metrics)
             if record.get("step", 0) <= step and not record.get("final")
         ]
-        write_text(metrics, "".join(kept))
+        write_text_atomically(metrics, "".join(kept))
 
 
 def _metric_lines(path: Path) -> list[tuple[str, dict[str, Any]]]:
@@ -114,13 +134,14 @@ def save_checkpoint(out: Path, state: dict[str, Any]) -> None:
 
     buffer = io.BytesIO()
     torch.save(state, buffer)
-    new = NewFile(out / CHECKPOINT)
-    try:
-        new.temp.write_bytes(buffer.getvalue())
-    except BaseException:
-        new.discard()
-        raise
-    new.commit()
+    with writing(out / CHECKPOINT):
+        new = NewFile(out / CHECKPOINT)
+        try:
+            new.temp.write_bytes(buffer.getvalue())
+        except BaseException:
+            new.discard()
+            raise
+        new.commit()
 
 
 def load_checkpoint(out: Path) -> dict[str, Any] | None:
@@ -161,9 +182,10 @@ class JsonlSink:
         self._stream = self.path.open("a")
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        self._stream.write(json.dumps({"step": step, **metrics}) + "\n")
-        self._stream.flush()
-        os.fsync(self._stream.fileno())
+        with writing(self.path):
+            self._stream.write(json.dumps({"step": step, **metrics}) + "\n")
+            self._stream.flush()
+            os.fsync(self._stream.fileno())
 
     def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
         pass  # the sample table is a file of its step

@@ -257,7 +257,7 @@ def _train(
         restore(out, checkpoint, ("learner", backend.learner))
     first = int(progress["step"])
     sinks.rewind(out, first)
-    (out / "config.toml").write_text(to_toml(config))
+    sinks.write_text_atomically(out / "config.toml", to_toml(config))
     metric_sinks = [sinks.JsonlSink(out)]
     step = first
     try:
