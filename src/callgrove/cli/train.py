@@ -11,6 +11,8 @@ import typer
 from callgrove.cli.app import EXIT_FAILED, EXIT_USAGE, app, err, out
 from callgrove.orchestrator.config import EXECUTORS
 
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command it interrupted
+
 # run.executor's choices, listed by --help as every --executor's are
 RunExecutor = StrEnum("RunExecutor", {name: name for name in EXECUTORS})
 
@@ -78,6 +80,12 @@ def train_command(
         where = f"{error.filename}: " if error.filename else ""
         err.print(f"error: {where}{error.strerror or error}", markup=False)
         raise typer.Exit(EXIT_FAILED) from None
+    except KeyboardInterrupt:  # the run stopped where it stood, its episodes kept
+        err.print(
+            "interrupted: every step finished is kept; run the same command again to continue",
+            markup=False,
+        )
+        raise typer.Exit(EXIT_INTERRUPTED) from None
     if summary.first_step == summary.last_step:
         out.print(
             f"nothing to train: {summary.out} holds {summary.last_step} steps and run.steps is "
