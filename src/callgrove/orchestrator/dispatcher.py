@@ -185,12 +185,24 @@ class Dispatcher:
 
     def task_of(self, index: int) -> Any:
         try:
-            return self.env.task(np.random.default_rng([self.seed, index]))
+            task = self.env.task(np.random.default_rng([self.seed, index]))
         except Exception as error:
             raise RunError(
                 f"environment {self.env.name!r}: task() of group {index} raised "
                 f"{type(error).__name__}: {error}"
             ) from error
+        return self._recordable(task, f"task() of group {index}")
+
+    def _recordable(self, task: Any, source: str) -> Any:
+        """`task`, which every episode of it records: it must be JSON."""
+        try:
+            msgspec.json.encode(task)
+        except (TypeError, ValueError) as error:
+            raise RunError(
+                f"environment {self.env.name!r}: {source} returned a task that is not JSON, which "
+                f"its episodes could not record ({error})"
+            ) from None
+        return task
 
     def _launch(self, index: int) -> None:
         group = Group(index, self.task_of(index))
@@ -308,6 +320,7 @@ class Dispatcher:
                 f"environment {self.env.name!r}: eval_tasks() raised {type(error).__name__}: "
                 f"{error}"
             ) from error
+        eval_tasks = [self._recordable(task, "eval_tasks()") for task in eval_tasks]
         for number, task in enumerate(eval_tasks):
             for repeat in range(repeats):
                 episodes.append(

@@ -56,6 +56,8 @@ def make_env(name: str, options: dict[str, Any] | None = None) -> Environment:
             f"environment {name!r}: its factory returned {type(env).__name__}, not an "
             "environment (an object with name, task, eval_tasks and run)"
         )
+    if not isinstance(env.name, str) or not env.name:  # every episode records it as its env
+        raise ValueError(f"environment {name!r}: its name is {env.name!r}, not a non-empty string")
     return env
 
 
