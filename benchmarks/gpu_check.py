@@ -33,6 +33,7 @@ groups instead of the harness episodes): what the tests run.
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 import time
 from dataclasses import dataclass
@@ -199,6 +200,7 @@ def main() -> None:
         path = f"one process, {name}"
         timed[name] = timed_steps(path, one.train_step, samples, args.repeat, warm_up, batches)
         del one
+        gc.collect()  # the model and its optimizer, before the next one is built
         if args.device == "cuda":
             torch.cuda.empty_cache()
     ranked = RankedLearner(
