@@ -104,7 +104,9 @@ def _running(pid: int) -> bool:
         return False
 
 
-@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize(
+    "kind", [pytest.param(kind, marks=[pytest.mark.hf] if "hf" in kind else []) for kind in KINDS]
+)
 def test_two_ranks_step_as_one_process_and_checkpoints_move_between_world_sizes(kind):
     """Step A on 1 process and on 2 ranks: the same parameters and the same report (loss,
     gradient norm, every mismatch metric per seat, clip fraction, tokens). Then 2 -> 1: a
