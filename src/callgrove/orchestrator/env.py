@@ -66,7 +66,7 @@ from callgrove.episode import TOKEN_DTYPE, Agent, Call, Episode
 from callgrove.formats.wire import WireEnv, WireError
 from callgrove.policy import PolicyClient, SamplingParams
 from callgrove.policy.backends import ModelSettings, build_sampler
-from callgrove.policy.threads import LoopPolicy
+from callgrove.policy.client import Completion
 
 Rewards = float | dict[str, float]
 EMPTY = np.zeros(0, dtype=TOKEN_DTYPE)
@@ -367,7 +367,7 @@ class EpisodeLoop:
         over)."""
         episode.env = episode.env or WireEnv(id=env.name, name=env.name)
         episode.task = task
-        blank = dataclasses.replace(episode, agents=[], errors=[], rewards={})
+        blank = copy.copy(episode)  # what it starts over from, should its loop be abandoned
         started = time.perf_counter()
         while True:
             if self._host is None or self._host.abandoned:
@@ -376,30 +376,36 @@ class EpisodeLoop:
             run = EpisodeRun(episode, host.policy(policy), chat, params)
             attempt = host.start(env, task, run, timeout)
             cancelled = await self._wait(host, attempt, timeout)
-            if attempt.finished.result():
+            if attempt.ended:
                 return episode
             if cancelled or attempt.blamed:
                 return _abandoned(attempt, timeout, cancelled, started)
             episode = dataclasses.replace(blank, agents=[], errors=[], rewards={})
 
     async def _wait(self, host: _Host, attempt: _Attempt, timeout: float | None) -> bool:
-        """Until the attempt ends on its loop, or its loop is abandoned as blocked; whether it was
-        cancelled meanwhile (the cancellation is passed on to it, never raised here)."""
+        """Until the attempt ends on its loop, or its loop is abandoned as blocked (its loop
+        watched from `timeout` on); whether it was cancelled meanwhile (the cancellation is
+        passed on to it, never raised here)."""
+        caller = asyncio.get_running_loop()
+        if timeout is not None:
+            attempt.watch = caller.call_later(timeout, host.watch, attempt)
         cancelled = False
-        limit = timeout
-        while not attempt.finished.done():
-            try:
-                await asyncio.wait({attempt.finished}, timeout=limit)
-                if attempt.finished.done():
-                    break
-                if not await host.answers(BLOCKED_AFTER):
-                    host.abandon()
-                    break
-            except asyncio.CancelledError:
-                if not cancelled:
-                    host.cancel(attempt)
-                cancelled = True
-            limit = BLOCKED_AFTER
+        try:
+            while not attempt.settled:
+                try:
+                    await attempt.finished
+                except asyncio.CancelledError:
+                    if attempt.finished.cancelled():  # cancelled with this task: wake on another
+                        attempt.finished = caller.create_future()
+                    if not cancelled:
+                        host.cancel(attempt)
+                        if attempt.watch is not None:
+                            attempt.watch.cancel()
+                        attempt.watch = caller.call_later(BLOCKED_AFTER, host.watch, attempt)
+                    cancelled = True
+        finally:
+            if attempt.watch is not None:
+                attempt.watch.cancel()
         return cancelled
 
     def close(self) -> None:
@@ -415,10 +421,14 @@ class _Attempt:
     """One start of an episode on a loop."""
 
     run: EpisodeRun
-    finished: asyncio.Future[bool]
-    """On the caller's loop: True once the episode ended on its loop, False if that loop was
-    abandoned first."""
+    finished: asyncio.Future[None]
+    """On the caller's loop: done once the attempt is `settled`."""
+    settled: bool = False
+    """The episode ended on its loop (`ended`), or that loop was abandoned first."""
+    ended: bool = False
     task: asyncio.Task[None] | None = None
+    watch: asyncio.TimerHandle | None = None
+    """When the caller looks at whether its loop is blocked."""
     blamed: bool = False
     """Its loop was abandoned while this episode blocked it."""
 
@@ -435,15 +445,18 @@ class _Host:
         )
         self.attempts: set[_Attempt] = set()
         self.abandoned = False
-        self._policies: dict[int, LoopPolicy] = {}
+        self._policies: dict[int, _CallerPolicy] = {}
+        self.to_loop = _Mailbox(self.loop)
+        self.to_caller = _Mailbox(caller)
+        self._checks: set[asyncio.Task[None]] = set()
         self.thread = threading.Thread(target=self._serve, name="episode-loop", daemon=True)
         self.thread.start()
 
-    def policy(self, policy: PolicyClient) -> LoopPolicy:
+    def policy(self, policy: PolicyClient) -> _CallerPolicy:
         """`policy`, called from this loop; one object per policy, as environments that keep
         state per policy expect."""
         if id(policy) not in self._policies:
-            self._policies[id(policy)] = LoopPolicy(policy, self.caller)
+            self._policies[id(policy)] = _CallerPolicy(policy, self)
         return self._policies[id(policy)]
 
     def _new_task(self, loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> Any:
@@ -467,18 +480,13 @@ class _Host:
             self.loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
             self.loop.close()
 
-    def _call(self, callback: Callable[[], Any]) -> bool:
-        """`callback` on this loop; False if the loop is closed."""
-        try:
-            self.loop.call_soon_threadsafe(callback)
-        except RuntimeError:
-            return False
-        return True
+    def _call(self, callback: Callable[..., Any], *args: Any) -> bool:
+        """`callback(*args)` on this loop; False if the loop is closed."""
+        return self.to_loop.post(callback, *args)
 
     def _back(self, callback: Callable[..., Any], *args: Any) -> None:
         """`callback(*args)` on the caller's loop, unless it is closed (a thread outliving it)."""
-        with contextlib.suppress(RuntimeError):
-            self.caller.call_soon_threadsafe(callback, *args)
+        self.to_caller.post(callback, *args)
 
     def start(
         self, env: Environment, task: Any, run: EpisodeRun, timeout: float | None
@@ -487,8 +495,9 @@ class _Host:
         self.attempts.add(attempt)
 
         def begin() -> None:
-            _ATTEMPT.set(attempt)
+            token = _ATTEMPT.set(attempt)
             attempt.task = self.loop.create_task(_play(env, task, run, timeout))
+            _ATTEMPT.reset(token)
             attempt.task.add_done_callback(lambda _: self._back(self._ended, attempt))
 
         if not self._call(begin):
@@ -497,19 +506,29 @@ class _Host:
 
     def _ended(self, attempt: _Attempt) -> None:
         self.attempts.discard(attempt)
-        if not attempt.finished.done():
-            attempt.finished.set_result(True)
+        attempt.ended = attempt.settled = True
+        _settle(attempt.finished)
 
     def cancel(self, attempt: _Attempt) -> None:
         self._call(lambda: attempt.task is not None and attempt.task.cancel())
 
-    async def answers(self, within: float) -> bool:
-        """Whether the loop runs a callback within `within` seconds."""
+    def watch(self, attempt: _Attempt) -> None:
+        """An episode past its time: abandon its loop unless the loop runs a callback within
+        `BLOCKED_AFTER` seconds (then look again after as long)."""
+        if not attempt.settled:
+            check = self.caller.create_task(self._check(attempt))
+            self._checks.add(check)
+            check.add_done_callback(self._checks.discard)
+
+    async def _check(self, attempt: _Attempt) -> None:
         pong = self.caller.create_future()
-        if not self._call(lambda: self._back(_settle, pong)):
-            return False
-        done, _ = await asyncio.wait({pong}, timeout=within)
-        return bool(done)
+        if self._call(self._back, _settle, pong):
+            done, _ = await asyncio.wait({pong}, timeout=BLOCKED_AFTER)
+            if done:
+                if not attempt.settled:
+                    attempt.watch = self.caller.call_later(BLOCKED_AFTER, self.watch, attempt)
+                return
+        self.abandon()
 
     def abandon(self) -> None:
         """Give up on the blocked loop: blame the episode whose task runs on it (every episode
@@ -520,8 +539,8 @@ class _Host:
         culprit = self.owners.get(asyncio.current_task(self.loop))  # type: ignore[arg-type]
         for attempt in self.attempts:
             attempt.blamed = culprit is None or attempt is culprit
-            if not attempt.finished.done():
-                attempt.finished.set_result(False)
+            attempt.settled = True
+            _settle(attempt.finished)
         self.attempts.clear()
         self._call(self.loop.stop)
         ctypes.pythonapi.PyThreadState_SetAsyncExc(
@@ -536,6 +555,83 @@ class _Host:
 def _settle(future: asyncio.Future[Any]) -> None:
     if not future.done():
         future.set_result(None)
+
+
+class _Mailbox:
+    """Callbacks for one loop, posted from another thread and run in batches: a batch costs one
+    wake-up of the loop's thread, not one per callback (each wake-up a switch of threads)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self._lock = threading.Lock()
+        self._posted: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
+
+    def post(self, callback: Callable[..., Any], *args: Any) -> bool:
+        """Run `callback(*args)` on the loop; False if the loop is closed."""
+        with self._lock:
+            self._posted.append((callback, args))
+            first = len(self._posted) == 1
+        if first:
+            try:
+                self.loop.call_soon_threadsafe(self._run)
+            except RuntimeError:
+                return False
+        return True
+
+    def _run(self) -> None:
+        with self._lock:
+            posted, self._posted = self._posted, []
+        for callback, args in posted:
+            callback(*args)
+
+
+class _CallerPolicy:
+    """The caller's policy, called from an episode loop: each call is made on the caller's loop
+    (where the sampler batches it with every other), the completion handed back."""
+
+    def __init__(self, policy: PolicyClient, host: _Host):
+        self.policy = policy
+        self.host = host
+        self._calls: dict[asyncio.Future[Completion], asyncio.Task[Completion]] = {}
+
+    @property
+    def version(self) -> int:
+        return self.policy.version
+
+    async def sample(self, prompt_ids: np.ndarray, params: SamplingParams) -> Completion:
+        answer: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
+        if not self.host.to_caller.post(self._start, prompt_ids, params, answer):
+            raise RuntimeError("the loop that samples is closed")
+        try:
+            return await answer
+        except asyncio.CancelledError:
+            self.host.to_caller.post(self._cancel, answer)
+            raise
+
+    def _start(self, prompt_ids: np.ndarray, params: SamplingParams, answer: Any) -> None:
+        if answer.done():  # cancelled before it was started
+            return
+        call = self.host.caller.create_task(self.policy.sample(prompt_ids, params))
+        self._calls[answer] = call
+        call.add_done_callback(lambda _: self._done(call, answer))
+
+    def _done(self, call: asyncio.Task[Completion], answer: Any) -> None:
+        self._calls.pop(answer, None)
+        self.host.to_loop.post(self._answer, call, answer)
+
+    def _cancel(self, answer: Any) -> None:
+        if (call := self._calls.pop(answer, None)) is not None:
+            call.cancel()
+
+    def _answer(self, call: asyncio.Task[Completion], answer: Any) -> None:
+        if answer.done():
+            return
+        if call.cancelled():
+            answer.cancel()
+        elif (error := call.exception()) is not None:
+            answer.set_exception(error)
+        else:
+            answer.set_result(call.result())
 
 
 async def _play(env: Environment, task: Any, run: EpisodeRun, timeout: float | None) -> None:
