@@ -536,7 +536,8 @@ class _Host:
         if self.abandoned:
             return
         self.abandoned = True
-        culprit = self.owners.get(asyncio.current_task(self.loop))  # type: ignore[arg-type]
+        running = asyncio.current_task(self.loop)  # what blocks it, read from this thread
+        culprit = None if running is None else self.owners.get(running)
         for attempt in self.attempts:
             attempt.blamed = culprit is None or attempt is culprit
             attempt.settled = True
@@ -555,6 +556,11 @@ class _Host:
 def _settle(future: asyncio.Future[Any]) -> None:
     if not future.done():
         future.set_result(None)
+
+
+def _fail(future: asyncio.Future[Any], error: BaseException) -> None:
+    if not future.done():
+        future.set_exception(error)
 
 
 class _Mailbox:
@@ -582,7 +588,12 @@ class _Mailbox:
         with self._lock:
             posted, self._posted = self._posted, []
         for callback, args in posted:
-            callback(*args)
+            try:
+                callback(*args)
+            except Exception as error:  # reported as the loop reports a failed callback; the
+                self.loop.call_exception_handler(  # batch's others still run
+                    {"message": f"callback {callback!r} failed", "exception": error}
+                )
 
 
 class _CallerPolicy:
@@ -611,7 +622,11 @@ class _CallerPolicy:
     def _start(self, prompt_ids: np.ndarray, params: SamplingParams, answer: Any) -> None:
         if answer.done():  # cancelled before it was started
             return
-        call = self.host.caller.create_task(self.policy.sample(prompt_ids, params))
+        try:
+            call = self.host.caller.create_task(self.policy.sample(prompt_ids, params))
+        except Exception as error:  # a policy whose `sample` raises before it is awaited
+            self.host.to_loop.post(_fail, answer, error)
+            return
         self._calls[answer] = call
         call.add_done_callback(lambda _: self._done(call, answer))
 
@@ -629,7 +644,7 @@ class _CallerPolicy:
         if call.cancelled():
             answer.cancel()
         elif (error := call.exception()) is not None:
-            answer.set_exception(error)
+            _fail(answer, error)
         else:
             answer.set_result(call.result())
 
