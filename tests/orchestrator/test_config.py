@@ -204,3 +204,9 @@ def test_a_config_that_is_not_utf8_is_named_not_a_traceback(tmp_path):
     path.write_bytes(b"[run]\nsteps = 1\n# caf\xe9\n")
     with pytest.raises(ConfigError, match=r"c.toml: not valid TOML: not UTF-8 text"):
         load_config(path)
+
+
+@pytest.mark.parametrize("out", ["", "  "])
+def test_an_empty_run_out_is_refused_not_the_current_folder(out):
+    with pytest.raises(ConfigError, match="run: out must name a folder"):
+        load_config(None, {"run.out": out})

@@ -52,6 +52,8 @@ class RunSection(_Section):
     never gives memory back."""
 
     def __post_init__(self) -> None:
+        if not self.out.strip():  # an empty path is the current folder, taken over silently
+            raise ValueError("out must name a folder, not be empty")
         check_range("steps", self.steps, at_least=0)
         # The generators of tasks take no negatives, torch's none of 64 bits or more.
         check_range("seed", self.seed, at_least=0, below=2**63)
