@@ -1,18 +1,20 @@
 """A `callgrove train --executor ray` killed with SIGKILL leaves no process of the Ray it started
 running: its holder, Ray's servers, agents and workers all end within a bounded time. An actor of
-the run that dies stops it with a one-line error naming what died, and the run resumes."""
+the run that dies stops it with a one-line error naming what died, and the run resumes; a
+cluster address where nothing answers is said at once."""
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from .train_process import finish, kill_after, start, steps_done, write_config
+from .train_process import ENV, command, finish, kill_after, start, steps_done, write_config
 
 pytestmark = pytest.mark.processes
 
@@ -46,13 +48,13 @@ def process_tree(root: int) -> dict[tuple[int, str], str]:
 def running(processes: dict[tuple[int, str], str]) -> dict[tuple[int, str], str]:
     """Those of `processes` still running (the same pid and start time, not a zombie)."""
     alive = {}
-    for (pid, started), command in processes.items():
+    for (pid, started), line in processes.items():
         try:
             fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
         if fields[19] == started and fields[0] != "Z":
-            alive[(pid, started)] = command
+            alive[(pid, started)] = line
     return alive
 
 
@@ -97,3 +99,17 @@ def test_the_sampler_actor_dying_stops_the_run_with_one_line_and_it_resumes(tmp_
     assert finished < 6
     finish(config, "--executor", "ray")
     assert steps_done(out) == 6
+
+
+def test_a_cluster_address_where_nothing_answers_is_one_line_at_once(tmp_path):
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    config = write_config(
+        tmp_path / "c.toml", tmp_path / "run", 1, f'[ray]\naddress = "127.0.0.1:{port}"'
+    )
+    done = subprocess.run(
+        command(config, "--executor", "ray"), env=ENV, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert f"error: ray.address '127.0.0.1:{port}': nothing answers there" in done.stderr

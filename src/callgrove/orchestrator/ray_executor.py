@@ -34,6 +34,7 @@ import asyncio
 import contextlib
 import itertools
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -314,6 +315,21 @@ class LocalCluster:
         self.holder.wait()
 
 
+def _answers(address: str) -> None:
+    """A cluster address `host:port` (or `ray://host:port`) at which nothing answers is an error
+    at once: Ray would retry connecting to it for a quarter of an hour."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():  # `auto`, or a form Ray resolves itself
+        return
+    try:
+        socket.create_connection((host, int(port)), timeout=10).close()
+    except OSError as error:
+        raise RunError(
+            f"ray.address {address!r}: nothing answers there ({error.strerror or error}); start "
+            "the cluster, or leave ray.address empty for a Ray of this machine"
+        ) from None
+
+
 class RayExecutor:
     """The driver's handle on the actors: the sampler actor (`sampler`), started before the
     driver builds its learner, then the environment workers (an `EpisodeRunner`)."""
@@ -349,9 +365,14 @@ class RayExecutor:
                 "configure_logging": False,
                 "runtime_env": {"env_vars": env_vars},
             }
-            if not config.ray.address:
+            if config.ray.address:
+                _answers(config.ray.address)
+            else:
                 cluster = LocalCluster.start()
-            ray.init(address=cluster.address if cluster else config.ray.address, **options)
+            try:
+                ray.init(address=cluster.address if cluster else config.ray.address, **options)
+            except ConnectionError as error:
+                raise RunError(f"ray.address {config.ray.address!r}: {error}") from None
         return cls(config, RaySampler(SamplerActor.remote(_raw(config))), connected, cluster)
 
     def start_workers(self, chat: Any, params: SamplingParams) -> None:
