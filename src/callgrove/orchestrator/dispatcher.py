@@ -13,13 +13,16 @@ Invariants:
   (`callgrove.episode.off_policy_steps`).
 - Generation runs at most `max_off_policy_steps` steps ahead of training: a group is launched
   only while the groups taken for training plus those in flight stay below
-  `(version + 1 + max_off_policy_steps) * groups_per_step`. A group that still comes back
-  staler than that (it finished late) is dropped whole before it trains.
+  `(version + 1 + max_off_policy_steps) * groups_per_step` (a resumed run counts the groups of
+  the steps done before it). A group that still comes back staler than that (it finished late)
+  is dropped whole before it trains.
 - Evaluation episodes are pinned: the loop loads no new weights while they run, so their span
   is one version, and they are never dropped for staleness.
 
 Tasks are drawn per group from a generator seeded by (seed, group index), so a group launched
-again after a restart gets the same task.
+again after a restart gets the same task; a task must be JSON, as its episodes record it.
+Episodes run on an `EpisodeLoop` of the dispatcher's (or a runner's workers), so an environment
+that blocks its own loop never stops the dispatcher's.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """Episodes on Ray: environment workers and the sampler as actors (the `ray` extra).
 
 `--executor ray` keeps the loop, the learner and every sink in the driver and moves what scales
-out: `env_workers` async `EnvWorker` actors run episodes (each on an `EpisodeLoop`, as locally, so an episode records itself the same way), and one `SamplerActor` holds the
-sampler, batching the calls of every worker's episodes. A worker's policy client forwards each
+out: `env_workers` async `EnvWorker` actors run episodes (each on an `EpisodeLoop`, as locally,
+so an episode records itself the same way), and one `SamplerActor` holds the sampler, batching
+the calls of every worker's episodes. A worker's policy client forwards each
 call to the sampler actor. The driver's sampler is the actor's, through its handle
 (`RaySampler`): the driver holds no copy of the model for sampling, a checkpoint keeps the
 actor's sampler state, and after each optimizer step the new weights go into the object store
