@@ -367,7 +367,6 @@ class EpisodeLoop:
         over)."""
         episode.env = episode.env or WireEnv(id=env.name, name=env.name)
         episode.task = task
-        blank = copy.copy(episode)  # what it starts over from, should its loop be abandoned
         started = time.perf_counter()
         while True:
             if self._host is None or self._host.abandoned:
@@ -380,7 +379,8 @@ class EpisodeLoop:
                 return episode
             if cancelled or attempt.blamed:
                 return _abandoned(attempt, timeout, cancelled, started)
-            episode = dataclasses.replace(blank, agents=[], errors=[], rewards={})
+            # Started over from what it carried (its blocked loop changes nothing meanwhile).
+            episode = dataclasses.replace(episode, agents=[], errors=[], rewards={}, ok=True)
 
     async def _wait(self, host: _Host, attempt: _Attempt, timeout: float | None) -> bool:
         """Until the attempt ends on its loop, or its loop is abandoned as blocked (its loop
