@@ -7,7 +7,7 @@ from pathlib import Path
 
 import callgrove
 
-STAGES = ["formats", "episode", "forest", "rows", "credit", "batch", "train"]
+STAGES = ["formats", "episode", "sampling", "forest", "rows", "credit", "batch", "train"]
 # On top, in order: each may import the stages and the packages on top listed before it.
 ON_TOP = [
     "synth",
@@ -63,9 +63,15 @@ def test_no_package_on_top_imports_one_listed_after_it():
             assert not wrong, f"{path.relative_to(PACKAGE)} imports {sorted(wrong)}"
 
 
-# The samplers' torch kernels: loaded only by the backends that sample in this process; and
-# the TRL adapter, imported by name only, whose trainer cannot load without torch anyway.
-TORCH_SAMPLERS = {"policy/decode.py", "policy/hf_decode.py", "interop/trl.py"}
+# The sampling distribution both samplers and losses compute; the samplers' torch kernels:
+# loaded only by the backends that sample in this process; and the TRL adapter, imported by
+# name only, whose trainer cannot load without torch anyway.
+TORCH_SAMPLERS = {
+    "sampling/distribution.py",
+    "policy/decode.py",
+    "policy/hf_decode.py",
+    "interop/trl.py",
+}
 
 
 def test_torch_is_imported_only_by_train_the_samplers_or_lazily():

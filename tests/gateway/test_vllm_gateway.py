@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from callgrove.episode import load
-from callgrove.train.distribution import sampling_distribution
+from callgrove.sampling.distribution import sampling_distribution
 
 from .helpers import SRC, server_process
 

@@ -42,8 +42,8 @@ from callgrove.episode import Agent, Call, Episode, sampling_record
 from callgrove.formats.problems import InputError
 from callgrove.interop import nemo_rl
 from callgrove.rows import build_rows
+from callgrove.sampling.distribution import sampling_distribution
 from callgrove.train import LossSettings
-from callgrove.train.distribution import sampling_distribution
 from callgrove.train.loss import policy_terms
 from train.helpers import VOCAB, row_batch, sample_near_the_model
 

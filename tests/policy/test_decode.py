@@ -12,8 +12,8 @@ from callgrove.chat import CharFormat
 from callgrove.policy import SamplingParams
 from callgrove.policy.decode import DecodeRequest, decode
 from callgrove.policy.local import LocalSampler
+from callgrove.sampling.distribution import sampling_distribution
 from callgrove.train import TinyConfig, TinyDecoder, VarlenLayout
-from callgrove.train.distribution import sampling_distribution
 
 CONFIG = TinyConfig(vocab_size=24, d_model=16, n_heads=2, n_layers=2, d_ff=32)
 
@@ -23,31 +23,38 @@ def model(seed: int = 0) -> TinyDecoder:
     return TinyDecoder(CONFIG).double()
 
 
-def full_logprobs(net: TinyDecoder, tokens: np.ndarray, temperature: float, top_p: float):
-    """Each token's log-probability under the whole-sequence forward, after temperature/top-p."""
+def full_logprobs(
+    net: TinyDecoder, tokens: np.ndarray, temperature: float, top_p: float, top_k: int = 0
+):
+    """Each token's log-probability under the whole-sequence forward, after temperature, top-k
+    (0: none) and top-p."""
     ids = torch.as_tensor(tokens, dtype=torch.long)
     logits = net(ids, torch.arange(len(ids)), VarlenLayout([0, len(ids)]))
     n = len(ids) - 1
     logp = sampling_distribution(
-        logits[:-1], torch.full((n,), temperature), torch.full((n,), top_p)
+        logits[:-1],
+        torch.full((n,), temperature),
+        torch.full((n,), top_p),
+        torch.full((n,), top_k),
     )
     return logp.gather(1, ids[1:, None])[:, 0].detach().numpy()
 
 
-@pytest.mark.parametrize(("temperature", "top_p"), [(1.0, 1.0), (0.7, 0.9), (0.0, 1.0)])
-def test_batched_cached_decoding_matches_the_full_forward(temperature, top_p):
+@pytest.mark.parametrize(
+    ("temperature", "top_p", "top_k"),
+    [(1.0, 1.0, None), (0.7, 0.9, None), (0.0, 1.0, None), (1.2, 0.95, 3)],
+)
+def test_batched_cached_decoding_matches_the_full_forward(temperature, top_p, top_k):
     net = model()
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, 24, n).astype(np.int32) for n in (3, 9, 1, 6)]
-    requests = [
-        DecodeRequest(p, SamplingParams(max_tokens=7, temperature=temperature, top_p=top_p))
-        for p in prompts
-    ]
+    params = SamplingParams(max_tokens=7, temperature=temperature, top_p=top_p, top_k=top_k)
+    requests = [DecodeRequest(p, params) for p in prompts]
     out = decode(net, requests, torch.Generator().manual_seed(1))
     for prompt, result in zip(prompts, out, strict=True):
         assert len(result.completion_ids) == 7 and not result.stopped
         whole = np.concatenate([prompt, result.completion_ids])
-        expected = full_logprobs(net, whole, temperature, top_p)[len(prompt) - 1 :]
+        expected = full_logprobs(net, whole, temperature, top_p, top_k or 0)[len(prompt) - 1 :]
         np.testing.assert_allclose(result.logprobs, expected, atol=1e-9)
         assert np.all(np.isfinite(result.logprobs))
 

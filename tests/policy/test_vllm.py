@@ -25,7 +25,7 @@ from callgrove.policy.vllm import (
     start_servers,
     vllm_sampler,
 )
-from callgrove.train.distribution import sampling_distribution
+from callgrove.sampling.distribution import sampling_distribution
 
 # One worker runs every vLLM test, so `pytest -n 2` starts one session server, not two.
 pytestmark = [pytest.mark.vllm, pytest.mark.xdist_group("vllm")]

@@ -16,8 +16,8 @@ import sys
 import pytest
 import torch
 
+from callgrove.sampling.distribution import sampling_distribution
 from callgrove.train import policy_loss, supervised_loss, token_logprobs
-from callgrove.train.distribution import sampling_distribution
 
 from .helpers import (
     give_advantages,

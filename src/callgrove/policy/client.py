@@ -5,22 +5,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
-import msgspec
 import numpy as np
 
-from callgrove.episode import sampling_record
 from callgrove.formats.ranges import check_range
+from callgrove.sampling import Distribution
 
 FinishReason = Literal["stop", "length"]
 
 
-class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """How one call is sampled, and a run's `[sampling]`. No hidden top-k: the full
-    distribution, tempered and top-p cut."""
+class SamplingParams(Distribution, frozen=True):
+    """How one call is sampled, and a run's `[sampling]`: the distribution (temperature, top-p,
+    top-k; no hidden cut) and when sampling ends."""
 
     max_tokens: int = 64
-    temperature: float = 1.0
-    top_p: float = 1.0
     stop_token_ids: tuple[int, ...] = ()
     """Sampling ends after any of these tokens, which is kept as the completion's last token
     (a run adds its chat format's)."""
@@ -30,15 +27,9 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     seed: int | None = None
     """One call's seed (a run seeds its sampler from `run.seed` instead)."""
 
-    def recorded(self) -> dict[str, Any]:
-        """These settings as a call's `sampling`: the distribution a sampler that applies them
-        exactly (`callgrove.train.distribution`) draws from and reports logprobs under."""
-        return sampling_record(self.temperature, self.top_p)
-
     def __post_init__(self) -> None:
+        super().__post_init__()
         check_range("max_tokens", self.max_tokens, at_least=1)
-        check_range("temperature", self.temperature, at_least=0)
-        check_range("top_p", self.top_p, above=0, at_most=1)
 
 
 @dataclass(frozen=True, slots=True)

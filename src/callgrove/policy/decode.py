@@ -5,9 +5,10 @@ prefill, then each decode step forwards one new token per sequence, attending to
 sequence's cached keys and values only (a key mask hides the padding). Rotary positions are
 each sequence's own, so every sequence sees exactly what it would see decoded alone.
 
-Sampling follows `callgrove.policy.SamplingParams` through `train.distribution` (the function
-the learners score with): logits divided by the temperature (0 is greedy), then the smallest
-set of tokens whose probability reaches `top_p`, renormalised; no hidden top-k. The
+Sampling follows `callgrove.policy.SamplingParams` through `sampling.distribution` (the function
+the learners score with): logits divided by the temperature (0 is greedy), cut to the `top_k`
+most likely tokens where asked, then to the smallest set whose probability reaches `top_p`,
+renormalised; no hidden cut. The
 log-probability returned for a token is the one under that final distribution, which is the
 behaviour policy the importance ratio divides by. Draws are inverse
 CDF over one uniform per token, taken from the sequence's own generator when its request has a
@@ -28,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from callgrove.policy.client import SamplingParams
-from callgrove.train.distribution import sampling_distribution
+from callgrove.sampling.distribution import sampling_distribution
 from callgrove.train.model import Block, TinyDecoder, rotate
 
 
@@ -43,16 +44,18 @@ class DecodeRequest:
 
 def request_tensors(
     requests: Sequence[DecodeRequest], vocab: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The requests' temperatures and top-p (float64), token budgets, and stop tokens as a
-    (requests, vocabulary) mask: what a batched decoder reads every step."""
+) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor, torch.Tensor]:
+    """The requests' distributions (temperatures and top-p as float64, top-k with 0 for no
+    cut: `sampling_distribution`'s arguments), token budgets, and stop tokens as a (requests,
+    vocabulary) mask: what a batched decoder reads every step."""
     temperature = torch.tensor([r.params.temperature for r in requests], dtype=torch.float64)
     top_p = torch.tensor([r.params.top_p for r in requests], dtype=torch.float64)
+    top_k = torch.tensor([r.params.top_k or 0 for r in requests], dtype=torch.long)
     max_tokens = torch.tensor([r.params.max_tokens for r in requests], device=device)
     stops = torch.zeros(len(requests), vocab, dtype=torch.bool, device=device)
     for i, r in enumerate(requests):
         stops[i, [t for t in r.params.stop_token_ids if 0 <= t < vocab]] = True
-    return temperature, top_p, max_tokens, stops
+    return (temperature, top_p, top_k), max_tokens, stops
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,7 +170,7 @@ def decode(
     )
     last = logits[torch.arange(batch), lengths - 1]
 
-    temperature, top_p, max_tokens, stops = request_tensors(requests, vocab, device)
+    distribution, max_tokens, stops = request_tensors(requests, vocab, device)
     own = request_generators(requests)
     stop_strings = {
         i: (StopStrings(text_of, r.params.stop), [])
@@ -180,7 +183,7 @@ def decode(
     stopped = torch.zeros(batch, dtype=torch.bool, device=device)
     key_valid = valid
     for step in range(int(max_tokens.max())):
-        logp = sampling_distribution(last.double(), temperature, top_p)
+        logp = sampling_distribution(last.double(), *distribution)
         chosen = draw(logp, generator, own)
         tokens.append(torch.where(running, chosen, -1))
         logprobs.append(logp.gather(1, chosen[:, None])[:, 0])

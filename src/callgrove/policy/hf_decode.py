@@ -4,8 +4,9 @@ Prompts of different lengths decode together. The prefill forwards each distinct
 (a group's calls share one prompt: its cache is copied to each of them) and the prefix all of
 them share once (a chat template's system turn); each prompt's own tokens follow, left-padded
 (a 2-D attention mask hides the padding, position ids count each sequence's own tokens). Then
-one new token per sequence per step through the model's cache. Sampling is `callgrove.train.distribution`'s: temperature
-and top-p over the full vocabulary (no hidden top-k), one uniform per token, and the
+one new token per sequence per step through the model's cache. Sampling is
+`callgrove.sampling.distribution`'s: temperature, top-k and top-p over the full vocabulary (no
+hidden cut), one uniform per token, and the
 log-probability of each sampled token read from the same final distribution the token was drawn
 from (the behaviour policy). Stop strings end a sequence once its decoded completion contains
 one in the text its latest token added; that token is kept.
@@ -28,7 +29,7 @@ from callgrove.policy.decode import (
     request_generators,
     request_tensors,
 )
-from callgrove.train.distribution import sampling_distribution
+from callgrove.sampling.distribution import sampling_distribution
 
 
 @torch.no_grad()
@@ -57,7 +58,7 @@ def hf_decode(
         cache.reorder_cache(index)
         last, mask = last[index], mask[index]
 
-    temperature, top_p, max_tokens, stop_ids = request_tensors(requests, vocab, device)
+    distribution, max_tokens, stop_ids = request_tensors(requests, vocab, device)
     text_of = partial(tokenizer.decode, skip_special_tokens=False)
     stop_strings = [StopStrings(text_of, r.params.stop) for r in requests]
     own = request_generators(requests)
@@ -71,7 +72,7 @@ def hf_decode(
     keys = mask.shape[1]
     mask = torch.cat([mask, torch.ones(batch, steps, dtype=torch.long, device=device)], dim=1)
     for step in range(steps):
-        logp = sampling_distribution(last.double(), temperature, top_p)
+        logp = sampling_distribution(last.double(), *distribution)
         chosen = draw(logp, generator, own)
         picked = logp.gather(1, chosen[:, None])[:, 0]
         hit = stop_ids[torch.arange(batch), chosen]

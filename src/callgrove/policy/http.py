@@ -35,10 +35,12 @@ import orjson
 
 from callgrove.episode import LOGPROB_DTYPE, TOKEN_DTYPE
 from callgrove.episode.checks import sampling_problem
+from callgrove.errors import RunFailed
 from callgrove.policy.client import Completion, SamplingParams
+from callgrove.sampling import Distribution
 
 
-class UpstreamError(Exception):
+class UpstreamError(RunFailed):
     """The inference server failed or answered something without the token fields."""
 
     def __init__(self, message: str, status: int = 502):
@@ -56,8 +58,7 @@ def completion_request(
             prompt_ids, dtype=TOKEN_DTYPE
         ),  # orjson writes arrays natively
         "max_tokens": params.max_tokens,
-        "temperature": params.temperature,
-        "top_p": params.top_p,
+        **distribution_fields(params),
         "logprobs": 0,
         "return_token_ids": True,
         "return_tokens_as_token_ids": True,
@@ -73,6 +74,17 @@ def completion_request(
     return body
 
 
+def distribution_fields(distribution: Distribution) -> dict[str, object]:
+    """The sampling distribution as a request's fields (no `top_k`: no cut)."""
+    fields: dict[str, object] = {
+        "temperature": distribution.temperature,
+        "top_p": distribution.top_p,
+    }
+    if distribution.top_k is not None:
+        fields["top_k"] = distribution.top_k
+    return fields
+
+
 def reported_distribution(payload: dict, params: SamplingParams, tempered: bool) -> dict:
     """The distribution an upstream's logprobs are under (see the module): an `UpstreamError`
     where it cannot be known."""
@@ -82,11 +94,11 @@ def reported_distribution(payload: dict, params: SamplingParams, tempered: bool)
         if problem is not None:
             raise UpstreamError(f"upstream named its sampling distribution wrongly: {problem}")
         return named
-    if tempered or (params.temperature == 1.0 and params.top_p == 1.0):
-        return params.recorded()
+    if tempered or params.whole:
+        return params.record()
     raise UpstreamError(
         "the upstream does not say which distribution its logprobs are under, and at "
-        f"temperature {params.temperature} / top_p {params.top_p} a server's default ones are "
+        f"{distribution_fields(params)} a server's default ones are "
         "untempered (not the behaviour policy's): start vLLM with --logprobs-mode "
         "processed_logprobs and tell the client so (tempered_logprobs), or sample at "
         "temperature 1 and top_p 1",
@@ -534,8 +546,7 @@ class HttpPolicyClient:
         body: dict[str, object] = {
             "messages": messages,
             "max_tokens": params.max_tokens,
-            "temperature": params.temperature,
-            "top_p": params.top_p,
+            **distribution_fields(params),
             "logprobs": True,
             "top_logprobs": 0,
             "return_token_ids": True,

@@ -23,9 +23,10 @@ from typing import Any
 
 import numpy as np
 
-from callgrove.episode import LOGPROB_DTYPE, TOKEN_DTYPE, sampling_record
+from callgrove.episode import LOGPROB_DTYPE, TOKEN_DTYPE
 from callgrove.policy.client import Completion, SamplingParams
-from callgrove.policy.http import HttpPolicyClient, UpstreamError
+from callgrove.policy.http import HttpPolicyClient, UpstreamError, distribution_fields
+from callgrove.sampling import Distribution
 
 
 class LlamaCppPolicyClient(HttpPolicyClient):
@@ -59,11 +60,11 @@ class LlamaCppPolicyClient(HttpPolicyClient):
     async def chat(
         self, messages: list[dict], tools: list[dict], params: SamplingParams
     ) -> tuple[np.ndarray, Completion, dict]:
-        if params.temperature != 1.0 or params.top_p != 1.0:
+        if not params.whole:
             raise UpstreamError(
                 "llama-cpp-python reports log-probabilities of the untempered distribution: "
-                f"sample at temperature 1 and top_p 1 (asked {params.temperature}, "
-                f"{params.top_p}) for them to be the behaviour policy's",
+                "sample at temperature 1, top_p 1 and no top_k (asked "
+                f"{distribution_fields(params)}) for them to be the behaviour policy's",
                 status=400,
             )
         body: dict[str, object] = {
@@ -103,7 +104,7 @@ class LlamaCppPolicyClient(HttpPolicyClient):
             logprobs=np.asarray(logprobs, dtype=LOGPROB_DTYPE),
             policy_version=self._version,
             finish_reason="length" if choice.get("finish_reason") == "length" else "stop",
-            sampling=sampling_record(1.0, 1.0),  # what was sent: the whole distribution
+            sampling=Distribution().record(),  # what was sent: the whole distribution
         )
         return prompt, sample, message
 

@@ -18,7 +18,6 @@ from typing import Any
 
 import numpy as np
 
-from callgrove.episode import sampling_record
 from callgrove.policy.client import Completion, SamplingParams
 from callgrove.policy.decode import Decoded, DecodeRequest, decode, new_generator
 from callgrove.train.model import TinyDecoder
@@ -97,7 +96,7 @@ class LocalSampler:
                         logprobs=result.logprobs,
                         policy_version=version,
                         finish_reason="stop" if result.stopped else "length",
-                        sampling=sampling_record(request.params.temperature, request.params.top_p),
+                        sampling=request.params.record(),
                     )
                 )
 

@@ -2,7 +2,7 @@
 
 The policy loss scores every trained token under the distribution it was sampled from (its
 temperature, top-p and top-k ride on the batch's targets), with the samplers' own function
-(`train.distribution`): before any update the learner's log-probability of a token is the
+(`sampling.distribution`): before any update the learner's log-probability of a token is the
 recorded one, up to the two sides' round-off, which `PolicyTerms` lets a step measure."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from callgrove.sampling.distribution import cuts, sampling_distribution
 from callgrove.train.batches import ModelBatch
-from callgrove.train.distribution import cuts, sampling_distribution
 from callgrove.train.model import TinyDecoder
 from callgrove.train.settings import LossSettings
 
@@ -53,7 +53,7 @@ def predictions(
     """Forward `batch` and read the distributions predicting the tokens at `index` (the model
     computes logits only at their distinct predecessors: `at=`). `scored`: `index` is the
     batch's targets, each read under the distribution it was sampled from (its temperature,
-    top-p and top-k, `train.distribution`); otherwise the model's own distribution."""
+    top-p and top-k, `sampling.distribution`); otherwise the model's own distribution."""
     sampling = _target_sampling(batch) if scored else None
     positions, read = _predictors(batch, index, sampling)
     return read(model(batch.token_ids, batch.position_ids, batch.layout, at=positions))
