@@ -32,6 +32,9 @@ $(STAMP): pyproject.toml Makefile
 		'tomli-w>=1' 'pydantic>=2.12.3' orjson
 	$(BIN)/pip install -q --no-deps verifiers==0.4.0 renderers==0.1.12
 	$(BIN)/pip install -q --no-deps --ignore-requires-python nemo-gym==0.7.0
+	# Harbor 0.26.0 declares Python >= 3.12; its ATIF models (harbor.models.trajectories), which
+	# the ATIF tests validate against, import on 3.11 beside pydantic.
+	$(BIN)/pip install -q --no-deps --ignore-requires-python harbor==0.26.0
 	# Trainer adapters (callgrove.interop.trl, .verl, their tests). TRL installs whole. verl 0.9.1
 	# pins transformers<5.11, so it goes in without its dependencies, plus the few its DataProto
 	# and policy-loss modules import.

@@ -66,7 +66,7 @@ from callgrove.episode import (
 from callgrove.episode.files import EpisodeFormat, format_for
 from callgrove.forest import Forest, build_forest, compact_prompts
 from callgrove.formats import Diagnostics, InputError, Problem
-from callgrove.interop import GYM, VERIFIERS  # registers the foreign formats
+from callgrove.interop import ATIF, GYM, VERIFIERS  # registers the foreign formats
 from callgrove.rows import (
     CheckSummary,
     EpisodeRows,
@@ -115,6 +115,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "ATIF",
     "GRPO",
     "GYM",
     "VERIFIERS",

@@ -53,7 +53,8 @@ class EpisodeFormat:
 
     `read(path, diagnostics, **options)` streams `(line, episode)`; `open_writer(path, append)`
     returns an `EpisodeSink` (None: the form is read-only); `sniff(first_line)` tells this form
-    from others that claim the same file names; `folder`: a directory of files is one input.
+    from others that claim the same file names; `folder`: a directory of files is one input,
+    and `holds(folder)` tells whose where several forms read folders.
     """
 
     name: str
@@ -62,6 +63,7 @@ class EpisodeFormat:
     open_writer: Callable[[Path, bool], EpisodeSink] | None = None
     sniff: Callable[[bytes], bool] | None = None
     folder: bool = False
+    holds: Callable[[Path], bool] | None = None
 
 
 FORMATS: dict[str, EpisodeFormat] = {}
@@ -87,8 +89,9 @@ def format_for(
     path = readable(path) if sniff else Path(path)
     if path.is_dir():
         folders = [f for f in FORMATS.values() if f.folder]
-        if folders:
-            return folders[0]
+        held = [f for f in folders if f.holds is not None and f.holds(path)]
+        if held or folders:
+            return (held or folders)[0]
     text = path.name
     matches = [(len(s), f) for f in FORMATS.values() for s in f.suffixes if text.endswith(s)]
     if not matches:

@@ -2,6 +2,8 @@
 
 - `callgrove.interop.verifiers`: verifiers `traces.jsonl` (0.4.0 episode rows and older
   bare-trace rows), advantages written back onto its message nodes, episodes written as it.
+- `callgrove.interop.atif`: ATIF trajectories (Harbor's interchange format, v1.0-v1.8), read
+  with their subagent trajectories and written back with them.
 - `callgrove.interop.gym`: NeMo Gym token capture (`TokenEntry`) joined with its agent
   invocation records, so every subagent's and compaction's calls are kept.
 
@@ -10,10 +12,10 @@ objects; docs/trainers.md): `callgrove.interop.trl` (TRL's GRPO batch and a `GRP
 samples), `.verl` (a `DataProto`), `.prime_rl` (its `TrainingSample`s), `.nemo_rl` (its
 GRPO train data) and `.openrlhf` (the `Experience` its actor trains on).
 
-Importing the package registers both as episode formats (`verifiers`, `gym`) for `load`,
+Importing the package registers them as episode formats (`verifiers`, `gym`, `atif`) for `load`,
 `save` and `convert`.
 """
 
-from callgrove.interop.formats import GYM, VERIFIERS
+from callgrove.interop.formats import ATIF, GYM, VERIFIERS
 
-__all__ = ["GYM", "VERIFIERS"]
+__all__ = ["ATIF", "GYM", "VERIFIERS"]

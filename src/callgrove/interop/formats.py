@@ -1,4 +1,4 @@
-"""verifiers and NeMo Gym as entries of the episode format registry (`callgrove.episode.files`),
+"""verifiers, NeMo Gym and ATIF as entries of the episode format registry (`callgrove.episode.files`),
 so `load`, `save`, `convert` and every command read and write them by name or by file."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from pathlib import Path
 from callgrove.episode import Episode
 from callgrove.episode.files import EpisodeFormat, register
 from callgrove.formats.problems import Diagnostics
+from callgrove.interop.atif import AtifWriter, holds_atif, is_atif, read_atif
 from callgrove.interop.gym import TOKENS_SUFFIX, read_gym
 from callgrove.interop.verifiers import VerifiersWriter, read_located_verifiers
 
@@ -45,4 +46,19 @@ def _is_gym(line: bytes) -> bool:
 # A capture is told by its name, or, under another JSON Lines name (a pipe's), by its first line.
 GYM = register(
     EpisodeFormat("gym", (TOKENS_SUFFIX, ".jsonl"), _read_gym, sniff=_is_gym, folder=True)
+)
+
+
+# A trajectory document (`.json`), trajectories one per line (`.jsonl`, told by its first line),
+# or a folder of trajectory documents.
+ATIF = register(
+    EpisodeFormat(
+        "atif",
+        (".json", ".jsonl"),
+        read_atif,
+        lambda path, append: AtifWriter(Path(path), append=append),
+        sniff=is_atif,
+        folder=True,
+        holds=holds_atif,
+    )
 )

@@ -1,0 +1,840 @@
+"""ATIF (the Agent Trajectory Interchange Format Harbor logs runs in, v1.0 to v1.8) read as
+callgrove episodes, and episodes written as ATIF.
+
+A root trajectory (one `.json` document, or one line of a `.jsonl` file) is an episode; it and
+every subagent trajectory (embedded in `subagent_trajectories`, or in a file named by a
+`SubagentTrajectoryRef.trajectory_path`) is an agent, linked to the agent whose observation
+holds the reference. A `continued_trajectory_ref` names the file that continues the same agent.
+
+Steps become calls:
+- an agent step whose `metrics` hold `prompt_token_ids` and `completion_token_ids` is a call
+  with those tokens and its `logprobs` (it trains once, as every call does);
+- without token ids, the trajectory's messages are rendered through the chat layer as the
+  transcript importers render harness sessions, and the episode trains supervised;
+- a step marked `is_copied_context` (history copied from another trajectory) or with
+  `llm_call_count: 0` (no model ran) is history, never a call;
+- an agent step whose `extra.context_management.type` is `compaction` is a compaction call; a
+  system step so marked (Harbor's handoff after summarising) starts the history afresh.
+
+Whatever the format leaves unknown or a step cannot give is counted in the episode's gaps:
+a subagent's start kind when the reference does not say it (read as `fresh`), a step of
+several model calls (`llm_call_count` > 1), a step without token ids in a trajectory whose
+other steps have them, a subagent file that is not there. Episodes written here carry what
+ATIF has no field for under `extra.callgrove`, so they read back field by field.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+import orjson
+from msgspec import UNSET
+
+from callgrove.chat import Message
+from callgrove.chat.message import ToolCall
+from callgrove.episode import Agent, Episode, Gap, Spawn, episode_from_wire
+from callgrove.episode.codec import episode_to_wire
+from callgrove.formats.problems import Diagnostics, InputError, Problem
+from callgrove.formats.wire import FORMAT, WireAgent, WireCall, WireEpisode
+from callgrove.interop.foreign import gap
+from callgrove.transcripts.model import (
+    CallRecord,
+    Source,
+    Transcript,
+    TranscriptAgent,
+    TranscriptCall,
+    Turn,
+    extend,
+)
+from callgrove.transcripts.render import TranscriptRenderer
+
+ATIF_VERSIONS = tuple(f"ATIF-v1.{minor}" for minor in range(9))
+WRITTEN_VERSION = ATIF_VERSIONS[-1]
+CARRIED = "callgrove"  # the `extra` key holding what ATIF has no field for
+STARTS = ("fresh", "fork", "background")  # what a reference's extra may say of its subagent
+# Token fields of a callgrove call: in ATIF they are the step's metrics.
+_TOKEN_FIELDS = ("prompt_ids", "prompt_from", "prompt_from_len", "prompt_suffix_ids")
+
+
+class _Record(msgspec.Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):
+    """ATIF forbids fields it does not name, as Harbor's own models do."""
+
+
+class AtifMetrics(_Record, kw_only=True):
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cached_tokens: int | None = None
+    cost_usd: float | None = None
+    # Raw JSON text, parsed straight into numpy by the episode codec (None: absent or null).
+    prompt_token_ids: msgspec.Raw = None  # type: ignore[assignment]
+    completion_token_ids: msgspec.Raw = None  # type: ignore[assignment]
+    logprobs: list[float] | None = None
+    extra: dict[str, Any] | None = None
+
+
+class AtifToolCall(_Record, kw_only=True):
+    tool_call_id: str
+    function_name: str
+    arguments: dict[str, Any]
+    extra: dict[str, Any] | None = None
+
+
+class AtifRef(_Record, kw_only=True):
+    """A `SubagentTrajectoryRef`: `trajectory_id` (embedded) or `trajectory_path` (a file)."""
+
+    trajectory_id: str | None = None
+    session_id: str | None = None
+    trajectory_path: str | None = None
+    extra: dict[str, Any] | None = None
+
+
+class AtifResult(_Record, kw_only=True):
+    source_call_id: str | None = None
+    content: str | list[dict[str, Any]] | None = None
+    subagent_trajectory_ref: list[AtifRef] | None = None
+    extra: dict[str, Any] | None = None
+
+
+class AtifObservation(_Record, kw_only=True):
+    results: list[AtifResult]
+
+
+class AtifStep(_Record, kw_only=True):
+    step_id: int
+    timestamp: str | None = None
+    source: Literal["system", "user", "agent"]
+    model_name: str | None = None
+    reasoning_effort: str | float | None = None
+    message: str | list[dict[str, Any]]
+    reasoning_content: str | None = None
+    tool_calls: list[AtifToolCall] | None = None
+    observation: AtifObservation | None = None
+    metrics: AtifMetrics | None = None
+    is_copied_context: bool | None = None
+    llm_call_count: int | None = None
+    extra: dict[str, Any] | None = None
+
+
+class AtifAgent(_Record, kw_only=True):
+    name: str
+    version: str
+    model_name: str | None = None
+    tool_definitions: list[dict[str, Any]] | None = None
+    extra: dict[str, Any] | None = None
+
+
+class AtifTrajectory(_Record, kw_only=True):
+    schema_version: str
+    session_id: str | None = None
+    trajectory_id: str | None = None
+    agent: AtifAgent
+    steps: list[AtifStep]
+    notes: str | None = None
+    final_metrics: dict[str, Any] | None = None
+    continued_trajectory_ref: str | None = None
+    extra: dict[str, Any] | None = None
+    subagent_trajectories: list[AtifTrajectory] | None = None
+
+
+_decode_trajectory = msgspec.json.Decoder(AtifTrajectory).decode
+
+
+# --- recognising ---------------------------------------------------------------------------
+
+
+def is_atif(first_line: bytes) -> bool:
+    """A trajectory's first line: its `schema_version` on it, or (pretty-printed) a lone `{`,
+    which no JSON Lines episode starts with."""
+    return b'"ATIF-v1.' in first_line or first_line.strip() == b"{"
+
+
+def holds_atif(folder: Path) -> bool:
+    """A folder holding ATIF trajectory files."""
+    return any(_file_is_atif(path) for path in folder.glob("*.json"))
+
+
+def _file_is_atif(path: Path) -> bool:
+    with path.open("rb") as stream:
+        return b'"schema_version"' in stream.read(4096) and b'"ATIF-v1.' in path.read_bytes()
+
+
+# --- reading -------------------------------------------------------------------------------
+
+
+def _tokens(raw: msgspec.Raw | None) -> msgspec.Raw | None:
+    return None if raw is None or bytes(raw) == b"null" else raw
+
+
+def _carried(extra: dict[str, Any] | None) -> dict[str, Any] | None:
+    return None if extra is None else extra.get(CARRIED)
+
+
+def _is_compaction(step: AtifStep) -> bool:
+    management = (step.extra or {}).get("context_management")
+    return isinstance(management, dict) and management.get("type") == "compaction"
+
+
+def _text(content: str | list[dict[str, Any]] | None) -> str:
+    """A message's text: a string, or the text parts of a multimodal list (other parts are
+    named by their type, so a rendering shows something was there)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "".join(
+        part.get("text", "") if part.get("type") == "text" else f"[{part.get('type')}]"
+        for part in content
+    )
+
+
+def _where(file: str, trajectory: str, step: AtifStep | None = None) -> str:
+    place = f"trajectory {trajectory}"
+    return place if step is None else f"{place}, step {step.step_id}"
+
+
+@dataclass
+class _Node:
+    """One agent: the trajectory (and its continuations) it was read from."""
+
+    id: str
+    trajectory: AtifTrajectory
+    file: str
+    parent: str | None = None
+    start: str = "root"
+    spawn: Spawn | None = None
+    steps: list[AtifStep] = field(default_factory=list)
+
+
+class _Reader:
+    """One root trajectory and everything it links to, as one episode."""
+
+    def __init__(self, root: AtifTrajectory, file: Path, folder: Path):
+        self.root = root
+        self.file = str(file)
+        self.folder = folder
+        self.nodes: list[_Node] = []
+        self.gaps: list[dict[str, Any]] = []
+        self.embedded: dict[str, AtifTrajectory] = {}
+        self.copied = 0  # steps of copied history, never calls
+        self.episode_id = (
+            (_carried(root.extra) or {}).get("episode", {}).get("id")
+            or root.trajectory_id
+            or root.session_id
+            or file.stem
+        )
+
+    def fail(self, message: str, trajectory: str, step: AtifStep | None = None) -> InputError:
+        where = _where(self.file, trajectory, step)
+        return InputError(Problem(f"{where}: {message}", file=self.file, episode=self.episode_id))
+
+    # The agents, in the order their first call was made: each subagent right after the step
+    # that referenced it, so its calls come after the call that started it.
+    def walk(self, trajectory: AtifTrajectory, node_id: str, file: str, parent: _Node | None):
+        carried = _carried(trajectory.agent.extra) or {}
+        node = _Node(carried.get("id", node_id), trajectory, file)
+        if node.id in {n.id for n in self.nodes}:
+            raise self.fail(f"agent {node.id!r} appears twice", node_id)
+        self.nodes.append(node)
+        for sub in trajectory.subagent_trajectories or []:
+            if sub.trajectory_id is None:
+                raise self.fail("an embedded subagent trajectory has no trajectory_id", node.id)
+            self.embedded.setdefault(sub.trajectory_id, sub)
+        node.steps = self._continued(trajectory, node.id)
+        self._split_sidechains(node)
+        referenced: set[str] = set()
+        for step in node.steps:
+            if step.source not in ("system", "user", "agent"):
+                raise self.fail(f"source {step.source!r}", node.id, step)
+            for result in step.observation.results if step.observation else []:
+                for ref in result.subagent_trajectory_ref or []:
+                    self._follow(ref, node, step, result, referenced)
+        # An embedded subagent no reference names is still an agent of its embedder.
+        for sub in trajectory.subagent_trajectories or []:
+            if sub.trajectory_id not in referenced and sub.trajectory_id not in self._ids():
+                child = self.walk(sub, sub.trajectory_id, file, node)
+                self._link(child, node, None, None, None)
+        return node
+
+    def _split_sidechains(self, node: _Node) -> None:
+        """Harbor's Claude Code converter keeps subagents' steps in the leader's trajectory,
+        each marked `extra.is_sidechain` with the subagent's `agent_id`: each is its own agent."""
+        sides: dict[str, list[AtifStep]] = {}
+        own = []
+        for step in node.steps:
+            extra = step.extra or {}
+            agent_id = extra.get("agent_id")
+            if extra.get("is_sidechain") and isinstance(agent_id, str):
+                sides.setdefault(agent_id, []).append(step)
+            else:
+                own.append(step)
+        node.steps = own
+        for agent_id, steps in sides.items():
+            child = _Node(agent_id, node.trajectory, node.file, steps=steps)
+            self.nodes.append(child)
+            self._link(child, node, None, None, None)
+
+    def _ids(self) -> set[str]:
+        return {n.id for n in self.nodes} | {
+            n.trajectory.trajectory_id for n in self.nodes if n.trajectory.trajectory_id
+        }
+
+    def _continued(self, trajectory: AtifTrajectory, node_id: str) -> list[AtifStep]:
+        steps = list(trajectory.steps)
+        seen = {self.file}
+        while trajectory.continued_trajectory_ref is not None:
+            path = self.folder / trajectory.continued_trajectory_ref
+            if str(path) in seen or not path.is_file():
+                self.gaps.append(
+                    gap("atif_continuation_missing", node_id, f"{path} is not there or repeats")
+                )
+                break
+            seen.add(str(path))
+            trajectory = read_trajectory(path)
+            steps.extend(trajectory.steps)
+        return steps
+
+    def _follow(
+        self,
+        ref: AtifRef,
+        parent: _Node,
+        step: AtifStep,
+        result: AtifResult,
+        referenced: set[str],
+    ) -> None:
+        if ref.trajectory_id is not None and ref.trajectory_id in self.embedded:
+            referenced.add(ref.trajectory_id)
+            if ref.trajectory_id in self._ids():
+                return
+            sub, file = self.embedded[ref.trajectory_id], parent.file
+            node_id = ref.trajectory_id
+        elif ref.trajectory_path is not None:
+            path = self.folder / ref.trajectory_path
+            if not path.is_file():
+                reason = f"{_where(self.file, parent.id, step)}: {path} is not there"
+                self.gaps.append(
+                    gap("subagent_file_missing", step_call_id(parent.id, step), reason)
+                )
+                return
+            sub, file = read_trajectory(path), str(path)
+            node_id = sub.trajectory_id or path.stem
+            if node_id in self._ids():
+                return
+        else:
+            raise self.fail(
+                f"subagent reference {ref.trajectory_id!r} names no embedded trajectory",
+                parent.id,
+                step,
+            )
+        child = self.walk(sub, node_id, file, parent)
+        self._link(child, parent, step, result, ref)
+
+    def _link(
+        self,
+        child: _Node,
+        parent: _Node,
+        step: AtifStep | None,
+        result: AtifResult | None,
+        ref: AtifRef | None,
+    ) -> None:
+        child.parent = parent.id
+        said = (ref.extra or {}).get("start") if ref is not None else None
+        if said in STARTS:
+            child.start = said
+        elif child.steps and child.steps[0].is_copied_context:
+            child.start = "fork"  # it begins with its parent's history, copied
+        else:
+            child.start = "fresh"
+            self.gaps.append(
+                gap("atif_start_unknown", child.id, "the reference does not say how it began")
+            )
+        if step is not None and step.source == "agent":
+            child.spawn = Spawn(
+                call=step_call_id(parent.id, step),
+                tool_call_id=result.source_call_id if result else None,
+                link="subagent_trajectory_ref",
+            )
+
+    def episode(self) -> Episode:
+        self.walk(self.root, self.root.trajectory_id or "root", self.file, None)
+        carried = _carried(self.root.extra)
+        calls = self._token_calls()
+        if carried is not None:
+            return self._carried_episode(carried, calls)
+        if any(calls.values()):
+            return self._token_episode(calls)
+        return self._rendered_episode()
+
+    def _model_steps(self, node: _Node) -> Iterator[AtifStep]:
+        """The agent steps that are model calls."""
+        for step in node.steps:
+            if step.source != "agent":
+                continue
+            if step.is_copied_context or step.llm_call_count == 0:
+                self.copied += bool(step.is_copied_context)
+                continue
+            yield step
+
+    def _token_calls(self) -> dict[str, list[WireCall]]:
+        """Each agent's steps that hold token ids, as calls, ledger order by walk order."""
+        calls: dict[str, list[WireCall]] = {}
+        self.untokenised: list[tuple[_Node, AtifStep]] = []
+        seq = 0
+        for node in self.nodes:
+            calls[node.id] = []
+            for step in self._model_steps(node):
+                metrics = step.metrics or AtifMetrics()
+                prompt = _tokens(metrics.prompt_token_ids)
+                completion = _tokens(metrics.completion_token_ids)
+                if completion is None:
+                    self.untokenised.append((node, step))
+                    continue
+                if prompt is None:
+                    raise self.fail("completion_token_ids without prompt_token_ids", node.id, step)
+                if (step.llm_call_count or 1) > 1:
+                    raise self.fail(
+                        f"llm_call_count {step.llm_call_count}: one step's token ids cannot be "
+                        "split into its calls",
+                        node.id,
+                        step,
+                    )
+                seq += 1
+                call = WireCall(
+                    id=step_call_id(node.id, step),
+                    seq=seq,
+                    prompt_ids=prompt,  # type: ignore[arg-type]
+                    completion_ids=completion,  # type: ignore[arg-type]
+                    logprobs=metrics.logprobs,
+                    purpose="compaction" if _is_compaction(step) else "turn",
+                )
+                carried = _carried(step.extra)
+                if carried is not None:
+                    call = msgspec.structs.replace(call, **_call_fields(carried))
+                calls[node.id].append(call)
+        return calls
+
+    def _wire_agent(self, node: _Node, calls: list[WireCall]) -> WireAgent:
+        return WireAgent(
+            id=node.id,
+            name=node.trajectory.agent.name,
+            parent=node.parent,
+            start=node.start,
+            calls=calls,
+            meta=_agent_meta(node),
+        )
+
+    def _token_episode(self, calls: dict[str, list[WireCall]]) -> Episode:
+        for node, step in self.untokenised:
+            reason = f"{_where(self.file, node.id, step)}: a model step without token ids"
+            self.gaps.append(
+                gap("atif_step_without_token_ids", step_call_id(node.id, step), reason)
+            )
+        wire = WireEpisode(
+            format=FORMAT,
+            id=self.episode_id,
+            agents=[self._wire_agent(node, calls[node.id]) for node in self.nodes],
+            gaps=self.gaps or UNSET,
+            meta=self._meta(),
+        )
+        return self._built(wire)
+
+    def _carried_episode(
+        self, carried: dict[str, Any], calls: dict[str, list[WireCall]]
+    ) -> Episode:
+        agents = []
+        for node in self.nodes:
+            agent = msgspec.convert(_carried(node.trajectory.agent.extra) or {}, WireAgent)
+            agent.calls = calls[node.id]
+            agents.append(agent)
+        record = {**carried.get("episode", {}), "format": FORMAT}
+        wire = msgspec.convert(record, WireEpisode)
+        wire.agents = agents
+        if self.gaps:  # what was not found while reading it
+            wire.gaps = [*(wire.gaps or []), *self.gaps]
+        return self._built(wire)
+
+    def _built(self, wire: WireEpisode) -> Episode:
+        try:
+            return episode_from_wire(wire)
+        except InputError as error:
+            raise error.located(file=self.file, episode=wire.id) from None
+
+    def _meta(self) -> dict[str, Any]:
+        meta: dict[str, Any] = {"source": "atif", "schema_version": self.root.schema_version}
+        if self.root.session_id is not None:
+            meta["session_id"] = self.root.session_id
+        if self.copied:
+            meta["copied_steps"] = self.copied
+        return meta
+
+    def _rendered_episode(self) -> Episode:
+        agents = {node.id: _transcript_agent(node) for node in self.nodes}
+        order = 0
+        for node in self.nodes:
+            history: Turn | None = None
+            for step in node.steps:
+                history, order = self._render_step(agents[node.id], node, step, history, order)
+        for node, step in self.untokenised:
+            if (step.llm_call_count or 1) > 1:
+                reason = f"{_where(self.file, node.id, step)}: {step.llm_call_count} model calls"
+                self.gaps.append(gap("atif_aggregated_step", step_call_id(node.id, step), reason))
+        transcript = Transcript(
+            id=self.episode_id,
+            agents=list(agents.values()),
+            gaps=[msgspec.convert(g, type=Gap) for g in self.gaps],
+            meta=self._meta(),
+        )
+        try:
+            return TranscriptRenderer().episode(transcript)
+        except InputError as error:
+            raise error.located(file=self.file, episode=self.episode_id) from None
+
+    def _render_step(
+        self,
+        agent: TranscriptAgent,
+        node: _Node,
+        step: AtifStep,
+        history: Turn | None,
+        order: int,
+    ) -> tuple[Turn | None, int]:
+        text = _text(step.message)
+        if step.source == "system" and _is_compaction(step):
+            history = None  # the history was replaced by a summary
+        if step.source != "agent":
+            role = "system" if step.source == "system" else "user"
+            history = extend(history, [Message(role, text)]) if text else history
+        else:
+            answer = Message(
+                "assistant",
+                text,
+                thinking=step.reasoning_content or "",
+                tool_calls=tuple(
+                    ToolCall(c.tool_call_id, c.function_name, c.arguments)
+                    for c in step.tool_calls or []
+                ),
+            )
+            is_call = not step.is_copied_context and step.llm_call_count != 0
+            if is_call:
+                order += 1
+                call = TranscriptCall(
+                    id=step_call_id(node.id, step),
+                    agent=agent,
+                    context=history,
+                    response=answer,
+                    order=(order,),
+                    content=CallRecord(
+                        source=Source(file=node.file, lines=[]),
+                        model=step.model_name or node.trajectory.agent.model_name,
+                        usage=_usage(step.metrics),
+                    ),
+                    purpose="compaction" if _is_compaction(step) else "turn",
+                )
+                agent.calls.append(call)
+                history = call.answer
+            else:
+                history = extend(history, [answer])
+        results = step.observation.results if step.observation else []
+        tool_messages = [
+            Message("tool", _text(r.content), tool_call_id=r.source_call_id)
+            for r in results
+            if r.content is not None
+        ]
+        return extend(history, tool_messages), order
+
+
+def _usage(metrics: AtifMetrics | None) -> dict[str, Any] | None:
+    if metrics is None:
+        return None
+    usage = {
+        "prompt_tokens": metrics.prompt_tokens,
+        "completion_tokens": metrics.completion_tokens,
+        "cached_tokens": metrics.cached_tokens,
+    }
+    return {key: value for key, value in usage.items() if value is not None} or None
+
+
+def _transcript_agent(node: _Node) -> TranscriptAgent:
+    return TranscriptAgent(
+        id=node.id,
+        name=node.trajectory.agent.name,
+        parent=node.parent,
+        start=node.start,
+        meta=_agent_meta(node),
+        spawn=node.spawn,
+    )
+
+
+def _agent_meta(node: _Node) -> dict[str, Any]:
+    meta: dict[str, Any] = {"file": node.file}
+    if node.spawn is not None:
+        meta["spawn"] = msgspec.to_builtins(node.spawn)
+    return meta
+
+
+def _call_fields(carried: dict[str, Any]) -> dict[str, Any]:
+    """The call fields written under `extra.callgrove` (every field but its tokens)."""
+    return {
+        name: value
+        for name, value in carried.items()
+        if name not in (*_TOKEN_FIELDS, "completion_ids", "logprobs")
+    }
+
+
+def step_call_id(agent: str, step: AtifStep) -> str:
+    """The id of the call an agent step is (unless the step carries callgrove's own)."""
+    carried = _carried(step.extra)
+    return carried["id"] if carried and "id" in carried else f"{agent}/step-{step.step_id}"
+
+
+def read_trajectory(path: Path) -> AtifTrajectory:
+    """One ATIF document; an `InputError` naming the file and what is wrong."""
+    try:
+        trajectory = _decode_trajectory(path.read_bytes())
+    except (OSError, msgspec.DecodeError) as error:
+        raise InputError(Problem(f"not an ATIF trajectory: {error}", file=str(path))) from None
+    _check_version(trajectory, str(path), None)
+    return trajectory
+
+
+def _check_version(trajectory: AtifTrajectory, file: str, line: int | None) -> None:
+    if trajectory.schema_version not in ATIF_VERSIONS:
+        message = (
+            f"schema_version {trajectory.schema_version!r} is not one this reader knows "
+            f"({ATIF_VERSIONS[0]} to {ATIF_VERSIONS[-1]})"
+        )
+        raise InputError(Problem(message, file=file, line=line))
+
+
+def _roots(path: Path) -> Iterator[tuple[int, AtifTrajectory, Path]]:
+    """The root trajectories a file or folder holds, numbered from 1: every line of a `.jsonl`
+    file, the one document of a `.json` file, and in a folder each `.json` file no other file
+    names as a subagent or a continuation."""
+    if path.is_dir():
+        files = sorted(p for p in path.glob("*.json") if _file_is_atif(p))
+        trajectories = {p: read_trajectory(p) for p in files}
+        named = {
+            (p.parent / name).resolve() for p, t in trajectories.items() for name in _files_named(t)
+        }
+        roots = [(p, t) for p, t in trajectories.items() if p.resolve() not in named]
+        for number, (file, trajectory) in enumerate(roots, start=1):
+            yield number, trajectory, file
+        return
+    if path.name.endswith(".jsonl"):
+        with path.open("rb") as stream:
+            for number, line in enumerate(stream, start=1):
+                if line.strip():
+                    yield number, _decoded_line(line, path, number), path
+        return
+    yield 1, read_trajectory(path), path
+
+
+def _decoded_line(line: bytes, path: Path, number: int) -> AtifTrajectory:
+    try:
+        trajectory = _decode_trajectory(line)
+    except msgspec.DecodeError as error:
+        problem = Problem(f"not an ATIF trajectory: {error}", file=str(path), line=number)
+        raise InputError(problem) from None
+    _check_version(trajectory, str(path), number)
+    return trajectory
+
+
+def _files_named(trajectory: AtifTrajectory) -> Iterator[str]:
+    if trajectory.continued_trajectory_ref is not None:
+        yield trajectory.continued_trajectory_ref
+    for step in trajectory.steps:
+        for result in step.observation.results if step.observation else []:
+            for ref in result.subagent_trajectory_ref or []:
+                if ref.trajectory_path is not None and ref.trajectory_id is None:
+                    yield ref.trajectory_path
+    for sub in trajectory.subagent_trajectories or []:
+        yield from _files_named(sub)
+
+
+def read_atif(
+    path: str | os.PathLike[str], diagnostics: Diagnostics | None = None
+) -> Iterator[tuple[int, Episode]]:
+    """Stream `(number, episode)`, one episode per root trajectory. Without `diagnostics` the
+    first bad trajectory raises `InputError` (naming file, trajectory and step); with it, each
+    is recorded there and the rest are still read."""
+    path = Path(path)
+    folder = path if path.is_dir() else path.parent
+    try:
+        roots = list(_roots(path))
+    except InputError as error:
+        if diagnostics is None:
+            raise
+        diagnostics.add(error.problem)
+        return
+    for number, trajectory, file in roots:
+        try:
+            episode = _Reader(trajectory, file, folder).episode()
+        except InputError as error:
+            located = error.located(file=str(file), line=number)
+            if diagnostics is None:
+                raise located from None
+            diagnostics.add(located.problem)
+            continue
+        yield number, episode
+
+
+# --- writing -------------------------------------------------------------------------------
+
+
+def _raw(values: Any) -> msgspec.Raw:
+    return msgspec.Raw(orjson.dumps(values, option=orjson.OPT_SERIALIZE_NUMPY))
+
+
+def _call_message(content: Any) -> str:
+    """The text a call answered with, when an importer kept its messages."""
+    if isinstance(content, dict) and isinstance(content.get("response"), dict):
+        text = content["response"].get("content")
+        return text if isinstance(text, str) else ""
+    return ""
+
+
+def episode_trajectory(episode: Episode) -> AtifTrajectory:
+    """The episode as one root trajectory: its first agent without a parent at the root, every
+    other agent an embedded subagent trajectory, referenced from the step of the call that
+    started it (or, when none is recorded, from a system step at the end of its parent's)."""
+    if not episode.agents:
+        raise InputError(
+            Problem("an episode with no agent has no trajectory in ATIF", episode=episode.id)
+        )
+    wire = msgspec.to_builtins(episode_to_wire(episode))
+    del wire["format"]  # the record is ATIF; the reader names callgrove's format again
+    agents_wire = {agent["id"]: agent for agent in wire.pop("agents")}
+    root = next((a for a in episode.agents if a.parent is None), episode.agents[0])
+    children: dict[str, list[str]] = {}
+    for agent in episode.agents:
+        if agent is not root:
+            children.setdefault(agent.parent or root.id, []).append(agent.id)
+    trajectories = {}
+    for agent in episode.agents:
+        trajectories[agent.id] = _agent_trajectory(
+            episode, agent, agents_wire[agent.id], children.get(agent.id, [])
+        )
+    top = trajectories[root.id]
+    top.extra = {CARRIED: {"episode": wire}}
+    top.session_id = episode.id
+    subs = [trajectories[a.id] for a in episode.agents if a is not root]
+    top.subagent_trajectories = subs or None
+    return top
+
+
+def _agent_trajectory(
+    episode: Episode, agent: Agent, wire: dict[str, Any], children: list[str]
+) -> AtifTrajectory:
+    calls_wire = wire.pop("calls")
+    steps: list[AtifStep] = []
+    spawned: dict[str | None, list[str]] = {}
+    for child in children:
+        spawn = _agent(episode, child).spawn
+        spawned.setdefault(spawn.call if spawn else None, []).append(child)
+    for call, call_wire in zip(agent.calls, calls_wire, strict=True):
+        carried = _call_fields(call_wire)
+        step = AtifStep(
+            step_id=len(steps) + 1,
+            source="agent",
+            message=_call_message(call.content),
+            metrics=AtifMetrics(
+                prompt_tokens=call.prompt_len,
+                completion_tokens=len(call.completion_ids),
+                prompt_token_ids=_raw(episode.prompt_ids(call)),
+                completion_token_ids=_raw(call.completion_ids),
+                logprobs=None if call.logprobs is None else call.logprobs.tolist(),
+            ),
+            extra={CARRIED: carried}
+            | (
+                {"context_management": {"type": "compaction"}}
+                if call.purpose == "compaction"
+                else {}
+            ),
+        )
+        started = spawned.pop(call.id, [])
+        if started:
+            step.observation = AtifObservation(results=[_reference(episode, c) for c in started])
+        steps.append(step)
+    unplaced = [child for group in spawned.values() for child in group]
+    if unplaced or not steps:
+        steps.append(
+            AtifStep(
+                step_id=len(steps) + 1,
+                source="system",
+                message="",
+                observation=AtifObservation(results=[_reference(episode, c) for c in unplaced])
+                if unplaced
+                else None,
+            )
+        )
+    return AtifTrajectory(
+        schema_version=WRITTEN_VERSION,
+        trajectory_id=agent.id,
+        agent=AtifAgent(name=agent.name, version="unknown", extra={CARRIED: wire}),
+        steps=steps,
+    )
+
+
+def _agent(episode: Episode, agent_id: str) -> Agent:
+    return next(a for a in episode.agents if a.id == agent_id)
+
+
+def _reference(episode: Episode, child: str) -> AtifResult:
+    agent = _agent(episode, child)
+    return AtifResult(
+        source_call_id=None,
+        subagent_trajectory_ref=[AtifRef(trajectory_id=child, extra={"start": agent.start})],
+    )
+
+
+class AtifWriter:
+    """Episodes as ATIF: into a `.json` file (one episode), a `.jsonl` file (a trajectory per
+    line) or a folder (`<episode id>.json` each)."""
+
+    def __init__(self, path: Path, append: bool = False):
+        self.path = path
+        self.lines = 0
+        self.single = path.name.endswith(".json")
+        self.folder = not self.single and not path.name.endswith(".jsonl")
+        if self.folder:
+            path.mkdir(parents=True, exist_ok=True)
+            self.stream = None
+        else:
+            self.stream = path.open("ab" if append else "wb")
+
+    def write(self, episode: Episode) -> None:
+        if self.single and self.lines:
+            raise InputError(
+                Problem(
+                    "a .json file holds one trajectory: write to a folder or a .jsonl file",
+                    file=str(self.path),
+                    episode=episode.id,
+                )
+            )
+        encoded = msgspec.json.encode(episode_trajectory(episode))
+        if self.stream is None:
+            (self.path / f"{_safe_name(episode.id)}.json").write_bytes(encoded + b"\n")
+        else:
+            self.stream.write(encoded + b"\n")
+        self.lines += 1
+
+    def sync(self) -> None:
+        if self.stream is not None:
+            self.stream.flush()
+
+    def close(self) -> None:
+        if self.stream is not None:
+            self.stream.close()
+
+    def __enter__(self) -> AtifWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _safe_name(episode_id: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in episode_id)
