@@ -11,6 +11,7 @@ from callgrove.credit.algorithm import (
     finalize_group,
     relative_credit,
     seat_traces,
+    shares_episode_reward,
 )
 from callgrove.credit.ema import EMABaseline
 from callgrove.credit.grpo import GRPO, HierarchicalGRPO, Scope
@@ -38,4 +39,5 @@ __all__ = [
     "finalize_group",
     "relative_credit",
     "seat_traces",
+    "shares_episode_reward",
 ]

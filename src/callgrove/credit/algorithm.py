@@ -71,6 +71,18 @@ class Credit:
     advantage: float
 
 
+def shares_episode_reward(trace: Trace) -> bool:
+    """Whether `trace` is a subagent's scored by the episode's reward: one agent's trace, the
+    agent not the leader (started as `root`) and without rewards of its own. Its reward is then
+    the outcome of every seat's work, not of its own calls alone."""
+    return (
+        trace.seat is not None
+        and len(trace.agents) == 1
+        and trace.agents[0].start != "root"
+        and trace.agents[0].rewards is None
+    )
+
+
 def seat_traces(episode: Episode) -> list[Trace]:
     """One trace per trainable agent of a completed episode, rewarded by `agent_reward`."""
     if not episode.ok:
@@ -239,20 +251,25 @@ def _why_unassigned(episode: Episode, call: Call) -> str:
 
 
 def relative_credit(
-    traces: Sequence[Trace], scale_by_std: bool, std_epsilon: float
+    traces: Sequence[Trace], scale_by_std: bool, std_epsilon: float, leave_one_out: bool = False
 ) -> list[Credit]:
-    """Each trace's reward minus the mean of `traces`, divided by their std when asked.
+    """Each trace's reward minus the mean of `traces` (with `leave_one_out`, the mean of the
+    others), divided by their std when asked.
 
-    The std is the population std (ddof 0), so a pool of one gets advantage 0.0 rather than NaN.
+    The std is the population std (ddof 0) of all of `traces`, so a pool of one gets advantage
+    0.0 rather than NaN, with or without `leave_one_out`.
     """
     if not traces:
         return []
     rewards = np.array([trace.reward for trace in traces], dtype=np.float64)
-    baseline = float(rewards.mean())
-    advantages = rewards - baseline
+    if leave_one_out and len(rewards) > 1:
+        baselines = (rewards.sum() - rewards) / (len(rewards) - 1)
+    else:
+        baselines = np.full_like(rewards, rewards.mean())
+    advantages = rewards - baselines
     if scale_by_std:
         advantages /= float(rewards.std()) + std_epsilon
     return [
-        Credit(trace, baseline, float(advantage))
-        for trace, advantage in zip(traces, advantages, strict=True)
+        Credit(trace, float(baseline), float(advantage))
+        for trace, baseline, advantage in zip(traces, baselines, advantages, strict=True)
     ]
