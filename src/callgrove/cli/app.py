@@ -35,6 +35,7 @@ from callgrove.formats.problems import Diagnostics, InputError
 from callgrove.formats.streams import readable
 from callgrove.formats.text import printable
 from callgrove.interop import GYM
+from callgrove.interop.atif import holds_atif
 from callgrove.interop.gym import TOKENS_SUFFIX
 
 T = TypeVar("T")
@@ -247,14 +248,15 @@ def episode_inputs(files: list[Path], invocations: Path | None = None) -> list[P
 
 
 def folder_without_episodes(path: Path) -> str | None:
-    """For a folder that holds neither a verifiers results file nor NeMo Gym captures (the
-    folders read as episodes): what it is, where that is known."""
+    """For a folder that holds neither a verifiers results file, NeMo Gym captures nor ATIF
+    trajectories (the folders read as episodes): what it is, where that is known."""
     if not path.is_dir() or (path / VERIFIERS_FILE).is_file():
         return None
-    if any(path.glob(f"*{TOKENS_SUFFIX}")):
+    if any(path.glob(f"*{TOKENS_SUFFIX}")) or holds_atif(path):
         return None
     neither = (
-        f"a folder holding neither a verifiers {VERIFIERS_FILE} nor NeMo Gym *{TOKENS_SUFFIX} files"
+        f"a folder holding neither a verifiers {VERIFIERS_FILE}, NeMo Gym *{TOKENS_SUFFIX} files "
+        "nor ATIF trajectories (*.json)"
     )
     return folder_hint(path) or neither
 

@@ -84,12 +84,14 @@ UNKNOWN_FIELD = "unknown_field"  # the readers' kind for a field the format does
 class Source(StrEnum):
     verifiers = "verifiers"
     gym = "gym"
+    atif = "atif"
     callgrove = "callgrove"
 
 
 class Target(StrEnum):
     callgrove = "callgrove"
     verifiers = "verifiers"
+    atif = "atif"  # a .json file (one episode), a .jsonl file or a new folder of them
 
 
 @dataclass
@@ -139,7 +141,8 @@ def convert_command(
         typer.Option(
             "--to",
             help="What OUT gets (default: verifiers for a traces.jsonl or a folder, or with "
-            "--onto; callgrove otherwise).",
+            "--onto; callgrove otherwise). atif: OUT a .json file (one episode), a .jsonl "
+            "file (a trajectory a line) or a new folder (a .json file per episode).",
         ),
     ] = None,
     invocations: Annotated[
@@ -177,9 +180,11 @@ def convert_command(
         typer.Option("--json", help="The summary as one JSON object on stdout (not on stderr)."),
     ] = False,
 ) -> None:
-    """Convert episodes between verifiers traces, NeMo Gym captures and callgrove files.
+    """Convert episodes between verifiers traces, NeMo Gym captures, ATIF trajectories and
+    callgrove files.
 
-    `callgrove convert IN [--from verifiers|gym|callgrove] [--to callgrove|verifiers] OUT` (or
+    `callgrove convert IN [--from verifiers|gym|atif|callgrove] [--to callgrove|verifiers|atif]
+    OUT` (or
     `-o OUT`); what IN holds is read from its first record when --from is not given. With
     `--onto`, IN's episodes must carry advantages, or `--algorithm` scores their groups.
     OUT's folder is made if it is not there.
@@ -367,7 +372,7 @@ def _input_path(
             raise usage(f"{path}: no such file")
     if from_ is Source.verifiers and source.is_dir():
         source = source / VERIFIERS_FILE
-    if not source.exists() or (source.is_dir() and from_ is not Source.gym):
+    if not source.exists() or (source.is_dir() and from_ not in (Source.gym, Source.atif)):
         raise usage(f"{source}: no such file")
     return source
 

@@ -669,9 +669,15 @@ def read_atif(
             raise
         diagnostics.add(error.problem)
         return
+    taken: set[str] = set()
     for number, trajectory, file in roots:
+        reader = _Reader(trajectory, file, folder)
+        if path.is_dir() and reader.episode_id in taken:
+            # runs of one session saved as several files: each file is its own episode
+            reader.episode_id = f"{reader.episode_id}:{file.stem}"
+        taken.add(reader.episode_id)
         try:
-            episode = _Reader(trajectory, file, folder).episode()
+            episode = reader.episode()
         except InputError as error:
             located = error.located(file=str(file), line=number)
             if diagnostics is None:
