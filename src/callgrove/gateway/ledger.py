@@ -41,6 +41,7 @@ from callgrove.episode.checks import check_episode, check_run
 # The codec's own form of one call: a ledger line is that plus the gateway's fields, so a field
 # the format gains is written and read back here too.
 from callgrove.episode.codec import _call_from_wire, _call_to_wire
+from callgrove.forest import abandoned_compactions
 from callgrove.formats import InputError
 from callgrove.formats.jsonl import json_numbers
 from callgrove.formats.wire import WireCall, WirePolicy, WireRun
@@ -354,7 +355,8 @@ def close_record(
     the episode format (`InputError` names what does not fit).
 
     A call that the same agent asked again with the same prompt (a retry) is kept only in its
-    last attempt; the others are recorded with `kept: false`.
+    last attempt; the others are recorded with `kept: false`. So is a compaction its agent went
+    on without (`abandoned_compactions`: its summary sampled, then dropped).
     """
     latest: dict[tuple[str, str], Call] = {}
     for agent in agents:
@@ -383,6 +385,8 @@ def close_record(
         meta={"gateway": {"failed_calls": failed}} if failed else None,
     )
     check_episode(episode)
+    for call in abandoned_compactions(episode):
+        call.kept = False
     return episode
 
 
