@@ -295,7 +295,12 @@ class _Reader:
                 break
             seen.add(str(path))
             trajectory = read_trajectory(path)
-            steps.extend(trajectory.steps)
+            # a segment numbers its steps from 1 again: the agent's are numbered on
+            offset = len(steps)
+            steps.extend(
+                msgspec.structs.replace(step, step_id=step.step_id + offset)
+                for step in trajectory.steps
+            )
         return steps
 
     def _follow(
@@ -349,9 +354,8 @@ class _Reader:
             child.start = "fork"  # it begins with its parent's history, copied
         else:
             child.start = "fresh"
-            self.gaps.append(
-                gap("atif_start_unknown", child.id, "the reference does not say how it began")
-            )
+            reason = "the reference does not say how it began: read as fresh"
+            self.gaps.append({"kind": "atif_start_unknown", "agent": child.id, "reason": reason})
         if step is not None and step.source == "agent":
             child.spawn = Spawn(
                 call=step_call_id(parent.id, step),
