@@ -10,12 +10,14 @@ from typing import Any
 from callgrove.orchestrator.env import Environment
 from callgrove.orchestrator.envs.arithmetic import Arithmetic
 from callgrove.orchestrator.envs.digits import Copy, Handoff, Relay
+from callgrove.orchestrator.envs.repair import Repair
 
 ENVIRONMENTS: dict[str, Callable[..., Environment]] = {
     "relay": Relay,
     "copy": Copy,
     "arithmetic": Arithmetic,
     "handoff": Handoff,
+    "repair": Repair,
 }
 
 
@@ -61,4 +63,4 @@ def make_env(name: str, options: dict[str, Any] | None = None) -> Environment:
     return env
 
 
-__all__ = ["ENVIRONMENTS", "Arithmetic", "Copy", "Handoff", "Relay", "make_env"]
+__all__ = ["ENVIRONMENTS", "Arithmetic", "Copy", "Handoff", "Relay", "Repair", "make_env"]
