@@ -9,9 +9,10 @@ Conditions: every `[rows] scheme` with the defaults, and the two open questions 
 (`rows.background_reward = "episode"` / `"none"`; `relay` only, the environment with a
 background agent), and compaction calls not trained (`rows.train_compaction = false`).
 
-Environments: `relay` (every agent scored on its own answers, the episode on all of them) and
+Environments: `relay` (every agent scored on its own answers, the episode on all of them),
 `handoff` (only the final answer is scored, and it needs the fresh helper's, the fork's and
-the compaction summary's work). Per condition the table gives the mean episode reward over the
+the compaction summary's work) and `repair` (a harness's shape: fresh readers, a forked editor,
+a compaction, a test suite on the final answer only). Per condition the table gives the mean episode reward over the
 last 20% of the steps (mean over seeds, and each seed's), the gain over the first 20%, each
 seat's score over the last 20% (read off the episodes' `meta.seats`), the loss tokens and row
 tokens trained per step and the step time. The plot: mean episode reward per step (mean of
@@ -19,6 +20,16 @@ the seeds, smoothed), loss tokens per step and step time, per environment.
 
     nice -n 10 python benchmarks/schemes.py [--steps 50] [--seeds 0 1 2] [--workers 2]
         [--out runs/schemes] [--results benchmarks/results]
+
+`--credit` runs exactly-once's rows with each `[algorithm]` credit option for subagents scored
+by the episode's reward (`shared_reward_credit`, `shared_reward_scale`) against `exactly_once`
+and `leader_only`, and writes `credit.{md,json,png}`: the table adds, seed by seed, how many
+seeds end above leader-only and exactly-once, and the reward at equal compute (within the wall
+time and the loss tokens the cheapest run of the environment spent); the plot adds the reward
+against loss tokens and against wall time:
+
+    nice -n 19 python benchmarks/schemes.py --credit --envs handoff --steps 40 --seeds 0 1 2 3 4
+        --workers 1
 
 `--smollm2` runs the most telling case of the tiny decoder's results again with SmolLM2-135M-
 Instruct (LoRA, as the README's SmolLM2 recipe): `handoff`, `leader_only` against
@@ -58,12 +69,21 @@ SEATS = {
         "summary": ("summary",),
         "after compaction": ("final",),
     },
+    "repair": {
+        "fresh": ("reader_a", "reader_b"),
+        "fork": ("editor",),
+        "summary": ("summary",),
+        "after compaction": ("final",),
+    },
 }
 SEAT_COLUMNS = ("leader", "fresh", "fork", "background", "summary", "after compaction")
 ENV_OVERRIDES = {
     "relay": {},
     # One helper an episode: it has no sibling to be baselined against within the episode.
     "handoff": {"algorithm.local_seats": []},
+    # Two readers an episode, neither with a reward of its own: within the episode they would
+    # only be baselined against each other's equal reward.
+    "repair": {"algorithm.local_seats": []},
 }
 
 
@@ -87,6 +107,17 @@ SMOLLM2 = {
     "dispatch.episode_timeout": 3600.0,
 }
 SMOLLM2_SCHEMES = ("exactly_once", "leader_only")
+
+# `--credit`: exactly-once's rows with each credit option for subagents scored by the episode's
+# reward (`[algorithm] shared_reward_credit`, `shared_reward_scale`), against the two schemes.
+CREDIT_CONDITIONS = {
+    "exactly_once": {"rows.scheme": "exactly_once"},
+    "leader_only": {"rows.scheme": "leader_only"},
+    "shared scale 0": {"algorithm.shared_reward_scale": 0.0},
+    "shared scale 0.5": {"algorithm.shared_reward_scale": 0.5},
+    "shared leave_one_out": {"algorithm.shared_reward_credit": "leave_one_out"},
+    "shared seat_normalised": {"algorithm.shared_reward_credit": "seat_normalised"},
+}
 
 
 def conditions(env: str) -> list[tuple[str, dict]]:
@@ -145,13 +176,35 @@ def run_one(job: dict) -> dict:
     }
 
 
+def conditions_run(runs: list[dict], env: str) -> list[str]:
+    """The conditions `runs` hold for `env`, in the order they were listed."""
+    listed = [name for name, _ in conditions(env)] + list(CREDIT_CONDITIONS)
+    found = {r["condition"] for r in runs if r["env"] == env}
+    return [name for name in dict.fromkeys(listed) if name in found]
+
+
+def reward_within(run: dict, spent: str, budget: float) -> float:
+    """The run's mean episode reward over the last 20% of the steps it took within `budget` of
+    `spent` (`step_s`: seconds, `loss_tokens`: tokens trained), counted from its first step."""
+    within = max(1, int(np.searchsorted(np.cumsum(run[spent]), budget, side="right")))
+    return float(np.mean(run["reward"][:within][-max(1, within // 5) :]))
+
+
+def equal_compute(mine: list[dict], everyone: list[dict], spent: str) -> dict:
+    """Each seed's reward within the budget of `spent` the cheapest run of its environment used."""
+    budget = min(float(np.sum(r[spent])) for r in everyone)
+    per_seed = [reward_within(r, spent, budget) for r in mine]
+    return {"budget": budget, "mean": float(np.mean(per_seed)), "seeds": per_seed}
+
+
 def summarise(runs: list[dict]) -> list[dict]:
     table = []
     for env in SEATS:
-        for condition, _ in conditions(env):
-            mine = [r for r in runs if r["env"] == env and r["condition"] == condition]
-            if not mine:
-                continue
+        everyone = [r for r in runs if r["env"] == env]
+        for condition in conditions_run(runs, env):
+            mine = sorted(
+                (r for r in everyone if r["condition"] == condition), key=lambda r: r["seed"]
+            )
             fifth = max(1, len(mine[0]["reward"]) // 5)
             last = [float(np.mean(r["reward"][-fifth:])) for r in mine]
             first = [float(np.mean(r["reward"][:fifth])) for r in mine]
@@ -183,6 +236,8 @@ def summarise(runs: list[dict]) -> list[dict]:
                         "seeds": list(np.subtract(last, first)),
                     },
                     "seats_last": seats,
+                    "equal_wall_time": equal_compute(mine, everyone, "step_s"),
+                    "equal_loss_tokens": equal_compute(mine, everyone, "loss_tokens"),
                     # The first step also builds the model and starts the sampler: left out.
                     "loss_tokens_per_step": float(
                         np.mean([np.mean(r["loss_tokens"]) for r in mine])
@@ -224,6 +279,42 @@ def markdown(table: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def credit_markdown(table: list[dict]) -> str:
+    """Per environment, each condition against leader-only and exactly-once seed by seed, at
+    equal steps, equal wall time and equal loss tokens."""
+
+    def spread(values: list[float]) -> str:
+        return " / ".join(f"{v:.3f}" for v in values)
+
+    def above(row: dict, other: dict | None, key: str) -> str:
+        if other is None or other is row or other["seeds"] != row["seeds"]:
+            return "–"
+        wins = sum(a > b for a, b in zip(row[key]["seeds"], other[key]["seeds"], strict=True))
+        return f"{wins}/{len(row['seeds'])}"
+
+    head = (
+        "| env | condition | reward, last 20% (mean; per seed) | seeds above leader_only | "
+        "seeds above exactly_once | at equal wall time (mean; per seed) | above leader_only | "
+        "at equal loss tokens (mean; per seed) | above leader_only | loss tokens / step | "
+        "step s (median) |"
+    )
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for row in table:
+        mine = {t["condition"]: t for t in table if t["env"] == row["env"]}
+        leader, once = mine.get("leader_only"), mine.get("exactly_once")
+        lines.append(
+            f"| {row['env']} | {row['condition']} | {row['reward_last']['mean']:.3f} "
+            f"({spread(row['reward_last']['seeds'])}) | {above(row, leader, 'reward_last')} | "
+            f"{above(row, once, 'reward_last')} | {row['equal_wall_time']['mean']:.3f} "
+            f"({spread(row['equal_wall_time']['seeds'])}) | "
+            f"{above(row, leader, 'equal_wall_time')} | {row['equal_loss_tokens']['mean']:.3f} "
+            f"({spread(row['equal_loss_tokens']['seeds'])}) | "
+            f"{above(row, leader, 'equal_loss_tokens')} | {row['loss_tokens_per_step']:.0f} | "
+            f"{row['step_s']:.2f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def per_step_markdown(runs: list[dict]) -> str:
     """Every run's episode reward at every step, and its mean over the second half: for a run of
     a few steps, where the last 20% is one step of one group."""
@@ -259,9 +350,9 @@ def plot(runs: list[dict], table: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     envs = [env for env in SEATS if any(r["env"] == env for r in runs)]
-    figure, axes = plt.subplots(len(envs), 4, figsize=(22, 4.6 * len(envs)), squeeze=False)
+    figure, axes = plt.subplots(len(envs), 6, figsize=(33, 4.6 * len(envs)), squeeze=False)
     for row, env in enumerate(envs):
-        names = [condition for condition, _ in conditions(env)]
+        names = conditions_run(runs, env)
         for condition in names:
             style = line_style(names, condition)
             mine = [r for r in runs if r["env"] == env and r["condition"] == condition]
@@ -277,6 +368,11 @@ def plot(runs: list[dict], table: list[dict], path: Path) -> None:
             axes[row][1].plot(x, np.mean([r["loss_tokens"][:steps] for r in mine], axis=0), **style)
             seconds = np.mean([r["step_s"][1:steps] for r in mine], axis=0)
             axes[row][2].plot(x[window:], running_mean(seconds, window), **style)
+            # Equal compute: the same reward curve against what the steps cost so far.
+            smoothed = running_mean(reward, window)
+            for panel, spent in ((4, "loss_tokens"), (5, "step_s")):
+                cost = np.mean([np.cumsum(r[spent][:steps]) for r in mine], axis=0)
+                axes[row][panel].plot(cost[window - 1 :], smoothed, **style)
         seats = [c for c in SEAT_COLUMNS if c in SEATS[env]]
         mine = [t for t in table if t["env"] == env]
         width = 0.8 / max(1, len(mine))
@@ -295,6 +391,10 @@ def plot(runs: list[dict], table: list[dict], path: Path) -> None:
         axes[row][3].set_title(f"{env}: score per seat, last 20% of steps")
         axes[row][0].legend(fontsize=7)
         axes[row][3].set_ylim(0, 1)
+        axes[row][4].set_title(f"{env}: episode reward against loss tokens trained so far")
+        axes[row][4].set_xlabel("loss tokens")
+        axes[row][5].set_title(f"{env}: episode reward against wall time so far")
+        axes[row][5].set_xlabel("seconds (sum of step times)")
         for ax in axes[row][:3]:
             ax.set_xlabel("step")
     figure.tight_layout()
@@ -313,6 +413,12 @@ def main() -> None:
         "--tables-only", action="store_true", help="remake the table and plot from OUT/runs.json"
     )
     parser.add_argument(
+        "--credit",
+        action="store_true",
+        help="exactly-once's rows with each credit option for subagents without rewards of "
+        "their own, against exactly_once and leader_only: credit.{md,json,png}",
+    )
+    parser.add_argument(
         "--smollm2",
         action="store_true",
         help="handoff with SmolLM2-135M (LoRA): leader_only against exactly_once",
@@ -320,6 +426,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.smollm2 and args.out == parser.get_default("out"):
         args.out = Path("runs/schemes_smollm2")
+    if args.credit and args.out == parser.get_default("out"):
+        args.out = Path("runs/credit")
     if args.tables_only:
         runs = json.loads((args.out / "runs.json").read_text())
         for run in runs:  # runs.json written before it recorded them: read off the run folder
@@ -335,6 +443,8 @@ def main() -> None:
         chosen = [
             ("handoff", scheme, {"rows.scheme": scheme, **SMOLLM2}) for scheme in SMOLLM2_SCHEMES
         ]
+    elif args.credit:
+        chosen = [(env, *condition) for env in args.envs for condition in CREDIT_CONDITIONS.items()]
     else:
         chosen = [(env, *condition) for env in args.envs for condition in conditions(env)]
     jobs = [
@@ -371,12 +481,21 @@ def write_results(runs: list[dict], args: argparse.Namespace) -> None:
     args.results.mkdir(parents=True, exist_ok=True)
     steps = sorted({len(r["reward"]) for r in runs})
     seeds = sorted({r["seed"] for r in runs})
-    stem = "schemes_smollm2" if args.smollm2 else "schemes"
+    stem = "schemes_smollm2" if args.smollm2 else "credit" if args.credit else "schemes"
     found = {"steps": steps, "seeds": seeds, "table": table}
     if args.smollm2:  # what differs from examples/train.toml, and every step of every run
         found = {**found, "settings": SMOLLM2, "runs": runs}
+    if args.credit:
+        found = {**found, "conditions": CREDIT_CONDITIONS, "runs": runs}
     (args.results / f"{stem}.json").write_text(json.dumps(found, indent=1))
     text = markdown(table)
+    if args.credit:
+        made_by = (
+            f"`nice -n 19 python benchmarks/schemes.py --credit --envs {' '.join(args.envs)} "
+            f"--steps {max(steps)} --seeds {' '.join(map(str, seeds))} --workers "
+            f"{args.workers}`; every step of every run in {stem}.json"
+        )
+        text = f"{made_by}\n\n{credit_markdown(table)}\n{text}"
     if args.smollm2:
         made_by = (
             f"`nice -n 10 python benchmarks/schemes.py --smollm2 --steps {max(steps)} --seeds "
