@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from callgrove.episode import Episode, read_episodes
 from callgrove.forest import build_forest
 from callgrove.gateway.ledger import EPISODES_FILE
 from callgrove.rows import build_rows
 
 from .helpers import gateway_client, scripted, write_script
+from .test_gateway import CLAUDE
 
 # Claude Code 2.1.332's compaction instruction, as it opens (tests/data/claude_code).
 COMPACT = (
@@ -28,11 +31,6 @@ RULES = [
     {"when": "START", "reply": "One."},
     {"when": "go on", "reply": "Two."},
 ]
-HEADERS = {
-    "x-claude-code-session-id": "sess-1",
-    "anthropic-version": "2023-06-01",
-    "user-agent": "claude-cli/2.1.332 (external, cli)",
-}
 HISTORY = [
     {"role": "user", "content": "START count"},
     {"role": "assistant", "content": "One."},
@@ -55,7 +53,7 @@ def record(tmp_path, after_rejection: list[list[dict]]) -> Episode:
             ]
             for messages in requests:
                 body = {"model": "m", "max_tokens": 50, "messages": messages}
-                answered = await client.post("/e/ep/v1/messages", json=body, headers=HEADERS)
+                answered = await client.post("/e/ep/v1/messages", json=body, headers=CLAUDE)
                 assert answered.status_code == 200, answered.text
             return await client.post("/e/ep/close", json={"rewards": {"score": 1.0}})
 
@@ -72,40 +70,34 @@ def trained_purposes(episode) -> list[tuple[str, bool]]:
     return [(call.purpose, call.id in trained) for call in forest.calls]
 
 
-def test_a_retried_compaction_keeps_only_its_last_attempt(tmp_path):
-    retried = [*HISTORY, {"role": "user", "content": COMPACT}]
-    episode = record(tmp_path, [retried])
-    (leader,) = episode.agents
-    assert [(c.purpose, c.kept) for c in leader.calls] == [
-        ("turn", True),
-        ("compaction", False),
-        ("compaction", True),
-    ]
-    assert trained_purposes(episode) == [("turn", True), ("compaction", True)]
+# What the harness sends after the rejected compaction; then each of the leader's calls (purpose,
+# kept) and each kept call's (purpose, trained by a row).
+CASES = {
+    # asked again with the same prompt: only the last attempt is kept
+    "retried": (
+        [*HISTORY, {"role": "user", "content": COMPACT}],
+        [("turn", True), ("compaction", False), ("compaction", True)],
+        [("turn", True), ("compaction", True)],
+    ),
+    # dropped, and the history sent on without it: an abandoned attempt, out of training
+    "went on without it": (
+        [*HISTORY, {"role": "user", "content": "go on"}],
+        [("turn", True), ("compaction", False), ("turn", True)],
+        [("turn", True), ("turn", True)],
+    ),
+    # the ordinary case: the next call starts from the summary, not the old history
+    "started from its summary": (
+        [{"role": "user", "content": "Summary: counted to one. go on"}],
+        [("turn", True), ("compaction", True), ("turn", True)],
+        [("turn", True), ("compaction", True), ("turn", True)],
+    ),
+}
 
 
-def test_a_compaction_its_agent_went_on_without_is_not_kept(tmp_path):
-    """The harness dropped the rejected summary and sent the history on without it: the
-    compaction call is an abandoned attempt (kept false), out of the forest and of training."""
-    went_on = [*HISTORY, {"role": "user", "content": "go on"}]
-    episode = record(tmp_path, [went_on])
-    (leader,) = episode.agents
-    assert [(c.purpose, c.kept) for c in leader.calls] == [
-        ("turn", True),
-        ("compaction", False),
-        ("turn", True),
-    ]
-    assert trained_purposes(episode) == [("turn", True), ("turn", True)]
-
-
-def test_a_compaction_followed_by_its_summary_stays_kept(tmp_path):
-    """The ordinary case: the next call starts from the summary, not the old history."""
-    after = [{"role": "user", "content": "Summary: counted to one. go on"}]
+@pytest.mark.parametrize("case", CASES)
+def test_a_rejected_compaction_trains_only_if_its_agent_went_on_from_it(tmp_path, case):
+    after, calls, trained = CASES[case]
     episode = record(tmp_path, [after])
     (leader,) = episode.agents
-    assert [(c.purpose, c.kept) for c in leader.calls] == [
-        ("turn", True),
-        ("compaction", True),
-        ("turn", True),
-    ]
-    assert trained_purposes(episode) == [("turn", True), ("compaction", True), ("turn", True)]
+    assert [(c.purpose, c.kept) for c in leader.calls] == calls
+    assert trained_purposes(episode) == trained
