@@ -57,8 +57,17 @@ ATIF_VERSIONS = tuple(f"ATIF-v1.{minor}" for minor in range(9))
 WRITTEN_VERSION = ATIF_VERSIONS[-1]
 CARRIED = "callgrove"  # the `extra` key holding what ATIF has no field for
 STARTS = ("fresh", "fork", "background")  # what a reference's extra may say of its subagent
-# Token fields of a callgrove call: in ATIF they are the step's metrics.
-_TOKEN_FIELDS = ("prompt_ids", "prompt_from", "prompt_from_len", "prompt_suffix_ids")
+# A callgrove call's token fields: in ATIF they are the step's metrics.
+_TOKEN_FIELDS = frozenset(
+    (
+        "prompt_ids",
+        "prompt_from",
+        "prompt_from_len",
+        "prompt_suffix_ids",
+        "completion_ids",
+        "logprobs",
+    )
+)
 
 
 class _Record(msgspec.Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):
@@ -159,8 +168,12 @@ def holds_atif(folder: Path) -> bool:
 
 
 def _file_is_atif(path: Path) -> bool:
+    """Its `schema_version` names ATIF: near the top, where writers put it, else anywhere."""
     with path.open("rb") as stream:
-        return b'"schema_version"' in stream.read(4096) and b'"ATIF-v1.' in path.read_bytes()
+        head = stream.read(4096)
+    if b'"schema_version"' in head and b'"ATIF-v1.' in head:
+        return True
+    return b'"schema_version"' in path.read_bytes() and b'"ATIF-v1.' in path.read_bytes()
 
 
 # --- reading -------------------------------------------------------------------------------
@@ -390,6 +403,7 @@ class _Reader:
         seq = 0
         for node in self.nodes:
             calls[node.id] = []
+            previous: _Sequence | None = None
             for step in self._model_steps(node):
                 metrics = step.metrics or AtifMetrics()
                 prompt = _tokens(metrics.prompt_token_ids)
@@ -407,17 +421,19 @@ class _Reader:
                         step,
                     )
                 seq += 1
+                carried = _carried(step.extra)
+                fields = {
+                    "id": f"{node.id}/step-{step.step_id}",
+                    "seq": seq,
+                    "purpose": "compaction" if _is_compaction(step) else "turn",
+                    **({} if carried is None else _call_fields(carried)),
+                }
                 call = WireCall(
-                    id=step_call_id(node.id, step),
-                    seq=seq,
-                    prompt_ids=prompt,  # type: ignore[arg-type]
                     completion_ids=completion,  # type: ignore[arg-type]
                     logprobs=metrics.logprobs,
-                    purpose="compaction" if _is_compaction(step) else "turn",
+                    **fields,
                 )
-                carried = _carried(step.extra)
-                if carried is not None:
-                    call = msgspec.structs.replace(call, **_call_fields(carried))
+                previous = _prompt_after(call, prompt, previous)
                 calls[node.id].append(call)
         return calls
 
@@ -550,6 +566,46 @@ class _Reader:
         return extend(history, tool_messages), order
 
 
+@dataclass(frozen=True)
+class _Sequence:
+    """A call's full sequence as JSON text without its closing bracket, and its length."""
+
+    call: str
+    text: bytes
+    length: int
+
+
+def _count(raw: bytes) -> int:
+    """Token ids in a JSON list of them."""
+    return 0 if raw.strip(b"[] \n") == b"" else raw.count(b",") + 1
+
+
+def _prompt_after(call: WireCall, prompt: msgspec.Raw, previous: _Sequence | None) -> _Sequence:
+    """Set the call's prompt, and return its full sequence for the next call of its agent.
+
+    ATIF repeats each step's whole prompt. When it begins, byte for byte, with the JSON text
+    of the agent's previous call's full sequence, the prompt is held as that call's tokens
+    plus what follows (callgrove's compact form), and only what follows is parsed: reading
+    costs what the episode adds, not the square of its length. Any other text (another
+    spacing, a history that changed) is parsed whole."""
+    text = bytes(prompt)
+    completion = bytes(call.completion_ids)  # type: ignore[arg-type]
+    length = None
+    if previous is not None and text.startswith(previous.text):
+        rest = text[len(previous.text) :]
+        if rest[:1] in (b"]", b","):
+            suffix = b"[" + rest[1:] if rest[:1] == b"," else b"[]"
+            call.prompt_from = previous.call
+            call.prompt_from_len = previous.length
+            call.prompt_suffix_ids = msgspec.Raw(suffix)
+            length = previous.length + _count(suffix)
+    if length is None:
+        call.prompt_ids = prompt  # type: ignore[assignment]
+        length = _count(text)
+    joined = text[:-1] + (b"," if length else b"") + completion.lstrip()[1:]
+    return _Sequence(call.id, joined.rstrip()[:-1], length + _count(completion))
+
+
 def _usage(metrics: AtifMetrics | None) -> dict[str, Any] | None:
     if metrics is None:
         return None
@@ -581,11 +637,7 @@ def _agent_meta(node: _Node) -> dict[str, Any]:
 
 def _call_fields(carried: dict[str, Any]) -> dict[str, Any]:
     """The call fields written under `extra.callgrove` (every field but its tokens)."""
-    return {
-        name: value
-        for name, value in carried.items()
-        if name not in (*_TOKEN_FIELDS, "completion_ids", "logprobs")
-    }
+    return {name: value for name, value in carried.items() if name not in _TOKEN_FIELDS}
 
 
 def step_call_id(agent: str, step: AtifStep) -> str:
