@@ -1,9 +1,9 @@
 """What a file given to a command holds, so a wrong kind gets a hint instead of an error per line.
 
 Three facts decide, each kept where it belongs: the episode format registry (`format_for`) knows
-every form the commands read (callgrove's own, verifiers traces, NeMo Gym captures), the
-transcript importers' `sniff` knows harness transcripts, which must be imported first, and the
-stages that write callgrove's other files (a gateway's calls ledger, samples, rows, a training
+every form the commands read (callgrove's own, verifiers traces, NeMo Gym captures, ATIF
+trajectories), the transcript importers' `sniff` knows harness transcripts, which must be
+imported first, and the stages that write callgrove's other files (a gateway's calls ledger, samples, rows, a training
 run's metrics) know their records, by which such a file given as episodes is named.
 """
 
