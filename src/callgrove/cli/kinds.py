@@ -3,8 +3,9 @@
 Three facts decide, each kept where it belongs: the episode format registry (`format_for`) knows
 every form the commands read (callgrove's own, verifiers traces, NeMo Gym captures, ATIF
 trajectories), the transcript importers' `sniff` knows harness transcripts, which must be
-imported first, and the stages that write callgrove's other files (a gateway's calls ledger, samples, rows, a training
-run's metrics) know their records, by which such a file given as episodes is named.
+imported first, and the stages that write callgrove's other files (a gateway's calls ledger,
+samples, rows, a training run's metrics) know their records, by which such a file given as
+episodes is named.
 """
 
 from __future__ import annotations
