@@ -183,16 +183,27 @@ def conditions_run(runs: list[dict], env: str) -> list[str]:
     return [name for name in dict.fromkeys(listed) if name in found]
 
 
+def cost_per_step(run: dict, spent: str) -> np.ndarray:
+    """What each step of the run spent of `spent` (`step_s`: seconds, `loss_tokens`: tokens
+    trained); the first step's seconds, which also build the model and start the sampler, are
+    counted as the median of the others'."""
+    cost = np.array(run[spent], dtype=np.float64)
+    if spent == "step_s" and len(cost) > 1:
+        cost[0] = np.median(cost[1:])
+    return cost
+
+
 def reward_within(run: dict, spent: str, budget: float) -> float:
     """The run's mean episode reward over the last 20% of the steps it took within `budget` of
-    `spent` (`step_s`: seconds, `loss_tokens`: tokens trained), counted from its first step."""
-    within = max(1, int(np.searchsorted(np.cumsum(run[spent]), budget, side="right")))
+    `spent`, counted from its first step."""
+    cost = np.cumsum(cost_per_step(run, spent))
+    within = max(1, int(np.searchsorted(cost, budget * (1 + 1e-9), side="right")))
     return float(np.mean(run["reward"][:within][-max(1, within // 5) :]))
 
 
 def equal_compute(mine: list[dict], everyone: list[dict], spent: str) -> dict:
     """Each seed's reward within the budget of `spent` the cheapest run of its environment used."""
-    budget = min(float(np.sum(r[spent])) for r in everyone)
+    budget = min(float(np.sum(cost_per_step(r, spent))) for r in everyone)
     per_seed = [reward_within(r, spent, budget) for r in mine]
     return {"budget": budget, "mean": float(np.mean(per_seed)), "seeds": per_seed}
 
@@ -371,7 +382,7 @@ def plot(runs: list[dict], table: list[dict], path: Path) -> None:
             # Equal compute: the same reward curve against what the steps cost so far.
             smoothed = running_mean(reward, window)
             for panel, spent in ((4, "loss_tokens"), (5, "step_s")):
-                cost = np.mean([np.cumsum(r[spent][:steps]) for r in mine], axis=0)
+                cost = np.mean([np.cumsum(cost_per_step(r, spent)[:steps]) for r in mine], axis=0)
                 axes[row][panel].plot(cost[window - 1 :], smoothed, **style)
         seats = [c for c in SEAT_COLUMNS if c in SEATS[env]]
         mine = [t for t in table if t["env"] == env]
