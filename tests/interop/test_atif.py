@@ -345,3 +345,21 @@ def test_a_bad_trajectory_is_an_error_naming_file_trajectory_and_step(tmp_path, 
     diagnostics = Diagnostics()
     assert list(cg.load(path, diagnostics)) == []
     assert len(diagnostics.errors) == 1
+
+
+def test_a_bad_file_in_a_folder_is_named_and_the_others_still_read(tmp_path):
+    (tmp_path / "good.json").write_text(json.dumps(multi_agent()))
+    (tmp_path / "bad.json").write_text(json.dumps({**multi_agent(), "steps": "none"}))
+    diagnostics = Diagnostics()
+    assert [e.id for e in cg.load(tmp_path, diagnostics)] == ["leader-1"]
+    (problem,) = diagnostics.errors
+    assert problem.file.endswith("bad.json") and "steps" in problem.message
+    result = CliRunner().invoke(app, ["rows", str(tmp_path)])
+    assert result.exit_code == 1 and "bad.json" in result.output
+
+
+def test_callgrove_extra_holding_no_call_field_is_an_error():
+    document = written(synth_episode(Shape(leader_calls=2, subagent_calls=1, context=64), 5))
+    document["steps"][0]["extra"]["callgrove"]["colour"] = "red"
+    with pytest.raises(InputError, match=r"step 1: extra.callgrove holds \['colour'\]"):
+        _read_back(document)

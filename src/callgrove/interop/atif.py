@@ -38,7 +38,7 @@ from msgspec import UNSET
 from callgrove.chat import Message
 from callgrove.chat.message import ToolCall
 from callgrove.episode import Agent, Episode, Gap, Spawn, episode_from_wire
-from callgrove.episode.codec import episode_to_wire
+from callgrove.episode.codec import PLAIN_CALL_FIELDS, episode_to_wire
 from callgrove.formats.problems import Diagnostics, InputError, Problem
 from callgrove.formats.wire import FORMAT, WireAgent, WireCall, WireEpisode
 from callgrove.interop.foreign import gap
@@ -57,17 +57,8 @@ ATIF_VERSIONS = tuple(f"ATIF-v1.{minor}" for minor in range(9))
 WRITTEN_VERSION = ATIF_VERSIONS[-1]
 CARRIED = "callgrove"  # the `extra` key holding what ATIF has no field for
 STARTS = ("fresh", "fork", "background")  # what a reference's extra may say of its subagent
-# A callgrove call's token fields: in ATIF they are the step's metrics.
-_TOKEN_FIELDS = frozenset(
-    (
-        "prompt_ids",
-        "prompt_from",
-        "prompt_from_len",
-        "prompt_suffix_ids",
-        "completion_ids",
-        "logprobs",
-    )
-)
+# What a step's `extra` carries of its call: every field but the tokens (the step's metrics).
+_CARRIED_CALL_FIELDS = frozenset(("id", "seq", "advantages", *(f.name for f in PLAIN_CALL_FIELDS)))
 
 
 class _Record(msgspec.Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):
@@ -426,7 +417,7 @@ class _Reader:
                     "id": f"{node.id}/step-{step.step_id}",
                     "seq": seq,
                     "purpose": "compaction" if _is_compaction(step) else "turn",
-                    **({} if carried is None else _call_fields(carried)),
+                    **({} if carried is None else self._carried_call(carried, node, step)),
                 }
                 call = WireCall(
                     completion_ids=completion,  # type: ignore[arg-type]
@@ -436,6 +427,12 @@ class _Reader:
                 previous = _prompt_after(call, prompt, previous)
                 calls[node.id].append(call)
         return calls
+
+    def _carried_call(self, carried: dict[str, Any], node: _Node, step: AtifStep) -> dict:
+        unknown = sorted(carried.keys() - _CARRIED_CALL_FIELDS)
+        if unknown:
+            raise self.fail(f"extra.callgrove holds {unknown}, which no call has", node.id, step)
+        return carried
 
     def _wire_agent(self, node: _Node, calls: list[WireCall]) -> WireAgent:
         return WireAgent(
@@ -636,8 +633,8 @@ def _agent_meta(node: _Node) -> dict[str, Any]:
 
 
 def _call_fields(carried: dict[str, Any]) -> dict[str, Any]:
-    """The call fields written under `extra.callgrove` (every field but its tokens)."""
-    return {name: value for name, value in carried.items() if name not in _TOKEN_FIELDS}
+    """The call fields callgrove wrote under a step's `extra.callgrove`."""
+    return {name: value for name, value in carried.items() if name in _CARRIED_CALL_FIELDS}
 
 
 def step_call_id(agent: str, step: AtifStep) -> str:
@@ -665,13 +662,19 @@ def _check_version(trajectory: AtifTrajectory, file: str, line: int | None) -> N
         raise InputError(Problem(message, file=file, line=line))
 
 
-def _roots(path: Path) -> Iterator[tuple[int, AtifTrajectory, Path]]:
+def _roots(
+    path: Path, diagnostics: Diagnostics | None
+) -> Iterator[tuple[int, AtifTrajectory, Path]]:
     """The root trajectories a file or folder holds, numbered from 1: every line of a `.jsonl`
     file, the one document of a `.json` file, and in a folder each `.json` file no other file
-    names as a subagent or a continuation."""
+    names as a subagent or a continuation. One that cannot be read is `_refused`."""
     if path.is_dir():
-        files = sorted(p for p in path.glob("*.json") if _file_is_atif(p))
-        trajectories = {p: read_trajectory(p) for p in files}
+        trajectories = {}
+        for file in sorted(p for p in path.glob("*.json") if _file_is_atif(p)):
+            try:
+                trajectories[file] = read_trajectory(file)
+            except InputError as error:
+                _refused(error, diagnostics)
         named = {
             (p.parent / name).resolve() for p, t in trajectories.items() for name in _files_named(t)
         }
@@ -682,10 +685,24 @@ def _roots(path: Path) -> Iterator[tuple[int, AtifTrajectory, Path]]:
     if path.name.endswith(".jsonl"):
         with path.open("rb") as stream:
             for number, line in enumerate(stream, start=1):
-                if line.strip():
+                if not line.strip():
+                    continue
+                try:
                     yield number, _decoded_line(line, path, number), path
+                except InputError as error:
+                    _refused(error, diagnostics)
         return
-    yield 1, read_trajectory(path), path
+    try:
+        yield 1, read_trajectory(path), path
+    except InputError as error:
+        _refused(error, diagnostics)
+
+
+def _refused(error: InputError, diagnostics: Diagnostics | None) -> None:
+    """Raised without `diagnostics`; recorded there otherwise, and the rest is still read."""
+    if diagnostics is None:
+        raise error
+    diagnostics.add(error.problem)
 
 
 def _decoded_line(line: bytes, path: Path, number: int) -> AtifTrajectory:
@@ -718,15 +735,8 @@ def read_atif(
     is recorded there and the rest are still read."""
     path = Path(path)
     folder = path if path.is_dir() else path.parent
-    try:
-        roots = list(_roots(path))
-    except InputError as error:
-        if diagnostics is None:
-            raise
-        diagnostics.add(error.problem)
-        return
     taken: set[str] = set()
-    for number, trajectory, file in roots:
+    for number, trajectory, file in _roots(path, diagnostics):
         reader = _Reader(trajectory, file, folder)
         if path.is_dir() and reader.episode_id in taken:
             # runs of one session saved as several files: each file is its own episode
@@ -735,10 +745,7 @@ def read_atif(
         try:
             episode = reader.episode()
         except InputError as error:
-            located = error.located(file=str(file), line=number)
-            if diagnostics is None:
-                raise located from None
-            diagnostics.add(located.problem)
+            _refused(error.located(file=str(file), line=number), diagnostics)
             continue
         yield number, episode
 
