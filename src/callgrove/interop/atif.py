@@ -196,7 +196,8 @@ def _text(content: str | list[dict[str, Any]] | None) -> str:
     )
 
 
-def _where(file: str, trajectory: str, step: AtifStep | None = None) -> str:
+def _where(trajectory: str, step: AtifStep | None = None) -> str:
+    """Where in an episode's trajectories: a trajectory, and a step of it."""
     place = f"trajectory {trajectory}"
     return place if step is None else f"{place}, step {step.step_id}"
 
@@ -225,6 +226,7 @@ class _Reader:
         self.gaps: list[dict[str, Any]] = []
         self.embedded: dict[str, AtifTrajectory] = {}
         self.copied = 0  # steps of copied history, never calls
+        self.untokenised: list[tuple[_Node, AtifStep]] = []  # model steps without token ids
         self.episode_id = (
             (_carried(root.extra) or {}).get("episode", {}).get("id")
             or root.trajectory_id
@@ -233,11 +235,11 @@ class _Reader:
         )
 
     def fail(self, message: str, trajectory: str, step: AtifStep | None = None) -> InputError:
-        where = _where(self.file, trajectory, step)
+        where = _where(trajectory, step)
         return InputError(Problem(f"{where}: {message}", file=self.file, episode=self.episode_id))
 
-    # The agents, in the order their first call was made: each subagent right after the step
-    # that referenced it, so its calls come after the call that started it.
+    # The agents, each listed after the one that references it: calls are numbered agent by
+    # agent in this order, so a subagent's calls come after the call that started it.
     def walk(self, trajectory: AtifTrajectory, node_id: str, file: str, parent: _Node | None):
         carried = _carried(trajectory.agent.extra) or {}
         node = _Node(carried.get("id", node_id), trajectory, file)
@@ -324,7 +326,7 @@ class _Reader:
         elif ref.trajectory_path is not None:
             path = self.folder / ref.trajectory_path
             if not path.is_file():
-                reason = f"{_where(self.file, parent.id, step)}: {path} is not there"
+                reason = f"{_where(parent.id, step)}: {path} is not there"
                 self.gaps.append(
                     gap("subagent_file_missing", step_call_id(parent.id, step), reason)
                 )
@@ -390,7 +392,6 @@ class _Reader:
     def _token_calls(self) -> dict[str, list[WireCall]]:
         """Each agent's steps that hold token ids, as calls, ledger order by walk order."""
         calls: dict[str, list[WireCall]] = {}
-        self.untokenised: list[tuple[_Node, AtifStep]] = []
         seq = 0
         for node in self.nodes:
             calls[node.id] = []
@@ -446,7 +447,7 @@ class _Reader:
 
     def _token_episode(self, calls: dict[str, list[WireCall]]) -> Episode:
         for node, step in self.untokenised:
-            reason = f"{_where(self.file, node.id, step)}: a model step without token ids"
+            reason = f"{_where(node.id, step)}: a model step without token ids"
             self.gaps.append(
                 gap("atif_step_without_token_ids", step_call_id(node.id, step), reason)
             )
@@ -497,7 +498,7 @@ class _Reader:
                 history, order = self._render_step(agents[node.id], node, step, history, order)
         for node, step in self.untokenised:
             if (step.llm_call_count or 1) > 1:
-                reason = f"{_where(self.file, node.id, step)}: {step.llm_call_count} model calls"
+                reason = f"{_where(node.id, step)}: {step.llm_call_count} model calls"
                 self.gaps.append(gap("atif_aggregated_step", step_call_id(node.id, step), reason))
         transcript = Transcript(
             id=self.episode_id,
