@@ -137,15 +137,14 @@ while True:
     writer.write(episode)
     if append:
         writer.sync()  # durable: from here on this episode must survive
-        print(episode.id, flush=True)
-    elif index == 0:
-        print("writing", flush=True)  # its temporary exists
+    print(episode.id, flush=True)  # written (a new file's temporary exists)
     index += 1
 """
 
 
 def _run_and_kill(path: Path, append: bool, after: int) -> list[str]:
-    """Start a writer, let it write `after` durable episodes (or run a moment), SIGKILL it."""
+    """Start a writer, let it write `after` episodes (synced, so durable, when appending),
+    SIGKILL it and return their ids."""
     process = subprocess.Popen(
         [
             sys.executable,
@@ -159,17 +158,13 @@ def _run_and_kill(path: Path, append: bool, after: int) -> list[str]:
         text=True,
         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
     )
-    durable: list[str] = []
     assert process.stdout is not None
-    if append:
-        while len(durable) < after:
-            durable.append(process.stdout.readline().strip())
-    else:  # however loaded the machine, kill it once it writes, a moment into its writing
-        assert process.stdout.readline().strip() == "writing"
-        time.sleep(0.2)
+    # However loaded the machine, it is killed after its `after`-th episode, in mid-write of more.
+    written = [process.stdout.readline().strip() for _ in range(after)]
     process.send_signal(signal.SIGKILL)
     process.wait()
-    return durable
+    assert all(written), f"the writer ended by itself (exit {process.returncode})"
+    return written
 
 
 @pytest.mark.parametrize("suffix", LINE_SUFFIXES)
@@ -192,7 +187,7 @@ def test_sigkilled_appender_then_appended_to_keeps_every_durable_episode_once(tm
 def test_sigkilled_new_file_write_leaves_the_earlier_file_whole(tmp_path, suffix):
     path = tmp_path / f"traces{suffix}"
     save(path, [healthy("before-0"), healthy("before-1")])
-    _run_and_kill(path, append=False, after=0)
+    _run_and_kill(path, append=False, after=5)
     assert _ids(path) == ["before-0", "before-1"]
     if suffix in LINE_SUFFIXES:  # then appended to: the earlier episodes, once, then the new
         with EpisodeWriter(path, append=True) as writer:
@@ -221,8 +216,8 @@ def _age(paths: list[Path]) -> None:
 def test_temporaries_of_a_killed_writer_are_removed_by_the_next_write(tmp_path, suffix, then):
     path = tmp_path / f"traces{suffix}"
     save(path, [healthy("before")])
-    _run_and_kill(path, append=False, after=0)
-    _run_and_kill(path, append=False, after=0)
+    _run_and_kill(path, append=False, after=5)
+    _run_and_kill(path, append=False, after=5)
     leftovers = _temporaries(tmp_path)
     # what a SIGKILL leaves; the second writer may already have removed the first one's, once
     # it was old enough (a binary writer touches its file only when a batch is full)
