@@ -156,12 +156,25 @@ def test_the_python_reader_reads_a_pipe_whole():
     assert ids == [f"login-bug-g{i}" for i in range(4)] and not diagnostics.problems
 
 
-def test_a_fifo_whose_writer_comes_late_is_read_whole(tmp_path):
+def test_a_fifo_whose_writer_comes_late_is_read_whole(tmp_path, monkeypatch):
+    from callgrove.formats import streams
+
     fifo = tmp_path / "late.jsonl"
     os.mkfifo(fifo)
+    told = threading.Event()  # the reader said it is waiting for a writer
+    open_fifo = streams._open_fifo
+
+    def telling(name, waiting):
+        def said(message: str) -> None:
+            waiting(message)
+            told.set()
+
+        return open_fifo(name, said)
+
+    monkeypatch.setattr(streams, "_open_fifo", telling)
 
     def write_late() -> None:
-        time.sleep(0.6)
+        told.wait(streams.FIFO_WAIT_S / 2)  # bounded: a reader that never says so fails below
         fifo.write_bytes(GROUP.read_bytes())
 
     writer = threading.Thread(target=write_late, daemon=True)
