@@ -4,6 +4,7 @@ with good ones, stop strings, and options it does not implement (refused, never 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import numpy as np
@@ -11,9 +12,10 @@ import pytest
 
 from callgrove.chat import BuiltinFormat, ChatFormat
 from callgrove.policy import Completion, SamplingParams
+from callgrove.policy.backends import open_model
 from callgrove.policy.local import LocalSampler
-from callgrove.serving.policy_server import UNSERVED, reference_policy
-from callgrove.train import TinyConfig, TinyDecoder
+from callgrove.policy.models import TinyModel
+from callgrove.serving.policy_server import UNSERVED
 
 from .helpers import policy_client, scripted, write_script
 
@@ -50,19 +52,23 @@ class Slow:
 
     def __init__(self, inner, seconds: float):
         self.inner, self.seconds = inner, seconds
+        self.decoding = threading.Event()
 
     @property
     def version(self) -> int:
         return 0
 
     async def sample(self, prompt_ids, params):
+        self.decoding.set()
         time.sleep(self.seconds)  # blocking on purpose: a round of decoding is not awaitable
         return await self.inner.sample(prompt_ids, params)
 
 
 def test_a_long_decode_does_not_freeze_health_or_other_requests(script):
+    policy = Slow(scripted(script), 1.5)
+
     async def go():
-        async with policy_client(Slow(scripted(script), 1.5)) as client:
+        async with policy_client(policy) as client:
             done = {}
 
             async def slow():
@@ -70,7 +76,7 @@ def test_a_long_decode_does_not_freeze_health_or_other_requests(script):
                 done["slow"] = time.monotonic()
 
             decoding = asyncio.ensure_future(slow())
-            await asyncio.sleep(0.2)  # the decode has started
+            assert await asyncio.to_thread(policy.decoding.wait, 30), "the decode never started"
             health = await client.get("/health")
             done["health"] = time.monotonic()
             await decoding
@@ -81,8 +87,9 @@ def test_a_long_decode_does_not_freeze_health_or_other_requests(script):
     assert done["health"] < done["slow"] - 0.5, "/health waited for a decode"
 
 
-def tiny_sampler(chat: ChatFormat) -> LocalSampler:
-    return LocalSampler(TinyDecoder(TinyConfig(vocab_size=chat.vocab_size)), seed=0)
+def tiny_sampler(chat: ChatFormat, seed: int = 0) -> LocalSampler:
+    """The reference decoder over `chat`'s vocabulary, as `serve-policy --model tiny` serves it."""
+    return open_model(TinyModel(), seed=seed, chat=chat).sampler
 
 
 def test_one_bad_prompt_fails_alone_not_its_whole_round():
@@ -160,7 +167,7 @@ def test_the_neutral_values_of_those_options_are_served(script):
 
 def test_stop_strings_end_the_tiny_models_completions():
     chat = BuiltinFormat()
-    policy = reference_policy(chat, seed=1)
+    policy = tiny_sampler(chat, seed=1)
     body = {"prompt": "hello there", "max_tokens": 24, "temperature": 0, "logprobs": 0}
     free = post(policy, "/v1/completions", body).json()["choices"][0]
     ids = free["token_ids"]
