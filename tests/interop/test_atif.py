@@ -363,3 +363,16 @@ def test_callgrove_extra_holding_no_call_field_is_an_error():
     document["steps"][0]["extra"]["callgrove"]["colour"] = "red"
     with pytest.raises(InputError, match=r"step 1: extra.callgrove holds \['colour'\]"):
         _read_back(document)
+
+
+def test_steps_a_tool_added_to_a_written_trajectory_are_read_as_atif_says():
+    document = written(synth_episode(Shape(leader_calls=2, subagent_calls=1, context=64), 6))
+    next_id = len(document["steps"]) + 1
+    document["steps"].append({"step_id": next_id, "source": "agent", "message": "a note"})
+    document["subagent_trajectories"].append(_trajectory("added-1", [_step(1, [40], [41])]))
+    harbor_valid(document)
+    (episode,) = _read_back(document)
+    added = [a for a in episode.agents if a.id == "added-1"]
+    assert [(a.parent, len(a.calls)) for a in added] == [(document["trajectory_id"], 1)]
+    kinds = Counter(g.kind for g in episode.gaps or [])
+    assert kinds["atif_step_without_token_ids"] == 1

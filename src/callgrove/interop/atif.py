@@ -445,12 +445,15 @@ class _Reader:
             meta=_agent_meta(node),
         )
 
-    def _token_episode(self, calls: dict[str, list[WireCall]]) -> Episode:
+    def _count_untokenised(self) -> None:
         for node, step in self.untokenised:
             reason = f"{_where(node.id, step)}: a model step without token ids"
             self.gaps.append(
                 gap("atif_step_without_token_ids", step_call_id(node.id, step), reason)
             )
+
+    def _token_episode(self, calls: dict[str, list[WireCall]]) -> Episode:
+        self._count_untokenised()
         wire = WireEpisode(
             format=FORMAT,
             id=self.episode_id,
@@ -463,17 +466,25 @@ class _Reader:
     def _carried_episode(
         self, carried: dict[str, Any], calls: dict[str, list[WireCall]]
     ) -> Episode:
-        agents = []
-        for node in self.nodes:
-            agent = msgspec.convert(_carried(node.trajectory.agent.extra) or {}, WireAgent)
-            agent.calls = calls[node.id]
-            agents.append(agent)
-        record = {**carried.get("episode", {}), "format": FORMAT}
-        wire = msgspec.convert(record, WireEpisode)
+        self._count_untokenised()
+        try:
+            agents = [self._carried_agent(node, calls[node.id]) for node in self.nodes]
+            wire = msgspec.convert({**carried.get("episode", {}), "format": FORMAT}, WireEpisode)
+        except msgspec.ValidationError as error:
+            raise self.fail(f"extra.callgrove: {error}", self.nodes[0].id) from None
         wire.agents = agents
         if self.gaps:  # what was not found while reading it
             wire.gaps = [*(wire.gaps or []), *self.gaps]
         return self._built(wire)
+
+    def _carried_agent(self, node: _Node, calls: list[WireCall]) -> WireAgent:
+        """The agent callgrove wrote, or one a later tool added (read as ATIF says it)."""
+        carried = _carried(node.trajectory.agent.extra)
+        if carried is None:
+            return self._wire_agent(node, calls)
+        agent = msgspec.convert(carried, WireAgent)
+        agent.calls = calls
+        return agent
 
     def _built(self, wire: WireEpisode) -> Episode:
         try:
