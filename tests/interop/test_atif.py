@@ -83,6 +83,7 @@ def test_harbor_converted_trajectories_read_as_callgroves_own_import(path):
     expected = Counter(c.content["response"]["content"] for c in own if c not in left_out)
     assert answers == expected
     assert episode.supervised and not episode.scored
+    assert episode.meta["rendered_steps"] == model_steps
 
     # Each agent is there, linked to its parent; how each began Harbor does not record, and
     # every such link is counted in the gaps.
@@ -376,3 +377,13 @@ def test_steps_a_tool_added_to_a_written_trajectory_are_read_as_atif_says():
     assert [(a.parent, len(a.calls)) for a in added] == [(document["trajectory_id"], 1)]
     kinds = Counter(g.kind for g in episode.gaps or [])
     assert kinds["atif_step_without_token_ids"] == 1
+
+
+def test_a_job_folder_of_trial_folders_is_read(tmp_path):
+    for trial in ("trial-a", "trial-b"):
+        (tmp_path / trial / "agent").mkdir(parents=True)
+        document = {**multi_agent(), "trajectory_id": None, "session_id": "same-session"}
+        (tmp_path / trial / "agent" / "trajectory.json").write_text(json.dumps(document))
+    (tmp_path / "trial-a" / "config.json").write_text("{}")  # not a trajectory: not read
+    ids = [e.id for e in cg.load(tmp_path)]
+    assert ids == ["same-session", "same-session:trial-b/agent/trajectory"]

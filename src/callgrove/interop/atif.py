@@ -154,8 +154,9 @@ def is_atif(first_line: bytes) -> bool:
 
 
 def holds_atif(folder: Path) -> bool:
-    """A folder holding ATIF trajectory files."""
-    return any(_file_is_atif(path) for path in folder.glob("*.json"))
+    """A folder holding ATIF trajectory files, in it or in folders below (Harbor keeps each
+    trial's `agent/trajectory.json` in the trial's folder of its job's)."""
+    return any(_file_is_atif(path) for path in folder.rglob("*.json"))
 
 
 def _file_is_atif(path: Path) -> bool:
@@ -515,7 +516,7 @@ class _Reader:
             id=self.episode_id,
             agents=list(agents.values()),
             gaps=[msgspec.convert(g, type=Gap) for g in self.gaps],
-            meta=self._meta(),
+            meta={**self._meta(), "rendered_steps": sum(len(a.calls) for a in agents.values())},
         )
         try:
             return TranscriptRenderer().episode(transcript)
@@ -679,10 +680,11 @@ def _roots(
 ) -> Iterator[tuple[int, AtifTrajectory, Path]]:
     """The root trajectories a file or folder holds, numbered from 1: every line of a `.jsonl`
     file, the one document of a `.json` file, and in a folder each `.json` file no other file
-    names as a subagent or a continuation. One that cannot be read is `_refused`."""
+    names as a subagent or a continuation, in it or below. One that cannot be read is
+    `_refused`."""
     if path.is_dir():
         trajectories = {}
-        for file in sorted(p for p in path.glob("*.json") if _file_is_atif(p)):
+        for file in sorted(p for p in path.rglob("*.json") if _file_is_atif(p)):
             try:
                 trajectories[file] = read_trajectory(file)
             except InputError as error:
@@ -752,7 +754,7 @@ def read_atif(
         reader = _Reader(trajectory, file, folder)
         if path.is_dir() and reader.episode_id in taken:
             # runs of one session saved as several files: each file is its own episode
-            reader.episode_id = f"{reader.episode_id}:{file.stem}"
+            reader.episode_id = f"{reader.episode_id}:{file.relative_to(path).with_suffix('')}"
         taken.add(reader.episode_id)
         try:
             episode = reader.episode()
