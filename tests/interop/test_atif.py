@@ -387,3 +387,42 @@ def test_a_job_folder_of_trial_folders_is_read(tmp_path):
     (tmp_path / "trial-a" / "config.json").write_text("{}")  # not a trajectory: not read
     ids = [e.id for e in cg.load(tmp_path)]
     assert ids == ["same-session", "same-session:trial-b/agent/trajectory"]
+
+
+def _said(step_id: int, text: str, **extra: Any) -> dict[str, Any]:
+    return {"step_id": step_id, "source": "agent", "message": text, **extra}
+
+
+def test_steps_without_token_ids_render_as_a_transcript():
+    """Harbor's own summarising agent: a summary subagent, a system step that hands off to
+    it (the history replaced), copied steps and deterministic dispatches as history only."""
+    summary = _trajectory("summary-1", [_user(1, "summarise"), _said(2, "the summary")])
+    handoff = {
+        "step_id": 4,
+        "source": "system",
+        "message": "handed off",
+        "observation": {"results": [{"subagent_trajectory_ref": [{"trajectory_id": "summary-1"}]}]},
+        "extra": {"context_management": {"type": "compaction", "boundary": "replace"}},
+    }
+    leader = [
+        _user(1, "task"),
+        _said(2, "first"),
+        _said(3, "dispatched", llm_call_count=0),
+        handoff,
+        _said(5, "copied", is_copied_context=True),
+        _said(6, "after", llm_call_count=2),
+    ]
+    document = _trajectory("leader-1", leader, subagent_trajectories=[summary])
+    harbor_valid(document)
+    (episode,) = _read_back(document)
+    assert episode.supervised
+    calls = {c.id: c for c in episode.calls()}
+    assert sorted(calls) == ["leader-1/step-2", "leader-1/step-6", "summary-1/step-2"]
+    after = calls["leader-1/step-6"]
+    # the handoff replaced the history: the call after it starts afresh, from the handoff on
+    assert [m["content"] for m in after.content["prompt"]] == ["handed off", "copied"]
+    assert after.prompt_from is None
+    assert episode.meta["copied_steps"] == 1 and episode.meta["rendered_steps"] == 3
+    kinds = sorted(g.kind for g in episode.gaps)
+    assert kinds == ["atif_aggregated_step", "atif_start_unknown"]
+    assert check_rows(build_rows(episode)).ok
