@@ -1,5 +1,5 @@
-"""The README's SmolLM2 RL recipe sampled by vLLM and by the Hugging Face sampler, for the same
-wall time, seed by seed in one script run.
+"""The SmolLM2 RL recipe of docs/results.md sampled by vLLM and by the Hugging Face sampler,
+for the same wall time, seed by seed in one script run.
 
     python benchmarks/vllm_rl.py [--minutes 8] [--seeds 0 1 2] [--out runs/vllm_rl]
         [--vllm-python .venv-vllm/bin/python] [--json R.json] [--markdown R.md]
