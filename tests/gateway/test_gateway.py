@@ -539,12 +539,12 @@ def test_passthrough_records_the_token_ids_the_upstream_reports(tmp_path):
 
 def test_a_call_records_what_was_sampled_and_what_the_client_asked():
     from callgrove.gateway.app import recorded_sampling
-    from callgrove.serving.apis import ChatRequest
+    from callgrove.serving.dialects.dialect import ChatRequest
 
     sent = {"temperature": 0.7, "top_p": 1.0, "top_k": None}
 
     def request(**settings):
-        return ChatRequest("chat", [], [], "m", False, 8, **settings)
+        return ChatRequest([], [], "m", False, 8, **settings)
 
     asked = request(temperature=0.7)
     assert recorded_sampling(sent, asked) == sent

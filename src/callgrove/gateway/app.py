@@ -50,16 +50,9 @@ from callgrove.gateway.ledger import call_line
 from callgrove.gateway.routes import Routes
 from callgrove.policy import Completion, PolicyClient, SamplingParams
 from callgrove.policy.http import Piece, UpstreamError, sample_from_pieces
-from callgrove.serving.apis import (
-    ChatRequest,
-    Reply,
-    ReplyStream,
-    error_events,
-    openai_history,
-    openai_message,
-    openai_tools,
-)
 from callgrove.serving.bodies import assistant_message
+from callgrove.serving.dialects.dialect import ChatRequest, Dialect, Reply
+from callgrove.serving.dialects.openai_chat import openai_history, openai_message, openai_tools
 from callgrove.serving.streaming import PlainText
 from callgrove.serving.web import DEFAULT_BODY_LIMIT, HttpError
 
@@ -80,7 +73,7 @@ def recorded_sampling(sent: dict | None, request: ChatRequest) -> dict | None:
 class Turn:
     """One call being handled: who makes it, what it extends, how it is sampled."""
 
-    api: str
+    dialect: Dialect  # the client's API: its replies' and errors' shape
     request: ChatRequest
     state: EpisodeState
     agent: Agent
@@ -172,7 +165,9 @@ class Gateway:
         finally:
             self.in_flight -= 1
 
-    def _turn(self, api: str, chat_request: ChatRequest, episode_id: str, who: Identity) -> Turn:
+    def _turn(
+        self, dialect: Dialect, chat_request: ChatRequest, episode_id: str, who: Identity
+    ) -> Turn:
         """Who calls, which recorded call the request extends, how it is sampled."""
         state = self.episodes.episode(episode_id)
         if state.closing or state.closed:
@@ -186,7 +181,7 @@ class Gateway:
         params = self._params(chat_request)
         state.enter()  # `leave` once the call is recorded or failed
         return Turn(
-            api,
+            dialect,
             chat_request,
             state,
             agent,
@@ -200,10 +195,10 @@ class Gateway:
         )
 
     async def call(
-        self, api: str, chat_request: ChatRequest, episode_id: str, who: Identity
+        self, dialect: Dialect, chat_request: ChatRequest, episode_id: str, who: Identity
     ) -> Reply:
         """Render, sample, parse and record one call; returns the reply to send."""
-        turn = self._turn(api, chat_request, episode_id, who)
+        turn = self._turn(dialect, chat_request, episode_id, who)
         messages, base = chat_request.messages, turn.base
         try:
             if self.passthrough:
@@ -229,13 +224,13 @@ class Gateway:
         return chat_request.stream and not self.passthrough and hasattr(self.policy, "stream")
 
     async def stream_call(
-        self, api: str, chat_request: ChatRequest, episode_id: str, who: Identity
+        self, dialect: Dialect, chat_request: ChatRequest, episode_id: str, who: Identity
     ) -> tuple[str, AsyncIterator[bytes]]:
         """The call streamed: its id, and its events as the upstream's pieces arrive. Errors
         before the first piece are raised (`HttpError`), later ones end the stream in the API's
         error events; either way the ledger records the failure. The call's line is durable
         before the terminal events are sent."""
-        turn = self._turn(api, chat_request, episode_id, who)
+        turn = self._turn(dialect, chat_request, episode_id, who)
         try:
             prompt, suffix, new = self._render(chat_request.messages, turn, turn.base)
             pieces = self.policy.stream(prompt, turn.params)  # type: ignore[attr-defined]
@@ -262,7 +257,7 @@ class Gateway:
         recorded = False
         try:
             version = first.policy_version if first.policy_version is not None else 0
-            out = ReplyStream(turn.request, len(prompt), version)
+            out = turn.dialect.stream(turn.request, len(prompt), version)
             yield b"".join(out.opening())
             received = [first]
             plain = PlainText(self.chat)
@@ -278,7 +273,7 @@ class Gateway:
             except Exception as error:
                 recorded = True
                 failed = await self._failed(turn, error)
-                yield b"".join(error_events(turn.api, failed))
+                yield b"".join(turn.dialect.error_events(failed))
                 return
             yield b"".join(out.closing(reply))
         except (asyncio.CancelledError, GeneratorExit):
@@ -293,7 +288,7 @@ class Gateway:
 
     async def _client_left(self, turn: Turn, pieces: AsyncIterator[Piece]) -> None:
         await turn.state.record_failure(
-            turn.agent, turn.api, "client disconnected before the reply ended"
+            turn.agent, turn.dialect.name, "client disconnected before the reply ended"
         )
         closing = getattr(pieces, "aclose", None)
         if closing is not None:
@@ -305,13 +300,15 @@ class Gateway:
         if isinstance(error, HttpError):
             return error
         if isinstance(error, LedgerWriteError):
-            await turn.state.record_failure(turn.agent, turn.api, str(error))
+            await turn.state.record_failure(turn.agent, turn.dialect.name, str(error))
             return HttpError(500, str(error), "server_error")
         if isinstance(error, UpstreamError):
-            await turn.state.record_failure(turn.agent, turn.api, str(error))
+            await turn.state.record_failure(turn.agent, turn.dialect.name, str(error))
             return HttpError(error.status, str(error), "upstream_error")
         # the policy failed: the client hears why; the ledger too
-        await turn.state.record_failure(turn.agent, turn.api, f"{type(error).__name__}: {error}")
+        await turn.state.record_failure(
+            turn.agent, turn.dialect.name, f"{type(error).__name__}: {error}"
+        )
         return HttpError(502, f"policy failed: {error}", "upstream_error")
 
     async def _record(
@@ -359,7 +356,7 @@ class Gateway:
                 "history": history.hex(),
                 "prompt_key": prompt_key,
                 "tools": turn.tools_hash.hex(),
-                "api": turn.api,
+                "api": turn.dialect.name,
                 "harness": turn.who.harness,
                 "version": turn.who.version,
                 "path": turn.who.path,

@@ -23,17 +23,11 @@ from starlette.routing import Route
 from callgrove.chat import tools_message
 from callgrove.episode import encode_episode
 from callgrove.gateway.attribution import UNTAGGED, episode_from_key, identify, valid_episode
-from callgrove.serving.apis import (
-    ERROR_HANDLERS,
-    ChatRequest,
-    anthropic_messages,
-    anthropic_request,
-    error_response,
-    openai_chat_request,
-    reply_events,
-    reply_json,
-    responses_request,
-)
+from callgrove.serving.dialects import ERROR_HANDLERS
+from callgrove.serving.dialects.anthropic_messages import ANTHROPIC_MESSAGES, anthropic_messages
+from callgrove.serving.dialects.dialect import Dialect
+from callgrove.serving.dialects.openai_chat import OPENAI_CHAT
+from callgrove.serving.dialects.openai_responses import OPENAI_RESPONSES
 from callgrove.serving.web import (
     HttpError,
     check_headers,
@@ -47,11 +41,12 @@ from callgrove.serving.web import (
 if TYPE_CHECKING:
     from callgrove.gateway.app import Gateway
 
-PARSERS: dict[str, Callable[[dict[str, Any]], ChatRequest]] = {
-    "chat": openai_chat_request,
-    "messages": anthropic_request,
-    "responses": responses_request,
-}
+CHAT_PATHS = (
+    ("/v1/chat/completions", OPENAI_CHAT),
+    ("/v1/responses", OPENAI_RESPONSES),
+    ("/v1/messages", ANTHROPIC_MESSAGES),
+)
+"""Each chat route's path and the dialect its requests and answers speak."""
 
 
 class Routes:
@@ -64,9 +59,10 @@ class Routes:
         routes = [Route("/health", self.health, methods=["GET"])]
         for prefix in ("", "/e/{episode}"):
             routes += [
-                Route(f"{prefix}/v1/chat/completions", self._endpoint("chat"), methods=["POST"]),
-                Route(f"{prefix}/v1/responses", self._endpoint("responses"), methods=["POST"]),
-                Route(f"{prefix}/v1/messages", self._endpoint("messages"), methods=["POST"]),
+                Route(f"{prefix}{path}", self._endpoint(dialect), methods=["POST"])
+                for path, dialect in CHAT_PATHS
+            ]
+            routes += [
                 Route(f"{prefix}/v1/messages/count_tokens", self.count_tokens, methods=["POST"]),
                 Route(f"{prefix}/v1/models", self.models, methods=["GET"]),
             ]
@@ -82,7 +78,7 @@ class Routes:
         episode = path_episode or key_episode or UNTAGGED
         return valid_episode(episode)
 
-    def _endpoint(self, api: str) -> Callable[[Request], Any]:
+    def _endpoint(self, dialect: Dialect) -> Callable[[Request], Any]:
         gateway = self.gateway
 
         async def endpoint(request: Request) -> Response:
@@ -95,28 +91,28 @@ class Routes:
                 episode = self._attribute(request)
                 data = await read_json(request, gateway.body_limit)
                 stream = bool(data.get("stream"))
-                chat_request = PARSERS[api](data)
+                chat_request = dialect.request(data)
                 who = identify(request.headers, chat_request.messages)
                 if gateway.streams(chat_request):
-                    call_id, events = await gateway.stream_call(api, chat_request, episode, who)
+                    call_id, events = await gateway.stream_call(dialect, chat_request, episode, who)
                     streamed = sse_response(events)
                     streamed.headers.update(
                         {"x-callgrove-episode": episode, "x-callgrove-call": call_id}
                     )
                     return streamed
-                reply = await gateway.call(api, chat_request, episode, who)
+                reply = await gateway.call(dialect, chat_request, episode, who)
             except HttpError as error:
-                return error_response(api, error)
+                return dialect.error_response(error)
             headers = {
                 "x-callgrove-policy-version": str(reply.policy_version),
                 "x-callgrove-episode": episode,
                 "x-callgrove-call": str(reply.call_id),
             }
             if stream:
-                response = sse_response(reply_events(chat_request, reply))
+                response = sse_response(dialect.reply_events(chat_request, reply))
                 response.headers.update(headers)
                 return response
-            return json_response(reply_json(chat_request, reply), headers=headers)
+            return json_response(dialect.reply(chat_request, reply), headers=headers)
 
         return endpoint
 
@@ -128,14 +124,14 @@ class Routes:
             tools = tools_message(data.get("tools") or [])
             count = len(self.gateway.chat.render(([tools] if tools else []) + messages))
         except HttpError as error:
-            return error_response("messages", error)
+            return ANTHROPIC_MESSAGES.error_response(error)
         return json_response({"input_tokens": count})
 
     async def models(self, request: Request) -> Response:
         try:
             self._attribute(request)
         except HttpError as error:
-            return error_response("chat", error)
+            return OPENAI_CHAT.error_response(error)
         return json_response(
             {
                 "object": "list",
@@ -154,7 +150,7 @@ class Routes:
             body = await read_json(request, self.gateway.body_limit, empty_ok=True)
             record = await self.gateway.episodes.close(episode, body)
         except HttpError as error:
-            return error_response("chat", error)
+            return OPENAI_CHAT.error_response(error)
         return Response(encode_episode(record), media_type="application/json")
 
     async def health(self, request: Request) -> Response:

@@ -34,20 +34,17 @@ from callgrove.chat import ChatFormat, JinjaFormat, tools_message
 from callgrove.episode import TOKEN_DTYPE
 from callgrove.policy import Completion, PolicyClient, SamplingParams
 from callgrove.policy.threads import LoopPolicy
-from callgrove.serving.apis import (
+from callgrove.serving.bodies import check_completions
+from callgrove.serving.dialects import ERROR_HANDLERS
+from callgrove.serving.dialects.dialect import (
     DEFAULT_MAX_TOKENS,
-    ERROR_HANDLERS,
     ChatRequest,
     Reply,
-    error_response,
     max_tokens_of,
     number_of,
-    openai_chat_request,
-    reply_events,
-    reply_json,
     stops_of,
 )
-from callgrove.serving.bodies import check_completions
+from callgrove.serving.dialects.openai_chat import OPENAI_CHAT
 from callgrove.serving.web import (
     DEFAULT_BODY_LIMIT,
     HttpError,
@@ -205,7 +202,7 @@ class PolicyServer:
             check_headers(request)
             check_token(request_key(request), self.tokens)
         except HttpError as error:
-            return error_response("chat", error)
+            return OPENAI_CHAT.error_response(error)
         return json_response(
             {
                 "object": "list",
@@ -302,7 +299,6 @@ class PolicyServer:
                     "server does not return: logprobs 0 gives each sampled token's",
                 )
             request_chat = ChatRequest(
-                api="chat",
                 messages=[],
                 tools=[],
                 model=str(data.get("model") or self.model),
@@ -318,7 +314,7 @@ class PolicyServer:
             )
             sample = await self._sample(prompt_ids, params)
         except HttpError as error:
-            return error_response("chat", error)
+            return OPENAI_CHAT.error_response(error)
         return self._completion_response(request_chat, data, prompt_ids, sample)
 
     def _completion_response(
@@ -384,7 +380,7 @@ class PolicyServer:
             check_headers(request)
             check_token(request_key(request), self.tokens)
             data = await read_json(request, self.body_limit)
-            chat_request = openai_chat_request(data)
+            chat_request = OPENAI_CHAT.request(data)
             tools = tools_message(chat_request.tools)
             messages = ([tools] if tools else []) + chat_request.messages
             prompt_ids = self.chat.render(messages)
@@ -397,7 +393,7 @@ class PolicyServer:
             )
             sample = await self._sample(prompt_ids, params)
         except HttpError as error:
-            return error_response("chat", error)
+            return OPENAI_CHAT.error_response(error)
         as_ids = bool(data.get("return_tokens_as_token_ids"))
         choice: dict[str, Any] = {}
         top: dict[str, Any] = {"sampling": sample.sampling}  # what the logprobs are under
@@ -417,8 +413,8 @@ class PolicyServer:
             {"choice": choice, "top": top},
         )
         if chat_request.stream:
-            return sse_response(reply_events(chat_request, reply))
-        return json_response(reply_json(chat_request, reply))
+            return sse_response(OPENAI_CHAT.reply_events(chat_request, reply))
+        return json_response(OPENAI_CHAT.reply(chat_request, reply))
 
 
 def reference_policy(chat: ChatFormat, seed: int = 0, weights: str | None = None) -> PolicyClient:
