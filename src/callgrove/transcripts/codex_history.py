@@ -93,7 +93,9 @@ def content_text(value: Any) -> str:
     return str(value)
 
 
-def _arguments(raw: Any) -> Any:
+def tool_arguments(raw: Any) -> Any:
+    """A tool call's arguments as an OpenAI API carries them: JSON text read into its value
+    (text that is not JSON kept as it is)."""
     if isinstance(raw, str):
         try:
             return orjson.loads(raw)
@@ -142,7 +144,9 @@ def response_message(items: Sequence[dict[str, Any]] | Sequence[ResponseItemPayl
                 else:
                     texts.append(content_text(part))
         elif isinstance(item, FunctionCall):
-            calls.append(ToolCall(item.call_id or "", item.name or "", _arguments(item.arguments)))
+            calls.append(
+                ToolCall(item.call_id or "", item.name or "", tool_arguments(item.arguments))
+            )
         elif isinstance(item, CustomToolCall):
             calls.append(ToolCall(item.call_id or "", item.name or "", item.input))
         elif isinstance(item, BuiltinCall):

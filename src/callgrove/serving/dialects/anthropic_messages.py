@@ -14,9 +14,9 @@ from callgrove.serving.dialects.dialect import (
     Dialect,
     Reply,
     ReplyStream,
-    content_text,
     need_list,
     new_id,
+    parts_text,
     request_of,
 )
 from callgrove.serving.web import HttpError, sse_event
@@ -38,11 +38,11 @@ def anthropic_messages(data: dict[str, Any], call: bool = True) -> list[Message]
     messages: list[Message] = []
     system = data.get("system")
     if system:
-        messages.append(Message("system", content_text(system)))
+        messages.append(Message("system", parts_text(system)))
     for raw in need_list(data.get("messages"), "messages"):
         content = raw["content"]
         if raw["role"] == "system":
-            messages.append(Message("system", content_text(content)))
+            messages.append(Message("system", parts_text(content)))
         elif raw["role"] == "user":
             messages.extend(user_messages(content))
         else:

@@ -97,7 +97,7 @@ def request_of(data: dict[str, Any], messages: list[Message], *max_keys: str) ->
     )
 
 
-def content_text(content: str | list[dict[str, Any]] | None) -> str:
+def parts_text(content: str | list[dict[str, Any]] | None) -> str:
     """Text of a checked content value: a string, or parts whose text is joined (other parts
     named in brackets: `[image]`)."""
     if isinstance(content, list):

@@ -9,8 +9,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import orjson
-
 from callgrove.chat import Message, ToolCall
 from callgrove.serving.bodies import check_chat
 from callgrove.serving.dialects.dialect import (
@@ -19,23 +17,15 @@ from callgrove.serving.dialects.dialect import (
     Reply,
     ReplyStream,
     arguments_text,
-    content_text,
     need_list,
     new_id,
+    parts_text,
     request_of,
 )
 from callgrove.serving.web import HttpError, sse_event
+from callgrove.transcripts.codex_history import tool_arguments
 
 DONE = b"data: [DONE]\n\n"
-
-
-def _arguments(raw: Any) -> Any:
-    if isinstance(raw, str):
-        try:
-            return orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            return raw
-    return raw
 
 
 def openai_message(raw: dict[str, Any]) -> Message:
@@ -47,17 +37,17 @@ def openai_message(raw: dict[str, Any]) -> Message:
             ToolCall(
                 c.get("id") or "",
                 c["function"]["name"],
-                _arguments(c["function"].get("arguments")),
+                tool_arguments(c["function"].get("arguments")),
             )
             for c in raw.get("tool_calls") or []
         )
         thinking = raw.get("reasoning_content") or raw.get("reasoning") or ""
-        return Message("assistant", content_text(raw.get("content")), thinking, calls)
+        return Message("assistant", parts_text(raw.get("content")), thinking, calls)
     if role == "tool":
         return Message(
-            "tool", content_text(raw.get("content")), tool_call_id=raw.get("tool_call_id") or ""
+            "tool", parts_text(raw.get("content")), tool_call_id=raw.get("tool_call_id") or ""
         )
-    return Message(role, content_text(raw.get("content")))
+    return Message(role, parts_text(raw.get("content")))
 
 
 def openai_history(messages: list[Message]) -> list[dict[str, Any]]:

@@ -16,9 +16,9 @@ from callgrove.serving.dialects.dialect import (
     Reply,
     ReplyStream,
     arguments_text,
-    content_text,
     need_list,
     new_id,
+    parts_text,
     request_of,
 )
 from callgrove.serving.dialects.openai_chat import openai_error
@@ -33,7 +33,7 @@ def _messages(data: dict[str, Any]) -> list[Message]:
     message, tool calls) are one assistant message."""
     messages: list[Message] = []
     if data.get("instructions"):
-        messages.append(Message("system", content_text(data["instructions"])))
+        messages.append(Message("system", parts_text(data["instructions"])))
     items = data.get("input")
     if isinstance(items, str):
         items = [{"type": "message", "role": "user", "content": items}]
