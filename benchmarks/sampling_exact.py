@@ -28,7 +28,8 @@ from callgrove.episode import Episode, sampling_record
 from callgrove.orchestrator import run_episode
 from callgrove.orchestrator.envs import make_env
 from callgrove.policy import SamplingParams
-from callgrove.policy.backends import ModelSettings, build_policy
+from callgrove.policy.backends import open_model
+from callgrove.policy.models import model_from_name
 from callgrove.rows import build_rows
 from callgrove.train.settings import LearnerSettings
 
@@ -36,9 +37,7 @@ SETTINGS = [(t, p) for t in (0.5, 0.7, 1.0) for p in (0.9, 1.0)]
 
 
 def backend(name: str):
-    if name == "tiny":
-        return build_policy(ModelSettings(d_model=64, n_heads=4), LearnerSettings(), seed=0)
-    return build_policy(ModelSettings(name="smollm2-135m"), LearnerSettings(), seed=0)
+    return open_model(model_from_name(name), learner=LearnerSettings())
 
 
 def measure(policy, env, temperature: float, top_p: float, tokens: int, seed: int):

@@ -8,7 +8,7 @@ from callgrove.episode import load
 from callgrove.orchestrator.config import config_from_dict
 from callgrove.orchestrator.loop import train
 from callgrove.orchestrator.sinks import load_checkpoint
-from callgrove.policy.backends import build_sampler
+from callgrove.policy.backends import open_model
 from callgrove.rows import build_rows, check_rows
 
 pytestmark = pytest.mark.processes
@@ -47,6 +47,6 @@ def test_a_tiny_run_on_local_ray(tmp_path):
     # The checkpoint holds the sampler actor's state, the random state its sampling moved on,
     # not that of a copy in the driver, which the driver no longer has.
     kept = load_checkpoint(tmp_path)["sampler"]
-    fresh, _ = build_sampler(config.model, config.run.seed)
+    fresh = open_model(config.model, seed=config.run.seed).sampler
     assert kept["version"] == 2
     assert not torch.equal(kept["generator"], fresh.state_dict()["generator"])

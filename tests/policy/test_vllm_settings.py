@@ -45,7 +45,7 @@ def test_vllm_sampling_with_a_run_that_samples_nothing_is_refused():
 
 def test_vllm_sampling_runs_on_ray():
     ray = config({"name": "smollm2-135m", "vllm": {}}, run={"executor": "ray"})
-    assert ray.run.executor == "ray" and ray.model.vllm is not None
+    assert ray.run.executor == "ray" and ray.model.kind == "vllm"
 
 
 @pytest.mark.parametrize("restarts", [-1, 11, 2.5])
@@ -67,7 +67,7 @@ def test_the_settings_round_trip_through_the_written_config():
     again = config_from_dict(tomllib.loads(to_toml(given)))
     assert again.model.vllm == given.model.vllm
     assert again.model.vllm.urls == ["http://127.0.0.1:8000"]
-    assert config({"name": "smollm2-135m"}).model.vllm is None
+    assert config({"name": "smollm2-135m"}).model.kind == "hf"  # no [model.vllm]: sampled here
 
 
 @pytest.mark.hf
@@ -83,12 +83,12 @@ def test_with_vllm_sampling_the_hf_backend_keeps_no_sampler_of_its_own():
     """vLLM servers sample: no in-process sampler (a copy of the model) is built beside them."""
     import gc
 
-    from callgrove.policy.backends import build_policy
+    from callgrove.policy.backends import open_model
     from callgrove.policy.hf import HFSampler
     from callgrove.policy.vllm import VllmSampler
 
     run = config({"name": "smollm2-135m", "vllm": {"urls": ["http://127.0.0.1:9"]}})
-    backend = build_policy(run.model, run.train, seed=0)
+    backend = open_model(run.model, learner=run.train)
     assert isinstance(backend.sampler, VllmSampler)
     gc.collect()
     assert not any(isinstance(o, HFSampler) for o in gc.get_objects())

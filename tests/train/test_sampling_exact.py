@@ -18,7 +18,8 @@ from callgrove.chat import CharFormat
 from callgrove.episode import Episode, sampling_record
 from callgrove.orchestrator import run_episode
 from callgrove.policy import SamplingParams
-from callgrove.policy.backends import ModelSettings, build_policy
+from callgrove.policy.backends import open_model
+from callgrove.policy.models import TinyModel
 from callgrove.rows import build_rows
 from callgrove.train import ModelBatch, VarlenLayout
 from callgrove.train.learner import ModelLearner
@@ -84,8 +85,8 @@ def assert_scored_as_sampled(episode: Episode, learner: ModelLearner, temperatur
 
 
 def tiny_policy(batching: str):
-    settings = ModelSettings(d_model=32, n_heads=2, d_ff=64)
-    return build_policy(settings, LearnerSettings(batching=batching), seed=0)
+    settings = TinyModel(d_model=32, n_heads=2, d_ff=64)
+    return open_model(settings, learner=LearnerSettings(batching=batching))
 
 
 @pytest.mark.parametrize("batching", ["tree", "packed"])

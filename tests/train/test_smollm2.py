@@ -80,17 +80,17 @@ def test_smollm2_with_lora_scores_what_it_sampled_at_temperature_and_top_p():
     """The README's recipe samples SmolLM2 at temperature 0.7: through the real weights, LoRA
     and the chat template, the learner scores every trained token under the distribution it
     was sampled from, tree-packed and packed."""
-    from callgrove.policy.backends import ModelSettings, build_policy
+    from callgrove.policy.backends import open_model
+    from callgrove.policy.models import HfModel
     from callgrove.train.settings import LearnerSettings
 
     from .test_sampling_exact import assert_scored_as_sampled, sample_episode
 
     torch.set_num_threads(2)
     for batching in ("tree", "packed"):
-        policy = build_policy(
-            ModelSettings(name="smollm2-135m", options={"lora_rank": 16}),
-            LearnerSettings(batching=batching),
-            seed=0,
+        policy = open_model(
+            HfModel(name="smollm2-135m", lora_rank=16),
+            learner=LearnerSettings(batching=batching),
         )
         episode = sample_episode(policy.sampler, policy.chat, 0.7, 0.9)
         assert_scored_as_sampled(episode, policy.learner, 0.7, 0.9)

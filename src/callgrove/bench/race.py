@@ -49,16 +49,19 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 
-from callgrove.chat import JinjaFormat, Message
+from callgrove.chat import Message
 from callgrove.orchestrator.config import config_from_dict
 from callgrove.orchestrator.envs.arithmetic import Arithmetic, score
 from callgrove.orchestrator.loop import train
 from callgrove.orchestrator.monitors import STEP_PHASES
+from callgrove.policy.models import HfModel
 from callgrove.policy.vllm import VllmSettings
 
-MODEL = "smollm2-135m"
+MODEL = HfModel(name="smollm2-135m", lora_rank=16)
+"""What both trainers train: SmolLM2-135M-Instruct with LoRA adapters of rank 16."""
 REWARD = "train/all/episode/reward/mean"
 TARGETS = {"hf": 1.5, "vllm": 3.0}
 """How many times TRL's median step callgrove's should be, by callgrove's sampler."""
@@ -128,19 +131,14 @@ def cpu_seconds() -> float:
 
 
 def callgrove_run(settings: RaceSettings, seed: int, out: Path) -> dict[str, Any]:
-    from callgrove.train.hf_trainer import LoraSettings
-
+    model = msgspec.to_builtins(MODEL)
+    if settings.sampler == "vllm":
+        model |= {"kind": "vllm", "vllm": {"python": settings.vllm_python}}
     config = config_from_dict(
         {
             "run": {"steps": settings.steps, "out": str(out), "seed": seed},
             "env": {"name": "arithmetic"},
-            "model": {
-                "name": MODEL,
-                "options": {"lora_rank": LoraSettings().rank, "lora_alpha": LoraSettings().alpha},
-                **(
-                    {"vllm": {"python": settings.vllm_python}} if settings.sampler == "vllm" else {}
-                ),
-            },
+            "model": model,
             "sampling": {"max_tokens": settings.max_tokens, "temperature": settings.temperature},
             "dispatch": {
                 "group_size": settings.group_size,
@@ -209,18 +207,19 @@ def trl_run(settings: RaceSettings, seed: int, out: Path, tasks: list[dict]) -> 
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
+    from callgrove.policy.hf import hf_chat
     from callgrove.train.hf_model import checkpoint_folder, resolve_model
-    from callgrove.train.hf_trainer import LoraSettings, peft_lora_config
+    from callgrove.train.hf_trainer import peft_lora_config
 
-    folder = checkpoint_folder(resolve_model(MODEL))
+    folder = checkpoint_folder(resolve_model(MODEL.name))
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    chat = JinjaFormat.from_tokenizer(tokenizer)  # the tokens callgrove's loop renders
+    chat = hf_chat(tokenizer, MODEL)  # the tokens callgrove's loop renders
     prompts = [chat.show(chat.render([Message("user", Arithmetic.question(t))])) for t in tasks]
     answers = [Arithmetic.answer(t) for t in tasks]
     dataset = Dataset.from_dict({"prompt": prompts, "answer": answers})
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-    lora = LoraSettings()
+    lora = MODEL.lora()
     per_step = settings.group_size * settings.groups_per_step
     rewards: list[list[float]] = []
 

@@ -195,6 +195,7 @@ class JinjaFormat(ChatFormat):
         variables: dict[str, Any] | None = None,
         *,
         allow_dropped: bool = False,
+        parser: str = "hermes",
     ) -> JinjaFormat:
         """A model folder: `tokenizer.json`, and the chat template from `chat_template.jinja`
         or else `tokenizer_config.json` (whose special tokens become template variables)."""
@@ -222,6 +223,7 @@ class JinjaFormat(ChatFormat):
             template,
             {**found, **(variables or {})},
             allow_dropped=allow_dropped,
+            parser=parser,
         )
 
     def segment(self, message: Message, previous: Message | None) -> np.ndarray:

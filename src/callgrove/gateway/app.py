@@ -47,6 +47,7 @@ from callgrove.gateway.episodes import (
     message_key,
 )
 from callgrove.gateway.ledger import call_line
+from callgrove.policy.client import DEFAULT_MAX_TOKENS
 from callgrove.gateway.routes import Routes
 from callgrove.policy import Completion, PolicyClient, SamplingParams
 from callgrove.policy.http import Piece, UpstreamError, sample_from_pieces
@@ -132,7 +133,7 @@ class Gateway:
         *,
         tokens: list[str] | None = None,
         body_limit: int = DEFAULT_BODY_LIMIT,
-        max_tokens: int = 4096,
+        max_tokens: int = DEFAULT_MAX_TOKENS,
         passthrough: bool = False,
         sampling: SamplingParams | None = None,
         close_wait: float = 30.0,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import tomllib
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,13 @@ from callgrove.formats.ranges import check_choice, check_range
 from callgrove.orchestrator.degeneracy import DegeneracySettings
 from callgrove.orchestrator.dispatcher import DispatchSettings
 from callgrove.policy import SamplingParams
-from callgrove.policy.backends import ModelSettings
+from callgrove.policy.models import (
+    MODEL_KINDS,
+    ModelSettings,
+    TinyModel,
+    VllmModel,
+    model_table,
+)
 from callgrove.rows import RowSettings
 from callgrove.train.settings import LearnerSettings
 
@@ -116,7 +123,9 @@ class DataSection(_Section):
 class TrainConfig(_Section):
     run: RunSection = msgspec.field(default_factory=RunSection)
     env: EnvSection = msgspec.field(default_factory=EnvSection)
-    model: ModelSettings = msgspec.field(default_factory=ModelSettings)
+    model: ModelSettings = msgspec.field(default_factory=TinyModel)
+    """A tagged union: `kind` (tiny, hf or vllm) picks the model, and only its own settings may
+    follow (`callgrove.policy.models`)."""
     sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
     dispatch: DispatchSettings = msgspec.field(default_factory=DispatchSettings)
     algorithm: BuiltinAlgorithm = msgspec.field(default_factory=_DEFAULT_ALGORITHM)
@@ -132,8 +141,8 @@ class TrainConfig(_Section):
         if self.sampling.seed is not None:
             # One seed on every call would draw the same completion for every episode of a group.
             raise ValueError("sampling.seed: a run seeds its sampler from run.seed")
-        if self.model.vllm is not None and self.train.objective != "rl":
-            raise ValueError("model.vllm: an sft run samples nothing (leave [model.vllm] out)")
+        if isinstance(self.model, VllmModel) and self.train.objective != "rl":
+            raise ValueError('model.kind: an sft run samples nothing (kind = "hf", not "vllm")')
 
 
 @dataclass(frozen=True)
@@ -184,6 +193,14 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
 
 def config_from_dict(raw: dict[str, Any], source: str = "config") -> TrainConfig:
     algorithm = raw.get("algorithm")
+    model = raw.get("model")
+    if isinstance(model, dict):
+        try:
+            raw["model"], notes = model_table(model)
+        except ValueError as error:
+            raise ConfigError(f"{source}: {error}") from None
+        for note in notes:
+            warnings.warn(f"{source}: {note}", stacklevel=2)
     if isinstance(algorithm, dict):
         name = algorithm.setdefault("name", _DEFAULT_ALGORITHM.__struct_config__.tag)
         try:
@@ -270,6 +287,10 @@ def _readable(message: str, raw: dict[str, Any]) -> str:
             settings = ", ".join(ALGORITHMS[name].__struct_fields__)
             return f"{where}: not a setting of algorithm {name!r} (its settings: {settings})"
         return f"{where}: unknown key"
+        if unknown.group(2) == "model" and raw["model"].get("kind") in MODEL_KINDS:
+            kind = raw["model"]["kind"]
+            settings = ", ".join(MODEL_KINDS[kind].__struct_fields__)
+            return f"{where}: not a setting of model kind {kind!r} (its settings: {settings})"
     typed = re.match(r"(.*) - at `\$\.?([^`]*)`", message)
     if typed:
         return f"{typed.group(2)}: {typed.group(1)}"

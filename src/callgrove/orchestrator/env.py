@@ -65,7 +65,8 @@ from callgrove.chat import ChatFormat, Message
 from callgrove.episode import TOKEN_DTYPE, Agent, Call, Episode
 from callgrove.formats.wire import WireEnv, WireError
 from callgrove.policy import PolicyClient, SamplingParams
-from callgrove.policy.backends import ModelSettings, build_sampler
+from callgrove.policy.backends import open_model
+from callgrove.policy.models import ModelSettings, model_from_name
 from callgrove.policy.client import Completion
 
 Rewards = float | dict[str, float]
@@ -707,11 +708,11 @@ def sample_episode(
     episode_id: str = "e0",
     group: str = "g0",
 ) -> Episode:
-    """One episode of `env` on `task`, sampled by `model` (a backend name such as `tiny`,
-    `hf:PATH` or `smollm2-135m`, or `[model]` settings) with no learner built: what an
+    """One episode of `env` on `task`, sampled by `model` (a name as `--model` takes it:
+    `tiny`, `hf:PATH` or `smollm2-135m`; or `[model]` settings) with no learner built: what an
     environment's author runs to see its episodes. The model's stop tokens end each call."""
-    settings = model if isinstance(model, ModelSettings) else ModelSettings(name=model)
-    sampler, chat = build_sampler(settings, seed)
+    opened = open_model(model_from_name(model) if isinstance(model, str) else model, seed=seed)
+    sampler, chat = opened.sampler, opened.chat
     params = sampling or SamplingParams()
     stops = tuple(dict.fromkeys(params.stop_token_ids + chat.stop_token_ids))
     params = msgspec.structs.replace(params, stop_token_ids=stops)

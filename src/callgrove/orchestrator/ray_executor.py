@@ -55,7 +55,7 @@ from callgrove.orchestrator.env import EpisodeLoop
 from callgrove.orchestrator.envs import make_env
 from callgrove.orchestrator.errors import RunError
 from callgrove.policy import Completion, SamplingParams
-from callgrove.policy.backends import build_policy
+from callgrove.policy.backends import open_model
 from callgrove.policy.guard import end_group, guard_group
 from callgrove.policy.vllm import VllmServer, VllmSettings
 
@@ -132,8 +132,11 @@ class SamplerActor:
 
         torch.set_num_threads(1)
         settings = _config(config)
-        self.sampler = build_policy(
-            settings.model, settings.train, settings.run.seed, RayVllmServer.start
+        self.sampler = open_model(
+            settings.model,
+            seed=settings.run.seed,
+            learner=settings.train,
+            launch_server=RayVllmServer.start,
         ).sampler
 
     async def sample(self, prompt_ids: Any, params: SamplingParams) -> Completion:

@@ -22,7 +22,7 @@ from callgrove.batch.packing import OverlongError, refuse_overlong
 from callgrove.orchestrator.config import ConfigError, TrainConfig, check_resume
 from callgrove.orchestrator.errors import RunError
 from callgrove.orchestrator.sinks import CHECKPOINT, METRICS, load_checkpoint
-from callgrove.policy.backends import build_policy
+from callgrove.policy.backends import open_model
 from callgrove.policy.learner import Learner, PolicyBackend, TrainableSampler
 from callgrove.policy.vllm import VllmError
 from callgrove.train.settings import LearnerSettings
@@ -143,7 +143,7 @@ def policy_backend(config: TrainConfig, sampler: TrainableSampler | None = None)
     """The run's learner, chat format and sampler (`sampler`, where one runs elsewhere: Ray's
     sampler actor, which starts any vLLM servers; the driver then keeps the learner alone)."""
     try:
-        return build_policy(config.model, config.train, config.run.seed, sampler=sampler)
+        return open_model(config.model, seed=config.run.seed, learner=config.train, sampler=sampler)
     except (ValueError, FileNotFoundError) as error:
         raise ConfigError(f"model: {error}") from None
     except VllmError as error:  # a server that did not start: its log's end is in the message

@@ -94,7 +94,7 @@ def load_data(data: DataSection, chat: ChatFormat, vocab_size: int) -> Supervise
     if not isinstance(chat, JinjaFormat):
         raise ConfigError(
             'train.objective "sft": the model has no tokenizer and chat template to render '
-            "transcripts with; use model.name = hf:PATH or smollm2-135m"
+            'transcripts with; use [model] kind = "hf" (name = "hf:PATH" or "smollm2-135m")'
         )
     if data.rows_per_step < 1 or data.max_row_tokens < 0:
         raise ConfigError("data.rows_per_step must be positive and data.max_row_tokens >= 0")

@@ -11,6 +11,9 @@ from callgrove.formats.ranges import check_range
 from callgrove.sampling import Distribution
 
 FinishReason = Literal["stop", "length"]
+DEFAULT_MAX_TOKENS = 4096
+"""The most tokens a served completion may ask for unless told otherwise (`serve-policy` and
+`gateway --max-tokens`; a request that names none gets this many)."""
 
 
 class SamplingParams(Distribution, frozen=True):

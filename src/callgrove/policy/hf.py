@@ -1,5 +1,6 @@
-"""A Hugging Face causal LM as a policy: its sampler and the backend that `model = "hf:PATH"` or `model = "smollm2-135m"` builds (learner, sampler, and the chat
-format of its own tokenizer and template).
+"""A Hugging Face causal LM as a policy: its sampler and what `[model] kind = "hf"` (or
+`"vllm"`, for the learner) builds: learner, sampler, and the chat format of its own tokenizer
+and template.
 
 The sampler is the reference sampler's queue (calls made at the same moment decode together,
 rounds run whole on one version, new weights load between rounds) over the HF decoder
@@ -22,22 +23,13 @@ from callgrove.chat import JinjaFormat
 from callgrove.policy.decode import Decoded, DecodeRequest
 from callgrove.policy.learner import PolicyBackend
 from callgrove.policy.local import LocalSampler
+from callgrove.policy.models import HfModel
 from callgrove.train.settings import LearnerSettings
 
 if TYPE_CHECKING:
     from torch import nn
 
-    from callgrove.policy.backends import ModelSettings
     from callgrove.train.hf_trainer import HFLearner, HFOptions
-
-# `[model] options` a Hugging Face backend reads, with their defaults.
-HF_OPTIONS = {
-    "attention": "sdpa",
-    "dtype": "float32",
-    "lora_rank": 0,
-    "lora_alpha": 32.0,
-    "gradient_checkpointing": False,
-}
 
 
 class FoldedLora:
@@ -122,91 +114,87 @@ class HFSampler(LocalSampler):
                 parameters[name].copy_(value)
 
 
-def _options(model: ModelSettings) -> dict[str, Any]:
-    unknown = sorted(set(model.options) - set(HF_OPTIONS))
-    if unknown:
-        raise ValueError(f"model.options: unknown {unknown} (known: {sorted(HF_OPTIONS)})")
-    return {**HF_OPTIONS, **model.options}
-
-
-def _load(model: ModelSettings, options: dict[str, Any], seed: int) -> tuple[nn.Module, Any]:
-    import torch
-
-    from callgrove.train.hf_model import load_model
-
-    torch.manual_seed(seed)
-    return load_model(model.name, getattr(torch, options["dtype"]), options["attention"])
-
-
-def hf_sampler(model: ModelSettings, seed: int) -> tuple[HFSampler, JinjaFormat]:
-    """The sampler and chat format of a Hugging Face model, without a learner."""
-    hf_model, tokenizer = _load(model, _options(model), seed)
-    return HFSampler(hf_model, tokenizer, seed, model.max_batch), JinjaFormat.from_tokenizer(
-        tokenizer
-    )
-
-
-def hf_backend(
-    model: ModelSettings, learner: LearnerSettings, seed: int, with_sampler: bool
-) -> PolicyBackend:
-    """Learner, sampler (None unless `with_sampler`) and chat format of a Hugging Face model
-    (`model.name`: `hf:PATH` or a packaged name); `model.options` as in `HF_OPTIONS`. With
-    `world_size` ranks the ranks load the model themselves, and this process only samples."""
-    from callgrove.train.hf_trainer import HFLearner, with_lora
-    from callgrove.train.ranks import RankedLearner
-
-    options = _options(model)
-    hf_options = _hf_options(options)
-    if learner.world_size > 1:
-        trainer = RankedLearner(
-            partial(hf_learner, model, seed),
-            learner,
-            options=hf_options,
-            preload=["transformers.modeling_utils", *(["peft"] if hf_options.lora else [])],
-        )
-        if not with_sampler:  # it samples elsewhere (`build_policy`): no copy of the model here
-            return PolicyBackend(trainer, None, JinjaFormat.from_tokenizer(_tokenizer(model)))  # type: ignore[arg-type]
-        sampled, tokenizer = _load(model, options, seed)
-        if hf_options.lora:
-            sampled = with_lora(sampled, hf_options.lora)
-    else:
-        hf_model, tokenizer = _load(model, options, seed)
-        trainer = HFLearner(hf_model, learner, hf_options)
-        if not with_sampler:
-            return PolicyBackend(trainer, None, JinjaFormat.from_tokenizer(tokenizer))  # type: ignore[arg-type]
-        # With LoRA the sampler folds the adapters into a copy of its own (`FoldedLora`).
-        sampled = trainer.hf_model if hf_options.lora else copy.deepcopy(trainer.hf_model)
-    lora = FoldedLora(sampled) if hf_options.lora else None
-    sampler = HFSampler(sampled, tokenizer, seed, model.max_batch, lora)
-    if learner.world_size > 1:
-        sampler.set_weights(trainer.weights())  # the ranks' (LoRA adapters start at random)
-    return PolicyBackend(trainer, sampler, JinjaFormat.from_tokenizer(tokenizer))
-
-
-def hf_learner(model: ModelSettings, seed: int, learner: LearnerSettings) -> HFLearner:
-    """A Hugging Face model's learner (what each rank of a `RankedLearner` builds, seeded
-    alike)."""
-    from callgrove.train.hf_trainer import HFLearner
-
-    options = _options(model)
-    hf_model, _ = _load(model, options, seed)
-    return HFLearner(hf_model, learner, _hf_options(options))
-
-
-def _hf_options(options: dict[str, Any]) -> HFOptions:
-    from callgrove.train.hf_trainer import HFOptions, LoraSettings
-
-    lora = (
-        LoraSettings(rank=int(options["lora_rank"]), alpha=float(options["lora_alpha"]))
-        if options["lora_rank"]
-        else None
-    )
-    return HFOptions(lora, bool(options["gradient_checkpointing"]))
-
-
-def _tokenizer(model: ModelSettings):
+def hf_tokenizer(model: HfModel) -> Any:
+    """The model's tokenizer, without its weights."""
     from transformers import AutoTokenizer
 
     from callgrove.train.hf_model import checkpoint_folder, resolve_model
 
     return AutoTokenizer.from_pretrained(checkpoint_folder(resolve_model(model.name)))
+
+
+def hf_chat(tokenizer: Any, model: HfModel) -> JinjaFormat:
+    """The model's own chat format: its tokenizer and chat template, its tool-call parser."""
+    return JinjaFormat.from_tokenizer(tokenizer, model.tool_parser)
+
+
+def _load(model: HfModel, seed: int) -> tuple[nn.Module, Any]:
+    import torch
+
+    from callgrove.train.hf_model import load_model
+
+    torch.manual_seed(seed)
+    return load_model(model.name, getattr(torch, model.dtype), model.attention)
+
+
+def hf_sampler(model: HfModel, seed: int) -> PolicyBackend:
+    """The sampler and chat format of a Hugging Face model, and its context
+    (`max_position_embeddings`, where its config says); no learner."""
+    hf_model, tokenizer = _load(model, seed)
+    context = getattr(hf_model.config, "max_position_embeddings", None)
+    return PolicyBackend(
+        hf_chat(tokenizer, model),
+        HFSampler(hf_model, tokenizer, seed, model.max_batch),
+        context=context if isinstance(context, int) else None,
+    )
+
+
+def hf_backend(
+    model: HfModel, learner: LearnerSettings, seed: int, with_sampler: bool
+) -> PolicyBackend:
+    """Learner, sampler (None unless `with_sampler`) and chat format of a Hugging Face model.
+    With `world_size` ranks the ranks load the model themselves, and this process only
+    samples."""
+    from callgrove.train.hf_trainer import HFLearner, with_lora
+    from callgrove.train.ranks import RankedLearner
+
+    options = _hf_options(model)
+    if learner.world_size > 1:
+        trainer = RankedLearner(
+            partial(hf_learner, model, seed),
+            learner,
+            options=options,
+            preload=["transformers.modeling_utils", *(["peft"] if options.lora else [])],
+        )
+        if not with_sampler:  # it samples elsewhere (`open_model`): no copy of the model here
+            return PolicyBackend(hf_chat(hf_tokenizer(model), model), learner=trainer)
+        sampled, tokenizer = _load(model, seed)
+        if options.lora:
+            sampled = with_lora(sampled, options.lora)
+    else:
+        hf_model, tokenizer = _load(model, seed)
+        trainer = HFLearner(hf_model, learner, options)
+        if not with_sampler:
+            return PolicyBackend(hf_chat(tokenizer, model), learner=trainer)
+        # With LoRA the sampler folds the adapters into a copy of its own (`FoldedLora`).
+        sampled = trainer.hf_model if options.lora else copy.deepcopy(trainer.hf_model)
+    lora = FoldedLora(sampled) if options.lora else None
+    sampler = HFSampler(sampled, tokenizer, seed, model.max_batch, lora)
+    if learner.world_size > 1:
+        sampler.set_weights(trainer.weights())  # the ranks' (LoRA adapters start at random)
+    return PolicyBackend(hf_chat(tokenizer, model), sampler, trainer)
+
+
+def hf_learner(model: HfModel, seed: int, learner: LearnerSettings) -> HFLearner:
+    """A Hugging Face model's learner (what each rank of a `RankedLearner` builds, seeded
+    alike)."""
+    from callgrove.train.hf_trainer import HFLearner
+
+    hf_model, _ = _load(model, seed)
+    return HFLearner(hf_model, learner, _hf_options(model))
+
+
+def _hf_options(model: HfModel) -> HFOptions:
+    from callgrove.train.hf_trainer import HFOptions
+
+    return HFOptions(model.lora(), model.gradient_checkpointing)

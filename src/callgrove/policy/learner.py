@@ -15,8 +15,8 @@ an episode begun on version v and trained at step s missed (s - 1) - v updates
 rounds, so a call never spans two versions.
 
 `state_dict` / `load_state_dict` hold everything a checkpoint needs to continue (weights,
-optimizer, version) as torch-serialisable values. Backends register a factory under a model
-name prefix (`callgrove.policy.backends`), so a config's `model.name` picks them.
+optimizer, version) as torch-serialisable values. `callgrove.policy.backends.open_model` builds
+them for each kind of a config's `[model]`.
 """
 
 from __future__ import annotations
@@ -72,10 +72,13 @@ class TrainableSampler(PolicyClient, Protocol):
 
 @dataclass
 class PolicyBackend:
-    """What a backend builds for a training run: the learner, its sampler, and the chat format."""
+    """What `callgrove.policy.backends.open_model` opens of a model: its chat format, and the
+    sampler and learner where asked for (a training run asks for both)."""
 
-    learner: Learner
-    sampler: TrainableSampler
     chat: ChatFormat
     """How the model's conversations become tokens: sampled prompts and imported transcripts
     (supervised training) alike."""
+    sampler: TrainableSampler = None  # type: ignore[assignment]  # None where not asked for
+    learner: Learner = None  # type: ignore[assignment]  # None where not asked for
+    context: int | None = None
+    """The most tokens of prompt and completion the model takes, where known."""

@@ -29,7 +29,7 @@ _TORCH_NAMES = {
     "row_logprobs": "loss",
     "supervised_loss": "loss",
     "token_logprobs": "loss",
-    "TinyConfig": "model",
+    "TinyConfig": "settings",
     "TinyDecoder": "model",
     "TreeLayout": "model",
     "VarlenLayout": "model",

@@ -20,20 +20,10 @@ from torch import nn
 
 from callgrove.train.hf_model import HFPolicyModel
 from callgrove.train.learner import ModelLearner
-from callgrove.train.settings import LearnerSettings
+from callgrove.train.settings import LearnerSettings, LoraSettings
 
 _TRAINER_STATE = "trainer.pt"
 _WEIGHTS = "weights.safetensors"
-
-
-@dataclass(frozen=True, slots=True)
-class LoraSettings:
-    """Low-rank adapters on the attention projections; only they train."""
-
-    rank: int = 16
-    alpha: float = 32.0
-    dropout: float = 0.0
-    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,34 +7,13 @@ the two layouts is which keys a query may see, and that is the attention layout'
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from itertools import pairwise
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from callgrove.formats.ranges import check_range
-
-
-@dataclass(frozen=True, slots=True)
-class TinyConfig:
-    vocab_size: int = 64
-    d_model: int = 32
-    n_heads: int = 2
-    n_layers: int = 2
-    d_ff: int = 64
-    rope_base: float = 10000.0
-
-    def __post_init__(self) -> None:
-        for name in ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff"):
-            check_range(name, getattr(self, name), at_least=1)
-        check_range("rope_base", self.rope_base, above=1)
-        if self.d_model % (2 * self.n_heads):
-            raise ValueError(
-                f"d_model ({self.d_model}) must split into n_heads ({self.n_heads}) heads of even "
-                "width (rotary embeddings rotate pairs): a multiple of 2 * n_heads"
-            )
+from callgrove.train.settings import TinyConfig
 
 
 class VarlenLayout:
@@ -169,7 +148,7 @@ class Block(nn.Module):
 class TinyDecoder(nn.Module):
     """Token ids and position ids of one flat batch in, next-token logits out."""
 
-    def __init__(self, config: TinyConfig = TinyConfig()):
+    def __init__(self, config: TinyConfig):
         super().__init__()
         self.config = config
         self.embed = nn.Embedding(config.vocab_size, config.d_model)

@@ -19,9 +19,8 @@ import orjson
 from starlette.responses import Response
 
 from callgrove.chat import Message
+from callgrove.policy.client import DEFAULT_MAX_TOKENS
 from callgrove.serving.web import HttpError, json_response
-
-DEFAULT_MAX_TOKENS = 4096
 
 
 @dataclass
