@@ -430,6 +430,12 @@ def main() -> None:
         "their own, against exactly_once and leader_only: credit.{md,json,png}",
     )
     parser.add_argument(
+        "--conditions",
+        nargs="+",
+        choices=list(CREDIT_CONDITIONS),
+        help="with --credit: only these conditions (default: all)",
+    )
+    parser.add_argument(
         "--smollm2",
         action="store_true",
         help="handoff with SmolLM2-135M (LoRA): leader_only against exactly_once",
@@ -455,7 +461,11 @@ def main() -> None:
             ("handoff", scheme, {"rows.scheme": scheme, **SMOLLM2}) for scheme in SMOLLM2_SCHEMES
         ]
     elif args.credit:
-        chosen = [(env, *condition) for env in args.envs for condition in CREDIT_CONDITIONS.items()]
+        chosen = [
+            (env, name, CREDIT_CONDITIONS[name])
+            for env in args.envs
+            for name in args.conditions or CREDIT_CONDITIONS
+        ]
     else:
         chosen = [(env, *condition) for env in args.envs for condition in conditions(env)]
     jobs = [

@@ -67,3 +67,26 @@ def test_a_coefficient_of_zero_trains_the_leader_as_leader_only_does():
     torch.manual_seed(0)
     model = TinyDecoder(TinyConfig(vocab_size=CharFormat().vocab_size, d_model=16, n_heads=2))
     assert summed_loss(zero, model) == pytest.approx(summed_loss(leader_only, model), rel=1e-5)
+
+
+def test_where_every_subagent_has_its_own_reward_the_options_change_nothing():
+    """`relay` scores every seat on its own answers: no trace shares the episode's reward."""
+
+    def relay_advantages(**options) -> list:
+        group = []
+        for number, reply in enumerate(("3", "72", "302")):
+            played = run(make_env("relay"), "372", ScriptedPolicy(reply))
+            played.id = f"e{number}"
+            group.append(played)
+        algorithm = HierarchicalGRPO(local_seats=frozenset({"helper"}), **options)
+        prepare_step([group], algorithm, DegeneracySettings(drop=()), PARAMS)
+        return [call.advantages for episode in group for call in episode.calls()]
+
+    plain = relay_advantages()
+    assert any(plain)
+    for options in (
+        {"shared_reward_scale": 0.0},
+        {"shared_reward_credit": "leave_one_out"},
+        {"shared_reward_credit": "seat_normalised"},
+    ):
+        assert relay_advantages(**options) == plain
