@@ -115,6 +115,14 @@ CREDIT_CONDITIONS = {
     "leader_only": {"rows.scheme": "leader_only"},
     "shared scale 0": {"algorithm.shared_reward_scale": 0.0},
     "shared scale 0.5": {"algorithm.shared_reward_scale": 0.5},
+    # The coefficient at 0 still counts the subagents' tokens in the step's token mean, so the
+    # leader's gradient is smaller than under leader_only by their share: on handoff leader-only
+    # trains 378 loss tokens a step, exactly-once 627 (schemes.md). This gives the leader
+    # leader-only's step size back, to tell the denominator from the credit.
+    "shared scale 0, lr x1.66": {
+        "algorithm.shared_reward_scale": 0.0,
+        "train.learning_rate": 1e-3 * 627 / 378,
+    },
     "shared leave_one_out": {"algorithm.shared_reward_credit": "leave_one_out"},
     "shared seat_normalised": {"algorithm.shared_reward_credit": "seat_normalised"},
 }
