@@ -210,6 +210,7 @@ def serve_noop(ledger: str) -> None:
     sys.path.insert(0, SRC)
     from callgrove.chat import BuiltinFormat
     from callgrove.gateway.app import Gateway
+    from callgrove.gateway.routes import Routes
     from callgrove.policy import Completion
     from callgrove.serving.web import serve
 
@@ -227,7 +228,7 @@ def serve_noop(ledger: str) -> None:
     def ready(port: int) -> None:
         print(f"gateway listening on http://127.0.0.1:{port}", flush=True)
 
-    serve(Gateway(NoOp(), chat, ledger).app(), "127.0.0.1", 0, ready)
+    serve(Routes(Gateway(NoOp(), chat, ledger)).app(), "127.0.0.1", 0, ready)
 
 
 def main() -> None:

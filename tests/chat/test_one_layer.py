@@ -14,6 +14,7 @@ from callgrove.chat import BuiltinFormat, ChatFormat, JinjaFormat, Message
 from callgrove.episode import Episode, episode_from_wire
 from callgrove.formats.jsonl import decode_episode_line
 from callgrove.gateway.app import Gateway
+from callgrove.gateway.routes import Routes
 from callgrove.orchestrator.env import run_episode
 from callgrove.policy import Completion, SamplingParams
 from callgrove.serving.policy_server import PolicyServer
@@ -131,7 +132,7 @@ def through_the_gateway(chat: ChatFormat, tmp_path) -> np.ndarray:
     gateway = Gateway(Answers(chat, REPLY), chat, tmp_path / "ledger")
 
     async def go() -> dict:
-        app = gateway.app()
+        app = Routes(gateway).app()
         for with_reply in (False, True):
             await chat_completion(app, "/e/ep/v1/chat/completions", history(with_reply))
         transport = httpx.ASGITransport(app=app)

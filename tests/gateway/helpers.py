@@ -19,6 +19,7 @@ import httpx
 
 from callgrove.chat import BuiltinFormat
 from callgrove.gateway.app import Gateway
+from callgrove.gateway.routes import Routes
 from callgrove.policy.script import Script, ScriptedPolicy
 from callgrove.serving.policy_server import PolicyServer
 
@@ -47,7 +48,7 @@ class GatewayClient(httpx.AsyncClient):
 
     def __init__(self, gateway: Gateway):
         super().__init__(
-            transport=httpx.ASGITransport(app=gateway.app()), base_url="http://gateway"
+            transport=httpx.ASGITransport(app=Routes(gateway).app()), base_url="http://gateway"
         )
         self.gateway = gateway
 

@@ -13,6 +13,7 @@ import pytest
 
 from callgrove.chat import BuiltinFormat, ChatFormat
 from callgrove.gateway.app import Gateway
+from callgrove.gateway.routes import Routes
 from callgrove.policy.http import Piece
 from callgrove.serving.streaming import PlainText
 
@@ -218,7 +219,7 @@ def test_a_client_that_leaves_mid_stream_leaves_a_failed_line_and_stops_the_upst
             text_sent.set()
 
     async def exchange():
-        await asyncio.wait_for(gateway.app()(scope, receive, send), 30)
+        await asyncio.wait_for(Routes(gateway).app()(scope, receive, send), 30)
         await asyncio.wait_for(upstream.closed.wait(), 30)
 
     asyncio.run(exchange())

@@ -268,6 +268,7 @@ def gateway(
     from callgrove.chat import JinjaFormat
     from callgrove.gateway.app import Gateway
     from callgrove.gateway.ledger import QUARANTINE, LedgerInUse
+    from callgrove.gateway.routes import Routes
     from callgrove.policy.http import HttpPolicyClient
     from callgrove.serving.policy_server import model_tokenizer
 
@@ -332,7 +333,7 @@ def gateway(
             f"{ledger / QUARANTINE}: {', '.join(sorted(server.episodes.quarantined))}"
         )
     try:
-        _serve("gateway", server.app(), host, port, tokens)
+        _serve("gateway", Routes(server).app(), host, port, tokens)
     finally:  # a stopped gateway gives up its ledger folder at once, not when it is collected
         server.episodes.release()
 

@@ -32,7 +32,6 @@ from pathlib import Path
 
 import msgspec
 import numpy as np
-from starlette.applications import Starlette
 
 from callgrove.chat import ChatFormat, Message, tools_message
 from callgrove.episode import TOKEN_DTYPE, Agent, Call, sampling_record
@@ -47,9 +46,8 @@ from callgrove.gateway.episodes import (
     message_key,
 )
 from callgrove.gateway.ledger import call_line
-from callgrove.policy.client import DEFAULT_MAX_TOKENS
-from callgrove.gateway.routes import Routes
 from callgrove.policy import Completion, PolicyClient, SamplingParams
+from callgrove.policy.client import DEFAULT_MAX_TOKENS
 from callgrove.policy.http import Piece, UpstreamError, sample_from_pieces
 from callgrove.serving.bodies import assistant_message
 from callgrove.serving.dialects.dialect import ChatRequest, Dialect, Reply
@@ -152,10 +150,6 @@ class Gateway:
         self.sampling = sampling
         self.vocab_size = chat.vocab_size
         self.in_flight = 0  # calls being handled now (`handling`)
-
-    def app(self) -> Starlette:
-        """The HTTP app serving this gateway (`routes`)."""
-        return Routes(self).app()
 
     @contextlib.contextmanager
     def handling(self) -> Iterator[None]:

@@ -18,6 +18,7 @@ from typing import Any
 
 from callgrove.chat import ChatFormat
 from callgrove.gateway.app import Gateway
+from callgrove.gateway.routes import Routes
 from callgrove.policy import PolicyClient, SamplingParams
 from callgrove.policy.threads import LoopPolicy
 from callgrove.serving.web import bind, server
@@ -41,7 +42,7 @@ class LocalGateway:
         self.gateway.episodes.recover()
         sock = bind("127.0.0.1", 0)
         self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        self._server = server(self.gateway.app())
+        self._server = server(Routes(self.gateway).app())
         self._thread = threading.Thread(
             target=self._server.run,
             kwargs={"sockets": [sock]},

@@ -13,7 +13,7 @@ Every chat route is served at the root (the episode from the key, else `untagged
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -22,6 +22,7 @@ from starlette.routing import Route
 
 from callgrove.chat import tools_message
 from callgrove.episode import encode_episode
+from callgrove.gateway.app import Gateway
 from callgrove.gateway.attribution import UNTAGGED, episode_from_key, identify, valid_episode
 from callgrove.serving.dialects import ERROR_HANDLERS
 from callgrove.serving.dialects.anthropic_messages import ANTHROPIC_MESSAGES, anthropic_messages
@@ -38,9 +39,6 @@ from callgrove.serving.web import (
     sse_response,
 )
 
-if TYPE_CHECKING:
-    from callgrove.gateway.app import Gateway
-
 CHAT_PATHS = (
     ("/v1/chat/completions", OPENAI_CHAT),
     ("/v1/responses", OPENAI_RESPONSES),
@@ -50,7 +48,7 @@ CHAT_PATHS = (
 
 
 class Routes:
-    """The routes of one `Gateway`."""
+    """The routes of one `Gateway`: `Routes(gateway).app()` serves it."""
 
     def __init__(self, gateway: Gateway):
         self.gateway = gateway
