@@ -519,12 +519,14 @@ def write_results(runs: list[dict], args: argparse.Namespace) -> None:
     (args.results / f"{stem}.json").write_text(json.dumps(found, indent=1))
     text = markdown(table)
     if args.credit:
+        text = f"{credit_markdown(table)}\n{text}"
+    if args.credit and not args.tables_only:  # remade tables may join several runs' commands
         made_by = (
             f"`nice -n 19 python benchmarks/schemes.py --credit --envs {' '.join(args.envs)} "
             f"--steps {max(steps)} --seeds {' '.join(map(str, seeds))} --workers "
             f"{args.workers}`; every step of every run in {stem}.json"
         )
-        text = f"{made_by}\n\n{credit_markdown(table)}\n{text}"
+        text = f"{made_by}\n\n{text}"
     if args.smollm2:
         made_by = (
             f"`nice -n 10 python benchmarks/schemes.py --smollm2 --steps {max(steps)} --seeds "
