@@ -60,9 +60,10 @@ def chatml_tokenizer():
 
 
 def smollm2_tokenizer():
-    from callgrove.serving.policy_server import model_tokenizer
+    from callgrove.policy.hf import hf_tokenizer
+    from callgrove.policy.models import HfModel
 
-    return model_tokenizer("smollm2-135m")
+    return hf_tokenizer(HfModel(name="smollm2-135m"))
 
 
 @pytest.fixture(

@@ -9,15 +9,21 @@ import numpy as np
 
 from callgrove.chat import BuiltinFormat
 from callgrove.episode import read_episodes
+from callgrove.policy.backends import open_model
+from callgrove.policy.models import HfModel, TinyModel
 from callgrove.rows import build_rows, check_rows
-from callgrove.serving.policy_server import reference_policy
 
 from .helpers import gateway_client, policy_client
 
 
+def reference_policy(seed: int):
+    """The reference decoder over bytes, as `serve-policy --model tiny` serves it."""
+    return open_model(TinyModel(), seed=seed, chat=BuiltinFormat()).sampler
+
+
 def test_reference_decoder_serves_completions_with_token_extras():
     async def go():
-        async with policy_client(reference_policy(BuiltinFormat(), seed=3)) as client:
+        async with policy_client(reference_policy(seed=3)) as client:
             prompt = BuiltinFormat().render([]).tolist()
             body = {"prompt": prompt, "max_tokens": 12, "logprobs": 0, "temperature": 1.0}
             return (await client.post("/v1/completions", json=body)).json()
@@ -33,7 +39,7 @@ def test_reference_decoder_serves_completions_with_token_extras():
 
 def test_gateway_records_what_the_reference_decoder_sampled(tmp_path):
     async def go():
-        policy = reference_policy(BuiltinFormat(), seed=5)
+        policy = reference_policy(seed=5)
         _, client = gateway_client(policy, tmp_path / "ledger", max_tokens=16)
         async with client:
             body = {"model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
@@ -63,11 +69,12 @@ def test_gateway_records_what_the_reference_decoder_sampled(tmp_path):
 
 
 def test_a_hugging_face_model_serves_with_its_own_chat_template():
-    from callgrove.chat import JinjaFormat, Message
-    from callgrove.serving.policy_server import PolicyServer, hf_policy, model_tokenizer
+    from callgrove.chat import Message
+    from callgrove.serving.policy_server import PolicyServer
 
-    policy, chat, context = hf_policy("smollm2-135m", seed=0)
-    server = PolicyServer(policy, chat, context=context)
+    opened = open_model(HfModel(name="smollm2-135m"))
+    chat = opened.chat
+    server = PolicyServer(opened.sampler, chat, context=opened.context)
 
     async def go():
         transport = httpx.ASGITransport(app=server.app())
@@ -87,6 +94,6 @@ def test_a_hugging_face_model_serves_with_its_own_chat_template():
     text = chat.decode(np.asarray(payload["prompt_token_ids"]))
     assert "Say hi" in text and "<|im_start|>" in text
     # The gateway renders with the same format from the tokenizer alone (no weights loaded).
-    alone = JinjaFormat.from_tokenizer(model_tokenizer("smollm2-135m"))
+    alone = open_model(HfModel(name="smollm2-135m"), sample=False).chat
     messages = [Message("user", "Say hi")]
     assert alone.render(messages).tolist() == chat.render(messages).tolist()

@@ -14,19 +14,25 @@ import orjson
 import typer
 
 from callgrove.cli.app import EXIT_FAILED, EXIT_USAGE, app, err, out, safe
+from callgrove.cli.model_options import (
+    MODEL_NAMES,
+    ChatTemplateOption,
+    ModelOption,
+    OldTemplateOption,
+    ParserOption,
+    TokenizerOption,
+    chat_template,
+    open_chat,
+)
 from callgrove.formats.problems import InputError
+from callgrove.policy.client import DEFAULT_MAX_TOKENS
 
 Host = Annotated[
     str, typer.Option("--host", help="Address to bind (loopback unless told otherwise).")
 ]
 
 
-# Options serve-policy and the gateway share.
-Tokenizer = Annotated[
-    Path | None, typer.Option("--tokenizer", help="A tokenizer.json, for a Jinja chat format.")
-]
-Template = Annotated[Path | None, typer.Option("--template", help="Jinja chat template file.")]
-Parser = Annotated[str, typer.Option("--tool-parser", help="Tool-call parser of the template.")]
+# Options serve-policy and the gateway share (the model's: `callgrove.cli.model_options`).
 Port = Annotated[int, typer.Option("--port", help="Port (0 picks a free one).")]
 Tokens = Annotated[
     list[str] | None,
@@ -48,14 +54,10 @@ def _check_serving(
     tokens: list[str],
     parser: str,
     max_tokens: int,
-    tokenizer: Path | None,
-    template: Path | None,
 ) -> None:
     """The options both servers take, checked before anything starts."""
     from callgrove.chat import PARSERS
 
-    if (tokenizer is None) != (template is None):
-        _refuse("--tokenizer and --template go together")
     if not host.strip():
         _refuse("--host is empty")
     if not 0 <= port <= 65535:
@@ -86,12 +88,11 @@ def _check_upstream(upstream: str, timeout: float, model: str, token: str | None
         _refuse("--upstream-token is empty")
 
 
-def _chat(tokenizer: Path | None, template: Path | None, parser: str):
-    from callgrove.chat import BuiltinFormat, JinjaFormat
+def _state_dict(path: Path) -> Any:
+    """The reference decoder's weights as `torch.save` wrote them (`--weights`)."""
+    import torch
 
-    if tokenizer is None:
-        return BuiltinFormat()
-    return JinjaFormat(tokenizer, template, parser=parser)  # type: ignore[arg-type]
+    return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def _serve(what: str, app: Any, host: str, port: int, tokens: list[str]) -> None:
@@ -125,15 +126,11 @@ def serve_policy(
     script: Annotated[
         Path | None, typer.Option("--script", help="Answer from this script (JSON rules).")
     ] = None,
-    model: Annotated[
-        str | None,
-        typer.Option(
-            "--model", help="`tiny` (the reference decoder), `hf:PATH` or a packaged model name."
-        ),
-    ] = None,
-    tokenizer: Tokenizer = None,
-    template: Template = None,
-    parser: Parser = "hermes",
+    model: ModelOption = None,
+    tokenizer: TokenizerOption = None,
+    template: ChatTemplateOption = None,
+    old_template: OldTemplateOption = None,
+    parser: ParserOption = "hermes",
     host: Host = "127.0.0.1",
     port: Port = 8000,
     token: Tokens = None,
@@ -143,36 +140,37 @@ def serve_policy(
     seed: Annotated[int, typer.Option("--seed", help="Seed of the reference decoder.")] = 0,
     max_tokens: Annotated[
         int, typer.Option("--max-tokens", help="Most tokens a request may ask for (more: 400).")
-    ] = 4096,
+    ] = DEFAULT_MAX_TOKENS,
 ) -> None:
     """Serve a policy on an OpenAI-compatible API with vLLM's token extras."""
+    from callgrove.policy.backends import open_model
+    from callgrove.policy.models import model_from_name
     from callgrove.policy.script import Script, ScriptedPolicy
-    from callgrove.serving.policy_server import (
-        REFERENCE_CONTEXT,
-        PolicyServer,
-        hf_policy,
-        reference_policy,
-    )
+    from callgrove.serving.policy_server import REFERENCE_CONTEXT, PolicyServer
 
     if (script is None) == (model is None):
-        _refuse("give either --script FILE or --model (tiny, hf:PATH or a packaged name)")
+        _refuse(f"give either --script FILE or --model ({MODEL_NAMES})")
     tokens = _tokens(token, "CALLGROVE_TOKEN")
-    _check_serving(host, port, tokens, parser, max_tokens, tokenizer, template)
+    _check_serving(host, port, tokens, parser, max_tokens)
     if not 0 <= seed < 2**63:
         _refuse(f"--seed {seed}: a non-negative 64-bit integer")
     if weights is not None and model != "tiny":
         _refuse("--weights is the reference decoder's state dict: it goes with --model tiny")
     context = None
     try:
+        # The reference decoder samples over the chat format given (by default, bytes); a
+        # Hugging Face model brings its own.
+        template = chat_template(template, old_template)
+        given = open_chat(None, tokenizer, template, parser) if model in (None, "tiny") else None
         if script is not None:
-            chat = _chat(tokenizer, template, parser)
-            policy = ScriptedPolicy(Script.load(script), chat)
-        elif model == "tiny":
-            chat = _chat(tokenizer, template, parser)
-            policy = reference_policy(chat, seed, str(weights) if weights else None)
-            context = REFERENCE_CONTEXT
-        else:  # a Hugging Face model brings its own tokenizer and chat template
-            policy, chat, context = hf_policy(model, seed, parser)
+            chat, policy = given, ScriptedPolicy(Script.load(script), given)
+        else:
+            opened = open_model(model_from_name(model, tool_parser=parser), seed=seed, chat=given)
+            chat, policy, context = opened.chat, opened.sampler, opened.context
+            if model == "tiny":
+                context = REFERENCE_CONTEXT
+                if weights is not None:
+                    policy.set_weights(_state_dict(weights))
     except (InputError, OSError, RuntimeError, ValueError) as error:
         _refuse(str(error))
     server = PolicyServer(
@@ -192,12 +190,15 @@ def gateway(
     model: Annotated[
         str | None,
         typer.Option(
-            "--model", help="Render with this Hugging Face model's tokenizer and chat template."
+            "--model",
+            help="Render with this model's chat format (its tokenizer and template; its weights "
+            "are not loaded): the name serve-policy or train samples it under.",
         ),
     ] = None,
-    tokenizer: Tokenizer = None,
-    template: Template = None,
-    parser: Parser = "hermes",
+    tokenizer: TokenizerOption = None,
+    template: ChatTemplateOption = None,
+    old_template: OldTemplateOption = None,
+    parser: ParserOption = "hermes",
     host: Host = "127.0.0.1",
     port: Port = 8100,
     token: Tokens = None,
@@ -220,7 +221,7 @@ def gateway(
     ] = False,
     max_tokens: Annotated[
         int, typer.Option("--max-tokens", help="Cap on tokens per completion.")
-    ] = 4096,
+    ] = DEFAULT_MAX_TOKENS,
     upstream_model: Annotated[
         str,
         typer.Option(
@@ -265,17 +266,13 @@ def gateway(
     closes an episode: its record is appended to LEDGER/episodes.jsonl, which every command
     reads (`callgrove rows LEDGER/episodes.jsonl`). docs/gateway.md has the whole protocol.
     """
-    from callgrove.chat import JinjaFormat
     from callgrove.gateway.app import Gateway
     from callgrove.gateway.ledger import QUARANTINE, LedgerInUse
     from callgrove.gateway.routes import Routes
     from callgrove.policy.http import HttpPolicyClient
-    from callgrove.serving.policy_server import model_tokenizer
 
-    if model is not None and (tokenizer or template):
-        _refuse("give --model or --tokenizer/--template, not both")
     tokens = _tokens(token, "CALLGROVE_TOKEN")
-    _check_serving(host, port, tokens, parser, max_tokens, tokenizer, template)
+    _check_serving(host, port, tokens, parser, max_tokens)
     _check_upstream(upstream, timeout, upstream_model, upstream_token)
     if ledger.exists() and not ledger.is_dir():
         _refuse(f"--ledger {ledger}: a file, not a folder")
@@ -285,12 +282,8 @@ def gateway(
             "does not go with --upstream-gguf"
         )
     try:
-        chat = (
-            JinjaFormat.from_tokenizer(model_tokenizer(model), parser)
-            if model
-            else _chat(tokenizer, template, parser)
-        )
-    except (OSError, ValueError) as error:
+        chat = open_chat(model, tokenizer, chat_template(template, old_template), parser)
+    except (InputError, OSError, ValueError) as error:
         _refuse(str(error))
     try:
         policy = (

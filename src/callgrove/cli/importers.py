@@ -11,8 +11,14 @@ import orjson
 import typer
 from rich.table import Table
 
-from callgrove.chat import BuiltinFormat, ChatFormat, JinjaFormat
+from callgrove.chat import BuiltinFormat, ChatFormat
 from callgrove.cli.app import EXIT_FAILED, EXIT_OK, EXIT_USAGE, app, err, require_output, safe
+from callgrove.cli.model_options import (
+    ChatTemplateOption,
+    ModelOption,
+    TokenizerOption,
+    open_chat,
+)
 from callgrove.episode import Episode, encode_episode, load, save
 from callgrove.forest import compact_prompts
 from callgrove.formats.problems import Diagnostics, InputError
@@ -32,22 +38,6 @@ app.add_typer(import_app, name="import")
 
 OutOption = Annotated[
     Path | None, typer.Option("--out", "-o", help="Episode file to write (default: stdout).")
-]
-TokenizerOption = Annotated[
-    Path | None,
-    typer.Option(
-        "--tokenizer",
-        help="A model folder (tokenizer.json with the chat template of tokenizer_config.json "
-        "or chat_template.jinja), or a tokenizer.json (then give --chat-template). "
-        "Default: built-in bytes.",
-    ),
-]
-TemplateOption = Annotated[
-    Path | None,
-    typer.Option(
-        "--chat-template",
-        help="A Jinja chat template, or a tokenizer_config.json holding one.",
-    ),
 ]
 AllowDroppedOption = Annotated[
     bool,
@@ -74,28 +64,16 @@ VerboseOption = Annotated[
 
 
 def _chat_format(
+    model: str | None,
     tokenizer: Path | None,
     template: Path | None,
     variables: list[str] | None,
     allow_dropped: bool = False,
 ) -> ChatFormat:
-    if tokenizer is None and template is None:
-        return BuiltinFormat()
     pairs = dict(v.split("=", 1) for v in variables or [] if "=" in v)
-    folder = tokenizer is not None and tokenizer.is_dir()
-    if tokenizer is None or (template is None and not folder):
-        err.print(
-            "[red]error[/red]: --chat-template needs --tokenizer, and a tokenizer.json needs "
-            "--chat-template (a model folder holds both)"
-        )
-        raise typer.Exit(EXIT_USAGE)
     try:
-        if folder and template is None:
-            return JinjaFormat.from_folder(tokenizer, pairs, allow_dropped=allow_dropped)
-        if folder:
-            tokenizer = tokenizer / "tokenizer.json"
-        return JinjaFormat(tokenizer, template, pairs, allow_dropped=allow_dropped)  # type: ignore[arg-type]
-    except InputError as error:
+        return open_chat(model, tokenizer, template, variables=pairs, allow_dropped=allow_dropped)
+    except (InputError, ValueError) as error:
         err.print(f"[red]error[/red]: {safe(str(error))}")
     except Exception as error:  # tokenizers raises plain exceptions for unreadable files
         err.print(f"[red]error[/red]: {safe(str(tokenizer))}: {safe(str(error))}")
@@ -224,15 +202,16 @@ def _summary(episodes: list[Episode], report: ImportReport, verbose: bool) -> No
 def claude_code(
     path: Annotated[Path, typer.Argument(help="A session .jsonl file or a project folder.")],
     out: OutOption = None,
+    model: ModelOption = None,
     tokenizer: TokenizerOption = None,
-    chat_template: TemplateOption = None,
+    chat_template: ChatTemplateOption = None,
     template_var: VarOption = None,
     allow_dropped_content: AllowDroppedOption = False,
     verbose: VerboseOption = False,
     as_json: JsonOption = False,
 ) -> None:
     """Claude Code sessions with their subagents, one episode per session."""
-    chat_format = _chat_format(tokenizer, chat_template, template_var, allow_dropped_content)
+    chat_format = _chat_format(model, tokenizer, chat_template, template_var, allow_dropped_content)
     _run_import(import_claude_code, path, out, chat_format, verbose, as_json)
 
 
@@ -240,15 +219,16 @@ def claude_code(
 def codex(
     path: Annotated[Path, typer.Argument(help="A rollout .jsonl file or a sessions folder.")],
     out: OutOption = None,
+    model: ModelOption = None,
     tokenizer: TokenizerOption = None,
-    chat_template: TemplateOption = None,
+    chat_template: ChatTemplateOption = None,
     template_var: VarOption = None,
     allow_dropped_content: AllowDroppedOption = False,
     verbose: VerboseOption = False,
     as_json: JsonOption = False,
 ) -> None:
     """Codex rollouts, subagent threads joined to their parents, one episode per root thread."""
-    chat_format = _chat_format(tokenizer, chat_template, template_var, allow_dropped_content)
+    chat_format = _chat_format(model, tokenizer, chat_template, template_var, allow_dropped_content)
     _run_import(import_codex, path, out, chat_format, verbose, as_json)
 
 

@@ -192,7 +192,6 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
 
 
 def config_from_dict(raw: dict[str, Any], source: str = "config") -> TrainConfig:
-    algorithm = raw.get("algorithm")
     model = raw.get("model")
     if isinstance(model, dict):
         try:
@@ -201,6 +200,7 @@ def config_from_dict(raw: dict[str, Any], source: str = "config") -> TrainConfig
             raise ConfigError(f"{source}: {error}") from None
         for note in notes:
             warnings.warn(f"{source}: {note}", stacklevel=2)
+    algorithm = raw.get("algorithm")
     if isinstance(algorithm, dict):
         name = algorithm.setdefault("name", _DEFAULT_ALGORITHM.__struct_config__.tag)
         try:
@@ -286,11 +286,11 @@ def _readable(message: str, raw: dict[str, Any]) -> str:
             name = raw["algorithm"]["name"]
             settings = ", ".join(ALGORITHMS[name].__struct_fields__)
             return f"{where}: not a setting of algorithm {name!r} (its settings: {settings})"
-        return f"{where}: unknown key"
         if unknown.group(2) == "model" and raw["model"].get("kind") in MODEL_KINDS:
             kind = raw["model"]["kind"]
             settings = ", ".join(MODEL_KINDS[kind].__struct_fields__)
             return f"{where}: not a setting of model kind {kind!r} (its settings: {settings})"
+        return f"{where}: unknown key"
     typed = re.match(r"(.*) - at `\$\.?([^`]*)`", message)
     if typed:
         return f"{typed.group(2)}: {typed.group(1)}"

@@ -30,7 +30,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from callgrove.chat import ChatFormat, JinjaFormat, tools_message
+from callgrove.chat import ChatFormat, tools_message
 from callgrove.episode import TOKEN_DTYPE
 from callgrove.policy import Completion, PolicyClient, SamplingParams
 from callgrove.policy.threads import LoopPolicy
@@ -415,55 +415,3 @@ class PolicyServer:
         if chat_request.stream:
             return sse_response(OPENAI_CHAT.reply_events(chat_request, reply))
         return json_response(OPENAI_CHAT.reply(chat_request, reply))
-
-
-def reference_policy(chat: ChatFormat, seed: int = 0, weights: str | None = None) -> PolicyClient:
-    """The reference decoder (`TinyDecoder`) over the chat format's vocabulary, KV-cache sampled.
-
-    Without `weights` (a torch state dict file) it samples from its seeded initial weights:
-    random text, but real sampling with real log-probabilities.
-    """
-    import torch
-
-    from callgrove.policy.local import LocalSampler
-    from callgrove.train import TinyConfig, TinyDecoder
-
-    torch.manual_seed(seed)
-    model = TinyDecoder(TinyConfig(vocab_size=chat.vocab_size, d_model=64, n_heads=4, d_ff=128))
-    if weights is not None:
-        model.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
-    return LocalSampler(model, seed, text_of=chat.text_of)  # text_of: for stop strings
-
-
-def model_tokenizer(name: str) -> Any:
-    """The tokenizer of a Hugging Face model (`hf:PATH` or a packaged name), without its weights."""
-    from transformers import AutoTokenizer
-
-    from callgrove.train.hf_model import checkpoint_folder, resolve_model
-
-    return AutoTokenizer.from_pretrained(checkpoint_folder(resolve_model(name)))
-
-
-def hf_policy(
-    name: str, seed: int = 0, parser: str = "hermes"
-) -> tuple[PolicyClient, ChatFormat, int | None]:
-    """A Hugging Face causal LM (`hf:PATH` or a packaged name), its own chat format and its
-    context (`max_position_embeddings`, where its config says).
-
-    Prompts are rendered with the model's tokenizer and chat template through the chat layer,
-    so the ids the gateway and serve-policy render are the ones the model was trained
-    on; sampling is the HF backend's batched KV-cache sampler.
-    """
-    import torch
-
-    from callgrove.policy.hf import HFSampler
-    from callgrove.train.hf_model import load_model
-
-    torch.manual_seed(seed)
-    model, tokenizer = load_model(name)
-    context = getattr(model.config, "max_position_embeddings", None)
-    return (
-        HFSampler(model, tokenizer, seed),
-        JinjaFormat.from_tokenizer(tokenizer, parser),
-        context if isinstance(context, int) else None,
-    )
