@@ -7,6 +7,8 @@ from pathlib import Path
 
 import callgrove
 
+# Beneath the stages: modules every stage may import, which import nothing of callgrove.
+BENEATH = ["errors"]
 STAGES = ["formats", "episode", "sampling", "forest", "rows", "credit", "batch", "train"]
 # On top, in order: each may import the stages and the packages on top listed before it.
 ON_TOP = [
@@ -45,9 +47,16 @@ def test_every_package_is_a_known_stage():
     assert packages <= set(STAGES) | set(ON_TOP), sorted(packages - set(STAGES) - set(ON_TOP))
 
 
+def test_what_lies_beneath_the_stages_imports_none_of_them():
+    for name in BENEATH:
+        path = PACKAGE / f"{name}.py"
+        assert not imported_parts(path), f"{name}.py imports {sorted(imported_parts(path))}"
+        assert "import callgrove" not in path.read_text()
+
+
 def test_no_stage_imports_a_later_stage_or_the_layer_on_top():
     for position, stage in enumerate(STAGES):
-        allowed = set(STAGES[: position + 1])
+        allowed = set(BENEATH) | set(STAGES[: position + 1])
         for path in (PACKAGE / stage).rglob("*.py"):
             wrong = imported_parts(path) - allowed
             assert not wrong, f"{path.relative_to(PACKAGE)} imports {sorted(wrong)}"
@@ -57,7 +66,7 @@ def test_no_package_on_top_imports_one_listed_after_it():
     for position, name in enumerate(ON_TOP):
         if not (PACKAGE / name).is_dir():
             continue
-        allowed = set(STAGES) | set(ON_TOP[: position + 1])
+        allowed = set(BENEATH) | set(STAGES) | set(ON_TOP[: position + 1])
         for path in (PACKAGE / name).rglob("*.py"):
             wrong = imported_parts(path) - allowed
             assert not wrong, f"{path.relative_to(PACKAGE)} imports {sorted(wrong)}"

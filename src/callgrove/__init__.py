@@ -64,6 +64,7 @@ from callgrove.episode import (
     save,
 )
 from callgrove.episode.files import EpisodeFormat, format_for
+from callgrove.errors import CallgroveError, RunFailed, UsageError
 from callgrove.forest import Forest, build_forest, compact_prompts
 from callgrove.formats import Diagnostics, InputError, Problem
 from callgrove.interop import ATIF, GYM, VERIFIERS  # registers the foreign formats
@@ -122,6 +123,7 @@ __all__ = [
     "Agent",
     "Algorithm",
     "Call",
+    "CallgroveError",
     "CheckSummary",
     "Credit",
     "Diagnostics",
@@ -144,11 +146,13 @@ __all__ = [
     "Row",
     "RowSettings",
     "Run",
+    "RunFailed",
     "Sample",
     "Stats",
     "Trace",
     "TreeBatch",
     "TreeSettings",
+    "UsageError",
     "Violation",
     "__version__",
     "build_forest",

@@ -29,6 +29,7 @@ from callgrove.batch.samples import (
     Sample,
     arrays_to_torch,
 )
+from callgrove.errors import UsageError
 
 Overlong = Literal["error", "truncate"]
 CU_SEQLENS_DTYPE = np.int32
@@ -185,7 +186,7 @@ def pack(samples: Sequence[Sample], settings: PackSettings) -> PackedBatch:
     return PackedBatch(ranks, truncations, settings)
 
 
-class OverlongError(ValueError):
+class OverlongError(UsageError, ValueError):
     """Samples longer than `seq_len`: how many, and the longest (`episode`, `row`, `tokens`)."""
 
     def __init__(

@@ -30,6 +30,7 @@ from typer.models import DefaultPlaceholder
 
 from callgrove.cli.kinds import VERIFIERS_FILE, folder_hint, not_episodes_hint
 from callgrove.episode import Episode, format_for, load_located
+from callgrove.errors import EXIT_OK, EXIT_USAGE, CallgroveError, RunFailed, UsageError
 from callgrove.formats.output import check_output
 from callgrove.formats.problems import Diagnostics, InputError
 from callgrove.formats.streams import readable
@@ -54,11 +55,6 @@ err = Console(stderr=True, highlight=False, soft_wrap=True)
 for _console in (out, err):
     if not _console.is_terminal:
         _console.width = _PIPE_WIDTH
-
-# Exit statuses (docs/episode-format.md, section 4): all went through, some episode failed, usage error.
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_USAGE = 2
 
 # Every episode file form the commands read, named once for help texts and errors.
 EPISODE_FORMS = ".jsonl, .jsonl.gz, .jsonl.zst, .parquet, .arrow"
@@ -173,6 +169,15 @@ class _PlainCommand(TyperCommand):
     def get_params(self, ctx: typer.Context) -> list:
         return _plain_parameters(super().get_params(ctx))
 
+    def invoke(self, ctx: typer.Context) -> object:
+        """The command, where an error of callgrove's that ends it is one line on stderr and
+        the exit status its class names (`callgrove.errors`): the one place that maps them."""
+        try:
+            return super().invoke(ctx)
+        except CallgroveError as error:
+            err.print(f"[red]error[/]: {safe(error)}")
+            raise typer.Exit(error.exit_code) from None
+
 
 class _PlainGroup(TyperGroup):
     def get_params(self, ctx: typer.Context) -> list:
@@ -227,23 +232,25 @@ def episode_inputs(files: list[Path], invocations: Path | None = None) -> list[P
         path = read_once(given)
         without = folder_without_episodes(path)
         if without is not None:
-            _usage(f"{given}: {without}")
+            raise UsageError(f"{given}: {without}")
         if path.is_dir() and (path / VERIFIERS_FILE).is_file():
             path = path / VERIFIERS_FILE
         elif not path.exists():
-            _usage(f"{path}: no such file")
+            raise UsageError(f"{path}: no such file")
         hint = not_episodes_hint(path)
         if hint is not None:
-            _usage(f"{given}: {hint}")
+            raise UsageError(f"{given}: {hint}")
         if path.is_file() and path.stat().st_size == 0:
             err.print(f"[yellow]warning[/]: {safe(given)}: an empty file, no episodes in it")
         inputs.append(path)
     if invocations is not None:
         gym = [path for path in inputs if format_for(path) is GYM]
         if len(inputs) != 1 or len(gym) != 1:
-            _usage("--invocations goes with one NeMo Gym capture (a folder or a .tokens.jsonl)")
+            raise UsageError(
+                "--invocations goes with one NeMo Gym capture (a folder or a .tokens.jsonl)"
+            )
         if not read_once(invocations).is_file():
-            _usage(f"--invocations {invocations}: no such file")
+            raise UsageError(f"--invocations {invocations}: no such file")
     return inputs
 
 
@@ -266,9 +273,8 @@ def read_once(path: Path) -> Path:
     with no writer is said to wait, and one that gets none is an error (exit 1)."""
     try:
         return readable(path, waiting=lambda message: err.print(safe(message)))
-    except InputError as error:
-        err.print(f"[red]error[/]: {safe(error.problem)}")
-        raise typer.Exit(EXIT_FAILED) from None
+    except InputError as error:  # given rightly, but it never came: the work failed
+        raise RunFailed(str(error)) from None
 
 
 def read_input(
@@ -279,11 +285,6 @@ def read_input(
     return load_located(path, diagnostics, **options)
 
 
-def _usage(message: str) -> None:
-    err.print(f"error: {safe(message)}")
-    raise typer.Exit(EXIT_USAGE)
-
-
 def require_output(output: Path | None, inputs: list[Path], option: str = "") -> None:
     """An output that cannot be written (a folder, a missing or read-only folder, one of the
     inputs) is a usage error (exit 2), named before any work is done."""
@@ -292,8 +293,7 @@ def require_output(output: Path | None, inputs: list[Path], option: str = "") ->
     try:
         check_output(output, inputs)
     except InputError as error:
-        err.print(f"error: {safe(option + ' ' if option else '')}{safe(error)}")
-        raise typer.Exit(EXIT_USAGE) from None
+        raise UsageError(f"{option} {error}" if option else str(error)) from None
 
 
 def progress_bar(unit: str) -> Progress:

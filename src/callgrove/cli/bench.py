@@ -25,16 +25,8 @@ from callgrove.bench.suite import (
     stage_columns,
     stream_line,
 )
-from callgrove.cli.app import (
-    EXIT_FAILED,
-    EXIT_OK,
-    EXIT_USAGE,
-    app,
-    err,
-    out,
-    require_output,
-    safe,
-)
+from callgrove.cli.app import app, err, out, require_output, safe
+from callgrove.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from callgrove.formats.output import write_text
 
 QUICK = {"4k": 80, "16k": 20}

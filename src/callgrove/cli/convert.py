@@ -29,9 +29,6 @@ from rich.progress import Progress
 from rich.table import Table
 
 from callgrove.cli.app import (
-    EXIT_FAILED,
-    EXIT_OK,
-    EXIT_USAGE,
     OutputOption,
     app,
     err,
@@ -71,6 +68,7 @@ from callgrove.cli.shards import (
 )
 from callgrove.credit import Algorithm
 from callgrove.episode import Episode, format_for, load, load_located, open_writer
+from callgrove.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError
 from callgrove.forest import compact_prompts
 from callgrove.formats.output import NewFile
 from callgrove.formats.problems import Diagnostics, InputError, shown_file
@@ -280,7 +278,8 @@ def _infer_target(out: Path, onto: Path | None) -> Target:
 
 
 class _Stopped(Exception):
-    """The conversion stopped at an error: the output is abandoned, earlier files untouched."""
+    """The conversion stopped at an error: the output is abandoned, earlier files untouched.
+    (Not a `CallgroveError`: the error is already recorded; this only ends the writing.)"""
 
 
 @dataclass(frozen=True)
@@ -359,21 +358,17 @@ def _convert_sharded(
 def _input_path(
     source: Path, from_: Source, invocations: Path | None, onto: Path | None, to: Target
 ) -> Path:
-    def usage(message: str) -> typer.Exit:
-        err.print(f"error: {safe(message)}")
-        return typer.Exit(EXIT_USAGE)
-
     if invocations is not None and from_ is not Source.gym:
-        raise usage("--invocations goes with --from gym")
+        raise UsageError("--invocations goes with --from gym")
     if onto is not None and to is not Target.verifiers:
-        raise usage("--onto goes with --to verifiers")
+        raise UsageError("--onto goes with --to verifiers")
     for path in (p for p in (invocations, onto) if p is not None):
         if not path.is_file():
-            raise usage(f"{path}: no such file")
+            raise UsageError(f"{path}: no such file")
     if from_ is Source.verifiers and source.is_dir():
         source = source / VERIFIERS_FILE
     if not source.exists() or (source.is_dir() and from_ not in (Source.gym, Source.atif)):
-        raise usage(f"{source}: no such file")
+        raise UsageError(f"{source}: no such file")
     return source
 
 

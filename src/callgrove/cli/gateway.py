@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 import orjson
 import typer
 
-from callgrove.cli.app import EXIT_FAILED, EXIT_USAGE, app, err, out, safe
+from callgrove.cli.app import app, err, out, safe
 from callgrove.cli.model_options import (
     MODEL_NAMES,
     ChatTemplateOption,
@@ -24,6 +24,7 @@ from callgrove.cli.model_options import (
     chat_template,
     open_chat,
 )
+from callgrove.errors import EXIT_USAGE, UsageError
 from callgrove.formats.problems import InputError
 from callgrove.policy.client import DEFAULT_MAX_TOKENS
 
@@ -44,8 +45,7 @@ Tokens = Annotated[
 
 def _refuse(message: str) -> NoReturn:
     """A usage error: one line, exit 2."""
-    err.print(f"error: {safe(message)}")
-    raise typer.Exit(EXIT_USAGE)
+    raise UsageError(message)
 
 
 def _check_serving(
@@ -372,7 +372,7 @@ def harness(
     ] = None,
 ) -> None:
     """Run a real harness CLI offline through the gateway, score it, close its episode."""
-    from callgrove.gateway.harness import CloseFailed, run_harness
+    from callgrove.gateway.harness import run_harness
 
     try:
         run = run_harness(
@@ -389,9 +389,6 @@ def harness(
         )
     except (ValueError, FileNotFoundError) as error:
         _refuse(str(error))
-    except CloseFailed as error:
-        err.print(f"error: {safe(error)}")
-        raise typer.Exit(1) from None
     agents = ", ".join(
         f"{a['id']} ({a['start']}, {len(a['calls'])} calls)" for a in run.record["agents"]
     )
@@ -434,7 +431,7 @@ def close(
     The close waits for the episode's calls in flight and takes no new ones; the record
     comes back (--json prints it whole).
     """
-    from callgrove.gateway.harness import CloseFailed, close_episode
+    from callgrove.gateway.harness import close_episode
 
     rewards: dict[str, float] = {}
     for text in reward or []:
@@ -449,11 +446,7 @@ def close(
         body["rewards"] = rewards
     if group is not None:
         body["group"] = group
-    try:
-        record, _ = close_episode(gateway_url, episode, token or "callgrove", body)
-    except CloseFailed as error:
-        err.print(f"error: {safe(error)}")
-        raise typer.Exit(EXIT_FAILED) from None
+    record, _ = close_episode(gateway_url, episode, token or "callgrove", body)
     if as_json:
         sys.stdout.buffer.write(orjson.dumps(record) + b"\n")
         return

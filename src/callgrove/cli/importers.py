@@ -12,7 +12,7 @@ import typer
 from rich.table import Table
 
 from callgrove.chat import BuiltinFormat, ChatFormat
-from callgrove.cli.app import EXIT_FAILED, EXIT_OK, EXIT_USAGE, app, err, require_output, safe
+from callgrove.cli.app import app, err, require_output, safe
 from callgrove.cli.model_options import (
     ChatTemplateOption,
     ModelOption,
@@ -20,6 +20,7 @@ from callgrove.cli.model_options import (
     open_chat,
 )
 from callgrove.episode import Episode, encode_episode, load, save
+from callgrove.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from callgrove.forest import compact_prompts
 from callgrove.formats.problems import Diagnostics, InputError
 from callgrove.transcripts import (

@@ -15,7 +15,8 @@ from typing import Annotated
 import typer
 
 from callgrove.bench.race import SETTING_HELP, TARGETS, RaceSettings
-from callgrove.cli.app import EXIT_USAGE, app, err, out, safe
+from callgrove.cli.app import app, err, out, safe
+from callgrove.errors import EXIT_USAGE
 
 DEFAULT = RaceSettings()
 Sampler = StrEnum("Sampler", {name: name for name in TARGETS})  # type: ignore[misc]

@@ -26,9 +26,6 @@ from rich import box
 from rich.table import Table
 
 from callgrove.cli.app import (
-    EXIT_FAILED,
-    EXIT_OK,
-    EXIT_USAGE,
     FilesArg,
     InvocationsOption,
     app,
@@ -54,6 +51,7 @@ from callgrove.cli.shards import (
     run_shards,
 )
 from callgrove.episode import Agent, Episode
+from callgrove.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from callgrove.formats.output import NewFile
 from callgrove.formats.problems import Diagnostics, shown_file
 from callgrove.pictures.text import agent_labels, clip_middle

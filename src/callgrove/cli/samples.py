@@ -25,7 +25,6 @@ from rich.table import Table
 
 from callgrove.batch import SAMPLE_FORMS, Sample, build_samples, sample_form, write_samples
 from callgrove.cli.app import (
-    EXIT_USAGE,
     FilesArg,
     app,
     episode_inputs,
@@ -49,6 +48,7 @@ from callgrove.cli.scoring import (
     score_groups,
     unscored_message,
 )
+from callgrove.errors import EXIT_USAGE
 from callgrove.formats.output import NewFile
 from callgrove.formats.problems import InputError, Problem
 from callgrove.rows import RowSettings, build_rows

@@ -17,10 +17,10 @@ from typing import Annotated, get_args
 import typer
 from msgspec import UNSET
 
-from callgrove.cli.app import EXIT_USAGE, err, safe
 from callgrove.credit import ALGORITHMS, Algorithm, Scope, finalize_group
 from callgrove.episode import Episode
 from callgrove.episode.checks import DUPLICATE
+from callgrove.errors import UsageError
 from callgrove.formats.problems import Diagnostics, Problem
 
 AlgorithmName = StrEnum("AlgorithmName", {name: name for name in ALGORITHMS})  # type: ignore[misc]
@@ -88,22 +88,18 @@ def chosen_algorithm(
     given = {key: value for key, value in given.items() if value is not None}
     if name is None:
         if given:
-            _usage(f"{_OPTION_NAMES[next(iter(given))]} goes with --algorithm ({_CHOICES})")
+            raise UsageError(
+                f"{_OPTION_NAMES[next(iter(given))]} goes with --algorithm ({_CHOICES})"
+            )
         return None
     kind = ALGORITHMS[name.value]
     for key in given:
         if key not in kind.__struct_fields__:  # one given to another is refused, not ignored
-            _usage(f"{_OPTION_NAMES[key]} is not a setting of --algorithm {name.value}")
+            raise UsageError(f"{_OPTION_NAMES[key]} is not a setting of --algorithm {name.value}")
     try:
         return kind(**given)
     except ValueError as error:
-        _usage(str(error))
-        raise  # unreachable: _usage exits
-
-
-def _usage(message: str) -> None:
-    err.print(f"error: {safe(message)}")
-    raise typer.Exit(EXIT_USAGE)
+        raise UsageError(str(error)) from None
 
 
 @dataclass(slots=True)

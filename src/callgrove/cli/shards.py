@@ -29,10 +29,11 @@ from typing import Annotated, Any
 
 import typer
 
-from callgrove.cli.app import EXIT_USAGE, err, progress_bar
+from callgrove.cli.app import err, progress_bar
 from callgrove.episode import Episode
 from callgrove.episode.checks import duplicate_episode
 from callgrove.episode.files import format_for, load_located
+from callgrove.errors import EXIT_USAGE
 from callgrove.formats.problems import Diagnostics, InputError, Problem
 
 MIN_SHARD_BYTES = 8 << 20  # smaller ranges cost more in start-up than they save

@@ -13,8 +13,6 @@ from rich.tree import Tree
 
 from callgrove.cli.app import (
     EPISODE_FORMS,
-    EXIT_FAILED,
-    EXIT_USAGE,
     FilesArg,
     InvocationsOption,
     app,
@@ -33,9 +31,9 @@ from callgrove.cli.rows import (
     print_rows_table,
     require_episode_found,
 )
+from callgrove.errors import EXIT_FAILED, EXIT_USAGE
 from callgrove.forest import Forest
 from callgrove.formats.output import write_text
-from callgrove.formats.problems import InputError
 from callgrove.pictures import Picture, layout, render_html, render_svg
 from callgrove.pictures.text import agent_labels, clip_middle
 from callgrove.rows import EpisodeRows, RowSettings, check_rows
@@ -158,19 +156,11 @@ def _write_pictures(
         paths = svg_file_names(svg, [p.episode.id for p in pictures])
         for picture, path in zip(pictures, paths, strict=True):
             require_output(path, files, "--svg")
-            _write(path, render_svg(picture))
+            write_text(path, render_svg(picture))
             err.print(f"wrote {safe(path)} (episode {safe(picture.episode.id)})")
     if html is not None:
-        _write(html, render_html(pictures, title=", ".join(path.name for path in files)))
+        write_text(html, render_html(pictures, title=", ".join(path.name for path in files)))
         err.print(f"wrote {safe(html)} ({len(pictures)} episode(s))")
-
-
-def _write(path: Path, text: str) -> None:
-    try:
-        write_text(path, text)
-    except InputError as error:
-        err.print(f"error: {safe(error)}")
-        raise typer.Exit(EXIT_USAGE) from None
 
 
 def svg_file_names(path: Path, episode_ids: list[str]) -> list[Path]:

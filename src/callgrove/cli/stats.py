@@ -28,8 +28,6 @@ from rich.table import Table
 from rich.text import Text
 
 from callgrove.cli.app import (
-    EXIT_FAILED,
-    EXIT_OK,
     FilesArg,
     InvocationsOption,
     app,
@@ -56,6 +54,7 @@ from callgrove.cli.shards import (
     run_shards,
 )
 from callgrove.episode import Episode, Stats
+from callgrove.errors import EXIT_FAILED, EXIT_OK
 from callgrove.formats.problems import Diagnostics
 from callgrove.rows import build_rows
 

@@ -8,17 +8,9 @@ from typing import Annotated
 
 import typer
 
-from callgrove.cli.app import (
-    EXIT_USAGE,
-    OutputOption,
-    app,
-    err,
-    one_output,
-    progress_bar,
-    require_output,
-    safe,
-)
+from callgrove.cli.app import OutputOption, app, err, one_output, progress_bar, require_output, safe
 from callgrove.episode import open_writer
+from callgrove.errors import EXIT_USAGE
 from callgrove.synth import PRESETS, Shape, call_tokens, synth_episodes
 
 

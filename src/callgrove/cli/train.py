@@ -8,7 +8,8 @@ from typing import Annotated
 
 import typer
 
-from callgrove.cli.app import EXIT_FAILED, EXIT_USAGE, app, err, out
+from callgrove.cli.app import app, err, out
+from callgrove.errors import EXIT_FAILED, EXIT_USAGE
 from callgrove.orchestrator.config import EXECUTORS
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command it interrupted
@@ -44,8 +45,7 @@ def train_command(
     Writes OUT/step_N/{train,eval}/traces.jsonl, metrics.jsonl, config.toml, a checkpoint and
     rewards.png; run the same command again after a crash to continue from the checkpoint.
     """
-    from callgrove.orchestrator.config import ConfigError, load_config, parse_override
-    from callgrove.orchestrator.errors import RunError
+    from callgrove.orchestrator.config import load_config, parse_override
 
     overrides = {}
     try:
@@ -67,15 +67,9 @@ def train_command(
         from callgrove.orchestrator.loop import train
 
         summary = train(resolved, err)
-    except ConfigError as error:
-        err.print(f"error: {error}", markup=False)
-        raise typer.Exit(EXIT_USAGE) from None
     except ModuleNotFoundError as error:  # torch (callgrove.train names its extra), wandb, ...
         err.print(f"error: {error}", markup=False)
         raise typer.Exit(EXIT_USAGE) from None
-    except RunError as error:
-        err.print(f"error: {error}", markup=False)
-        raise typer.Exit(EXIT_FAILED) from None
     except OSError as error:  # a full disk, a folder made read-only under a run
         where = f"{error.filename}: " if error.filename else ""
         err.print(f"error: {where}{error.strerror or error}", markup=False)

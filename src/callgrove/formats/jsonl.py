@@ -210,7 +210,8 @@ def _locate_in_json(line: bytes, path: str) -> str | None:
 
 class ReadWithWarnings(Exception):
     """A line that was read (`row`) with `problems` worth reporting: `read_rows` reports them
-    and goes on with the row."""
+    and goes on with the row. (Not a `CallgroveError`: it carries a result, and never leaves
+    this module's readers.)"""
 
     def __init__(self, row: Any, problems: list[Problem]):
         super().__init__(row, problems)
@@ -400,7 +401,8 @@ def _decoded(
 
 
 class _Refused(Exception):
-    """A line read with a warning its reader refuses (recorded as an error): not used."""
+    """A line read with a warning its reader refuses (recorded as an error): not used. (Not a
+    `CallgroveError`: the problem is already recorded; this only skips the line.)"""
 
 
 def _cut_off(line: bytes, problem: Problem) -> bool:

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field, replace
 
 from msgspec import UNSET, UnsetType
 
+from callgrove.errors import UsageError
+
 # Files read under another name than the one they are shown by: the temporary copy of an input
 # that can be read only once (`formats.streams`) is shown as that input.
 _SHOWN_AS: dict[str, str] = {}
@@ -54,7 +56,7 @@ class Problem:
         return f"{prefix}: {self.message}" if prefix else self.message
 
 
-class InputError(ValueError):
+class InputError(UsageError, ValueError):
     """Raised for input that cannot be used; carries the located `Problem`."""
 
     def __init__(self, problem: Problem):

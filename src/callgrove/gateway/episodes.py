@@ -33,6 +33,7 @@ import orjson
 from callgrove.chat import Message, ToolCall
 from callgrove.episode import Agent, Call, Episode
 from callgrove.episode.record import base_of, concat, segments
+from callgrove.errors import RunFailed
 from callgrove.formats import InputError
 from callgrove.gateway.attribution import Roster, is_episode_id, valid_episode
 from callgrove.gateway.ledger import (
@@ -102,7 +103,7 @@ class Recorded:
     agent: Agent  # the agent that made it (a call holds only its agent's index in an episode)
 
 
-class LedgerWriteError(RuntimeError):
+class LedgerWriteError(RunFailed, RuntimeError):
     """A call's line could not be written or made durable: the call is not recorded."""
 
 

@@ -26,6 +26,7 @@ import httpx
 
 import callgrove
 from callgrove.episode import Episode, episode_from_wire
+from callgrove.errors import RunFailed
 from callgrove.formats.jsonl import decode_episode_line
 from callgrove.gateway.attribution import valid_episode
 from callgrove.gateway.relay import UnixToTcp
@@ -70,7 +71,7 @@ class HarnessRun:
     """The closed record as an episode, parsed from the gateway's answer once (None: left open)."""
 
 
-class CloseFailed(RuntimeError):
+class CloseFailed(RunFailed, RuntimeError):
     """The gateway could not be reached to close the episode, or refused the close."""
 
 
@@ -222,7 +223,7 @@ def close_episode(
     return closed.json(), episode_from_wire(decode_episode_line(closed.content))
 
 
-class Stopped(RuntimeError):
+class Stopped(RunFailed, RuntimeError):
     """The harness run was stopped from outside (its episode was cancelled)."""
 
 

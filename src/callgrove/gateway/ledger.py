@@ -41,6 +41,7 @@ from callgrove.episode.checks import check_episode, check_run
 # The codec's own form of one call: a ledger line is that plus the gateway's fields, so a field
 # the format gains is written and read back here too.
 from callgrove.episode.codec import _call_from_wire, _call_to_wire
+from callgrove.errors import UsageError
 from callgrove.forest import abandoned_compactions
 from callgrove.formats import InputError
 from callgrove.formats.jsonl import json_numbers
@@ -237,7 +238,7 @@ class LedgerLock:
         self._file.close()  # closing the descriptor releases the lock
 
 
-class LedgerInUse(RuntimeError):
+class LedgerInUse(UsageError, RuntimeError):
     """The ledger folder is locked by another gateway."""
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import msgspec
 
 from callgrove.credit import ALGORITHMS, GRPO, Algorithm, BuiltinAlgorithm
+from callgrove.errors import UsageError
 from callgrove.formats.ranges import check_choice, check_range
 from callgrove.orchestrator.degeneracy import DegeneracySettings
 from callgrove.orchestrator.dispatcher import DispatchSettings
@@ -37,8 +38,8 @@ _DEFAULT_ALGORITHM = GRPO
 WANDB_MODES = ("offline", "online")
 
 
-class ConfigError(ValueError):
-    pass
+class ConfigError(UsageError, ValueError):
+    """A training config (its file, or a `--set`) that cannot be used: named before the run."""
 
 
 class _Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -63,11 +63,12 @@ import numpy as np
 
 from callgrove.chat import ChatFormat, Message
 from callgrove.episode import TOKEN_DTYPE, Agent, Call, Episode
+from callgrove.errors import RunFailed
 from callgrove.formats.wire import WireEnv, WireError
 from callgrove.policy import PolicyClient, SamplingParams
 from callgrove.policy.backends import open_model
-from callgrove.policy.models import ModelSettings, model_from_name
 from callgrove.policy.client import Completion
+from callgrove.policy.models import ModelSettings, model_from_name
 
 Rewards = float | dict[str, float]
 EMPTY = np.zeros(0, dtype=TOKEN_DTYPE)
@@ -92,7 +93,7 @@ class Environment(Protocol):
         ...
 
 
-class PolicyCallError(RuntimeError):
+class PolicyCallError(RunFailed, RuntimeError):
     """A policy call failed; names the agent whose call it was."""
 
     def __init__(self, agent: str, cause: BaseException):
@@ -332,7 +333,8 @@ _ATTEMPT: contextvars.ContextVar[_Attempt | None] = contextvars.ContextVar(
 
 class EnvironmentBlocked(BaseException):
     """Raised in the thread of an abandoned episode loop, to end an environment's busy loop there
-    (a BaseException, so that an environment's `except Exception` does not swallow it)."""
+    (a BaseException, so that an environment's `except Exception` does not swallow it; so not a
+    `CallgroveError` either: the episode it ends is already recorded as failed)."""
 
 
 class EpisodeLoop:
@@ -724,7 +726,7 @@ def sample_episode(
 MAX_REWARD = 1e12
 
 
-class RewardError(ValueError):
+class RewardError(RunFailed, ValueError):
     """A reward that is not a finite number of sane size: it fails its episode."""
 
 

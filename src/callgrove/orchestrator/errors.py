@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from callgrove.errors import RunFailed
 
-class RunError(RuntimeError):
+
+class RunError(RunFailed, RuntimeError):
     """A run cannot go on (or cannot start) for the reason its message names."""

@@ -35,11 +35,12 @@ import orjson
 
 from callgrove.episode import LOGPROB_DTYPE, TOKEN_DTYPE
 from callgrove.episode.checks import sampling_problem
+from callgrove.errors import RunFailed
 from callgrove.policy.client import Completion, SamplingParams
 from callgrove.sampling import Distribution
 
 
-class UpstreamError(Exception):
+class UpstreamError(RunFailed):
     """The inference server failed or answered something without the token fields."""
 
     def __init__(self, message: str, status: int = 502):

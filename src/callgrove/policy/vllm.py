@@ -55,6 +55,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import msgspec
 import numpy as np
 
+from callgrove.errors import RunFailed
 from callgrove.formats.ranges import check_choice, check_range
 from callgrove.policy.client import Completion, SamplingParams
 from callgrove.policy.guard import guard_group
@@ -141,7 +142,7 @@ _STARTED_ONLY = (
 )
 
 
-class VllmError(RuntimeError):
+class VllmError(RunFailed, RuntimeError):
     """A vLLM server could not start, or no server is left to sample."""
 
 

@@ -13,13 +13,15 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from callgrove.errors import CallgroveError
+
 DEFAULT_BODY_LIMIT = 32 * 1024 * 1024
 HEADER_LIMIT = 64 * 1024
 """The most bytes a request's headers may hold together (harnesses send a few KiB): more is a
 431, before anything is read from them."""
 
 
-class HttpError(Exception):
+class HttpError(CallgroveError):
     """An error answered to the client (in its API's error shape) with an HTTP status."""
 
     def __init__(

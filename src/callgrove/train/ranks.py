@@ -76,6 +76,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from callgrove.batch import Sample
 from callgrove.batch.packing import deal_to_ranks
 from callgrove.batch.tree import trie_nodes
+from callgrove.errors import RunFailed
 from callgrove.train.learner import (
     LEARNER_PHASES,
     Measured,
@@ -102,7 +103,7 @@ Build = Callable[[LearnerSettings], ModelLearner]
 """Builds one rank's learner from the learner settings: the same model in every rank."""
 
 
-class RankFailed(ChildProcessError):
+class RankFailed(RunFailed, ChildProcessError):
     """A rank of the learner died, or failed alone; its other ranks were stopped, so the learner
     can do no more. (An `OSError`: `callgrove train` reports it in one line and exits 1, and the
     same command resumes from the run's last checkpoint.)"""
@@ -145,7 +146,8 @@ class _RankStep:
 
 
 class _Agreed(Exception):
-    """An error every rank raised alike after agreeing on it: the ranks stay in step."""
+    """An error every rank raised alike after agreeing on it: the ranks stay in step. (Not a
+    `CallgroveError`: it never leaves a rank's process, whose driver raises the error named.)"""
 
 
 class RankedLearner:

@@ -1,0 +1,39 @@
+"""The root of every error callgrove raises, and the exit status each kind of error means.
+
+The rule, stated here once and applied by the command line from the class of what it caught:
+
+- 0: everything went through (nothing was raised, nothing was lost);
+- 1: something failed or was lost (`RunFailed`, and the root for anything not classed): the
+  work began and could not finish, or an episode of a stream could not be used;
+- 2: the command was given something it cannot use (`UsageError`): an option, a config, an
+  input or an output place, refused before the work.
+
+A command that reads a stream of episodes goes on past one that cannot be used and exits 1
+for it: that is counted as the stream is read, not raised.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+
+class CallgroveError(Exception):
+    """Anything callgrove raises as an error: `except CallgroveError` catches each of them."""
+
+    exit_code: ClassVar[int] = EXIT_FAILED
+
+
+class UsageError(CallgroveError):
+    """What a command or function was given cannot be used; nothing was done with it."""
+
+    exit_code: ClassVar[int] = EXIT_USAGE
+
+
+class RunFailed(CallgroveError):
+    """Work that began could not finish, or lost part of what it was doing."""
+
+    exit_code: ClassVar[int] = EXIT_FAILED
