@@ -79,7 +79,7 @@ def format_for(
     path: str | os.PathLike[str], name: str | None = None, sniff: bool = True
 ) -> EpisodeFormat:
     """The form named `name`, else the one whose file names match `path` (the longest suffix;
-    among equals, with `sniff`, the one that recognises the file's first line; else the first
+    among equals, with `sniff`, the one that recognises the file's head; else the first
     registered)."""
     if name is not None:
         if name not in FORMATS:
@@ -99,24 +99,35 @@ def format_for(
     longest = max(length for length, _ in matches)
     candidates = list(dict.fromkeys(f for length, f in matches if length == longest))
     if len(candidates) > 1 and sniff:
-        first = _first_line(path)
+        head = _head(path)
         for candidate in candidates:
-            if first is not None and candidate.sniff is not None and candidate.sniff(first):
+            if head is not None and candidate.sniff is not None and candidate.sniff(head):
                 return candidate
     return candidates[0]
 
 
-def _first_line(path: Path) -> bytes | None:
-    """The first non-blank line of a JSON Lines file (plain, .gz or .zst), if it can be read."""
+HEAD_BYTES = 4096
+
+
+def _head(path: Path) -> bytes | None:
+    """A file's lines (plain, .gz or .zst) from its first non-blank one until `HEAD_BYTES` are
+    held, if it can be read: a JSON Lines file's first record whole, and enough of a pretty-printed
+    document (a lone `{` on its first line) to hold the fields that say what it is."""
     if not path.is_file():
         return None
+    lines: list[bytes] = []
+    held = 0
     try:
         for _number, line, _complete in iter_lines(path):
-            if line.strip():
-                return bytes(line)
+            if not lines and not line.strip():
+                continue
+            lines.append(bytes(line))
+            held += len(line)
+            if held >= HEAD_BYTES:
+                break
     except (OSError, EOFError, ValueError):
         return None
-    return None
+    return b"\n".join(lines) if lines else None
 
 
 def load_located(

@@ -147,10 +147,10 @@ _decode_trajectory = msgspec.json.Decoder(AtifTrajectory).decode
 # --- recognising ---------------------------------------------------------------------------
 
 
-def is_atif(first_line: bytes) -> bool:
-    """A trajectory's first line: its `schema_version` on it, or (pretty-printed) a lone `{`,
-    which no JSON Lines episode starts with."""
-    return b'"ATIF-v1.' in first_line or first_line.strip() == b"{"
+def is_atif(head: bytes) -> bool:
+    """A file of trajectories: its head (a JSON Lines file's first line, or the top of a
+    pretty-printed document) names an ATIF `schema_version`."""
+    return b'"ATIF-v1.' in head
 
 
 def holds_atif(folder: Path) -> bool:

@@ -24,8 +24,8 @@ def _read_gym(
     return enumerate(read_gym(path, invocations, diagnostics), start=1)
 
 
-def _is_verifiers(line: bytes) -> bool:
-    return b'"traces"' in line or b'"nodes"' in line
+def _is_verifiers(head: bytes) -> bool:
+    return b'"traces"' in head or b'"nodes"' in head
 
 
 VERIFIERS = register(
@@ -39,8 +39,8 @@ VERIFIERS = register(
 )
 
 
-def _is_gym(line: bytes) -> bool:
-    return b'"rollout_id"' in line and b'"generation_token_ids"' in line
+def _is_gym(head: bytes) -> bool:
+    return b'"rollout_id"' in head and b'"generation_token_ids"' in head
 
 
 # A capture is told by its name, or, under another JSON Lines name (a pipe's), by its first line.
