@@ -78,7 +78,7 @@ def prepare_step(
         call.sampling is None for rows in kept for row in rows.rows for call in row.trains
     )
     if unknown and sampling is not None:
-        fill_unknown_sampling(samples, sampling.temperature, sampling.top_p)
+        fill_unknown_sampling(samples, sampling.temperature, sampling.top_p, sampling.top_k)
     seconds = {
         "credit": credit_seconds,
         "batching": time.perf_counter() - started - credit_seconds,
