@@ -17,17 +17,48 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import chain, pairwise
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
-from callgrove.episode import Call
+from callgrove.episode import Call, Episode
 from callgrove.episode.spread import per_call_scalars, spread_over_completions
-
-if TYPE_CHECKING:
-    from callgrove.rows.build import EpisodeRows
+from callgrove.forest import Forest
 
 MASK_DTYPE = np.uint8
+
+
+class RowWalk(Protocol):
+    """What the layout reads of a row (a `Row` is one): its place, its walk by forest index
+    (root first), and whether it repeats an earlier row."""
+
+    @property
+    def index(self) -> int: ...
+    @property
+    def path_index(self) -> list[int]: ...
+    @property
+    def duplicate_of(self) -> int | None: ...
+
+
+class EpisodeWalks(Protocol):
+    """What the layout reads of one episode's rows (an `EpisodeRows` is one), so that the
+    columns depend on no builder of rows: the episode, its forest, its rows, each call's
+    owning row, and where ownership or credit is not one row a call."""
+
+    @property
+    def episode(self) -> Episode: ...
+    @property
+    def forest(self) -> Forest: ...
+    @property
+    def rows(self) -> Sequence[RowWalk]: ...
+    @property
+    def owner(self) -> np.ndarray: ...
+    @property
+    def trained_again(self) -> bool: ...
+    @property
+    def walk_trained(self) -> np.ndarray | None: ...
+    @property
+    def credit_by_branch(self) -> bool: ...
 
 
 @dataclass(slots=True, eq=False)
@@ -52,7 +83,7 @@ class RowColumns:
     walk_credit: np.ndarray  # int64 (P,): the call whose advantage the pair's loss tokens take
 
     @classmethod
-    def of(cls, parts: Sequence[EpisodeRows]) -> RowColumns:
+    def of(cls, parts: Sequence[EpisodeWalks]) -> RowColumns:
         return _layout(parts)
 
     @property
@@ -118,7 +149,7 @@ class RowColumns:
         return [self.calls[c] for c in self.walk_call[walk][self.walk_loss[walk]].tolist()]
 
 
-def _layout(parts: Sequence[EpisodeRows]) -> RowColumns:
+def _layout(parts: Sequence[EpisodeWalks]) -> RowColumns:
     """One pass over all the parts: their calls and rows end to end, then array operations
     over the whole set (no per-episode numpy work beyond each forest's own new tokens)."""
     forests = [part.forest for part in parts]
@@ -188,7 +219,7 @@ def _layout(parts: Sequence[EpisodeRows]) -> RowColumns:
 
 
 def _trainable_calls(
-    parts: Sequence[EpisodeRows], calls: list[Call], call_counts: list[int]
+    parts: Sequence[EpisodeWalks], calls: list[Call], call_counts: list[int]
 ) -> np.ndarray:
     """Per call (numbered across parts): is its agent trainable? A call whose agent index is
     not one of its episode's agents is the error `Episode.agent_of` raises."""
