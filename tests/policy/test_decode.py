@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from callgrove.chat import CharFormat
+from callgrove.episode import sampling_record
 from callgrove.policy import SamplingParams
 from callgrove.policy.decode import DecodeRequest, decode
 from callgrove.policy.local import LocalSampler
@@ -166,6 +167,16 @@ def test_seeded_requests_repeat_and_draws_follow_the_distribution():
     with torch.no_grad():
         row = torch.softmax(net(ids, torch.arange(1), VarlenLayout([0, 1]))[0], -1).numpy()
     assert np.abs(counts - row).max() < 0.03
+
+
+def test_a_sample_records_the_distribution_it_was_drawn_from_top_k_included():
+    sampler = LocalSampler(model().float(), seed=0)
+    params = SamplingParams(max_tokens=4, temperature=0.8, top_p=0.9, top_k=2)
+    sample = asyncio.run(sampler.sample(np.array([3, 4]), params))
+    assert sample.sampling == sampling_record(0.8, 0.9, 2) == params.record()
+    logp = model()(torch.tensor([3, 4]), torch.arange(2), VarlenLayout([0, 2]))[-1:]
+    first = int(sample.completion_ids[0])  # among the two most likely after the prompt
+    assert first in logp.topk(2, dim=-1).indices[0].tolist()
 
 
 def test_local_sampler_batches_concurrent_calls_and_versions_them():
