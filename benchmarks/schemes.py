@@ -95,8 +95,9 @@ ENV_OVERRIDES = {
 # recipe's 2e-4 moves it too little in so few steps); no episode timeout (at this load the
 # sampler took longer than the default 300 s for a step's episodes, which then all failed).
 SMOLLM2 = {
+    "model.kind": "hf",
     "model.name": "smollm2-135m",
-    "model.options": {"lora_rank": 16},
+    "model.lora_rank": 16,
     "model.max_batch": 16,
     "env.options": {"wording": "instruct"},
     "sampling.max_tokens": 5,
