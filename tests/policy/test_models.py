@@ -15,7 +15,13 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from callgrove.cli.app import app
-from callgrove.orchestrator.config import ConfigError, config_from_dict, load_config, to_toml
+from callgrove.orchestrator.config import (
+    ConfigError,
+    check_resume,
+    config_from_dict,
+    load_config,
+    to_toml,
+)
 from callgrove.policy.models import HfModel, TinyModel, VllmModel
 from callgrove.train.settings import LoraSettings, TinyConfig
 
@@ -59,6 +65,23 @@ def test_the_options_table_of_older_configs_loads_with_a_note():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the written config is the new spelling
         assert config_from_dict(tomllib.loads(to_toml(old))).model == old.model
+
+
+def test_a_run_saved_before_kind_resumes_with_the_same_model():
+    """A checkpoint's config as runs wrote it before (`name`, an empty `options`, `vllm` null)
+    is the same model, so `check_resume` finds nothing changed."""
+    saved = {"name": "tiny", "d_model": 64, "n_heads": 4, "n_layers": 2, "d_ff": 128}
+    saved |= {"max_batch": 512, "options": {}, "vllm": None}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert model(dict(saved)) == TinyModel()
+        hf = {**saved, "name": "smollm2-135m", "options": {"lora_rank": 16}}
+        for key in ("d_model", "n_heads", "n_layers", "d_ff"):
+            del hf[key]
+    with pytest.warns(UserWarning, match="model.options is no more"):
+        assert model(hf) == HfModel(name="smollm2-135m", lora_rank=16)
+    config = config_from_dict({})
+    check_resume(msgspec.to_builtins(config) | {"model": dict(saved)}, config, "run")
 
 
 def test_each_default_is_written_once():

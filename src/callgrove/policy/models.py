@@ -119,6 +119,11 @@ def model_table(raw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     spellings it replaced converted; with a note for each converted one."""
     table = dict(raw)
     notes = []
+    # What a run saved before `kind`: its config wrote `vllm = null` and `options = {}` unset.
+    if "vllm" in table and table["vllm"] is None:
+        del table["vllm"]
+    if table.get("options") == {}:
+        del table["options"]
     if "kind" not in table:
         name = table.get("name", "tiny")
         table["kind"] = "tiny" if name == "tiny" else "vllm" if "vllm" in table else "hf"
