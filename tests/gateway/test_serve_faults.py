@@ -141,7 +141,7 @@ def test_client_mistakes_are_400s_naming_them(script, body, said):
         ("/v1/chat/completions", "logit_bias", {"5": 10}),
         ("/v1/chat/completions", "response_format", {"type": "json_object"}),
         ("/v1/chat/completions", "tool_choice", "required"),
-        ("/v1/chat/completions", "top_k", 5),
+        ("/v1/chat/completions", "top_k", -2),
         ("/v1/completions", "n", True),
         ("/v1/completions", "best_of", 3),
         ("/v1/completions", "logprobs", 5),
@@ -163,6 +163,18 @@ def test_the_neutral_values_of_those_options_are_served(script):
     assert chat.status_code == 200, chat.text
     completion = post(scripted(script), "/v1/completions", {"prompt": "hi", **neutral})
     assert completion.status_code == 200, completion.text
+
+
+def test_a_top_k_cut_is_sampled_and_recorded():
+    policy = tiny_sampler(BuiltinFormat(), seed=1)
+    body = {"prompt": "hello", "max_tokens": 8, "logprobs": 0, "temperature": 0.9}
+    greedy = post(policy, "/v1/completions", {**body, "temperature": 0}).json()["choices"][0]
+    top_one = post(policy, "/v1/completions", {**body, "top_k": 1}).json()
+    assert top_one["sampling"] == {"temperature": 0.9, "top_p": 1.0, "top_k": 1}
+    assert top_one["choices"][0]["token_ids"] == greedy["token_ids"]  # one token left: greedy
+    assert (
+        post(policy, "/v1/completions", {**body, "top_k": -1}).json()["sampling"]["top_k"] is None
+    )
 
 
 def test_stop_strings_end_the_tiny_models_completions():

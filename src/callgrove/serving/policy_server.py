@@ -76,7 +76,6 @@ UNSERVED: dict[str, tuple[Any, ...]] = {
     "frequency_penalty": (0,),
     "repetition_penalty": (1,),
     "length_penalty": (1,),
-    "top_k": (-1, 0),
     "min_p": (0,),
     "min_tokens": (0,),
     "logit_bias": ({},),
@@ -237,11 +236,15 @@ class PolicyServer:
         seed = data.get("seed")
         if seed is not None and (type(seed) is not int or not 0 <= seed < 2**63):
             raise HttpError(400, "seed must be a non-negative 64-bit integer")
+        top_k = data.get("top_k")
+        if top_k is not None and (type(top_k) is not int or top_k < -1):
+            raise HttpError(400, "top_k must be an integer: at least 1, or -1 or 0 for no cut")
         try:
             return SamplingParams(
                 max_tokens=max_tokens,
                 temperature=temperature,
                 top_p=top_p,
+                top_k=top_k if top_k and top_k > 0 else None,  # vLLM's -1 and 0: no cut
                 stop_token_ids=tuple(stop_ids) or self.chat.stop_token_ids,
                 stop=stop,
                 seed=seed,
