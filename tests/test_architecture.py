@@ -97,3 +97,31 @@ def test_torch_is_imported_only_by_train_the_samplers_or_lazily():
             assert path.parent.name == "train" or where in TORCH_SAMPLERS, (
                 f"{path} imports torch at module level"
             )
+
+
+def imported_modules(path: Path, modules: set[str]) -> set[str]:
+    """The callgrove modules `path` imports anywhere (in a function or under TYPE_CHECKING too):
+    `from a.b import c` counts `a.b.c` where that is a module, else `a.b`."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            for alias in node.names:
+                whole = f"{node.module}.{alias.name}"
+                found.add(whole if whole in modules else node.module)
+        elif isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+    return found & modules
+
+
+def test_no_two_modules_import_each_other():
+    """A package's `__init__` re-exports its modules, so it is left out."""
+    paths = {
+        ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts): path
+        for path in PACKAGE.rglob("*.py")
+        if path.name != "__init__.py"
+    }
+    imports = {name: imported_modules(path, set(paths)) for name, path in paths.items()}
+    circles = sorted(
+        f"{a} <-> {b}" for a, names in imports.items() for b in names if a < b and a in imports[b]
+    )
+    assert not circles, circles

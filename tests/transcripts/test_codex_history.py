@@ -9,9 +9,9 @@ import pytest
 from callgrove.transcripts.accounting import running_times
 from callgrove.transcripts.codex_history import (
     Compaction,
-    Entry,
     Input,
-    Response,
+    RolloutEntry,
+    RolloutResponse,
     build_graph,
     derive_thread,
     place_lines,
@@ -57,15 +57,15 @@ TOKENS = {
 }
 
 
-def read(*files: list[dict]) -> tuple[list[Entry], list[range]]:
-    entries: list[Entry] = []
+def read(*files: list[dict]) -> tuple[list[RolloutEntry], list[range]]:
+    entries: list[RolloutEntry] = []
     spans = []
     for rank, records in enumerate(files):
         decoded = [decode_record(r) for r in records]
         times = running_times([r.timestamp for r in decoded])
         start = len(entries)
         entries += [
-            Entry(f"f{rank}", n, rank, t, r)
+            RolloutEntry(f"f{rank}", n, rank, t, r)
             for n, (r, t) in enumerate(zip(decoded, times, strict=True), 1)
         ]
         spans.append(range(start, len(entries)))
@@ -99,7 +99,15 @@ def test_a_response_its_usage_and_the_compaction_it_wrote_are_one_step():
     )
     graph, history, _, _ = found["t"]
     kinds = [type(s) for s in graph.steps]
-    assert kinds == [Input, Response, Input, Response, Compaction, Input, Response]
+    assert kinds == [
+        Input,
+        RolloutResponse,
+        Input,
+        RolloutResponse,
+        Compaction,
+        Input,
+        RolloutResponse,
+    ]
     first, wrote = graph.steps[1], graph.steps[3]
     assert first.usage == 3 and first.compacted is None  # entry indices
     assert wrote.compacted == 6 and not graph.steps[4].is_call

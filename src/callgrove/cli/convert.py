@@ -79,7 +79,7 @@ SHOWN_PROBLEMS = 20
 UNKNOWN_FIELD = "unknown_field"  # the readers' kind for a field the format does not have
 
 
-class Source(StrEnum):
+class SourceForm(StrEnum):
     verifiers = "verifiers"
     gym = "gym"
     atif = "atif"
@@ -131,7 +131,7 @@ def convert_command(
         ),
     ] = None,
     from_: Annotated[
-        Source | None,
+        SourceForm | None,
         typer.Option("--from", help="What IN holds (default: read from IN's first record)."),
     ] = None,
     to: Annotated[
@@ -207,7 +207,7 @@ def convert_command(
     diagnostics = _diagnostics(drop_unknown)
     tally = Tally()
     if in_shards(jobs, executor):
-        if from_ is not Source.callgrove or onto is not None:
+        if from_ is not SourceForm.callgrove or onto is not None:
             err.print("error: --jobs and --executor ray convert callgrove files (--from callgrove)")
             raise typer.Exit(EXIT_USAGE)
         job = ShardConvert(to, "".join(target.suffixes) or ".jsonl", skip_bad, drop_unknown)
@@ -253,7 +253,7 @@ def _diagnostics(drop_unknown: bool) -> Diagnostics:
     return Diagnostics(refused=frozenset() if drop_unknown else frozenset({UNKNOWN_FIELD}))
 
 
-def _infer_source(source: Path) -> Source:
+def _infer_source(source: Path) -> SourceForm:
     """What IN holds, as the episode format registry reads it; a harness transcript or a
     path that is not there is a usage error."""
     hint = not_episodes_hint(source)
@@ -263,7 +263,7 @@ def _infer_source(source: Path) -> Source:
     folder_of_traces = source.is_dir() and (source / VERIFIERS_FILE).is_file()
     kind = "verifiers" if folder_of_traces else format_for(source).name
     err.print(f"reading {safe(shown_file(source))} as {kind} (--from overrides)")
-    return Source(kind)
+    return SourceForm(kind)
 
 
 def _is_folder(out: Path) -> bool:
@@ -356,23 +356,23 @@ def _convert_sharded(
 
 
 def _input_path(
-    source: Path, from_: Source, invocations: Path | None, onto: Path | None, to: Target
+    source: Path, from_: SourceForm, invocations: Path | None, onto: Path | None, to: Target
 ) -> Path:
-    if invocations is not None and from_ is not Source.gym:
+    if invocations is not None and from_ is not SourceForm.gym:
         raise UsageError("--invocations goes with --from gym")
     if onto is not None and to is not Target.verifiers:
         raise UsageError("--onto goes with --to verifiers")
     for path in (p for p in (invocations, onto) if p is not None):
         if not path.is_file():
             raise UsageError(f"{path}: no such file")
-    if from_ is Source.verifiers and source.is_dir():
+    if from_ is SourceForm.verifiers and source.is_dir():
         source = source / VERIFIERS_FILE
-    if not source.exists() or (source.is_dir() and from_ not in (Source.gym, Source.atif)):
+    if not source.exists() or (source.is_dir() and from_ not in (SourceForm.gym, SourceForm.atif)):
         raise UsageError(f"{source}: no such file")
     return source
 
 
-def _format_name(path: Path, kind: Source | Target) -> str:
+def _format_name(path: Path, kind: SourceForm | Target) -> str:
     """The registry's format: `callgrove` is whichever of callgrove's own forms the name says."""
     if kind.value != "callgrove":
         return kind.value
@@ -380,9 +380,9 @@ def _format_name(path: Path, kind: Source | Target) -> str:
 
 
 def _read(
-    source: Path, from_: Source, invocations: Path | None, diagnostics: Diagnostics
+    source: Path, from_: SourceForm, invocations: Path | None, diagnostics: Diagnostics
 ) -> Iterator[tuple[int, Episode]]:
-    options = {"invocations": invocations} if from_ is Source.gym else {}
+    options = {"invocations": invocations} if from_ is SourceForm.gym else {}
     return load_located(source, diagnostics, _format_name(source, from_), **options)
 
 
@@ -439,7 +439,7 @@ def _write(
 def _summary(
     source: Path,
     out: Path,
-    from_: Source,
+    from_: SourceForm,
     to: Target,
     tally: Tally,
     diagnostics: Diagnostics,

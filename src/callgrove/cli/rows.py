@@ -82,7 +82,7 @@ NO_REWARD = "no reward"
 
 
 @dataclass
-class Outcome:
+class CommandOutcome:
     """What a command went through: episodes turned into rows, and the ones that failed."""
 
     diagnostics: Diagnostics = field(default_factory=Diagnostics)
@@ -103,7 +103,7 @@ class Outcome:
 def episode_rows(
     files: list[Path],
     settings: RowSettings,
-    outcome: Outcome,
+    outcome: CommandOutcome,
     only: str | None = None,
     invocations: Path | None = None,
 ) -> Iterator[EpisodeRows]:
@@ -121,7 +121,7 @@ def rows_of(
     path: Path,
     episodes: Iterable[Episode],
     settings: RowSettings,
-    outcome: Outcome,
+    outcome: CommandOutcome,
     only: str | None,
     failed: Callable[[str], None] = err.print,
 ) -> Iterator[EpisodeRows]:
@@ -154,7 +154,7 @@ class ShardRows:
 
 def rows_of_shard(shard: Shard, parts: Path, job: ShardRows) -> ShardResult:
     """A shard's rows, written to its own part file (the work of a process or a Ray task)."""
-    outcome, failures = Outcome(), []
+    outcome, failures = CommandOutcome(), []
     part = parts / f"rows-{shard.index:05d}{job.suffix}"
     episodes = (episode for _line, episode in shard.episodes(outcome.diagnostics))
     with _RowSink(part, job.tokens) as sink:
@@ -169,7 +169,7 @@ def rows_of_shard(shard: Shard, parts: Path, job: ShardRows) -> ShardResult:
 def sharded_rows(
     files: list[Path],
     job: ShardRows,
-    outcome: Outcome,
+    outcome: CommandOutcome,
     out_file: Path | None,
     jobs: int,
     executor: Executor,
@@ -235,7 +235,7 @@ def _join_parquet(parts: list[Path], target: Path) -> None:
         writer.close()
 
 
-def require_episode_found(only: str | None, outcome: Outcome, files: list[Path]) -> None:
+def require_episode_found(only: str | None, outcome: CommandOutcome, files: list[Path]) -> None:
     """`--episode ID` that matched nothing is a failure, named on stderr."""
     if only is not None and not outcome.episodes and not outcome.failed:
         names = ", ".join(str(path) for path in files)
@@ -286,7 +286,7 @@ def rows_command(
         )
         raise typer.Exit(EXIT_USAGE)
     require_output(out_file, files, "--out")
-    outcome = Outcome()
+    outcome = CommandOutcome()
     if scheme not in SCHEMES:
         err.print(f"error: --scheme must be one of {', '.join(SCHEMES)}, not {safe(repr(scheme))}")
         raise typer.Exit(EXIT_USAGE)
@@ -678,7 +678,7 @@ def check_command(
 
     Episodes are checked and printed as they are read (the table in blocks, the JSON object's
     episodes one by one), so memory does not grow with the number of episodes."""
-    outcome = Outcome()
+    outcome = CommandOutcome()
     table = _check_table(first=True)
     totals = RowTotals()
     settings = RowSettings(max_identical_trained=max_identical)

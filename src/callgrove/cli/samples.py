@@ -35,7 +35,7 @@ from callgrove.cli.app import (
     require_output,
     safe,
 )
-from callgrove.cli.rows import MaxIdentical, Outcome
+from callgrove.cli.rows import CommandOutcome, MaxIdentical
 from callgrove.cli.scoring import (
     AlgorithmOption,
     DecayOption,
@@ -122,7 +122,7 @@ def samples_command(
     algorithm = chosen_algorithm(algorithm_name, scope, scale_by_std, local_seats, decay)
     files = episode_inputs(files)
     require_output(out_file, files, "--out")
-    outcome, tally = Outcome(), SampleTally()
+    outcome, tally = CommandOutcome(), SampleTally()
     located = _read(files, outcome)
     tally.read = len(located)
     located = _first_of_each_id(located, outcome)
@@ -187,7 +187,7 @@ def samples_command(
     raise typer.Exit(status)
 
 
-def _first_of_each_id(located: list[Located], outcome: Outcome) -> list[Located]:
+def _first_of_each_id(located: list[Located], outcome: CommandOutcome) -> list[Located]:
     """An episode id read twice (a file given twice, or two files whose ids clash) would train
     its calls twice: the later ones are errors, named and counted, and are not used."""
     first: dict[str, Located] = {}
@@ -218,7 +218,7 @@ def _dropped_as_stale(episode) -> bool:
     return (episode.meta or {}).get("dropped") == "stale"
 
 
-def _read(files: list[Path], outcome: Outcome) -> list[Located]:
+def _read(files: list[Path], outcome: CommandOutcome) -> list[Located]:
     located: list[Located] = []
     with progress_bar("bytes") as progress:
         for path in files:

@@ -22,8 +22,8 @@ from callgrove.cli.app import (
     safe,
 )
 from callgrove.cli.rows import (
+    CommandOutcome,
     EpisodeOption,
-    Outcome,
     check_record,
     episode_reward,
     episode_reward_text,
@@ -91,7 +91,7 @@ def show_command(
     require_output(svg, files, "--svg")
     require_output(html, files, "--html")
     drawing = svg is not None or html is not None
-    outcome = Outcome()
+    outcome = CommandOutcome()
     pictures: list[Picture] = []
     for result in episode_rows(files, RowSettings(), outcome, episode_id, invocations):
         if drawing:

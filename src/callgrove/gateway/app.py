@@ -69,7 +69,7 @@ def recorded_sampling(sent: dict | None, request: ChatRequest) -> dict | None:
 
 
 @dataclass(eq=False)
-class Turn:
+class HandledCall:
     """One call being handled: who makes it, what it extends, how it is sampled."""
 
     dialect: Dialect  # the client's API: its replies' and errors' shape
@@ -162,7 +162,7 @@ class Gateway:
 
     def _turn(
         self, dialect: Dialect, chat_request: ChatRequest, episode_id: str, who: Identity
-    ) -> Turn:
+    ) -> HandledCall:
         """Who calls, which recorded call the request extends, how it is sampled."""
         state = self.episodes.episode(episode_id)
         if state.closing or state.closed:
@@ -175,7 +175,7 @@ class Gateway:
         base, cut = state.base_for(agent, hashes, messages, tools_hash, who.purpose == "compaction")
         params = self._params(chat_request)
         state.enter()  # `leave` once the call is recorded or failed
-        return Turn(
+        return HandledCall(
             dialect,
             chat_request,
             state,
@@ -241,7 +241,7 @@ class Gateway:
 
     async def _stream_events(
         self,
-        turn: Turn,
+        turn: HandledCall,
         prompt: np.ndarray,
         suffix: np.ndarray,
         new: list[Message],
@@ -281,7 +281,7 @@ class Gateway:
             self.in_flight -= 1
             turn.state.leave()
 
-    async def _client_left(self, turn: Turn, pieces: AsyncIterator[Piece]) -> None:
+    async def _client_left(self, turn: HandledCall, pieces: AsyncIterator[Piece]) -> None:
         await turn.state.record_failure(
             turn.agent, turn.dialect.name, "client disconnected before the reply ended"
         )
@@ -289,7 +289,7 @@ class Gateway:
         if closing is not None:
             await closing()
 
-    async def _failed(self, turn: Turn, error: BaseException) -> HttpError:
+    async def _failed(self, turn: HandledCall, error: BaseException) -> HttpError:
         """The client's error for a failed call, recorded in the ledger (an `HttpError` the
         gateway itself raised is the client's own mistake: not recorded)."""
         if isinstance(error, HttpError):
@@ -308,7 +308,7 @@ class Gateway:
 
     async def _record(
         self,
-        turn: Turn,
+        turn: HandledCall,
         base: Recorded | None,
         prompt: np.ndarray,
         suffix: np.ndarray,
@@ -411,7 +411,7 @@ class Gateway:
         return self.in_flight <= 1
 
     def _render(
-        self, messages: list[Message], turn: Turn, base: Recorded | None
+        self, messages: list[Message], turn: HandledCall, base: Recorded | None
     ) -> tuple[np.ndarray, np.ndarray, list[Message]]:
         """(prompt, its suffix after the base call, the messages the suffix renders)."""
         if base is None:

@@ -192,7 +192,7 @@ def codex_path(value: Any) -> str | None:
 
 
 @dataclass
-class Spawn:
+class RelayedSpawn:
     """An `Agent` tool call the gateway relayed: who asked, with what prompt, how it runs."""
 
     agent: str
@@ -203,7 +203,7 @@ class Spawn:
     taken_by: str | None = None  # the subagent it started, once known
 
 
-def spawns_in(agent: str, message: Message, version: str | None = None) -> list[Spawn]:
+def spawns_in(agent: str, message: Message, version: str | None = None) -> list[RelayedSpawn]:
     """The subagent starts a relayed answer asks for (Claude Code's `Agent` / `Task` tool), each
     started as `SpawnArguments.start` says (the rule the importer follows too) for CLI
     `version`."""
@@ -216,11 +216,11 @@ def spawns_in(agent: str, message: Message, version: str | None = None) -> list[
             continue
         kind = arguments.subagent_type or "general-purpose"
         start = arguments.start(version=version)
-        found.append(Spawn(agent, arguments.prompt.strip(), kind, start, call.id or ""))
+        found.append(RelayedSpawn(agent, arguments.prompt.strip(), kind, start, call.id or ""))
     return found
 
 
-def match_spawn(spawns: list[Spawn], messages: list[Message]) -> Spawn | None:
+def match_spawn(spawns: list[RelayedSpawn], messages: list[Message]) -> RelayedSpawn | None:
     """The relayed spawn not yet taken whose prompt the newest user message carries (else an
     earlier one): one whose prompt is the whole message before one that only occurs in it,
     and of those the oldest (subagents start in the order they were asked for)."""
@@ -235,7 +235,9 @@ def match_spawn(spawns: list[Spawn], messages: list[Message]) -> Spawn | None:
     return None
 
 
-def spawned_agents(spawns: list[Spawn], messages: list[Message]) -> list[tuple[Spawn, str]]:
+def spawned_agents(
+    spawns: list[RelayedSpawn], messages: list[Message]
+) -> list[tuple[RelayedSpawn, str]]:
     """(spawn, the agent id it started) for each tool result in `messages` that names the
     subagent of a relayed spawn: the harness's own word, which settles a match by prompt."""
     by_call = {spawn.tool_call_id: spawn for spawn in spawns if spawn.tool_call_id}
@@ -320,7 +322,7 @@ class Roster:
 
     episode: str
     agents: dict[str, Agent] = field(default_factory=dict)
-    spawns: list[Spawn] = field(default_factory=list)
+    spawns: list[RelayedSpawn] = field(default_factory=list)
     codex_names: CodexNames = field(default_factory=CodexNames)
 
     def agent_for(self, who: Identity, messages: list[Message]) -> Agent:
@@ -384,7 +386,7 @@ class Roster:
                 named.name = name
         self.codex_names.relayed(response)
 
-    def _settle(self, spawn: Spawn, agent_id: str) -> None:
+    def _settle(self, spawn: RelayedSpawn, agent_id: str) -> None:
         """The harness named `agent_id` as `spawn`'s subagent: where a match by prompt gave it
         another spawn with the same prompt (one in the foreground, one in the background), the
         two agents trade spawns and so their starts and names."""
@@ -403,7 +405,7 @@ class Roster:
                 _take(other, held)
 
 
-def _take(agent: Agent, spawn: Spawn) -> None:
+def _take(agent: Agent, spawn: RelayedSpawn) -> None:
     """`agent` is the subagent `spawn` started: its start and name are the spawn's."""
     agent.start = spawn.start  # type: ignore[assignment]
     agent.name = spawn.kind

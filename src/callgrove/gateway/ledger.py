@@ -391,7 +391,9 @@ def close_record(
     return episode
 
 
-class _Named(msgspec.Struct):
+class _EpisodeId(msgspec.Struct):
+    """Just the id of an episode line: decodes it without the rest."""
+
     id: str
 
 
@@ -400,7 +402,7 @@ def stored_episode_ids(ledger: Path) -> set[str]:
     path = ledger / EPISODES_FILE
     if not path.exists():
         return set()
-    decoder = msgspec.json.Decoder(_Named)
+    decoder = msgspec.json.Decoder(_EpisodeId)
     found = set()
     with open(path, "rb") as stream:
         for raw in stream:

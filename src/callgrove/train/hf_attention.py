@@ -28,7 +28,7 @@ BASE_ATTENTION = ("sdpa", "eager")
 
 
 @dataclass(frozen=True, slots=True)
-class Block:
+class AttentionBlock:
     start: int
     end: int
     context: torch.Tensor | None
@@ -40,7 +40,7 @@ class Block:
 
 @dataclass(frozen=True, slots=True)
 class AttentionBlocks:
-    blocks: list[Block]
+    blocks: list[AttentionBlock]
     placeholder: torch.Tensor
     """An empty 4-D mask handed to the model in place of its own, which it would build N x N."""
 
@@ -86,7 +86,9 @@ def attention_blocks(
             if attention == "sdpa" and context is None
             else _as_mask(_visible(end - start, context_len, device), attention, dtype)
         )
-        blocks.append(Block(start, end, None if context is None else context.to(device), mask))
+        blocks.append(
+            AttentionBlock(start, end, None if context is None else context.to(device), mask)
+        )
     placeholder = torch.zeros((1, 1, 0, 0), dtype=torch.bool, device=device)
     return AttentionBlocks(blocks, placeholder)
 

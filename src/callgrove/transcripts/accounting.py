@@ -73,7 +73,7 @@ class Line:
     data: dict[str, Any]
 
 
-class Located(Protocol):
+class FromLine(Protocol):
     """Anything read from a line of a file."""
 
     @property
@@ -102,10 +102,10 @@ class ImportReport:
     used: dict[str, dict[int, str]] = field(default_factory=dict)  # file -> line -> what
     skipped: list[Problem] = field(default_factory=list)
 
-    def use(self, line: Located, what: str) -> None:
+    def use(self, line: FromLine, what: str) -> None:
         self.used.setdefault(line.file, {})[line.number] = what
 
-    def skip(self, line: Located, reason: str) -> None:
+    def skip(self, line: FromLine, reason: str) -> None:
         self.skipped.append(
             Problem(reason, file=line.file, line=line.number, severity="warning", kind="skipped")
         )
@@ -126,7 +126,7 @@ class ImportReport:
         )
         return numbers
 
-    def account(self, line: Located, outcome: Outcome) -> None:
+    def account(self, line: FromLine, outcome: Outcome) -> None:
         """Record what `line` became; a problem here is a warning (the rest still imports)."""
         if outcome.used is not None:
             self.use(line, outcome.used)

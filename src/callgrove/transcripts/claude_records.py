@@ -217,7 +217,7 @@ class CompactMetadata(msgspec.Struct, kw_only=True, rename="camel"):
         return kept[0] if kept else None
 
 
-class Link(msgspec.Struct, kw_only=True, rename="camel"):
+class LineLinks(msgspec.Struct, kw_only=True, rename="camel"):
     """What every line may carry: its place in the tree, its time, and what it retracts."""
 
     uuid: str | None = None
@@ -231,7 +231,7 @@ class Link(msgspec.Struct, kw_only=True, rename="camel"):
     retracted_message_uuids: list[str] = []
 
 
-class UserLine(Link, tag_field="type", tag="user"):
+class UserLine(LineLinks, tag_field="type", tag="user"):
     message: UserMessage | None = None
     is_compact_summary: bool = False
     tool_use_result: Any = None  # the tool's own result; a subagent's names `agentId`
@@ -245,7 +245,7 @@ class UserLine(Link, tag_field="type", tag="user"):
         return result["agentId"], status if isinstance(status, str) else None
 
 
-class AssistantLine(Link, tag_field="type", tag="assistant"):
+class AssistantLine(LineLinks, tag_field="type", tag="assistant"):
     message: AssistantMessage | None = None
     request_id: str | None = None
     # The session that made the request, written (2.1.332) on a response another session's
@@ -266,7 +266,7 @@ class AssistantLine(Link, tag_field="type", tag="assistant"):
         )
 
 
-class SystemLine(Link, tag_field="type", tag="system"):
+class SystemLine(LineLinks, tag_field="type", tag="system"):
     subtype: str | None = None
     logical_parent_uuid: str | None = None  # a compact boundary: the line it summarised up to
     compact_metadata: CompactMetadata | None = None
@@ -276,14 +276,14 @@ class SystemLine(Link, tag_field="type", tag="system"):
         return self.subtype == "compact_boundary"
 
 
-class ForkContextRef(Link, tag_field="type", tag="fork-context-ref"):
+class ForkContextRef(LineLinks, tag_field="type", tag="fork-context-ref"):
     """A fork's first line: its history is its parent's, up to `parentLastUuid`."""
 
     parent_session_id: str | None = None
     parent_last_uuid: str | None = None
 
 
-class OtherLine(Link, kw_only=True):
+class OtherLine(LineLinks, kw_only=True):
     """A line of another kind, or of a known kind with fields of unexpected types."""
 
     kind: str
@@ -294,15 +294,15 @@ SessionLine = UserLine | AssistantLine | SystemLine | ForkContextRef
 _LINE_KINDS = frozenset({"user", "assistant", "system", "fork-context-ref"})
 
 
-class _Kind(Link, kw_only=True):
+class _Typed(LineLinks, kw_only=True):
     type: Any = None
 
 
 _TYPED = msgspec.json.Decoder(SessionLine)
-_LINKS = msgspec.json.Decoder(_Kind)
+_LINKS = msgspec.json.Decoder(_Typed)
 
 
-def links_of(raw: bytes) -> Link | None:
+def links_of(raw: bytes) -> LineLinks | None:
     """A line's links (its session, time, place in the tree), read without decoding the rest
     of it; None for a line that is no JSON object of the expected shape."""
     try:
@@ -326,7 +326,7 @@ def decode_raw(raw: bytes) -> SessionLine | OtherLine | None:
     if found.type in _LINE_KINDS:
         return None
     kind = found.type if isinstance(found.type, str) and found.type else "untyped"
-    links = {f: getattr(found, f) for f in Link.__struct_fields__}
+    links = {f: getattr(found, f) for f in LineLinks.__struct_fields__}
     return OtherLine(kind=kind, **links)
 
 
@@ -352,4 +352,4 @@ def decode_line(data: dict[str, Any]) -> SessionLine | OtherLine:
         )
 
 
-_LINK_KEYS = frozenset(f.encode_name for f in msgspec.structs.fields(Link))
+_LINK_KEYS = frozenset(f.encode_name for f in msgspec.structs.fields(LineLinks))

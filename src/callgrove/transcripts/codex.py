@@ -34,7 +34,7 @@ from callgrove.transcripts.accounting import (
     sniff,
 )
 from callgrove.transcripts.codex_history import (
-    Entry,
+    RolloutEntry,
     ThreadGraph,
     ThreadHistory,
     build_graph,
@@ -88,7 +88,7 @@ def import_codex(
 
 def _read_threads(files: list[Path], report: ImportReport) -> list[Transcript]:
     with collector_paused():
-        entries: list[Entry] = []
+        entries: list[RolloutEntry] = []
         spans: list[range] = []
         for rank, file in enumerate(files):
             start = len(entries)
@@ -116,7 +116,7 @@ def _line_of(outcome: Outcome) -> int:
     return outcome.line
 
 
-def _entries(path: Path, rank: int, report: ImportReport) -> list[Entry]:
+def _entries(path: Path, rank: int, report: ImportReport) -> list[RolloutEntry]:
     """The file's lines, decoded; none for a file that is not a Codex rollout (reported)."""
     found = sniff(path)
     if found != CODEX:
@@ -135,7 +135,7 @@ def _entries(path: Path, rank: int, report: ImportReport) -> list[Entry]:
         return []
     times = running_times([r.timestamp for r in records])
     return [
-        Entry(line.file, line.number, rank, time, record)
+        RolloutEntry(line.file, line.number, rank, time, record)
         for line, record, time in zip(lines, records, times, strict=True)
     ]
 

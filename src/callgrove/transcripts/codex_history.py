@@ -182,7 +182,7 @@ def compaction_summary(record: Compacted) -> str:
 # Lines and the runs of each thread
 
 
-class Entry(msgspec.Struct, frozen=True):
+class RolloutEntry(msgspec.Struct, frozen=True):
     """One decoded line, where it was read, and its ledger time (its timestamp, else the
     latest one before it in its file). A Struct: one is made per line, quickly."""
 
@@ -220,7 +220,7 @@ class Placement:
     outcomes: tuple[Outcome, ...]  # of the lines no run holds (and of every session_meta)
 
 
-def place_lines(entries: Sequence[Entry], files: Sequence[range]) -> Placement:
+def place_lines(entries: Sequence[RolloutEntry], files: Sequence[range]) -> Placement:
     """Which thread each line belongs to, file by file (`files`: each file's entries)."""
     starts: dict[str, ThreadStart] = {}
     with_calls: set[str] = set()  # threads with a response or compaction of their own
@@ -313,7 +313,7 @@ class Input:
 
 
 @dataclass(frozen=True, slots=True)
-class Response:
+class RolloutResponse:
     items: tuple[int, ...]
     queued: tuple[int, ...]  # inputs recorded while it was open: they follow its answer
     time: float  # when it was closed
@@ -332,7 +332,7 @@ class Compaction:
     is_call: bool
 
 
-Step = Input | Response | Compaction
+Step = Input | RolloutResponse | Compaction
 
 
 @dataclass(frozen=True, slots=True)
@@ -349,7 +349,9 @@ class ThreadGraph:
         return self.start.id
 
 
-def build_graph(start: ThreadStart, runs: Sequence[Run], entries: Sequence[Entry]) -> ThreadGraph:
+def build_graph(
+    start: ThreadStart, runs: Sequence[Run], entries: Sequence[RolloutEntry]
+) -> ThreadGraph:
     """One thread's runs (in read order) as steps; each of their lines' outcome."""
     grouping = _Grouping(entries)
     for run in runs:
@@ -367,7 +369,7 @@ def build_graph(start: ThreadStart, runs: Sequence[Run], entries: Sequence[Entry
 class _Grouping:
     """The working state of `build_graph`, local to one call of it."""
 
-    def __init__(self, entries: Sequence[Entry]):
+    def __init__(self, entries: Sequence[RolloutEntry]):
         self.entries = entries
         self.steps: list[Step] = []
         self.outcomes: list[Outcome] = []
@@ -403,7 +405,7 @@ class _Grouping:
         if not self.pending:
             return
         at = self.entries[line].time if line is not None else time
-        self.steps.append(Response(tuple(self.pending), tuple(self.queued), at, self.copied))
+        self.steps.append(RolloutResponse(tuple(self.pending), tuple(self.queued), at, self.copied))
         if not self.copied:
             self.answer = None if self.queued else len(self.steps) - 1
             self.last = len(self.steps) - 1
@@ -463,7 +465,7 @@ class _Grouping:
         summary = compaction_summary(record)
         wrote = self.steps[self.answer] if self.answer is not None else None
         if (
-            isinstance(wrote, Response)
+            isinstance(wrote, RolloutResponse)
             and not self.copied
             and answered_with_summary(response_message(_items(wrote, self.entries)), summary)
         ):
@@ -486,11 +488,11 @@ class _Grouping:
         return tuple(steps)
 
 
-def _items(response: Response, entries: Sequence[Entry]) -> list[ResponseItemPayload]:
+def _items(response: RolloutResponse, entries: Sequence[RolloutEntry]) -> list[ResponseItemPayload]:
     return [entries[i].record.payload for i in response.items]  # type: ignore[union-attr]
 
 
-def _inputs(lines: Sequence[int], entries: Sequence[Entry]) -> list[Message]:
+def _inputs(lines: Sequence[int], entries: Sequence[RolloutEntry]) -> list[Message]:
     return [
         message
         for i in lines
@@ -514,7 +516,7 @@ def system_message(meta: SessionMetaPayload) -> Message | None:
 
 
 def derive_thread(
-    graph: ThreadGraph, entries: Sequence[Entry], agent: TranscriptAgent
+    graph: ThreadGraph, entries: Sequence[RolloutEntry], agent: TranscriptAgent
 ) -> ThreadHistory:
     """The thread's calls, each with the history it was given."""
     system = system_message(graph.start.meta)
@@ -525,7 +527,7 @@ def derive_thread(
     for step in graph.steps:
         if isinstance(step, Input):
             history = extend(history, _inputs([step.line], entries))
-        elif isinstance(step, Response):
+        elif isinstance(step, RolloutResponse):
             response = response_message(_items(step, entries))
             after = _inputs(step.queued, entries)
             if step.copied:
@@ -555,8 +557,8 @@ def derive_thread(
 
 
 def _call(
-    step: Response,
-    entries: Sequence[Entry],
+    step: RolloutResponse,
+    entries: Sequence[RolloutEntry],
     agent: TranscriptAgent,
     call_ids: CallIds,
     context: Turn | None,
