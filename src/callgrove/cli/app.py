@@ -30,7 +30,7 @@ from typer.models import DefaultPlaceholder
 
 from callgrove.cli.kinds import VERIFIERS_FILE, folder_hint, not_episodes_hint
 from callgrove.episode import Episode, format_for, load_located
-from callgrove.errors import EXIT_OK, EXIT_USAGE, CallgroveError, RunFailed, UsageError
+from callgrove.errors import EXIT_OK, CallgroveError, RunFailed, UsageError
 from callgrove.formats.output import check_output
 from callgrove.formats.problems import Diagnostics, InputError
 from callgrove.formats.streams import readable
@@ -202,8 +202,7 @@ OutputOption = Annotated[
 def one_output(argument: Path | None, option: Path | None) -> Path:
     """The output given as the OUT argument or as -o (one of them): a usage error otherwise."""
     if (argument is None) == (option is None):
-        err.print("error: give the output once: as the OUT argument or as -o OUT")
-        raise typer.Exit(EXIT_USAGE)
+        raise UsageError("give the output once: as the OUT argument or as -o OUT")
     return argument if argument is not None else option  # type: ignore[return-value]
 
 

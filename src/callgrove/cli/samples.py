@@ -48,7 +48,7 @@ from callgrove.cli.scoring import (
     score_groups,
     unscored_message,
 )
-from callgrove.errors import EXIT_USAGE
+from callgrove.errors import UsageError
 from callgrove.formats.output import NewFile
 from callgrove.formats.problems import InputError, Problem
 from callgrove.rows import RowSettings, build_rows
@@ -117,8 +117,7 @@ def samples_command(
     try:
         form = sample_form(out_file)
     except ValueError as error:
-        err.print(f"error: --out {safe(error)}")
-        raise typer.Exit(EXIT_USAGE) from None
+        raise UsageError(f"--out {error}") from None
     algorithm = chosen_algorithm(algorithm_name, scope, scale_by_std, local_seats, decay)
     files = episode_inputs(files)
     require_output(out_file, files, "--out")

@@ -10,7 +10,7 @@ import typer
 
 from callgrove.cli.app import OutputOption, app, err, one_output, progress_bar, require_output, safe
 from callgrove.episode import open_writer
-from callgrove.errors import EXIT_USAGE
+from callgrove.errors import EXIT_USAGE, UsageError
 from callgrove.synth import PRESETS, Shape, call_tokens, synth_episodes
 
 
@@ -66,8 +66,7 @@ def synth_command(
     try:
         shape: Shape = replace(PRESETS[preset], **given)
     except ValueError as error:
-        err.print(f"error: {safe(error)}")
-        raise typer.Exit(EXIT_USAGE) from None
+        raise UsageError(str(error)) from None
     require_output(out, [])
     tokens = 0
     with progress_bar("episodes") as progress, open_writer(out) as writer:
