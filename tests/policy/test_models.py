@@ -84,6 +84,16 @@ def test_a_run_saved_before_kind_resumes_with_the_same_model():
     check_resume(msgspec.to_builtins(config) | {"model": dict(saved)}, config, "run")
 
 
+def test_a_name_set_alone_picks_its_kind_over_the_files(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('[model]\nkind = "tiny"\nd_model = 32\nn_heads = 2\n')
+    with pytest.warns(UserWarning, match=r"model.d_model, model.n_heads: the reference decoder"):
+        model = load_config(path, {"model.name": "smollm2-135m"}).model
+    assert model == HfModel(name="smollm2-135m")
+    with pytest.raises(ConfigError, match=r"model\.name: not a setting of model kind 'tiny'"):
+        load_config(path, {"model.name": "smollm2-135m", "model.kind": "tiny"})
+
+
 def test_each_default_is_written_once():
     assert TinyModel().size(TinyConfig().vocab_size) == TinyConfig()
     assert HfModel(name="x").lora() is None  # rank 0: every weight trains

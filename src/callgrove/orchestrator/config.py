@@ -187,7 +187,13 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
             ) from None
         except OSError as error:
             raise ConfigError(f"{path}: {error.strerror}") from None
-    for key, value in (overrides or {}).items():
+    overrides = overrides or {}
+    if "model.name" in overrides and "model.kind" not in overrides:
+        # A name given alone picks its kind (`kind` in the file named the file's model).
+        model = raw.get("model")
+        if isinstance(model, dict):
+            model.pop("kind", None)
+    for key, value in overrides.items():
         set_dotted(raw, key, value)
     return config_from_dict(raw, source=str(path or "defaults"))
 

@@ -110,6 +110,7 @@ def model_from_name(name: str, **settings: Any) -> ModelSettings:
     )
 
 
+_TINY_ONLY = ("d_model", "n_heads", "n_layers", "d_ff")
 # `[model] options` (a table of a Hugging Face model's settings) before they were keys of their own.
 _OPTIONS = ("attention", "dtype", "lora_rank", "lora_alpha", "gradient_checkpointing")
 
@@ -127,6 +128,17 @@ def model_table(raw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     if "kind" not in table:
         name = table.get("name", "tiny")
         table["kind"] = "tiny" if name == "tiny" else "vllm" if "vllm" in table else "hf"
+        # Before `kind`, one table held every kind's keys and the name's backend read its own.
+        # Keys the other kind defines are left out, with a note; any other stays an error.
+        if table["kind"] != "tiny":
+            sizes = [key for key in _TINY_ONLY if key in table]
+            for key in sizes:
+                del table[key]
+            if sizes:
+                notes.append(
+                    f"model.{', model.'.join(sizes)}: the reference decoder's size, left out "
+                    f'for {name!r} (a checkpoint has its own; write kind = "hf" without them)'
+                )
     if table["kind"] == "tiny" and table.get("name") == "tiny":
         del table["name"]
     if table["kind"] == "tiny" and "vllm" in table:
