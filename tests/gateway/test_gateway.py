@@ -537,6 +537,30 @@ def test_passthrough_records_the_token_ids_the_upstream_reports(tmp_path):
     )
 
 
+def test_a_greedy_call_through_a_scripted_upstream_records_its_distribution(tmp_path):
+    """serve-policy --script names the distribution it answers under, so a gateway in front of
+    it captures a call at temperature 0 (an unnamed one there would be refused)."""
+    from callgrove.policy.http import HttpPolicyClient
+
+    script = write_script(tmp_path / "s.json", RULES)
+
+    async def go(upstream):
+        _, client = gateway_client(upstream, tmp_path / "ledger")
+        async with client:
+            body = {"messages": [{"role": "user", "content": "hello"}], "temperature": 0.0}
+            answer = await client.post("/e/greedy/v1/chat/completions", json=body)
+            record = (await client.post("/e/greedy/close", json={})).json()
+        await upstream.aclose()
+        return answer, record
+
+    with server_process("serve-policy", "--script", str(script)) as (_, url):
+        answer, record = run(go(HttpPolicyClient(url)))
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["choices"][0]["message"]["content"] == "done"
+    (call,) = record["agents"][0]["calls"]
+    assert call["sampling"] == {"temperature": 0.0, "top_p": 1.0, "top_k": None}
+
+
 def test_a_call_records_what_was_sampled_and_what_the_client_asked():
     from callgrove.gateway.app import recorded_sampling
     from callgrove.serving.dialects.dialect import ChatRequest

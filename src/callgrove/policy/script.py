@@ -14,7 +14,9 @@ A rule's `capture` is a regular expression searched in the same text; its named 
 matches only when the expression does.
 A reply is an assistant message (`text`, `thinking`, `tool_calls` of `{"name", "arguments"}`
 with an optional `id`), rendered to the completion tokens of the chat format, each token given
-a fixed sampling log-probability so the ledger has real numbers to carry.
+a fixed sampling log-probability so the ledger has real numbers to carry; the script answers
+under whatever distribution a call asks for, and says so (the call's `sampling`), so that a
+client that must know it (a gateway in front of `serve-policy --script`) can record the call.
 """
 
 from __future__ import annotations
@@ -216,4 +218,5 @@ class ScriptedPolicy:
             logprobs=np.full(len(completion), SCRIPT_LOGPROB, dtype=LOGPROB_DTYPE),
             policy_version=self._version,
             finish_reason=finish,
+            sampling=params.record(),
         )
