@@ -124,6 +124,12 @@ CREDIT_CONDITIONS = {
         "algorithm.shared_reward_scale": 0.0,
         "train.learning_rate": 1e-3 * 627 / 378,
     },
+    # The same learning rate for the two schemes: does either gain from the larger step alone?
+    "exactly_once, lr x1.66": {"train.learning_rate": 1e-3 * 627 / 378},
+    "leader_only, lr x1.66": {
+        "rows.scheme": "leader_only",
+        "train.learning_rate": 1e-3 * 627 / 378,
+    },
     "shared leave_one_out": {"algorithm.shared_reward_credit": "leave_one_out"},
     "shared seat_normalised": {"algorithm.shared_reward_credit": "seat_normalised"},
 }
