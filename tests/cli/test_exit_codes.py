@@ -54,3 +54,13 @@ def test_work_that_fails_exits_1_saying_why():
     assert result.exit_code == 1, result.output
     [line] = error_lines(result.stderr)
     assert "could not close episode 'ep-1'" in line and "did not answer" in line
+
+
+def test_train_model_is_the_model_name_setting(tmp_path: Path):
+    """`train --model NAME` is `--set model.name=NAME`: the same model, the same one-line error."""
+    missing = "hf:/no/such/model"
+    by_flag = run("train", "--model", missing, "-o", tmp_path / "a")
+    by_setting = run("train", "--set", f"model.name={missing}", "-o", tmp_path / "b")
+    assert by_flag.exit_code == by_setting.exit_code == 2, by_flag.output
+    [line] = error_lines(by_flag.stderr)
+    assert line == error_lines(by_setting.stderr)[0] and "neither a checkpoint folder" in line

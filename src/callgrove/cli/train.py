@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from callgrove.cli.app import app, err, out
+from callgrove.cli.model_options import ModelOption
 from callgrove.errors import EXIT_FAILED, EXIT_USAGE
 from callgrove.orchestrator.config import EXECUTORS
 
@@ -26,6 +27,7 @@ def train_command(
         Path | None, typer.Option("--out", "-o", help="Output folder (run.out).")
     ] = None,
     seed: Annotated[int | None, typer.Option(help="Run seed (run.seed).")] = None,
+    model: ModelOption = None,
     executor: Annotated[
         RunExecutor | None,
         typer.Option(
@@ -56,6 +58,7 @@ def train_command(
             "run.steps": steps,
             "run.out": out_dir,
             "run.seed": seed,
+            "model.name": model,  # its kind follows from the name, as with --set model.name
             "run.executor": executor and executor.value,
         }
         overrides |= {
