@@ -264,14 +264,29 @@ def test_a_lora_push_waits_for_no_call_in_flight(vllm_url, smollm2, smollm2_fold
         try:
             await sampler.load_weights(learner.weights(), 1)
             alone = await sampler.sample(prompt, long)
+            # The calls in flight are held open after vLLM answers them, until the push is
+            # back: were they let go on their own, a push slower than two 48-token decodes (a
+            # loaded machine) would finish last without having waited for them.
+            client, released = sampler.upstreams[0].client, asyncio.Event()
+            answer = client.sample
+
+            async def held_open(*args):
+                sample = await answer(*args)
+                await released.wait()
+                return sample
+
+            client.sample = held_open
             running = [
                 asyncio.create_task(timed(f"old{i}", sampler.sample(prompt, long)))
                 for i in range(2)
             ]
             while sampler.upstreams[0].in_flight < 2:
                 await asyncio.sleep(0.01)
-            await timed("push", sampler.load_weights(learner.weights(), 2))
+            client.sample = answer
+            # A push that waited for the calls in flight would wait here for ever.
+            await timed("push", asyncio.wait_for(sampler.load_weights(learner.weights(), 2), 120))
             during = await served_models(vllm_url)
+            released.set()
             old = await asyncio.gather(*running)
             for _ in range(100):  # the old adapter is unloaded in the background
                 if "policy-v1" not in await served_models(vllm_url):
