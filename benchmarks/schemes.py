@@ -447,8 +447,8 @@ def main() -> None:
     parser.add_argument(
         "--conditions",
         nargs="+",
-        choices=list(CREDIT_CONDITIONS),
-        help="with --credit: only these conditions (default: all)",
+        choices=list(dict.fromkeys([*CREDIT_CONDITIONS, *(n for n, _ in conditions("relay"))])),
+        help="only these conditions (default: all of the mode's)",
     )
     parser.add_argument(
         "--smollm2",
@@ -482,7 +482,12 @@ def main() -> None:
             for name in args.conditions or CREDIT_CONDITIONS
         ]
     else:
-        chosen = [(env, *condition) for env in args.envs for condition in conditions(env)]
+        chosen = [
+            (env, name, overrides)
+            for env in args.envs
+            for name, overrides in conditions(env)
+            if not args.conditions or name in args.conditions
+        ]
     jobs = [
         {
             "env": env,
