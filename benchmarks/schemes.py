@@ -130,6 +130,15 @@ CREDIT_CONDITIONS = {
         "rows.scheme": "leader_only",
         "train.learning_rate": 1e-3 * 627 / 378,
     },
+    # Two more steps of the same ratio: is either scheme's best rate beyond x1.66?
+    **{
+        f"{scheme}, lr x{(627 / 378) ** power:.2f}": {
+            "rows.scheme": scheme,
+            "train.learning_rate": 1e-3 * (627 / 378) ** power,
+        }
+        for power in (2, 3)
+        for scheme in ("exactly_once", "leader_only")
+    },
     "shared leave_one_out": {"algorithm.shared_reward_credit": "leave_one_out"},
     "shared seat_normalised": {"algorithm.shared_reward_credit": "seat_normalised"},
 }
@@ -527,7 +536,10 @@ def write_results(runs: list[dict], args: argparse.Namespace) -> None:
     if args.smollm2:  # what differs from examples/train.toml, and every step of every run
         found = {**found, "settings": SMOLLM2, "runs": runs}
     if args.credit:
-        found = {**found, "conditions": CREDIT_CONDITIONS, "runs": runs}
+        named = {name: overrides for env in SEATS for name, overrides in conditions(env)}
+        named |= CREDIT_CONDITIONS
+        run = {r["condition"] for r in runs}
+        found = {**found, "conditions": {n: o for n, o in named.items() if n in run}, "runs": runs}
     (args.results / f"{stem}.json").write_text(json.dumps(found, indent=1))
     text = markdown(table)
     if args.credit:
