@@ -372,9 +372,14 @@ def running_mean(values: np.ndarray, window: int) -> np.ndarray:
 
 
 def line_style(names: list[str], condition: str) -> dict:
-    """One colour per condition in every panel; exactly-once thick and black."""
+    """One colour per condition in every panel (from 20 where the default cycle's 10 would
+    repeat); exactly-once thick and black."""
     if condition == "exactly_once":
         return {"lw": 2.4, "color": "black"}
+    if len(names) > 10:
+        from matplotlib import colormaps
+
+        return {"lw": 1.2, "color": colormaps["tab20"](names.index(condition) % 20)}
     return {"lw": 1.2, "color": f"C{names.index(condition)}"}
 
 
