@@ -32,9 +32,26 @@ _MAGIC = (
 )
 
 
+# A document's head naming an ATIF `schema_version` (Harbor's trajectories, pretty-printed).
+_ATIF_VERSION = re.compile(rb'"schema_version"\s*:\s*"ATIF-v')
+
+
 def suffix_by_content(head: bytes) -> str:
-    """The name ending that reads data starting with `head`: a binary form's, else `.jsonl`."""
-    return next((suffix for magic, _what, suffix in READ_FORMS if head.startswith(magic)), ".jsonl")
+    """The name ending that reads data starting with `head`: a binary form's; `.json` for one
+    ATIF trajectory document spread over many lines (its reader reads a `.json` file whole,
+    and a `.jsonl` one line by line); else `.jsonl`."""
+    binary = next((suffix for magic, _what, suffix in READ_FORMS if head.startswith(magic)), None)
+    if binary is not None:
+        return binary
+    return ".json" if _spread_document(head) and _ATIF_VERSION.search(head) else ".jsonl"
+
+
+def _spread_document(head: bytes) -> bool:
+    """A JSON object written over many lines: its first non-blank line opens it and does not
+    close it (a JSON Lines file's first line is a whole object)."""
+    lines = head.removeprefix(b"\xef\xbb\xbf").split(b"\n")
+    first = next((line.strip() for line in lines if line.strip()), b"")
+    return first.startswith(b"{") and not first.endswith(b"}")
 
 
 def not_json_lines(head: bytes) -> tuple[str, int] | None:

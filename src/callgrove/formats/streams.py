@@ -7,7 +7,10 @@ head gone. So such an input is copied, whole and once, into a temporary file the
 is named (`readable`), and every later use of the name in this process reads that copy:
 problems found in it name the input (`problems.show_file_as`). A copy whose input's name has
 no ending (`-`, `/dev/stdin`, `/dev/fd/63`) is named by what it holds (gzip, zstd, Parquet,
-Arrow, else JSON Lines), so compressed and binary episodes come through a pipe too.
+Arrow, a pretty-printed ATIF trajectory as `.json`, else JSON Lines), so compressed and binary
+episodes, and a trajectory document read whole, come through a pipe too.
+A descriptor's name open on a regular file (`/dev/stdin` given `< t.json`) is no stream: it is
+read through that file's own name, which tells its form.
 
 A FIFO that no writer opens would keep its reader waiting for ever: the reader waits
 `FIFO_WAIT_S` for one, saying so, and then stops with an error.
@@ -67,7 +70,7 @@ def readable(path: str | os.PathLike[str], waiting: Callable[[str], None] | None
     that cannot be read whole, raises `InputError` naming it."""
     key = _stream_key(path)
     if key is None:
-        return Path(path)
+        return _behind(Path(path))
     with _lock:
         copy = _copies.get(key)
         if copy is None:
@@ -75,6 +78,20 @@ def readable(path: str | os.PathLike[str], waiting: Callable[[str], None] | None
             copy = _copies[key] = _copy(name, waiting)
             show_file_as(str(copy), name)
     return copy
+
+
+# Names of a descriptor: what they open is the file the descriptor is open on.
+_DESCRIPTOR_NAMES = ("/dev/stdin", "/dev/fd/", "/proc/self/fd/")
+
+
+def _behind(path: Path) -> Path:
+    """For a descriptor's name (`/dev/stdin`, `/dev/fd/N`) open on a regular file (`< t.json`),
+    that file: its name, unlike the descriptor's, has the ending a reader is chosen by. Any other
+    path, or a file with no ending, as it is."""
+    if not str(path).startswith(_DESCRIPTOR_NAMES):
+        return path
+    real = Path(os.path.realpath(path))
+    return real if real.is_file() and "." in real.name else path
 
 
 def _copy(name: str, waiting: Callable[[str], None] | None) -> Path:

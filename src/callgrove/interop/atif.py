@@ -16,18 +16,34 @@ Steps become calls:
 - an agent step whose `extra.context_management.type` is `compaction` is a compaction call; a
   system step so marked (Harbor's handoff after summarising) starts the history afresh.
 
+A call read from token ids keeps its step's message, reasoning and tool calls in its `content`
+(as a rendered call's), and an agent the `version` and `model_name` of its trajectory's agent in
+its `meta`; the writer writes them back from there. Rendering uses the chat format the reader is
+given (`read_atif(path, chat=...)`), else callgrove's byte-level format, counted
+(`atif_rendered_bytewise`): such tokens are not the model's.
+
 Whatever the format leaves unknown or a step cannot give is counted in the episode's gaps:
 a subagent's start kind when the reference does not say it (read as `fresh`), a step of
 several model calls (`llm_call_count` > 1), a step without token ids in a trajectory whose
-other steps have them, a subagent file that is not there. Episodes written here carry what
-ATIF has no field for under `extra.callgrove`, so they read back field by field.
+other steps have them, a subagent file that is not there, and in a token episode the history
+kept only as tokens (`atif_history_text_not_kept`: system and user steps' text, observation
+results' text and `source_call_id`). Episodes written here carry what ATIF has no field for
+under `extra.callgrove`, so they read back field by field; `written_losses` counts what an
+episode would lose all the same.
+
+Rewards: `extra.callgrove.episode.rewards` on the root trajectory (any field of callgrove's
+episode record may stand there alone), else, for a trajectory in a Harbor trial's folder
+(`<trial>/agent/trajectory.json`, or `<trial>/steps/<step>/agent/...`), the
+`verifier_result.rewards` of the trial's `result.json`.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -35,10 +51,11 @@ import msgspec
 import orjson
 from msgspec import UNSET
 
-from callgrove.chat import Message
+from callgrove.chat import ChatFormat, Message
 from callgrove.chat.message import ToolCall
-from callgrove.episode import Agent, Episode, Gap, Spawn, episode_from_wire
+from callgrove.episode import Agent, Episode, Spawn, episode_from_wire
 from callgrove.episode.codec import PLAIN_CALL_FIELDS, episode_to_wire
+from callgrove.episode.provenance import gap_from_json, join_spawn
 from callgrove.formats.problems import Diagnostics, InputError, Problem
 from callgrove.formats.wire import FORMAT, WireAgent, WireCall, WireEpisode
 from callgrove.interop.foreign import gap
@@ -54,11 +71,17 @@ from callgrove.transcripts.model import (
 from callgrove.transcripts.render import TranscriptRenderer
 
 ATIF_VERSIONS = tuple(f"ATIF-v1.{minor}" for minor in range(9))
+# Gap kinds this reader adds (besides `subagent_file_missing`, `atif_start_unknown`, ...).
+HISTORY_NOT_KEPT = "atif_history_text_not_kept"  # history held only as the prompts' tokens
+RENDERED_BYTEWISE = "atif_rendered_bytewise"  # calls rendered without the model's tokenizer
 WRITTEN_VERSION = ATIF_VERSIONS[-1]
 CARRIED = "callgrove"  # the `extra` key holding what ATIF has no field for
 STARTS = ("fresh", "fork", "background")  # what a reference's extra may say of its subagent
 # What a step's `extra` carries of its call: every field but the tokens (the step's metrics).
 _CARRIED_CALL_FIELDS = frozenset(("id", "seq", "advantages", *(f.name for f in PLAIN_CALL_FIELDS)))
+# The episode fields `extra.callgrove.episode` lays over a rendered episode (gaps and meta are
+# added to the reader's; its objective stays `supervised`: rendered calls have no logprobs).
+_LAID_OVER = frozenset(("group", "env", "task", "run", "ok", "errors", "rewards"))
 
 
 class _Record(msgspec.Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):
@@ -147,10 +170,14 @@ _decode_trajectory = msgspec.json.Decoder(AtifTrajectory).decode
 # --- recognising ---------------------------------------------------------------------------
 
 
+# Any ATIF version, so that one this reader does not know is read as ATIF and refused by name.
+_MARK = b'"ATIF-v'
+
+
 def is_atif(head: bytes) -> bool:
     """A file of trajectories: its head (a JSON Lines file's first line, or the top of a
     pretty-printed document) names an ATIF `schema_version`."""
-    return b'"ATIF-v1.' in head
+    return _MARK in head
 
 
 def holds_atif(folder: Path) -> bool:
@@ -163,9 +190,10 @@ def _file_is_atif(path: Path) -> bool:
     """Its `schema_version` names ATIF: near the top, where writers put it, else anywhere."""
     with path.open("rb") as stream:
         head = stream.read(4096)
-    if b'"schema_version"' in head and b'"ATIF-v1.' in head:
+    if b'"schema_version"' in head and _MARK in head:
         return True
-    return b'"schema_version"' in path.read_bytes() and b'"ATIF-v1.' in path.read_bytes()
+    whole = path.read_bytes()
+    return b'"schema_version"' in whole and _MARK in whole
 
 
 # --- reading -------------------------------------------------------------------------------
@@ -197,6 +225,63 @@ def _text(content: str | list[dict[str, Any]] | None) -> str:
     )
 
 
+def _arguments(call: AtifToolCall) -> Any:
+    """A tool call's arguments: ATIF's object, or what callgrove carried when they were not one
+    (raw text a model wrote)."""
+    carried = _carried(call.extra) or {}
+    return carried.get("arguments", call.arguments)
+
+
+def _tool_call_record(call: AtifToolCall) -> dict[str, Any]:
+    """A tool call as a message's `tool_calls` entry (`Message.as_dict`), its extra kept."""
+    record = {
+        "id": call.tool_call_id,
+        "type": "function",
+        "function": {"name": call.function_name, "arguments": _arguments(call)},
+    }
+    extra = {k: v for k, v in (call.extra or {}).items() if k != CARRIED}
+    return record | ({"extra": extra} if extra else {})
+
+
+def _step_content(step: AtifStep) -> dict[str, Any] | None:
+    """What an agent step says of its call besides tokens, in the shape of a rendered call's
+    `content` (`response` a message as `Message.as_dict` gives it, a multimodal message's parts
+    as they are); None when it says nothing. The writer writes it back (`_said`)."""
+    response: dict[str, Any] = {"role": "assistant", "content": step.message}
+    if step.reasoning_content:
+        response["reasoning_content"] = step.reasoning_content
+    if step.tool_calls:
+        response["tool_calls"] = [_tool_call_record(c) for c in step.tool_calls]
+    said = {
+        "model": step.model_name,
+        "reasoning_effort": step.reasoning_effort,
+        "timestamp": step.timestamp,
+        "usage": _usage(step.metrics),
+    }
+    content = {key: value for key, value in said.items() if value is not None}
+    if step.message or len(response) > 2:
+        content["response"] = response
+    return content or None
+
+
+def _results_not_kept(step: AtifStep) -> int:
+    """Observation results whose text or `source_call_id` a token episode has no place for (a
+    subagent reference's `source_call_id` is its spawn's `tool_call_id`)."""
+    results = step.observation.results if step.observation else []
+    return sum(
+        r.content is not None or (r.source_call_id is not None and not r.subagent_trajectory_ref)
+        for r in results
+    )
+
+
+def _is_history_text(step: AtifStep) -> bool:
+    """A step whose messages are history, held in a token episode only as prompt tokens."""
+    if step.source != "agent":
+        return bool(_text(step.message))
+    history = step.is_copied_context or step.llm_call_count == 0
+    return bool(history and (_text(step.message) or step.tool_calls or step.reasoning_content))
+
+
 def _where(trajectory: str, step: AtifStep | None = None) -> str:
     """Where in an episode's trajectories: a trajectory, and a step of it."""
     place = f"trajectory {trajectory}"
@@ -219,8 +304,11 @@ class _Node:
 class _Reader:
     """One root trajectory and everything it links to, as one episode."""
 
-    def __init__(self, root: AtifTrajectory, file: Path, folder: Path):
+    def __init__(
+        self, root: AtifTrajectory, file: Path, folder: Path, chat: ChatFormat | None = None
+    ):
         self.root = root
+        self.chat = chat
         self.file = str(file)
         self.folder = folder
         self.nodes: list[_Node] = []
@@ -228,16 +316,25 @@ class _Reader:
         self.embedded: dict[str, AtifTrajectory] = {}
         self.copied = 0  # steps of copied history, never calls
         self.untokenised: list[tuple[_Node, AtifStep]] = []  # model steps without token ids
+        self.record = self._record()  # the episode fields `extra.callgrove` gives, if any
         self.episode_id = (
-            (_carried(root.extra) or {}).get("episode", {}).get("id")
-            or root.trajectory_id
-            or root.session_id
-            or file.stem
+            (self.record or {}).get("id") or root.trajectory_id or root.session_id or file.stem
         )
 
     def fail(self, message: str, trajectory: str, step: AtifStep | None = None) -> InputError:
         where = _where(trajectory, step)
-        return InputError(Problem(f"{where}: {message}", file=self.file, episode=self.episode_id))
+        episode = getattr(self, "episode_id", None)
+        return InputError(Problem(f"{where}: {message}", file=self.file, episode=episode))
+
+    def _record(self) -> dict[str, Any] | None:
+        carried = _carried(self.root.extra)
+        if carried is None:
+            return None
+        record = carried.get("episode", {}) if isinstance(carried, dict) else None
+        if not isinstance(record, dict):
+            name = self.root.trajectory_id or "root"
+            raise self.fail("extra.callgrove.episode must be an object", name)
+        return record
 
     # The agents, each listed after the one that references it: calls are numbered agent by
     # agent in this order, so a subagent's calls come after the call that started it.
@@ -372,13 +469,26 @@ class _Reader:
 
     def episode(self) -> Episode:
         self.walk(self.root, self.root.trajectory_id or "root", self.file, None)
-        carried = _carried(self.root.extra)
         calls = self._token_calls()
-        if carried is not None:
-            return self._carried_episode(carried, calls)
-        if any(calls.values()):
-            return self._token_episode(calls)
-        return self._rendered_episode()
+        # Steps without token ids are rendered when no step has them, whether or not the
+        # root carries episode fields (a reward added by hand): those are laid over it.
+        if not any(calls.values()) and (self.untokenised or self.record is None):
+            episode = self._rendered_episode()
+        elif self.record is not None:
+            episode = self._carried_episode(self.record, calls)
+        else:
+            episode = self._token_episode(calls)
+        return self._trial_rewards(episode)
+
+    def _trial_rewards(self, episode: Episode) -> Episode:
+        """The Harbor trial's rewards, unless `extra.callgrove` said the episode's."""
+        if "rewards" in (self.record or {}):
+            return episode
+        found = trial_rewards(Path(self.file))
+        if found is not None:
+            episode.rewards, result = found
+            episode.meta = {**(episode.meta or {}), "rewards_from": str(result)}
+        return episode
 
     def _model_steps(self, node: _Node) -> Iterator[AtifStep]:
         """The agent steps that are model calls."""
@@ -415,10 +525,13 @@ class _Reader:
                     )
                 seq += 1
                 carried = _carried(step.extra)
+                # A step callgrove wrote carries its call's content (or its having none).
+                content = _step_content(step) if carried is None else None
                 fields = {
                     "id": f"{node.id}/step-{step.step_id}",
                     "seq": seq,
                     "purpose": "compaction" if _is_compaction(step) else "turn",
+                    **({} if content is None else {"content": content}),
                     **({} if carried is None else self._carried_call(carried, node, step)),
                 }
                 call = WireCall(
@@ -443,7 +556,7 @@ class _Reader:
             parent=node.parent,
             start=node.start,
             calls=calls,
-            meta=_agent_meta(node),
+            meta=join_spawn(node.spawn, _agent_meta(node)),  # read back as the agent's spawn
         )
 
     def _count_untokenised(self) -> None:
@@ -452,6 +565,29 @@ class _Reader:
             self.gaps.append(
                 gap("atif_step_without_token_ids", step_call_id(node.id, step), reason)
             )
+        self._count_history()
+
+    def _count_history(self) -> None:
+        """A token episode holds its history as the prompts' tokens: the text of the steps
+        that are history, and of observation results, has no place in it. One gap per agent
+        counts them (`messages`: system, user, copied and dispatch steps; `results`)."""
+        for node in self.nodes:
+            messages = sum(_is_history_text(step) for step in node.steps)
+            results = sum(_results_not_kept(step) for step in node.steps)
+            if messages or results:
+                reason = (
+                    "history kept as prompt tokens only: the text of its system, user and "
+                    "copied steps and its observation results (with their source_call_id)"
+                )
+                self.gaps.append(
+                    {
+                        "kind": HISTORY_NOT_KEPT,
+                        "agent": node.id,
+                        "reason": reason,
+                        "messages": messages,
+                        "results": results,
+                    }
+                )
 
     def _token_episode(self, calls: dict[str, list[WireCall]]) -> Episode:
         self._count_untokenised()
@@ -470,12 +606,39 @@ class _Reader:
         self._count_untokenised()
         try:
             agents = [self._carried_agent(node, calls[node.id]) for node in self.nodes]
-            wire = msgspec.convert({**carried.get("episode", {}), "format": FORMAT}, WireEpisode)
+            wire = self._carried_wire(carried)
         except msgspec.ValidationError as error:
             raise self.fail(f"extra.callgrove: {error}", self.nodes[0].id) from None
-        wire.agents = agents
+        wire.agents = _in_order(agents, (_carried(self.root.extra) or {}).get("agent_order"))
         if self.gaps:  # what was not found while reading it
             wire.gaps = [*(wire.gaps or []), *self.gaps]
+        return self._built(wire)
+
+    def _carried_wire(self, record: dict[str, Any]) -> WireEpisode:
+        """The episode fields `extra.callgrove.episode` gives. callgrove writes the whole record;
+        one without an `id` was written by hand or by another tool (a reward alone, say), and
+        the rest is what ATIF says: its id, and the reader's meta beside any it gives."""
+        fields = {**record, "id": self.episode_id, "format": FORMAT}
+        if "id" not in record:
+            fields["meta"] = {**self._meta(), **(record.get("meta") or {})}
+        return msgspec.convert(fields, WireEpisode)
+
+    def _overlaid(self, episode: Episode) -> Episode:
+        """A rendered episode with the fields `extra.callgrove.episode` gives laid over it:
+        its gaps and meta added to the reader's, any other field in place of the rendering's
+        (its agents are the trajectories')."""
+        if not self.record:
+            return episode
+        try:
+            given = self._carried_wire(self.record)
+        except msgspec.ValidationError as error:
+            raise self.fail(f"extra.callgrove: {error}", self.nodes[0].id) from None
+        wire = episode_to_wire(episode)
+        for name in self.record.keys() & _LAID_OVER:
+            setattr(wire, name, getattr(given, name))
+        if given.gaps:
+            wire.gaps = [*(wire.gaps or []), *given.gaps]
+        wire.meta = {**(wire.meta or {}), **(given.meta or {})}
         return self._built(wire)
 
     def _carried_agent(self, node: _Node, calls: list[WireCall]) -> WireAgent:
@@ -512,14 +675,20 @@ class _Reader:
             if (step.llm_call_count or 1) > 1:
                 reason = f"{_where(node.id, step)}: {step.llm_call_count} model calls"
                 self.gaps.append(gap("atif_aggregated_step", step_call_id(node.id, step), reason))
+        if self.chat is None and self.untokenised:  # some call is rendered
+            reason = (
+                "rendered with callgrove's byte-level format, not the model's tokenizer: "
+                "give --tokenizer (or --model)"
+            )
+            self.gaps.append({"kind": RENDERED_BYTEWISE, "reason": reason})
         transcript = Transcript(
             id=self.episode_id,
             agents=list(agents.values()),
-            gaps=[msgspec.convert(g, type=Gap) for g in self.gaps],
+            gaps=[gap_from_json(g, self.episode_id) for g in self.gaps],
             meta={**self._meta(), "rendered_steps": sum(len(a.calls) for a in agents.values())},
         )
         try:
-            return TranscriptRenderer().episode(transcript)
+            return self._overlaid(TranscriptRenderer(self.chat).episode(transcript))
         except InputError as error:
             raise error.located(file=self.file, episode=self.episode_id) from None
 
@@ -543,7 +712,7 @@ class _Reader:
                 text,
                 thinking=step.reasoning_content or "",
                 tool_calls=tuple(
-                    ToolCall(c.tool_call_id, c.function_name, c.arguments)
+                    ToolCall(c.tool_call_id, c.function_name, _arguments(c))
                     for c in step.tool_calls or []
                 ),
             )
@@ -623,6 +792,7 @@ def _usage(metrics: AtifMetrics | None) -> dict[str, Any] | None:
         "prompt_tokens": metrics.prompt_tokens,
         "completion_tokens": metrics.completion_tokens,
         "cached_tokens": metrics.cached_tokens,
+        "cost_usd": metrics.cost_usd,
     }
     return {key: value for key, value in usage.items() if value is not None} or None
 
@@ -639,10 +809,25 @@ def _transcript_agent(node: _Node) -> TranscriptAgent:
 
 
 def _agent_meta(node: _Node) -> dict[str, Any]:
-    meta: dict[str, Any] = {"file": node.file}
-    if node.spawn is not None:
-        meta["spawn"] = msgspec.to_builtins(node.spawn)
+    """The file it was read from and its trajectory's agent (the writer writes it back from
+    here)."""
+    agent = node.trajectory.agent
+    meta: dict[str, Any] = {"file": node.file, "version": agent.version}
+    if agent.model_name is not None:
+        meta["model_name"] = agent.model_name
+    if agent.tool_definitions is not None:
+        meta["tool_definitions"] = agent.tool_definitions
     return meta
+
+
+def _in_order(agents: list[WireAgent], order: Any) -> list[WireAgent]:
+    """The agents in the order callgrove wrote them in (`extra.callgrove.agent_order`), which
+    the trajectories' own (the root first, each subagent after its referrer) need not be; as
+    they were read when the order names other agents."""
+    if not isinstance(order, list) or sorted(map(str, order)) != sorted(a.id for a in agents):
+        return agents
+    by_id = {agent.id: agent for agent in agents}
+    return [by_id[agent_id] for agent_id in order]
 
 
 def _call_fields(carried: dict[str, Any]) -> dict[str, Any]:
@@ -666,13 +851,20 @@ def read_trajectory(path: Path) -> AtifTrajectory:
     return trajectory
 
 
-def _check_version(trajectory: AtifTrajectory, file: str, line: int | None) -> None:
+def _check_version(
+    trajectory: AtifTrajectory, file: str, line: int | None, name: str | None = None
+) -> None:
+    """The trajectory's version, and every embedded subagent trajectory's, is one this reader
+    knows (a referenced file and a continuation are checked as they are read)."""
+    name = name or trajectory.trajectory_id or trajectory.session_id or Path(file).stem
     if trajectory.schema_version not in ATIF_VERSIONS:
         message = (
-            f"schema_version {trajectory.schema_version!r} is not one this reader knows "
-            f"({ATIF_VERSIONS[0]} to {ATIF_VERSIONS[-1]})"
+            f"trajectory {name}: schema_version {trajectory.schema_version!r} is not one this "
+            f"reader knows ({ATIF_VERSIONS[0]} to {ATIF_VERSIONS[-1]})"
         )
         raise InputError(Problem(message, file=file, line=line))
+    for sub in trajectory.subagent_trajectories or []:
+        _check_version(sub, file, line, sub.trajectory_id or f"{name} (an embedded subagent)")
 
 
 def _roots(
@@ -742,26 +934,83 @@ def _files_named(trajectory: AtifTrajectory) -> Iterator[str]:
 
 
 def read_atif(
-    path: str | os.PathLike[str], diagnostics: Diagnostics | None = None
+    path: str | os.PathLike[str],
+    diagnostics: Diagnostics | None = None,
+    chat: ChatFormat | None = None,
 ) -> Iterator[tuple[int, Episode]]:
     """Stream `(number, episode)`, one episode per root trajectory. Without `diagnostics` the
     first bad trajectory raises `InputError` (naming file, trajectory and step); with it, each
-    is recorded there and the rest are still read."""
+    is recorded there and the rest are still read. Trajectories without token ids are rendered
+    through `chat` (the model's chat format: `callgrove import`'s --model or --tokenizer);
+    without it, through callgrove's byte-level format, and each such episode says so in its
+    gaps (`atif_rendered_bytewise`). Through the format registry:
+    `load(path, format="atif", chat=chat)`."""
     path = Path(path)
     folder = path if path.is_dir() else path.parent
     taken: set[str] = set()
     for number, trajectory, file in _roots(path, diagnostics):
-        reader = _Reader(trajectory, file, folder)
-        if path.is_dir() and reader.episode_id in taken:
-            # runs of one session saved as several files: each file is its own episode
-            reader.episode_id = f"{reader.episode_id}:{file.relative_to(path).with_suffix('')}"
-        taken.add(reader.episode_id)
         try:
+            reader = _Reader(trajectory, file, folder, chat)
+            if path.is_dir() and reader.episode_id in taken:
+                # runs of one session saved as several files: each file is its own episode
+                suffix = file.relative_to(path).with_suffix("")
+                reader.episode_id = f"{reader.episode_id}:{suffix}"
+            taken.add(reader.episode_id)
             episode = reader.episode()
         except InputError as error:
             _refused(error.located(file=str(file), line=number), diagnostics)
             continue
         yield number, episode
+
+
+def takes_chat(form: Any) -> bool:
+    """Whether an episode format's reader takes the `chat` option (`read_atif` does): the
+    option is given only to such readers."""
+    return "chat" in inspect.signature(form.read).parameters
+
+
+class _HarborVerifier(msgspec.Struct):
+    rewards: dict[str, float] | None = None
+
+
+class _HarborStep(msgspec.Struct):
+    step_name: str | None = None
+    verifier_result: _HarborVerifier | None = None
+
+
+class _HarborTrial(msgspec.Struct):
+    """What is read of a Harbor trial's `result.json` (harbor.models.trial.result.TrialResult)."""
+
+    verifier_result: _HarborVerifier | None = None
+    step_results: list[_HarborStep] | None = None
+
+
+def trial_rewards(trajectory: Path) -> tuple[dict[str, float], Path] | None:
+    """The rewards Harbor's verifier gave the trial whose folder holds this trajectory file
+    (`<trial>/agent/trajectory.json`, or a step's `<trial>/steps/<step>/agent/...`), read from
+    the trial's `result.json`, and that file; None when there is none or it holds none. A
+    `result.json` that cannot be read as one is an `InputError` naming it."""
+    agent = trajectory.parent
+    if agent.name != "agent" or not trajectory.name.endswith(".json"):
+        return None
+    trial, step = agent.parent, None
+    if trial.parent.name == "steps":
+        trial, step = trial.parent.parent, trial.name
+    result = trial / "result.json"
+    if not result.is_file():
+        return None
+    try:
+        read = msgspec.json.decode(result.read_bytes(), type=_HarborTrial)
+    except (OSError, msgspec.DecodeError) as error:
+        message = f"not a Harbor trial result: {error}"
+        raise InputError(Problem(message, file=str(result))) from None
+    verifier = read.verifier_result
+    if step is not None:
+        steps = [s for s in read.step_results or [] if s.step_name == step]
+        verifier = steps[0].verifier_result if steps else None
+    if verifier is None or verifier.rewards is None:
+        return None
+    return dict(verifier.rewards), result
 
 
 # --- writing -------------------------------------------------------------------------------
@@ -771,12 +1020,83 @@ def _raw(values: Any) -> msgspec.Raw:
     return msgspec.Raw(orjson.dumps(values, option=orjson.OPT_SERIALIZE_NUMPY))
 
 
-def _call_message(content: Any) -> str:
-    """The text a call answered with, when an importer kept its messages."""
-    if isinstance(content, dict) and isinstance(content.get("response"), dict):
-        text = content["response"].get("content")
-        return text if isinstance(text, str) else ""
-    return ""
+def _call_message(content: Any) -> str | list[dict[str, Any]]:
+    """The message a call answered with, when an importer kept its messages (text, or a
+    multimodal message's parts as ATIF read them)."""
+    message = _response(content).get("content")
+    if isinstance(message, list) and all(isinstance(part, dict) for part in message):
+        return message
+    return message if isinstance(message, str) else ""
+
+
+def _response(content: Any) -> dict[str, Any]:
+    response = content.get("response") if isinstance(content, dict) else None
+    return response if isinstance(response, dict) else {}
+
+
+def _atif_tool_call(record: Any) -> AtifToolCall | None:
+    """A `tool_calls` entry of a kept message as ATIF's; arguments that are no object (raw
+    text a model wrote) travel in its `extra.callgrove`. None for an entry of another shape."""
+    function = record.get("function") if isinstance(record, dict) else None
+    if not isinstance(function, dict) or not isinstance(record.get("id"), str):
+        return None
+    if not isinstance(function.get("name"), str):
+        return None
+    arguments = function.get("arguments")
+    extra = dict(record.get("extra") or {})
+    if not isinstance(arguments, dict):
+        extra[CARRIED] = {"arguments": arguments}
+        arguments = {}
+    return AtifToolCall(
+        tool_call_id=record["id"],
+        function_name=function["name"],
+        arguments=arguments,
+        extra=extra or None,
+    )
+
+
+def _said(content: Any) -> dict[str, Any]:
+    """The step fields a call's content gives back (`_step_content` in reverse): its message,
+    reasoning and tool calls, the model that answered, when and with what effort."""
+    response = _response(content)
+    reasoning = response.get("reasoning_content")
+    tool_calls = [_atif_tool_call(c) for c in response.get("tool_calls") or []]
+    fields: dict[str, Any] = {
+        "message": _call_message(content),
+        "reasoning_content": reasoning if isinstance(reasoning, str) and reasoning else None,
+        "tool_calls": [c for c in tool_calls if c is not None] or None,
+    }
+    if isinstance(content, dict):
+        model, effort = content.get("model"), content.get("reasoning_effort")
+        fields["model_name"] = model if isinstance(model, str) else None
+        fields["reasoning_effort"] = effort if isinstance(effort, str | float | int) else None
+        fields["timestamp"] = (
+            content.get("timestamp") if _is_time(content.get("timestamp")) else None
+        )
+    return fields
+
+
+def _is_time(value: Any) -> bool:
+    """An ISO 8601 time, as Harbor's step model requires of a `timestamp`."""
+    if not isinstance(value, str):
+        return False
+    try:
+        datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return False
+    return True
+
+
+def _usage_metrics(content: Any) -> dict[str, Any]:
+    """The cached tokens and cost a call's content recorded (ATIF's metrics hold them)."""
+    usage = content.get("usage") if isinstance(content, dict) else None
+    if not isinstance(usage, dict):
+        return {}
+    cached, cost = usage.get("cached_tokens"), usage.get("cost_usd")
+    return {
+        "cached_tokens": cached if isinstance(cached, int) else None,
+        "cost_usd": float(cost) if isinstance(cost, int | float) else None,
+    }
 
 
 def episode_trajectory(episode: Episode) -> AtifTrajectory:
@@ -801,11 +1121,68 @@ def episode_trajectory(episode: Episode) -> AtifTrajectory:
             episode, agent, agents_wire[agent.id], children.get(agent.id, [])
         )
     top = trajectories[root.id]
-    top.extra = {CARRIED: {"episode": wire}}
+    top.extra = {CARRIED: {"episode": wire, "agent_order": [a.id for a in episode.agents]}}
     top.session_id = episode.id
     subs = [trajectories[a.id] for a in episode.agents if a is not root]
     top.subagent_trajectories = subs or None
     return top
+
+
+def written_losses(episode: Episode) -> dict[str, int]:
+    """What of `episode` its ATIF trajectory does not give back, counted by kind: the
+    trajectory is read back as callgrove reads it and compared field by field, prompts as their
+    tokens (`episode.<field>`, `agent.<field>`, `call.<field>`, `agent` or `call` for one not
+    read back at all, `agent_order`). Empty for every episode callgrove holds today (what ATIF
+    has no field for is carried under `extra.callgrove`); it costs one read of the trajectory,
+    for `convert` to say what a conversion would leave out, if anything."""
+    document = msgspec.json.encode(episode_trajectory(episode))
+    try:
+        reader = _Reader(_decode_trajectory(document), Path("written.json"), Path())
+        back = reader.episode()
+    except InputError:
+        return {"episode": 1}
+    return _losses(_comparable(episode), _comparable(back))
+
+
+def _comparable(episode: Episode) -> dict[str, Any]:
+    """The episode's wire form with each prompt as its tokens (how a prompt is held, whole or
+    after another call's sequence, is no content)."""
+    wire = msgspec.to_builtins(episode_to_wire(episode))
+    for agent_wire, agent in zip(wire["agents"], episode.agents, strict=True):
+        for call_wire, call in zip(agent_wire["calls"], agent.calls, strict=True):
+            for name in ("prompt_ids", "prompt_from", "prompt_from_len", "prompt_suffix_ids"):
+                call_wire.pop(name, None)
+            call_wire["prompt"] = episode.prompt_ids(call).tolist()
+    return wire
+
+
+def _losses(given: dict[str, Any], back: dict[str, Any]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+
+    def differ(kind: str, ours: dict[str, Any], theirs: dict[str, Any], skip: str) -> None:
+        for name in (ours.keys() | theirs.keys()) - {skip}:
+            if ours.get(name) != theirs.get(name):
+                counts[f"{kind}.{name}"] = counts.get(f"{kind}.{name}", 0) + 1
+
+    differ("episode", given, back, "agents")
+    agents = {a["id"]: a for a in back["agents"]}
+    if [a["id"] for a in given["agents"]] != list(agents) and set(agents) >= {
+        a["id"] for a in given["agents"]
+    }:
+        counts["agent_order"] = 1
+    for agent in given["agents"]:
+        read = agents.get(agent["id"])
+        if read is None:
+            counts["agent"] = counts.get("agent", 0) + 1
+            continue
+        differ("agent", agent, read, "calls")
+        calls = {c["id"]: c for c in read["calls"]}
+        for call in agent["calls"]:
+            if call["id"] not in calls:
+                counts["call"] = counts.get("call", 0) + 1
+            else:
+                differ("call", call, calls[call["id"]], "id")
+    return counts
 
 
 def _agent_trajectory(
@@ -822,13 +1199,14 @@ def _agent_trajectory(
         step = AtifStep(
             step_id=len(steps) + 1,
             source="agent",
-            message=_call_message(call.content),
+            **_said(call.content),
             metrics=AtifMetrics(
                 prompt_tokens=call.prompt_len,
                 completion_tokens=len(call.completion_ids),
                 prompt_token_ids=_raw(episode.prompt_ids(call)),
                 completion_token_ids=_raw(call.completion_ids),
                 logprobs=None if call.logprobs is None else call.logprobs.tolist(),
+                **_usage_metrics(call.content),
             ),
             extra={CARRIED: carried}
             | (
@@ -839,7 +1217,10 @@ def _agent_trajectory(
         )
         started = spawned.pop(call.id, [])
         if started:
-            step.observation = AtifObservation(results=[_reference(episode, c) for c in started])
+            tool_call_ids = {c.tool_call_id for c in step.tool_calls or []}
+            step.observation = AtifObservation(
+                results=[_reference(episode, c, tool_call_ids) for c in started]
+            )
         steps.append(step)
     unplaced = [child for group in spawned.values() for child in group]
     if unplaced or not steps:
@@ -848,7 +1229,9 @@ def _agent_trajectory(
                 step_id=len(steps) + 1,
                 source="system",
                 message="",
-                observation=AtifObservation(results=[_reference(episode, c) for c in unplaced])
+                observation=AtifObservation(
+                    results=[_reference(episode, c, set()) for c in unplaced]
+                )
                 if unplaced
                 else None,
             )
@@ -856,19 +1239,36 @@ def _agent_trajectory(
     return AtifTrajectory(
         schema_version=WRITTEN_VERSION,
         trajectory_id=agent.id,
-        agent=AtifAgent(name=agent.name, version="unknown", extra={CARRIED: wire}),
+        agent=AtifAgent(name=agent.name, **_atif_agent(agent.meta), extra={CARRIED: wire}),
         steps=steps,
     )
+
+
+def _atif_agent(meta: dict[str, Any] | None) -> dict[str, Any]:
+    """The trajectory's agent fields an agent read from ATIF keeps in its meta."""
+    meta = meta or {}
+    version, model = meta.get("version"), meta.get("model_name")
+    tools = meta.get("tool_definitions")
+    return {
+        "version": version if isinstance(version, str) else "unknown",
+        "model_name": model if isinstance(model, str) else None,
+        "tool_definitions": tools
+        if isinstance(tools, list) and all(isinstance(t, dict) for t in tools)
+        else None,
+    }
 
 
 def _agent(episode: Episode, agent_id: str) -> Agent:
     return next(a for a in episode.agents if a.id == agent_id)
 
 
-def _reference(episode: Episode, child: str) -> AtifResult:
+def _reference(episode: Episode, child: str, tool_call_ids: set[str]) -> AtifResult:
+    """The result referencing a subagent; its `source_call_id` the tool call that started it,
+    where the step holds that call (ATIF allows no other)."""
     agent = _agent(episode, child)
+    tool_call_id = agent.spawn.tool_call_id if agent.spawn is not None else None
     return AtifResult(
-        source_call_id=None,
+        source_call_id=tool_call_id if tool_call_id in tool_call_ids else None,
         subagent_trajectory_ref=[AtifRef(trajectory_id=child, extra={"start": agent.start})],
     )
 
@@ -880,6 +1280,7 @@ class AtifWriter:
     def __init__(self, path: Path, append: bool = False):
         self.path = path
         self.lines = 0
+        self.names: set[str] = set()  # the files written into a folder
         self.single = path.name.endswith(".json")
         self.folder = not self.single and not path.name.endswith(".jsonl")
         if self.folder:
@@ -899,10 +1300,21 @@ class AtifWriter:
             )
         encoded = msgspec.json.encode(episode_trajectory(episode))
         if self.stream is None:
-            (self.path / f"{_safe_name(episode.id)}.json").write_bytes(encoded + b"\n")
+            (self.path / self._file_name(episode.id)).write_bytes(encoded + b"\n")
         else:
             self.stream.write(encoded + b"\n")
         self.lines += 1
+
+    def _file_name(self, episode_id: str) -> str:
+        """`<episode id>.json`, numbered on where two ids make one name (`a/b` and `a_b`): a
+        later episode never overwrites an earlier one (the id read back is the carried one)."""
+        base = _safe_name(episode_id)
+        name, number = f"{base}.json", 1
+        while name in self.names:
+            number += 1
+            name = f"{base}.{number}.json"
+        self.names.add(name)
+        return name
 
     def sync(self) -> None:
         if self.stream is not None:
