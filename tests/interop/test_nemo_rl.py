@@ -41,6 +41,7 @@ from callgrove.batch import build_samples
 from callgrove.episode import Agent, Call, Episode, sampling_record
 from callgrove.formats.problems import InputError
 from callgrove.interop import nemo_rl
+from callgrove.interop.settings_check import SettingsRefused
 from callgrove.rows import build_rows
 from callgrove.sampling.distribution import sampling_distribution
 from callgrove.train import LossSettings
@@ -537,10 +538,93 @@ def test_refusals_name_the_row_and_call():
 
 
 def test_the_checker_names_the_setting_and_takes_nemo_rls_defaults():
-    nemo_rl.check_nemo_rl_loss_config({})
+    nemo_rl.check_nemo_rl_loss_config(NO_EXTRA_TERMS)
     with pytest.raises(ValueError, match="use_importance_sampling_correction"):
-        nemo_rl.check_nemo_rl_loss_config({}, "recomputed")
+        nemo_rl.check_nemo_rl_loss_config(NO_EXTRA_TERMS, "recomputed")
     with pytest.raises(ValueError, match="force_on_policy_ratio"):
-        nemo_rl.check_nemo_rl_loss_config({"force_on_policy_ratio": True})
+        nemo_rl.check_nemo_rl_loss_config({**NO_EXTRA_TERMS, "force_on_policy_ratio": True})
     with pytest.raises(ValueError, match="prev_logprobs is one of"):
         nemo_rl.check_nemo_rl_loss_config({}, "fresh")
+
+
+def test_the_checker_knows_every_key_of_clipped_pg_loss_config():
+    upstream = {*UPSTREAM_DEFAULTS, "reference_policy_kl_type"}
+    upstream |= {"kl_input_clamp_value", "kl_output_clamp_value"}
+    assert upstream == nemo_rl.LOSS_KEYS
+    nemo_rl.check_nemo_rl_loss_config({**UPSTREAM_DEFAULTS, **NO_EXTRA_TERMS})
+
+
+@pytest.mark.parametrize("prev_logprobs", nemo_rl.PREV_LOGPROBS)
+def test_nemo_rls_default_kl_penalty_is_refused(prev_logprobs):
+    """Its default 0.01 adds a KL term against reference logprobs the batch does not hold."""
+    config = {"use_importance_sampling_correction": True}
+    with pytest.raises(SettingsRefused, match=r"reference_policy_kl_penalty 0\.01 adds a KL term"):
+        nemo_rl.check_nemo_rl_loss_config(config, prev_logprobs)
+    with pytest.raises(SettingsRefused, match="positive_example_nll_weight"):
+        nemo_rl.check_nemo_rl_loss_config(
+            {**config, **NO_EXTRA_TERMS, "positive_example_nll_weight": 0.1}, prev_logprobs
+        )
+    nemo_rl.check_nemo_rl_loss_config({**config, **NO_EXTRA_TERMS}, prev_logprobs)
+    # With use_kl_in_reward ClippedPGLossFn sets the loss's own penalty to 0.
+    nemo_rl.check_nemo_rl_loss_config({**config, "use_kl_in_reward": True}, prev_logprobs)
+
+
+def test_the_loss_config_is_checked_flat_or_under_loss_fn_as_the_master_config_holds_it():
+    refused = {"reference_policy_kl_penalty": 0.01, "use_cispo": True}
+    master = {"grpo": {"num_generations_per_prompt": 8}, "policy": {}, "loss_fn": refused}
+    for config in (refused, master):
+        with pytest.raises(
+            SettingsRefused,
+            match=r"use_cispo.*reference_policy_kl_penalty",
+        ):
+            nemo_rl.check_nemo_rl_loss_config(config)
+    nemo_rl.check_nemo_rl_loss_config(NO_EXTRA_TERMS)
+    nemo_rl.check_nemo_rl_loss_config({**master, "loss_fn": NO_EXTRA_TERMS})
+    # A loss key beside loss_fn is one NeMo RL never reads.
+    with pytest.raises(SettingsRefused, match="use_cispo is set outside loss_fn"):
+        nemo_rl.check_nemo_rl_loss_config({"loss_fn": NO_EXTRA_TERMS, "use_cispo": True})
+    with pytest.raises(SettingsRefused, match="loss_fn is list"):
+        nemo_rl.check_nemo_rl_loss_config({"loss_fn": []})
+
+
+def test_a_misspelt_key_is_refused_with_the_key_it_resembles():
+    """NeMo RL's config keeps unknown keys (extra="allow") and trains with the defaults."""
+    typo = {
+        **NO_EXTRA_TERMS,
+        "reference_policy_kl_penalty": 0.0,
+        "use_importance_sampling_corection": True,
+    }
+    with pytest.raises(
+        SettingsRefused,
+        match=r"unknown setting use_importance_sampling_corection \(did you mean "
+        r"use_importance_sampling_correction\?\)",
+    ):
+        nemo_rl.check_nemo_rl_loss_config(typo, "recomputed")
+    with pytest.raises(
+        SettingsRefused,
+        match=r"unknown setting loss_fn.ratio_clip_mx \(did you mean loss_fn.ratio_clip_max\?\)",
+    ):
+        nemo_rl.check_nemo_rl_loss_config({"loss_fn": {**NO_EXTRA_TERMS, "ratio_clip_mx": 0.28}})
+    with pytest.raises(SettingsRefused, match=r"unknown setting los_fn \(did you mean loss_fn\?\)"):
+        nemo_rl.check_nemo_rl_loss_config({**NO_EXTRA_TERMS, "los_fn": {}})
+
+
+def test_every_bad_setting_is_named_in_one_error():
+    config = {
+        "force_on_policy_ratio": True,
+        "use_cispo": True,
+        "disable_ppo_ratio": True,
+        "ratio_clip_mx": 0.28,
+    }
+    with pytest.raises(SettingsRefused) as refused:
+        nemo_rl.check_nemo_rl_loss_config({"loss_fn": config})
+    message = str(refused.value)
+    for named in (
+        "ratio_clip_mx",
+        "disable_ppo_ratio",
+        "use_cispo",
+        "force_on_policy_ratio",
+        "reference_policy_kl_penalty",
+    ):
+        assert named in message, (named, message)
+    assert refused.value.exit_code == 2  # a usage error: the config cannot be used

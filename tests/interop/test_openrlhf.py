@@ -20,8 +20,11 @@ agree to float32 rounding, not float64's. Measured: 2e-9 to 5e-8 relative on the
 
 from __future__ import annotations
 
+import argparse
+import ast
 import functools
 import importlib.util
+import re
 import sys
 import types
 from pathlib import Path
@@ -34,11 +37,13 @@ import torch
 from callgrove.batch.samples import Sample
 from callgrove.formats.problems import InputError
 from callgrove.interop.openrlhf import (
+    ARGUMENTS,
     PER_ACTION,
     check_openrlhf_args,
     openrlhf_arrays,
     to_experience,
 )
+from callgrove.interop.settings_check import SettingsRefused
 
 from .dual_clip import Case, assert_agrees, clip_shares, far_stale
 from .reference_loss import Agreement, Clip, agreement, reference_loss
@@ -322,6 +327,98 @@ def test_settings_that_leave_the_loss_alone_pass(settings):
     check_openrlhf_args(train_ppo_ray_args(1.0, **settings), login_samples())
     as_mapping = {"rollout": {"temperature": 1.0}, "actor": {"policy_loss_type": "ppo"}}
     check_openrlhf_args(as_mapping, login_samples())
+
+
+def parse_args_form(args: SimpleNamespace, prefix: str = "") -> dict:
+    """`args` flat, as `train_ppo_ray`'s `parse_args()` holds them before `hierarchize`."""
+    flat = {}
+    for name, value in vars(args).items():
+        if isinstance(value, SimpleNamespace):
+            flat |= parse_args_form(value, f"{prefix}{name}.")
+        else:
+            flat[f"{prefix}{name}"] = value
+    return flat
+
+
+def test_the_flat_parse_args_form_is_read_as_the_nested_one():
+    flat = parse_args_form(train_ppo_ray_args(1.0))
+    assert "rollout.temperature" in flat and "algo.kl.use_loss" in flat
+    check_openrlhf_args(flat, login_samples())
+    check_openrlhf_args(argparse.Namespace(**flat), login_samples())
+    for refused in (
+        {"rollout.temperature": 0.7, "actor.policy_loss_type": "gspo"},
+        argparse.Namespace(
+            **{**flat, "rollout.temperature": 0.7, "actor.policy_loss_type": "gspo"}
+        ),
+    ):
+        with pytest.raises(SettingsRefused, match=r"rollout\.temperature is 0\.7.*'gspo'"):
+            check_openrlhf_args(refused, login_samples())
+
+
+def test_a_single_correction_threshold_is_an_upper_bound_as_train_ppo_ray_reads_it():
+    flat = {"algo.advantage.is_correction_level": "token"}
+    check_openrlhf_args({**flat, "algo.advantage.is_correction_threshold": [2.0]}, login_samples())
+    with pytest.raises(SettingsRefused, match=r"threshold \[0, 0\.9\] leaves out 1"):
+        check_openrlhf_args(
+            {**flat, "algo.advantage.is_correction_threshold": [0.9]}, login_samples()
+        )
+
+
+@pytest.mark.parametrize(
+    ("args", "suggestion"),
+    [
+        (
+            {"rollout": {"temprature": 0.7}},
+            "rollout.temprature (did you mean rollout.temperature?)",
+        ),
+        ({"actor.entropy_coeff": 0.01}, "actor.entropy_coeff (did you mean actor.entropy_coef?)"),
+        ({"algo": {"kl": {"use_los": True}}}, "algo.kl.use_los (did you mean algo.kl.use_loss?)"),
+        ({"rolout.temperature": 1.0}, "rolout.temperature (did you mean rollout.temperature?)"),
+    ],
+)
+def test_a_misspelt_argument_is_refused_with_the_one_it_resembles(args, suggestion):
+    with pytest.raises(SettingsRefused, match=re.escape(f"unknown setting {suggestion}")):
+        check_openrlhf_args(args, login_samples())
+
+
+def test_every_bad_setting_is_named_in_one_error():
+    args = train_ppo_ray_args(
+        0.7,
+        actor__policy_loss_type="gspo",
+        actor__entropy_coef=0.01,
+        algo__kl__use_loss=True,
+        rollout__temprature=1.0,
+    )
+    with pytest.raises(SettingsRefused) as refused:
+        check_openrlhf_args(args, login_samples())
+    message = str(refused.value)
+    for named in ("temprature", "rollout.temperature is 0.7", "gspo", "entropy_coef", "KL loss"):
+        assert named in message, (named, message)
+    with pytest.raises(SettingsRefused, match=r"rollout\.temperature is given twice"):
+        check_openrlhf_args(
+            {"rollout": {"temperature": 1.0}, "rollout.temperature": 1.0}, login_samples()
+        )
+
+
+def test_the_known_arguments_are_train_ppo_ray_s():
+    """`ARGUMENTS` is every dest of the installed OpenRLHF's `train_ppo_ray` parser (read from
+    its source: the module imports ray, which the venv leaves out)."""
+    import openrlhf
+
+    source = Path(openrlhf.__file__).parent / "cli" / "train_ppo_ray.py"
+    dests = set()
+    for node in ast.walk(ast.parse(source.read_text())):
+        if not (isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument"):
+            continue
+        named = {keyword.arg: keyword.value for keyword in node.keywords}
+        dest = named.get("dest", node.args[0])
+        for prefix in ("actor", "critic"):  # its optimizer options, added per model
+            text = "".join(
+                prefix if isinstance(part, ast.FormattedValue) else part.value
+                for part in (dest.values if isinstance(dest, ast.JoinedStr) else [dest])
+            )
+            dests.add(text.removeprefix("--"))
+    assert dests == ARGUMENTS
 
 
 def test_token_ids_outside_the_vocabulary_are_refused():

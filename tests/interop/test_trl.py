@@ -19,7 +19,8 @@ import torch
 from callgrove.batch import Sample, build_samples
 from callgrove.episode import sampling_record
 from callgrove.formats.problems import InputError
-from callgrove.interop.trl import SamplesGRPOTrainer, trl_batch
+from callgrove.interop.settings_check import SettingsRefused
+from callgrove.interop.trl import SamplesGRPOTrainer, check_temperature, trl_batch
 from train.helpers import row_batch
 
 from .reference_loss import Agreement, Clip, agreement, clipped_share, reference_loss, token_terms
@@ -252,6 +253,40 @@ def test_settings_under_which_trl_loss_is_not_the_recorded_ratio_are_refused(
     loss_type = settings.pop("loss_type", "dapo")
     with pytest.raises(ValueError, match=refused):
         samples_trainer(tmp_path, loss_type=loss_type, **settings)
+
+
+def test_every_bad_setting_is_named_in_one_error(tmp_path):
+    with pytest.raises(SettingsRefused) as refused:
+        samples_trainer(
+            tmp_path, loss_type="cispo", beta=0.04, top_entropy_quantile=0.2, temperature=0.7
+        )
+    message = str(refused.value)
+    for named in (
+        "GRPOConfig loss_type: 'cispo'",
+        "GRPOConfig beta: adds a KL term",
+        "GRPOConfig top_entropy_quantile: drops",
+        "GRPOConfig temperature: the samples were sampled at temperature 1, the trainer scores",
+    ):
+        assert named in message, (named, message)
+    assert refused.value.exit_code == 2  # a usage error: nothing was trained
+
+
+def test_unknown_sampling_is_refused_as_every_adapter_refuses_it(tmp_path):
+    """Not as samples "sampled at temperature nan": the run's settings must be filled in."""
+    episode_rows, _ = trainer_samples(reference_model(torch.float64))
+    first_loss_call(episode_rows).sampling = None
+    samples = [sample for sample in build_samples(episode_rows) if sample.num_loss_tokens]
+    for refuse in (
+        lambda: check_temperature(samples, TEMPERATURE),
+        lambda: samples_trainer(tmp_path, samples),
+        lambda: trl_batch(samples, PAD, TEMPERATURE),
+    ):
+        with pytest.raises(
+            InputError, match=r"sampling is unknown.*\(fill_unknown_sampling\)"
+        ) as refused:
+            refuse()
+        assert "nan" not in str(refused.value)
+        assert refused.value.problem.episode == episode_rows[0].episode.id
 
 
 def test_a_remainder_the_loss_type_cannot_train_exactly_is_refused_with_a_batch_that_fits(

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import re
 from functools import partial
 from pathlib import Path
 
@@ -32,7 +33,8 @@ import torch
 
 from callgrove.batch.samples import Sample
 from callgrove.formats.problems import InputError
-from callgrove.interop.verl import check_verl_config, to_data_proto
+from callgrove.interop.settings_check import SettingsRefused
+from callgrove.interop.verl import KNOWN_KEYS, check_verl_config, to_data_proto
 
 from .dual_clip import Case, assert_agrees, clip_shares, far_stale
 from .reference_loss import Agreement, Clip, agreement, reference_loss
@@ -307,6 +309,81 @@ def test_every_refusal_is_named_at_once():
     config.actor_rollout_ref.actor.use_kl_loss = True
     with pytest.raises(ValueError, match=r"temperature is 0\.5.*entropy_coeff.*use_kl_loss"):
         check_verl_config(config, samples)
+
+
+def test_a_misspelt_key_is_refused_with_the_key_it_resembles():
+    from omegaconf import OmegaConf
+
+    config, samples = config_and_samples()
+    # verl's own config would keep entropy_coeff at its default under a misspelt key.
+    OmegaConf.update(config, "actor_rollout_ref.actor.entropy_coef", 0.01, force_add=True)
+    with pytest.raises(
+        SettingsRefused,
+        match=re.escape("unknown setting actor.entropy_coef (did you mean actor.entropy_coeff?)"),
+    ):
+        check_verl_config(config, samples)
+    for plain, suggestion in (
+        ({"rollout": {"temprature": 1.0}}, "rollout.temprature (did you mean rollout.temperature"),
+        (
+            {"actor": {"policy_loss": {"loss_mod": "gspo"}}},
+            "did you mean actor.policy_loss.loss_mode",
+        ),
+        ({"actor_rollout_reff": {}}, "actor_rollout_reff (did you mean actor_rollout_ref?)"),
+    ):
+        with pytest.raises(SettingsRefused, match=re.escape(suggestion)):
+            check_verl_config(plain, samples)
+
+
+def test_a_misspelt_key_is_named_with_every_other_refusal():
+    samples = login_samples()
+    plain = {
+        "actor_rollout_ref": {
+            "rollout": {"temperature": 0.5},
+            "actor": {"use_kl_loss": True, "entropy_coef": 0.1},
+        },
+        "distillation": {"enable": True},
+    }
+    with pytest.raises(SettingsRefused) as refused:
+        check_verl_config(plain, samples)
+    message = str(refused.value)
+    for named in ("actor.entropy_coef", "distillation.enable", "temperature is 0.5", "use_kl_loss"):
+        assert named in message, (named, message)
+
+
+@pytest.mark.parametrize("strategy", ["", "_megatron", "_torchtitan", "_veomni"])
+def test_every_key_of_verls_generated_configs_is_known(strategy):
+    import verl
+    from omegaconf import OmegaConf
+
+    folder = Path(verl.__file__).parent / "trainer" / "config"
+    config = OmegaConf.load(folder / f"_generated_ppo{strategy}_trainer.yaml")
+    config.actor_rollout_ref.rollout.temperature = 1.0
+    check_verl_config(config, login_samples())
+
+
+def test_the_known_keys_are_verls_config_fields():
+    from dataclasses import fields
+
+    from verl.trainer.config import RolloutCorrectionConfig
+    from verl.workers import config as workers
+
+    for prefix, classes in (
+        (
+            "actor.",
+            [
+                workers.FSDPActorConfig,
+                workers.McoreActorConfig,
+                workers.VeOmniActorConfig,
+                workers.TorchTitanActorConfig,
+            ],
+        ),
+        ("actor.policy_loss.", [workers.PolicyLossConfig]),
+        ("actor.policy_loss.rollout_correction.", [RolloutCorrectionConfig]),
+        ("rollout.", [workers.RolloutConfig]),
+        ("distillation.", [workers.DistillationConfig]),
+    ):
+        names = {field.name for cls in classes for field in fields(cls)}
+        assert names | {"_target_"} == KNOWN_KEYS[prefix], prefix
 
 
 def test_token_ids_outside_the_vocabulary_are_refused():

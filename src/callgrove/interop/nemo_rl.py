@@ -42,13 +42,20 @@ from typing import Any
 import numpy as np
 
 from callgrove.batch.samples import NO_TOP_K, Sample
-from callgrove.interop.trainer_rows import check_vocabulary, refuse, trained_span
+from callgrove.interop.settings_check import refuse_settings, unknown_keys
+from callgrove.interop.trainer_rows import (
+    check_known_sampling,
+    check_vocabulary,
+    refuse,
+    trained_span,
+)
 
 TRAINER = "NeMo RL"
 COMMIT = "7ea279abfbeb698b092856d0dab61e7cf39bc909"
 # Where `prev_logprobs` come from when the loss runs (see the module's docstring).
 PREV_LOGPROBS = ("recorded", "recomputed")
-# `ClippedPGLossConfig`'s defaults at `COMMIT`, for the keys that decide the ratio.
+# `ClippedPGLossConfig`'s defaults at `COMMIT`, for the keys that decide the ratio or add a
+# term of their own.
 LOSS_DEFAULTS: dict[str, Any] = {
     "disable_ppo_ratio": False,
     "sequence_level_importance_ratios": False,
@@ -58,7 +65,27 @@ LOSS_DEFAULTS: dict[str, Any] = {
     "truncated_importance_sampling_ratio_min": None,
     "force_on_policy_ratio": False,
     "use_cispo": False,
+    "reference_policy_kl_penalty": 0.01,
+    "use_kl_in_reward": False,
+    "positive_example_nll_weight": 0.0,
 }
+# Every key of `ClippedPGLossConfig` at `COMMIT`. It is a pydantic model with extra="allow", so
+# NeMo RL keeps a misspelt key and trains with the default of the one meant.
+LOSS_KEYS = frozenset(
+    {
+        *LOSS_DEFAULTS,
+        "token_level_loss",
+        "ratio_clip_min",
+        "ratio_clip_max",
+        "ratio_clip_c",
+        "reference_policy_kl_type",
+        "kl_input_clamp_value",
+        "kl_output_clamp_value",
+        "use_on_policy_kl_approximation",
+    }
+)
+# Where NeMo RL's master config holds the loss config.
+SECTION = "loss_fn"
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +108,7 @@ def shared_sampling(samples: Sequence[Sample]) -> GenerationSampling:
         raise ValueError(f"{TRAINER}: no samples")
     first: tuple[float, float, int] | None = None
     for sample in samples:
+        check_known_sampling(sample, TRAINER)
         trained = sample.loss_mask.astype(bool)
         settings = np.stack(
             [
@@ -185,18 +213,50 @@ def write_nemo_rl(
 
 
 def check_nemo_rl_loss_config(config: Mapping[str, Any], prev_logprobs: str = "recorded") -> None:
-    """Refuse a `ClippedPGLossFn` config (`loss_fn`, as a dict; absent keys take NeMo RL's
-    defaults) under which its ratio is not the recorded one, with `prev_logprobs` `recorded`
-    (the batch as written) or `recomputed` (by the policy, as NeMo RL's GRPO loop does).
+    """Refuse a `ClippedPGLossFn` config under which its loss is not the clipped ratio against
+    the sampler, with `prev_logprobs` `recorded` (the batch as written) or `recomputed` (by the
+    policy, as NeMo RL's GRPO loop does). `config` is the loss config (a dict; absent keys
+    take NeMo RL's defaults) or NeMo RL's master config, which holds it under `loss_fn`.
 
-    It checks the ratio only: `reference_policy_kl_penalty` (0.01 by default, and it needs
-    `reference_policy_logprobs` in the batch) and `positive_example_nll_weight` add terms of
-    their own, which callgrove's loss does not have."""
+    Refused, all named at once: keys `ClippedPGLossConfig` does not have (NeMo RL would keep
+    them and train with the defaults), the ratio settings the module docstring names, and the
+    terms callgrove's loss does not have: `reference_policy_kl_penalty` other than 0 (its
+    default 0.01 adds a KL term that reads `reference_policy_logprobs`, which the batch does
+    not hold; `use_kl_in_reward` moves it out of the loss) and `positive_example_nll_weight`
+    other than 0."""
     if prev_logprobs not in PREV_LOGPROBS:
         raise ValueError(
             f"{TRAINER}: prev_logprobs is one of {PREV_LOGPROBS}, not {prev_logprobs!r}"
         )
-    setting = {**LOSS_DEFAULTS, **config}
+    loss, problems = loss_section(config)
+    setting = {**LOSS_DEFAULTS, **loss}
+    problems += ratio_problems(setting, prev_logprobs) + term_problems(setting)
+    refuse_settings(
+        f"{TRAINER}: with {prev_logprobs} prev_logprobs this loss config does not train the "
+        "recorded ratio",
+        problems,
+    )
+
+
+def loss_section(config: Mapping[str, Any]) -> tuple[Mapping[str, Any], list[str]]:
+    """The loss config in `config`, flat or under `loss_fn`, and a problem for each key there
+    that `ClippedPGLossConfig` does not have (and each loss key left outside `loss_fn`, which
+    NeMo RL would not read)."""
+    if SECTION not in config:
+        return config, unknown_keys(config, LOSS_KEYS | {SECTION})
+    loss = config[SECTION]
+    if not isinstance(loss, Mapping):
+        return {}, [f"{SECTION} is {type(loss).__name__}, not the loss config's mapping"]
+    outside = [
+        f"{key} is set outside {SECTION}, where NeMo RL does not read it"
+        for key in config
+        if key in LOSS_KEYS
+    ]
+    return loss, outside + unknown_keys(loss, LOSS_KEYS, f"{SECTION}.")
+
+
+def ratio_problems(setting: Mapping[str, Any], prev_logprobs: str) -> list[str]:
+    """Why the ratio under `setting` (defaults filled in) is not the recorded one."""
     problems = []
     if setting["disable_ppo_ratio"]:
         problems.append("disable_ppo_ratio trains -A x logprob (REINFORCE), with no ratio")
@@ -227,11 +287,24 @@ def check_nemo_rl_loss_config(config: Mapping[str, Any], prev_logprobs: str = "r
             problems.append(
                 f"truncated_importance_sampling_type {truncation} truncates the recorded ratio"
             )
-    if problems:
-        raise ValueError(
-            f"{TRAINER}: with {prev_logprobs} prev_logprobs this loss config does not train the "
-            "recorded ratio: " + "; ".join(problems)
+    return problems
+
+
+def term_problems(setting: Mapping[str, Any]) -> list[str]:
+    """The terms `setting` adds to the clipped loss, which callgrove's loss does not have."""
+    problems = []
+    penalty = setting["reference_policy_kl_penalty"]
+    # ClippedPGLossFn zeroes the loss's penalty itself when the KL goes into the reward.
+    if penalty != 0 and not setting["use_kl_in_reward"]:
+        problems.append(
+            f"reference_policy_kl_penalty {penalty} adds a KL term against "
+            "reference_policy_logprobs, which the batch does not hold: set it to 0"
         )
+    if setting["positive_example_nll_weight"] != 0:
+        problems.append(
+            "positive_example_nll_weight adds an NLL term on positive examples: set it to 0"
+        )
+    return problems
 
 
 def truncation_keeps_one(setting: Mapping[str, Any]) -> bool:

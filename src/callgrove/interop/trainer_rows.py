@@ -42,16 +42,22 @@ def trained_span(sample: Sample, trainer: str) -> TrainedSpan:
         raise refuse(sample, trainer, "has no advantages (a supervised row: train it by SFT)")
     if sample.logprobs is None:
         raise refuse(sample, trainer, "has no sampling logprobs (a call it trains recorded none)")
-    if np.isnan(sample.temperatures[trained]).any():
+    check_known_sampling(sample, trainer)
+    if trained[0] == 0:
+        raise refuse(sample, trainer, "trains its first token, which nothing predicts")
+    return TrainedSpan(int(trained[0]), int(trained[-1]) + 1)
+
+
+def check_known_sampling(sample: Sample, trainer: str) -> None:
+    """Refuse trained tokens whose sampling distribution is unknown (NaN temperature): no
+    trainer setting can score them as they were sampled."""
+    if np.isnan(sample.temperatures[sample.loss_mask.astype(bool)]).any():
         raise refuse(
             sample,
             trainer,
             "has trained tokens whose sampling is unknown (their call recorded none): "
             "fill them with the run's settings first (fill_unknown_sampling)",
         )
-    if trained[0] == 0:
-        raise refuse(sample, trainer, "trains its first token, which nothing predicts")
-    return TrainedSpan(int(trained[0]), int(trained[-1]) + 1)
 
 
 def check_uncut(samples: Sequence[Sample], trainer: str) -> None:
@@ -74,6 +80,7 @@ def shared_temperature(samples: Sequence[Sample], trainer: str) -> float:
     check_uncut(samples, trainer)
     first: float | None = None
     for sample in samples:
+        check_known_sampling(sample, trainer)  # NaN would read as a temperature of its own
         # Samples hold float32: the shortest decimal of each is the temperature its call recorded.
         values = np.unique(sample.temperatures[sample.loss_mask.astype(bool)])
         for value in (float(str(v)) for v in values):

@@ -41,6 +41,7 @@ import torch
 from torch.utils.data import Sampler
 
 from callgrove.batch.samples import SAMPLE_SCHEMA, Sample, samples_from_table, samples_to_table
+from callgrove.interop.settings_check import SettingsRefused, refuse_settings
 from callgrove.interop.trainer_rows import check_vocabulary, prompt_completion, shared_temperature
 
 try:
@@ -103,13 +104,22 @@ def trl_batch(
 
 
 def check_temperature(samples: Sequence[Sample], temperature: float) -> None:
-    """Refuse samples TRL would score at another temperature than they were sampled at."""
+    """Refuse samples TRL would score at another temperature than they were sampled at (or
+    whose sampling is unknown: `trainer_rows`)."""
+    mismatch = temperature_problem(samples, temperature)
+    if mismatch is not None:
+        raise SettingsRefused(f"{TRAINER}: {mismatch}")
+
+
+def temperature_problem(samples: Sequence[Sample], temperature: float) -> str | None:
+    """Why TRL at `temperature` would not score `samples` as sampled, or None."""
     sampled_at = shared_temperature(samples, TRAINER)
-    if np.float32(sampled_at) != np.float32(temperature):
-        raise ValueError(
-            f"{TRAINER}: the samples were sampled at temperature {sampled_at:g}, the trainer "
-            f"scores at {temperature:g}: set GRPOConfig(temperature={sampled_at:g})"
-        )
+    if np.float32(sampled_at) == np.float32(temperature):
+        return None
+    return (
+        f"the samples were sampled at temperature {sampled_at:g}, the trainer scores at "
+        f"{temperature:g}: set GRPOConfig(temperature={sampled_at:g})"
+    )
 
 
 def samples_dataset(samples: Sequence[Sample]) -> Dataset:
@@ -119,11 +129,17 @@ def samples_dataset(samples: Sequence[Sample]) -> Dataset:
 
 
 def check_settings(args: GRPOConfig) -> None:
-    """Refuse the `GRPOConfig` settings under which TRL 1.16's loss is not the clipped ratio
-    against the samples' sampling logprobs, or under which `SamplesGRPOTrainer` cannot run.
-    Settings that only steer TRL's own generation or rewards (`top_p`, `top_k`, `min_p`,
-    `repetition_penalty`, `mask_truncated_completions`, `scale_rewards`, ...) never reach the
-    loss: `_compute_loss` scores at `temperature` alone."""
+    """Refuse, all named at once, the `GRPOConfig` settings under which TRL 1.16's loss is not
+    the clipped ratio against the samples' sampling logprobs, or under which
+    `SamplesGRPOTrainer` cannot run. Settings that only steer TRL's own generation or rewards
+    (`top_p`, `top_k`, `min_p`, `repetition_penalty`, `mask_truncated_completions`,
+    `scale_rewards`, ...) never reach the loss: `_compute_loss` scores at `temperature` alone.
+    (A `GRPOConfig` is a dataclass: it takes no unknown key.)"""
+    refuse_settings("SamplesGRPOTrainer", settings_problems(args))
+
+
+def settings_problems(args: GRPOConfig) -> list[str]:
+    """`check_settings`'s refusals, each naming its `GRPOConfig` setting."""
     epsilon_high = args.epsilon if args.epsilon_high is None else args.epsilon_high
     refused = {
         "loss_type": (
@@ -169,9 +185,7 @@ def check_settings(args: GRPOConfig) -> None:
             "would remove the samples' columns; set remove_unused_columns=False",
         ),
     }
-    for setting, (refuse, reason) in refused.items():
-        if refuse:
-            raise ValueError(f"SamplesGRPOTrainer: GRPOConfig {setting}: {reason}")
+    return [f"GRPOConfig {setting}: {reason}" for setting, (bad, reason) in refused.items() if bad]
 
 
 def filler_rows(samples: int, args: GRPOConfig) -> int:
@@ -264,10 +278,10 @@ class SamplesGRPOTrainer(GRPOTrainer):
     several. The module docstring names the two private methods it overrides and why. It does
     not evaluate: TRL's evaluation generates from prompts.
 
-    Refused at construction: samples sampled at another temperature than `args.temperature`,
-    token ids outside the model's vocabulary, the settings `check_settings` names, a
-    Mixture-of-Experts router loss, and a remainder of samples the loss type cannot train
-    exactly (`filler_rows`)."""
+    Refused at construction: samples sampled at another temperature than `args.temperature`
+    and the settings `check_settings` names (all in one error), token ids outside the model's
+    vocabulary, a Mixture-of-Experts router loss, and a remainder of samples the loss type
+    cannot train exactly (`filler_rows`)."""
 
     def __init__(
         self, model: Any, train_dataset: Sequence[Sample], args: GRPOConfig, **kwargs: Any
@@ -278,8 +292,11 @@ class SamplesGRPOTrainer(GRPOTrainer):
         samples = list(train_dataset)
         if not samples:
             raise ValueError("SamplesGRPOTrainer: no samples to train on")
-        check_settings(args)
-        check_temperature(samples, args.temperature)
+        problems = settings_problems(args)
+        mismatch = temperature_problem(samples, args.temperature)
+        if mismatch is not None:
+            problems.append(f"GRPOConfig temperature: {mismatch}")
+        refuse_settings("SamplesGRPOTrainer", problems)
         fillers = filler_rows(len(samples), args)
         super().__init__(
             model,

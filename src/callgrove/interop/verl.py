@@ -35,12 +35,64 @@ from typing import Any
 import numpy as np
 
 from callgrove.batch.samples import Sample
+from callgrove.interop.settings_check import refuse_settings, unknown_keys
 from callgrove.interop.trainer_rows import check_vocabulary, prompt_completion, shared_temperature
 
 TRAINER = "verl"
 # verl's loss_agg_mode values that are callgrove's normalisations (`token`, `sequence`); its
 # others sum tokens instead of averaging them.
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean")
+# The keys verl 0.9.1 knows in each section `check_verl_config` reads, by its place in
+# `actor_rollout_ref` (or in the whole config, for `distillation`): the fields of its config
+# dataclasses (verl/workers/config/actor.py, every actor strategy's; rollout.py;
+# distillation.py; RolloutCorrectionConfig in verl/trainer/config/algorithm.py) and
+# `_target_`. A misspelt key would leave verl's default in force, unchecked.
+_KNOWN_NAMES = {
+    "": "actor hybrid_engine model nccl_timeout ref rollout",
+    "actor.": (
+        "_target_ calculate_entropy calculate_sum_pi_squared checkpoint clip_ratio clip_ratio_c "
+        "clip_ratio_high clip_ratio_low data_loader_seed engine entropy_checkpointing "
+        "entropy_coeff entropy_from_logits_chunk_size entropy_from_logits_with_chunking "
+        "freeze_vision_tower fsdp_config global_batch_info grad_clip kl_loss_coef kl_loss_type "
+        "loss_agg_mode loss_scale_factor megatron model_config optim pad_to_length policy_loss "
+        "ppo_epochs ppo_infer_max_token_len_per_gpu ppo_infer_micro_batch_size_per_gpu "
+        "ppo_max_token_len_per_gpu ppo_micro_batch_size ppo_micro_batch_size_per_gpu "
+        "ppo_mini_batch_size profile profiler qat rollout_n shuffle strategy tau_neg tau_pos "
+        "torchtitan ulysses_sequence_parallel_size use_dynamic_bsz use_fused_kernels "
+        "use_kl_loss use_prefix_grouper use_remove_padding use_rollout_log_probs "
+        "use_torch_compile veomni"
+    ),
+    "actor.policy_loss.": (
+        "_target_ clip_cov_lb clip_cov_ratio clip_cov_ub dro_beta kl_cov_ratio loss_mode "
+        "ppo_kl_coef rollout_correction"
+    ),
+    "actor.policy_loss.rollout_correction.": (
+        "_target_ bypass_mode loss_type rollout_is rollout_is_batch_normalize "
+        "rollout_is_threshold rollout_rs rollout_rs_threshold"
+    ),
+    "rollout.": (
+        "_target_ agent calculate_log_probs checkpoint_engine checkpoint_manager_class "
+        "cudagraph_capture_sizes custom data_parallel_size disable_log_stats disaggregation "
+        "do_sample dtype enable_chunked_prefill enable_prefix_caching "
+        "enable_rollout_routing_replay enable_sleep_mode enforce_eager engine_kwargs "
+        "expert_parallel_size free_cache_engine full_determinism gpu_memory_utilization "
+        "ignore_eos layer_name_map layered_summon limit_images load_format "
+        "log_prob_max_token_len_per_gpu log_prob_micro_batch_size "
+        "log_prob_micro_batch_size_per_gpu log_prob_use_dynamic_bsz logprobs_mode "
+        "max_model_len max_num_batched_tokens max_num_seqs mode "
+        "moe_load_balance_metrics_interval moe_tensor_parallel_size mtp multi_stage_wake_up "
+        "multi_turn n n_gpus_per_node name nnodes over_sample_rate "
+        "pipeline_model_parallel_size profiler prometheus prompt_length qat quantization "
+        "quantization_config_file repetition_penalty response_length router_config_path "
+        "scheduling_policy seed server sglang_engine_mode skip_tokenizer_init "
+        "standalone_gpu_memory_utilization temperature tensor_model_parallel_size top_k top_p "
+        "trace val_kwargs"
+    ),
+    "distillation.": (
+        "_target_ distillation_loss enabled n_gpus_per_node nnodes teacher_key teacher_models"
+    ),
+}
+KNOWN_KEYS = {prefix: frozenset(names.split()) for prefix, names in _KNOWN_NAMES.items()}
 
 
 def verl_arrays(
@@ -110,7 +162,10 @@ def check_verl_config(config: Any, samples: Sequence[Sample]) -> None:
       `seq-mean-token-mean` (its `sequence` one);
     - `actor.entropy_coeff` other than 0, `actor.use_kl_loss`, and (in a whole config)
       `distillation.enabled`: terms the clipped loss does not have (the KL loss also reads
-      reference logprobs the batch does not carry).
+      reference logprobs the batch does not carry);
+    - a key verl does not know (`KNOWN_KEYS`) in the sections read here.
+
+    Every refusal is named in one error.
 
     `actor.clip_ratio_low` / `clip_ratio_high` and `clip_ratio_c` (the dual clip) are the
     loss's own settings; micro-batching, dynamic batch sizes, remove-padding and sequence
@@ -121,7 +176,16 @@ def check_verl_config(config: Any, samples: Sequence[Sample]) -> None:
     section = config if section is None else section
     actor, rollout = _get(section, "actor", {}), _get(section, "rollout", {})
     policy_loss = _get(actor, "policy_loss", {})
-    problems = []
+    sections = {
+        "": section,
+        "actor.": actor,
+        "actor.policy_loss.": policy_loss,
+        "actor.policy_loss.rollout_correction.": _get(policy_loss, "rollout_correction", {}),
+        "rollout.": rollout,
+    }
+    if whole:
+        sections["distillation."] = _get(config, "distillation", {})
+    problems = _unknown_keys(sections)
     scored_at = _get(rollout, "temperature", 1.0)
     if np.float32(scored_at) != np.float32(temperature):
         problems.append(
@@ -156,8 +220,29 @@ def check_verl_config(config: Any, samples: Sequence[Sample]) -> None:
         )
     if whole and _get(_get(config, "distillation", {}), "enabled", False):
         problems.append("distillation.enabled replaces the actor's loss with a distillation one")
-    if problems:
-        raise ValueError(f"{TRAINER}: " + "; ".join(problems))
+    refuse_settings(TRAINER, problems)
+
+
+def _unknown_keys(sections: Mapping[str, Any]) -> list[str]:
+    """A problem for each key verl does not know in `sections`, keyed by their `KNOWN_KEYS`
+    prefix."""
+    problems = []
+    for prefix, held in sections.items():
+        known = KNOWN_KEYS[prefix]
+        if not prefix:  # a whole config whose actor_rollout_ref is misspelt reads as the section
+            known |= {"actor_rollout_ref"}
+        problems += unknown_keys(_keys(held), known, prefix)
+    return problems
+
+
+def _keys(section: Any) -> list[str]:
+    """The keys of an omegaconf config, a mapping (verl's config dataclasses are ones) or an
+    attribute namespace."""
+    if section is None:
+        return []
+    if isinstance(section, Mapping) or hasattr(section, "keys"):
+        return [str(key) for key in section]
+    return list(vars(section))
 
 
 def _get(section: Any, name: str, default: Any = None) -> Any:
