@@ -14,6 +14,8 @@ for it: that is counted as the stream is read, not raised.
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
 from typing import ClassVar
 
 EXIT_OK = 0
@@ -37,3 +39,10 @@ class RunFailed(CallgroveError):
     """Work that began could not finish, or lost part of what it was doing."""
 
     exit_code: ClassVar[int] = EXIT_FAILED
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """` (did you mean 'x'?)` for the choice closest to a mistyped `word`, or "" where none is
+    close: what an error about an unknown name appends to its message."""
+    close = difflib.get_close_matches(word, [str(choice) for choice in choices], n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""

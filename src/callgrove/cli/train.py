@@ -67,9 +67,15 @@ def train_command(
         if quiet:
             overrides["monitor.live"] = False
         resolved = load_config(config, overrides)
+        from callgrove.formats.output import removed_if_unused
         from callgrove.orchestrator.loop import train
+        from callgrove.orchestrator.run_folder import LOCK
 
-        summary = train(resolved, err)
+        # Some settings are refused only once the run has made and locked its folder (an
+        # unknown environment or model): a folder this command made and left holding only its
+        # lock is removed again, whatever stopped the run.
+        with removed_if_unused(resolved.run.out, leftovers=(LOCK,)):
+            summary = train(resolved, err)
     except ModuleNotFoundError as error:  # torch (callgrove.train names its extra), wandb, ...
         err.print(f"error: {error}", markup=False)
         raise typer.Exit(EXIT_USAGE) from None

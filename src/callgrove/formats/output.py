@@ -24,6 +24,7 @@ import os
 import tempfile
 import time
 import warnings
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -214,3 +215,52 @@ def write_text(path: str | os.PathLike[str], text: str) -> None:
         new.discard()
         raise
     new.commit()
+
+
+@contextlib.contextmanager
+def removed_if_unused(
+    folder: str | os.PathLike[str], leftovers: Sequence[str] = ()
+) -> Iterator[None]:
+    """Make way for an output folder that the block creates: if the block fails (a usage error,
+    or any other) while the folder holds nothing but `leftovers` (a lock file nobody holds any
+    more), the folder is removed again, with the folders above it made for it. A command
+    refused before it wrote anything then leaves nothing behind; a folder that was there
+    before is left alone, and so is one that holds anything else."""
+    target = Path(folder).absolute()
+    missing = [path for path in (target, *target.parents) if not path.exists()]
+    try:
+        yield
+    except BaseException:
+        if missing:
+            _remove_unused(target, missing[-1], leftovers)
+        raise
+
+
+def _remove_unused(folder: Path, made: Path, leftovers: Sequence[str]) -> None:
+    """Remove `folder` and its parents up to `made` while each holds nothing but `leftovers`
+    (files whose `flock` nobody holds: a live process's lock stays, and so does its folder)."""
+    try:
+        entries = list(folder.iterdir())
+    except OSError:
+        return
+    if any(entry.name not in leftovers or not entry.is_file() for entry in entries):
+        return
+    for entry in entries:
+        try:
+            handle = os.open(entry, os.O_RDONLY)
+        except OSError:
+            return
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            entry.unlink()
+        except OSError:  # held: another process took the folder over
+            return
+        finally:
+            os.close(handle)
+    for path in (folder, *folder.parents):
+        try:
+            path.rmdir()
+        except OSError:  # no longer empty: someone else writes there
+            return
+        if path == made:
+            return

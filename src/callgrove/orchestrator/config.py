@@ -1,15 +1,18 @@
 """The training configuration: one TOML file, validated at load, every key overridable.
 
 Unknown keys and wrong types are errors that name the key (`ConfigError: dispatch.group_size:
-expected int, got str`). `load_config(path, overrides)` applies `section.key=value` overrides
-(values parsed as TOML, falling back to a plain string) before validating, so the command line
-can set anything the file can.
+expected int, got str`), and a mistyped name (a key, a table, a choice) says the one it is
+closest to (`trian: unknown key (did you mean 'train'?)`). `load_config(path, overrides)`
+applies `section.key=value` overrides (values parsed as TOML, falling back to a plain string)
+before validating, so the command line can set anything the file can.
 """
 
 from __future__ import annotations
 
+import ast
 import re
 import tomllib
+import typing
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +21,7 @@ from typing import Any
 import msgspec
 
 from callgrove.credit import ALGORITHMS, GRPO, Algorithm, BuiltinAlgorithm
-from callgrove.errors import UsageError
+from callgrove.errors import UsageError, did_you_mean
 from callgrove.formats.ranges import check_choice, check_range
 from callgrove.orchestrator.degeneracy import DegeneracySettings
 from callgrove.orchestrator.dispatcher import DispatchSettings
@@ -31,7 +34,7 @@ from callgrove.policy.models import (
     model_table,
 )
 from callgrove.rows import RowSettings
-from callgrove.train.settings import LearnerSettings
+from callgrove.train.settings import LearnerSettings, check_world_size
 
 EXECUTORS = ("local", "ray")
 _DEFAULT_ALGORITHM = GRPO
@@ -188,19 +191,71 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
         except OSError as error:
             raise ConfigError(f"{path}: {error.strerror}") from None
     overrides = overrides or {}
+    source = str(path or "defaults")
     if "model.name" in overrides and "model.kind" not in overrides:
         # A name given alone picks its kind (`kind` in the file named the file's model).
         model = raw.get("model")
         if isinstance(model, dict):
             model.pop("kind", None)
+    if "algorithm.name" in overrides:
+        _keep_the_named_algorithms_keys(raw, overrides, source)
     for key, value in overrides.items():
         set_dotted(raw, key, value)
-    return config_from_dict(raw, source=str(path or "defaults"))
+    config = config_from_dict(raw, source=source)
+    # Here, not in `config_from_dict`: a checkpoint's config, from a larger machine, still loads.
+    try:
+        check_world_size(config.train.world_size)  # a config's ranks run on the CPU (gloo)
+    except UsageError as error:
+        raise ConfigError(f"{source}: {error}") from None
+    return config
+
+
+def _keep_the_named_algorithms_keys(
+    raw: dict[str, Any], overrides: dict[str, Any], source: str
+) -> None:
+    """With `--set algorithm.name=X`, leave out the file's `[algorithm]` keys that X does not
+    take, with a warning naming them.
+
+    Left out rather than refused: the command line names the algorithm to run, and the file's
+    settings for the one the file named mean nothing to another (`--set algorithm.name=grpo`
+    on a file tuned for `hierarchical_grpo` should run GRPO, not ask to edit the file first), as
+    `model.name` leaves out the file's `kind` and the reference decoder's sizes. The keys both
+    take (`scale_by_std`, ...) carry over; a key X does not take given by `--set` itself is
+    still an error."""
+    table = raw.get("algorithm")
+    name = overrides["algorithm.name"]
+    if not isinstance(table, dict) or name not in ALGORITHMS:
+        return  # no table to carry over; an unknown name is refused with the choices
+    before = table.get("name", _DEFAULT_ALGORITHM.__struct_config__.tag)
+    if before == name:
+        return
+    dropped = [
+        key
+        for key in table
+        if key != "name"
+        and key not in ALGORITHMS[name].__struct_fields__
+        and f"algorithm.{key}" not in overrides
+    ]
+    for key in dropped:
+        del table[key]
+    if dropped:
+        keys = ", ".join(f"algorithm.{key}" for key in dropped)
+        warnings.warn(
+            f"{source}: {keys}: not a setting of algorithm {name!r} (--set algorithm.name), "
+            f"left out (the file sets it for {before!r})",
+            stacklevel=3,
+        )
 
 
 def config_from_dict(raw: dict[str, Any], source: str = "config") -> TrainConfig:
     model = raw.get("model")
     if isinstance(model, dict):
+        kind = model.get("kind")
+        if isinstance(kind, str) and kind not in MODEL_KINDS:
+            raise ConfigError(
+                f"{source}: model.kind must be one of {tuple(MODEL_KINDS)}, not {kind!r}"
+                + did_you_mean(kind, MODEL_KINDS)
+            )
         try:
             raw["model"], notes = model_table(model)
         except ValueError as error:
@@ -213,7 +268,7 @@ def config_from_dict(raw: dict[str, Any], source: str = "config") -> TrainConfig
         try:
             check_choice("name", name, ALGORITHMS)
         except ValueError as error:
-            raise ConfigError(f"{source}: algorithm: {error}") from None
+            raise ConfigError(f"{source}: algorithm: {_suggest(str(error))}") from None
     try:
         return msgspec.convert(raw, TrainConfig)
     except msgspec.ValidationError as error:
@@ -284,24 +339,73 @@ def set_dotted(raw: dict[str, Any], dotted: str, value: Any) -> None:
 
 
 def _readable(message: str, raw: dict[str, Any]) -> str:
-    """msgspec's `Object contains unknown field `x` - at `$.run`` as `run.x: unknown key`; a key
-    of another algorithm than the one named says so."""
+    """msgspec's `Object contains unknown field `x` - at `$.run`` as `run.x: unknown key`, with
+    the key it is closest to; a key of another algorithm than the one named says so."""
     unknown = re.match(r"Object contains unknown field `([^`]+)`(?: - at `\$\.?([^`]*)`)?", message)
     if unknown:
-        where = ".".join(p for p in (unknown.group(2), unknown.group(1)) if p)
-        if unknown.group(2) == "algorithm":
+        key, table = unknown.group(1), unknown.group(2) or ""
+        where = ".".join(p for p in (table, key) if p)
+        hint = did_you_mean(key, _keys_at(table, raw))
+        if table == "algorithm":
             name = raw["algorithm"]["name"]
             settings = ", ".join(ALGORITHMS[name].__struct_fields__)
-            return f"{where}: not a setting of algorithm {name!r} (its settings: {settings})"
-        if unknown.group(2) == "model" and raw["model"].get("kind") in MODEL_KINDS:
+            return f"{where}: not a setting of algorithm {name!r}{hint} (its settings: {settings})"
+        if table == "model" and raw["model"].get("kind") in MODEL_KINDS:
             kind = raw["model"]["kind"]
             settings = ", ".join(MODEL_KINDS[kind].__struct_fields__)
-            return f"{where}: not a setting of model kind {kind!r} (its settings: {settings})"
-        return f"{where}: unknown key"
+            return f"{where}: not a setting of model kind {kind!r}{hint} (its settings: {settings})"
+        return f"{where}: unknown key{hint}"
     typed = re.match(r"(.*) - at `\$\.?([^`]*)`", message)
     if typed:
-        return f"{typed.group(2)}: {typed.group(1)}"
+        return f"{typed.group(2)}: {_suggest(typed.group(1))}"
     return message
+
+
+def _keys_at(table: str, raw: dict[str, Any]) -> tuple[str, ...]:
+    """The keys the table at msgspec's path `table` (`""`: the top, `model.vllm`, ...) takes: its
+    struct's fields, the member of a tagged union that the raw table's tag names."""
+    kind: Any = TrainConfig
+    node: Any = raw
+    for part in filter(None, re.sub(r"\[\d+\]", "", table).split(".")):
+        struct = _struct_of(kind, node)
+        fields = {f.encode_name: f.type for f in msgspec.structs.fields(struct)} if struct else {}
+        if part not in fields:
+            return ()
+        kind, node = fields[part], node.get(part) if isinstance(node, dict) else None
+    struct = _struct_of(kind, node)
+    return tuple(f.encode_name for f in msgspec.structs.fields(struct)) if struct else ()
+
+
+def _struct_of(kind: Any, node: Any) -> type[msgspec.Struct] | None:
+    """The struct a raw table `node` is read as where the type is `kind` (a union of tagged
+    structs: the one its tag names)."""
+    structs = [
+        member
+        for member in typing.get_args(kind) or (kind,)
+        if isinstance(member, type) and issubclass(member, msgspec.Struct)
+    ]
+    if len(structs) == 1:
+        return structs[0]
+    for struct in structs:
+        config = struct.__struct_config__
+        if isinstance(node, dict) and node.get(config.tag_field) == config.tag:
+            return struct
+    return None
+
+
+def _suggest(message: str) -> str:
+    """`check_choice`'s `x must be one of ('a', 'b'), not 'c'` with the choice `c` is closest
+    to (any other message as it is)."""
+    choice = re.search(r"must be one of (\(.*\)), not (.+)$", message)
+    if not choice or "did you mean" in message:
+        return message
+    try:
+        known, given = ast.literal_eval(choice.group(1)), ast.literal_eval(choice.group(2))
+    except (ValueError, SyntaxError):
+        return message
+    if not isinstance(given, str):
+        return message
+    return message + did_you_mean(given, known)
 
 
 def to_toml(config: TrainConfig) -> str:

@@ -88,7 +88,7 @@ from callgrove.train.learner import (
     reset_peak_memory,
     step_denominator,
 )
-from callgrove.train.settings import LearnerSettings
+from callgrove.train.settings import LearnerSettings, check_world_size
 
 TIMEOUT_S = 600.0
 """How long a collective waits for the other ranks, and the driver for the ranks to start."""
@@ -167,6 +167,7 @@ class RankedLearner:
         the ranks are forked from when this learner is the first to start there."""
         if device not in DEVICES:
             raise ValueError(f"device must be one of {DEVICES}, not {device!r}")
+        check_world_size(settings.world_size, device)  # before any process or store starts
         self.settings = settings
         self.world_size = settings.world_size
         self.options = options

@@ -6,11 +6,13 @@ A config loads and is checked without torch; the learner reads the same struct i
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import msgspec
 
 from callgrove.batch.tree import TreeSettings
+from callgrove.errors import UsageError
 from callgrove.formats.ranges import check_choice, check_range
 
 NORMALISATIONS = ("token", "sequence")
@@ -100,6 +102,40 @@ class LearnerSettings(LossSettings, kw_only=True, frozen=True, forbid_unknown_fi
         check_range("max_grad_norm", self.max_grad_norm, above=0)
         check_range("seq_len", self.seq_len, at_least=1)
         check_range("world_size", self.world_size, at_least=1)
+        # Not `check_world_size` here: a checkpoint's settings, from a larger machine, must
+        # still load on this one (`train.world_size` may change on resume).
+
+
+def usable_cpus() -> int:
+    """The CPU cores this process may run on (its affinity mask, which a container or
+    `taskset` narrows), else every core of the machine."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity masks (macOS)
+        return os.cpu_count() or 1
+
+
+def check_world_size(world_size: int, device: str = "cpu") -> None:
+    """Refuse more learner ranks than this machine has room for, before any starts: each rank is
+    a process of its own, on `cpu` one usable core each (more only queue on the same cores),
+    on `cuda` one GPU each (rank r trains on GPU r). A `UsageError` saying what there is and
+    what to set."""
+    if world_size <= 1:
+        return
+    if device == "cuda":
+        import torch
+
+        have = torch.cuda.device_count()
+        what = f"{have} GPU{'s are' if have != 1 else ' is'} present (rank r trains on GPU r)"
+    else:
+        have = usable_cpus()
+        what = (
+            f"this machine has {have} usable CPU core{'s' if have != 1 else ''} for its ranks "
+            "(each a process of its own)"
+        )
+    if world_size > have:
+        limit = f"at most {have}" if have > 1 else "1 (the learner in this process)"
+        raise UsageError(f"train.world_size {world_size}: {what}; set train.world_size to {limit}")
 
 
 @dataclass(frozen=True, slots=True)
