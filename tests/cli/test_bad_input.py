@@ -117,7 +117,8 @@ def test_a_text_line_above_json_lines_is_not_taken_for_a_text_file(tmp_path):
     result = run("rows", path)
     [line] = problem_lines(result.stderr)
     assert f"{path}:1" in line and "not valid JSON" in line
-    assert f"{len(good)} went through" in result.stderr
+    assert f"read: {len(good)} episode(s) used" in result.stderr
+    assert "lost: 1 error(s) in the input" in result.stderr
 
 
 def test_an_empty_file_is_one_warning(tmp_path):

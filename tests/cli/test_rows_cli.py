@@ -126,7 +126,8 @@ def test_good_episodes_still_produce_rows_when_others_are_bad(tmp_path):
     assert f"{path}:2: episode login-bug-g1, call C3: logprobs has 1 values" in errors
     assert f"{path}:3: not valid JSON" in errors
     assert f"error: {path}:5: truncated final line" in errors  # cut inside the id
-    assert "3 episode(s) failed, 2 went through" in errors
+    assert "read: 2 episode(s) used" in errors
+    assert "lost: 3 error(s) in the input (episodes not used)" in errors
 
 
 def test_truncated_final_line_alone_fails_and_keeps_the_rest(tmp_path):

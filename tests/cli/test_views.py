@@ -140,8 +140,8 @@ def test_check_ends_with_a_total_and_speaks_json():
     )
     data = json.loads(run("check", "--json", EXAMPLES / "login_group.jsonl").stdout)
     assert data["total"] == {
-        "episodes": 4, "failed_to_read": 0, "kept_calls": 48, "rows": 20, "violations": 0,
-        "ok": True,
+        "episodes": 4, "failed_to_read": 0, "lost_calls": 0, "read_twice": 0, "kept_calls": 48,
+        "rows": 20, "violations": 0, "exactly_once": True, "ok": True,
     }  # fmt: skip
     assert [e["episode"] for e in data["episodes"]] == [f"login-bug-g{n}" for n in range(4)]
 

@@ -40,7 +40,7 @@ def test_verifiers_to_callgrove_both_forms_and_back(tmp_path: Path) -> None:
     jsonl, parquet, back = tmp_path / "e.jsonl", tmp_path / "e.parquet", tmp_path / "back"
     result = convert(tmp_path, "--from", "verifiers", "--to", "callgrove", jsonl)
     assert result.exit_code == 0, result.output
-    assert cell(result.output, "episodes converted") == "3"
+    assert cell(result.output, "episodes written") == "3"
     assert cell(result.output, "calls (kept)") == "39 (36)"  # each episode's discarded attempt
     assert convert(jsonl, "--from", "callgrove", "--to", "callgrove", parquet).exit_code == 0
     assert _rows(parquet) == _rows(jsonl)
@@ -95,7 +95,7 @@ def test_bad_lines_stop_or_are_skipped_and_counted(tmp_path: Path) -> None:
     assert not out.exists()  # a conversion stopped by an error writes nothing
     result = convert(path, "--from", "verifiers", "--to", "callgrove", out, "--skip-bad")
     assert result.exit_code == 1
-    assert cell(result.output, "episodes converted") == "2"
+    assert cell(result.output, "episodes written") == "2"
     assert "1 error(s)" in result.output
 
 

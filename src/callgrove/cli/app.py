@@ -28,6 +28,7 @@ from rich.text import Text
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 from typer.models import DefaultPlaceholder
 
+from callgrove.chat import ChatFormat
 from callgrove.cli.kinds import VERIFIERS_FILE, folder_hint, not_episodes_hint
 from callgrove.episode import Episode, format_for, load_located
 from callgrove.errors import EXIT_OK, CallgroveError, RunFailed, UsageError
@@ -36,7 +37,7 @@ from callgrove.formats.problems import Diagnostics, InputError
 from callgrove.formats.streams import readable
 from callgrove.formats.text import printable
 from callgrove.interop import GYM
-from callgrove.interop.atif import holds_atif
+from callgrove.interop.atif import holds_atif, takes_chat
 from callgrove.interop.gym import TOKENS_SUFFIX
 
 T = TypeVar("T")
@@ -277,10 +278,17 @@ def read_once(path: Path) -> Path:
 
 
 def read_input(
-    path: Path, diagnostics: Diagnostics, invocations: Path | None = None
+    path: Path,
+    diagnostics: Diagnostics,
+    invocations: Path | None = None,
+    chat: ChatFormat | None = None,
 ) -> Iterator[tuple[int, Episode]]:
-    """`(line, episode)` of one input of `episode_inputs`, a Gym capture with its invocations."""
-    options = {"invocations": invocations} if invocations is not None else {}
+    """`(line, episode)` of one input of `episode_inputs`, a Gym capture with its invocations,
+    text-only trajectories rendered with `chat` (`--tokenizer`; else callgrove's bytes, said in
+    the episodes' gaps)."""
+    options: dict[str, object] = {"invocations": invocations} if invocations is not None else {}
+    if chat is not None and takes_chat(format_for(path)):
+        options["chat"] = chat
     return load_located(path, diagnostics, **options)
 
 

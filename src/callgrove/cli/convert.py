@@ -28,6 +28,12 @@ import typer
 from rich.progress import Progress
 from rich.table import Table
 
+from callgrove.cli.accounting import (
+    AcceptLossOption,
+    CommandOutcome,
+    ReadTokenizerOption,
+    reading_chat,
+)
 from callgrove.cli.app import (
     OutputOption,
     app,
@@ -64,11 +70,14 @@ from callgrove.cli.shards import (
     merged,
     plan_shards,
     renumber,
+    renumbered_reads,
     run_shards,
 )
 from callgrove.credit import Algorithm
 from callgrove.episode import Episode, format_for, load, load_located, open_writer
-from callgrove.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError
+from callgrove.episode.intake import Intake
+from callgrove.episode.provenance import LOST_CALL_GAPS
+from callgrove.errors import EXIT_USAGE, UsageError
 from callgrove.forest import compact_prompts
 from callgrove.formats.output import NewFile
 from callgrove.formats.problems import Diagnostics, InputError, shown_file
@@ -104,6 +113,7 @@ class Tally:
     completion_tokens: int = 0
     gaps: Counter[str] = field(default_factory=Counter)
     dropped: Counter[str] = field(default_factory=Counter)  # what the target cannot hold
+    written: int = 0  # episodes the target holds
 
     def add(self, episode: Episode) -> None:
         self.episodes += 1
@@ -172,6 +182,8 @@ def convert_command(
     decay: DecayOption = None,
     jobs: JobsOption = 1,
     executor: ExecutorOption = Executor.process,
+    accept_loss: AcceptLossOption = False,
+    tokenizer: ReadTokenizerOption = None,
     out_option: OutputOption = None,
     as_json: Annotated[
         bool,
@@ -204,17 +216,19 @@ def convert_command(
     target = out / VERIFIERS_FILE if to is Target.verifiers and _is_folder(out) else out
     target.parent.mkdir(parents=True, exist_ok=True)
     require_output(target, [p for p in (source, invocations, onto) if p is not None])
-    diagnostics = _diagnostics(drop_unknown)
+    chat = reading_chat(tokenizer)
+    outcome = CommandOutcome(Intake(_diagnostics(drop_unknown)), accept_loss, chat)
+    diagnostics = outcome.diagnostics
     tally = Tally()
     if in_shards(jobs, executor):
         if from_ is not SourceForm.callgrove or onto is not None:
             err.print("error: --jobs and --executor ray convert callgrove files (--from callgrove)")
             raise typer.Exit(EXIT_USAGE)
         job = ShardConvert(to, "".join(target.suffixes) or ".jsonl", skip_bad, drop_unknown)
-        _convert_sharded(source, target, job, tally, diagnostics, jobs, executor)
-        _summary(source, out, from_, to, tally, diagnostics, skip_bad, as_json)
-        raise typer.Exit(EXIT_FAILED if diagnostics.errors else EXIT_OK)
-    episodes = _read(source, from_, invocations, diagnostics)
+        _convert_sharded(source, target, job, tally, outcome, jobs, executor)
+        _summary(source, out, from_, to, tally, outcome, skip_bad, as_json)
+        raise typer.Exit(outcome.status())
+    episodes = _read(source, from_, invocations, outcome)
     with progress_bar("bytes" if source.is_file() else "episodes") as progress:
         if source.is_file():
             episodes = reading(progress, source, episodes)
@@ -225,6 +239,8 @@ def convert_command(
             for line, episode in episodes:
                 if not skip_bad and diagnostics.errors:
                     raise _Stopped
+                if not outcome.admit(episode, source, line):
+                    continue
                 place = Located(episode, source, line)
                 if onto is not None and algorithm is None and never_scored(episode):
                     raise InputError(place.problem(unscored_message(episode)))
@@ -243,8 +259,8 @@ def convert_command(
             diagnostics.add(error.problem)
         except _Stopped:  # the first error stops the conversion; it is reported below
             pass
-    _summary(source, out, from_, to, tally, diagnostics, skip_bad, as_json)
-    raise typer.Exit(EXIT_FAILED if diagnostics.errors else EXIT_OK)
+    _summary(source, out, from_, to, tally, outcome, skip_bad, as_json)
+    raise typer.Exit(outcome.status())
 
 
 def _diagnostics(drop_unknown: bool) -> Diagnostics:
@@ -317,7 +333,7 @@ def _convert_sharded(
     out: Path,
     job: ShardConvert,
     tally: Tally,
-    diagnostics: Diagnostics,
+    outcome: CommandOutcome,
     jobs: int,
     executor: Executor,
 ) -> None:
@@ -330,6 +346,8 @@ def _convert_sharded(
     with tempfile.TemporaryDirectory(prefix="callgrove-convert-") as parts:
         results = run_shards(plan_shards([source], jobs), work, Path(parts), jobs, executor)
         kept = results if skip_bad else results[: first_error_cut(results)]
+        diagnostics = outcome.diagnostics
+        outcome.intake.admit_all(renumbered_reads(kept))
         for problem in renumber(kept):
             diagnostics.add(problem)
         for result in kept:
@@ -380,10 +398,12 @@ def _format_name(path: Path, kind: SourceForm | Target) -> str:
 
 
 def _read(
-    source: Path, from_: SourceForm, invocations: Path | None, diagnostics: Diagnostics
+    source: Path, from_: SourceForm, invocations: Path | None, outcome: CommandOutcome
 ) -> Iterator[tuple[int, Episode]]:
-    options = {"invocations": invocations} if from_ is SourceForm.gym else {}
-    return load_located(source, diagnostics, _format_name(source, from_), **options)
+    options: dict[str, object] = {"invocations": invocations} if from_ is SourceForm.gym else {}
+    if from_ is SourceForm.atif and outcome.chat is not None:
+        options["chat"] = outcome.chat
+    return load_located(source, outcome.diagnostics, _format_name(source, from_), **options)
 
 
 def _scored(
@@ -426,12 +446,13 @@ def _write(
     episodes: Iterable[Episode], out: Path, to: Target, onto: Path | None, tally: Tally
 ) -> None:
     if onto is not None:
-        write_advantages(onto, episodes, out)
+        tally.written = write_advantages(onto, episodes, out)
         return
     with open_writer(out, format=_format_name(out, to)) as writer:
         for episode in episodes:
             compact_prompts(episode)  # prompts reference each call's forest parent
             writer.write(episode)
+            tally.written = writer.lines
         for notes in getattr(writer, "notes", {}).values():
             tally.dropped.update(str(note["kind"]) for note in notes)
 
@@ -442,10 +463,11 @@ def _summary(
     from_: SourceForm,
     to: Target,
     tally: Tally,
-    diagnostics: Diagnostics,
+    outcome: CommandOutcome,
     skip_bad: bool,
     as_json: bool,
 ) -> None:
+    diagnostics = outcome.diagnostics
     if as_json:
         record = {
             "in": shown_file(source),
@@ -453,6 +475,9 @@ def _summary(
             "out": str(out),
             "to": to.value,
             "episodes": tally.episodes,
+            "episodes_written": tally.written,
+            "lost_calls": sum(tally.gaps[kind] for kind in LOST_CALL_GAPS),
+            "exactly_once": outcome.whole,
             "agents": tally.agents,
             "calls": tally.calls,
             "kept_calls": tally.kept,
@@ -472,7 +497,8 @@ def _summary(
     table.add_column("what")
     table.add_column("count", justify="right")
     for what, count in (
-        ("episodes converted", tally.episodes),
+        ("episodes read", tally.episodes),
+        ("episodes written", tally.written),
         ("agents", tally.agents),
         ("calls (kept)", f"{tally.calls} ({tally.kept})"),
         ("compaction calls", tally.compactions),
@@ -484,6 +510,8 @@ def _summary(
     _counts("gaps in the episodes (what the source could not give as calls or links)", tally.gaps)
     _counts(f"not held by {to.value} (left out)", tally.dropped)
     _problems(diagnostics, skip_bad)
+    for line in outcome.account():
+        err.print(safe(line))
 
 
 def _counts(title: str, counts: Counter[str]) -> None:

@@ -12,7 +12,7 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import IO, Annotated
@@ -25,6 +25,12 @@ import typer
 from rich import box
 from rich.table import Table
 
+from callgrove.cli.accounting import (
+    AcceptLossOption,
+    CommandOutcome,
+    ReadTokenizerOption,
+    reading_chat,
+)
 from callgrove.cli.app import (
     FilesArg,
     InvocationsOption,
@@ -48,12 +54,12 @@ from callgrove.cli.shards import (
     in_shards,
     plan_shards,
     renumber,
+    renumbered_reads,
     run_shards,
 )
 from callgrove.episode import Agent, Episode
-from callgrove.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from callgrove.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, did_you_mean
 from callgrove.formats.output import NewFile
-from callgrove.formats.problems import Diagnostics, shown_file
 from callgrove.pictures.text import agent_labels, clip_middle
 from callgrove.rows import EpisodeRows, Row, RowSettings, build_rows, check_rows
 from callgrove.rows.check import CheckSummary
@@ -81,25 +87,6 @@ TABLES_UP_TO = 5
 NO_REWARD = "no reward"
 
 
-@dataclass
-class CommandOutcome:
-    """What a command went through: episodes turned into rows, and the ones that failed."""
-
-    diagnostics: Diagnostics = field(default_factory=Diagnostics)
-    episodes: int = 0
-    failed: int = 0
-
-    def report(self) -> int:
-        """Print the problems on stderr; return the exit status (docs/episode-format.md, section 4)."""
-        for problem in self.diagnostics.problems:
-            style = "yellow" if problem.severity == "warning" else "red"
-            err.print(f"[{style}]{problem.severity}[/]: {safe(problem)}")
-        failed = self.failed + len(self.diagnostics.errors)
-        if failed and (failed > 1 or self.episodes):  # one problem alone is its own summary
-            err.print(f"{failed:,} episode(s) failed, {self.episodes:,} went through")
-        return EXIT_FAILED if failed else EXIT_OK
-
-
 def episode_rows(
     files: list[Path],
     settings: RowSettings,
@@ -107,38 +94,34 @@ def episode_rows(
     only: str | None = None,
     invocations: Path | None = None,
 ) -> Iterator[EpisodeRows]:
-    """Rows of every readable episode (or of episode `only`); every failure is recorded in
-    `outcome`, none is lost."""
+    """Rows of every episode read once (or of episode `only`); every failure, and every copy
+    read twice, is recorded in `outcome`, none is lost."""
     inputs = episode_inputs(files, invocations)
     with progress_bar("bytes") as progress:
         for path in inputs:
-            located = read_input(path, outcome.diagnostics, invocations)
-            episodes = reading(progress, path, (episode for _line, episode in located))
-            yield from rows_of(path, episodes, settings, outcome, only)
+            located = read_input(path, outcome.diagnostics, invocations, outcome.chat)
+            yield from rows_of(path, reading(progress, path, located), settings, outcome, only)
 
 
 def rows_of(
     path: Path,
-    episodes: Iterable[Episode],
+    located: Iterable[tuple[int, Episode]],
     settings: RowSettings,
     outcome: CommandOutcome,
     only: str | None,
-    failed: Callable[[str], None] = err.print,
 ) -> Iterator[EpisodeRows]:
-    """Rows of each episode of `path` (or of episode `only`); an episode that cannot become
-    rows is counted in `outcome` and told to `failed`, and the rest go on."""
-    for episode in episodes:
+    """Rows of each episode of `path` (or of episode `only`) that `outcome` admits; one that
+    cannot become rows is counted there as lost, and the rest go on."""
+    for line, episode in located:
         if only is not None and episode.id != only:
+            continue
+        if not outcome.admit(episode, path, line):
             continue
         try:
             result = build_rows(episode, settings)
         except Exception as error:  # an episode that cannot become rows must not stop the rest
-            outcome.failed += 1
-            failed(
-                f"[red]error[/]: {safe(shown_file(path))}: episode {safe(episode.id)}: {safe(error)}"
-            )
+            outcome.failed(path, line, episode.id, error)
             continue
-        outcome.episodes += 1
         yield result
 
 
@@ -154,16 +137,13 @@ class ShardRows:
 
 def rows_of_shard(shard: Shard, parts: Path, job: ShardRows) -> ShardResult:
     """A shard's rows, written to its own part file (the work of a process or a Ray task)."""
-    outcome, failures = CommandOutcome(), []
+    outcome = CommandOutcome()
     part = parts / f"rows-{shard.index:05d}{job.suffix}"
-    episodes = (episode for _line, episode in shard.episodes(outcome.diagnostics))
     with _RowSink(part, job.tokens) as sink:
-        for result in rows_of(
-            shard.path, episodes, job.settings, outcome, job.only, failures.append
-        ):
+        located = shard.episodes(outcome.diagnostics)
+        for result in rows_of(shard.path, located, job.settings, outcome, job.only):
             sink.add(result)
-    value = (outcome.episodes, outcome.failed, failures, part, sink.count)
-    return ShardResult(shard, shard.line_count(), outcome.diagnostics.problems, value)
+    return ShardResult(shard, shard.line_count(), outcome.diagnostics.problems, (part, sink.count))
 
 
 def sharded_rows(
@@ -180,18 +160,12 @@ def sharded_rows(
     work = partial(rows_of_shard, job=job)
     with tempfile.TemporaryDirectory(prefix="callgrove-rows-") as parts:
         results = run_shards(plan_shards(files, jobs), work, Path(parts), jobs, executor)
+        reads = renumbered_reads(results)
+        outcome.intake.admit_all(r for r in reads if job.only is None or r.id == job.only)
         for problem in renumber(results):
             outcome.diagnostics.add(problem)
-        rows = 0
-        for result in results:
-            episodes, failed, failures, _part, count = result.value
-            outcome.episodes += episodes
-            outcome.failed += failed
-            rows += count
-            for failure in failures:
-                err.print(failure)
-        _join([result.value[3] for result in results], out_file)
-    return rows
+        _join([result.value[0] for result in results], out_file)
+    return sum(result.value[1] for result in results)
 
 
 def _join(parts: list[Path], out_file: Path | None) -> None:
@@ -237,7 +211,7 @@ def _join_parquet(parts: list[Path], target: Path) -> None:
 
 def require_episode_found(only: str | None, outcome: CommandOutcome, files: list[Path]) -> None:
     """`--episode ID` that matched nothing is a failure, named on stderr."""
-    if only is not None and not outcome.episodes and not outcome.failed:
+    if only is not None and not outcome.intake.admitted:
         names = ", ".join(str(path) for path in files)
         err.print(f"error: no episode {safe(repr(only))} in {safe(names)}")
         raise typer.Exit(EXIT_FAILED)
@@ -269,6 +243,8 @@ def rows_command(
     jobs: JobsOption = 1,
     executor: ExecutorOption = Executor.process,
     scheme: SchemeOption = "exactly_once",
+    accept_loss: AcceptLossOption = False,
+    tokenizer: ReadTokenizerOption = None,
 ) -> None:
     """Turn episodes into training rows: one per leaf, each kept call trained exactly once
     (--scheme: a baseline that trains otherwise).
@@ -286,10 +262,12 @@ def rows_command(
         )
         raise typer.Exit(EXIT_USAGE)
     require_output(out_file, files, "--out")
-    outcome = CommandOutcome()
+    outcome = CommandOutcome(accept_loss=accept_loss, chat=reading_chat(tokenizer))
     if scheme not in SCHEMES:
-        err.print(f"error: --scheme must be one of {', '.join(SCHEMES)}, not {safe(repr(scheme))}")
-        raise typer.Exit(EXIT_USAGE)
+        raise UsageError(
+            f"--scheme must be one of {', '.join(SCHEMES)}, not {scheme!r}"
+            + did_you_mean(scheme, SCHEMES)
+        )
     settings = RowSettings(scheme=scheme, max_identical_trained=max_identical)
     if in_shards(jobs, executor, invocations):
         if not as_json and out_file is None:
@@ -311,7 +289,7 @@ def rows_command(
             elif view is not None:
                 view.add(result)
     if view is not None:
-        view.finish()
+        view.finish(outcome)
     if out_file is not None:
         err.print(f"wrote {sink.count:,} rows to {safe(out_file)}")
     require_episode_found(episode_id, outcome, files)
@@ -436,15 +414,16 @@ class RowTotals:
         self.violations += len(summary.violations)
         self.failed_checks += not summary.ok
 
-    def check_line(self) -> str:
-        """The closing line over every episode: the check's verdict on all of them at once."""
-        episodes = f"{self.episodes:,} episode{'s' if self.episodes != 1 else ''}"
+    def check_line(self, outcome: CommandOutcome) -> str:
+        """The closing line over every episode: the check's verdict on all of them at once,
+        and on what the inputs lost or held twice."""
         if self.violations:
+            episodes = f"{self.episodes:,} episode{'s' if self.episodes != 1 else ''}"
             return (
                 f"{self.kept_calls:,} kept calls in {episodes}: {self.violations:,} violation(s) "
                 f"in {self.failed_checks:,} episode(s)"
             )
-        return f"{self.kept_calls:,} kept calls in {episodes}, each trained exactly once"
+        return outcome.promise(self.kept_calls, self.episodes)
 
 
 class _TableView:
@@ -467,16 +446,16 @@ class _TableView:
         else:
             self.held.clear()  # past the limit only the totals are printed
 
-    def finish(self) -> None:
+    def finish(self, outcome: CommandOutcome) -> None:
         if self.totals.episodes <= TABLES_UP_TO:
             for result, summary in self.held:
                 out.print(rows_table_view(result))
                 out.print(f"{check_label(result.settings)}: {safe(summary.line())}")
             if self.totals.episodes > 1:
-                out.print(f"total: {self.totals.check_line()}")
+                out.print(f"total: {self.totals.check_line(outcome)}")
             return
         out.print(totals_table(self.totals))
-        out.print(f"{check_label(self.held_settings)}: {self.totals.check_line()}")
+        out.print(f"{check_label(self.held_settings)}: {self.totals.check_line(outcome)}")
         example = self.files[0] if len(self.files) == 1 else "FILE"
         out.print(
             f"[dim]one episode's rows: callgrove rows {safe(example)} --episode "
@@ -673,12 +652,15 @@ def check_command(
     ] = False,
     max_identical: MaxIdentical = 1,
     invocations: InvocationsOption = None,
+    accept_loss: AcceptLossOption = False,
+    tokenizer: ReadTokenizerOption = None,
 ) -> None:
-    """Check every row invariant; print a line per episode and a total; exit 1 on any violation.
+    """Check every row invariant and what the inputs lost or held twice; print a line per
+    episode and a total; exit 1 on any violation, any loss or any episode read twice.
 
     Episodes are checked and printed as they are read (the table in blocks, the JSON object's
     episodes one by one), so memory does not grow with the number of episodes."""
-    outcome = CommandOutcome()
+    outcome = CommandOutcome(accept_loss=accept_loss, chat=reading_chat(tokenizer))
     table = _check_table(first=True)
     totals = RowTotals()
     settings = RowSettings(max_identical_trained=max_identical)
@@ -692,7 +674,13 @@ def check_command(
             if table.row_count == CHECK_BLOCK:
                 out.print(table)
                 table = _check_table(first=False)
-            mark = cell("ok", "green") if summary.ok else cell("FAIL", "red")
+            mark = (
+                cell("FAIL", "red")
+                if not summary.ok
+                else cell("LOSS", "yellow")
+                if summary.lost_calls
+                else cell("ok", "green")
+            )
             table.add_row(
                 cell(result.episode.id),
                 f"{summary.kept_calls:,}",
@@ -706,17 +694,20 @@ def check_command(
     if as_json:
         total = {
             "episodes": totals.episodes,
-            "failed_to_read": outcome.failed + len(outcome.diagnostics.errors),
+            "failed_to_read": len(outcome.intake.lost),
+            "lost_calls": len(outcome.intake.lost_calls),
+            "read_twice": outcome.intake.read_twice,
             "kept_calls": totals.kept_calls,
             "rows": totals.rows,
             "violations": totals.violations,
+            "exactly_once": not totals.violations and outcome.whole,
             "ok": not totals.violations and status == EXIT_OK,
         }
         opening = b"" if totals.episodes else b'{"episodes":['
         sys.stdout.buffer.write(opening + b'],"total":' + orjson.dumps(total) + b"}\n")
     else:
         out.print(table)
-        out.print(f"total: {totals.check_line()}")
+        out.print(f"total: {totals.check_line(outcome)}")
     raise typer.Exit(EXIT_FAILED if totals.violations else status)
 
 
@@ -738,6 +729,7 @@ def check_record(summary: CheckSummary) -> dict[str, object]:
         "kept_calls": summary.kept_calls,
         "rows": summary.rows,
         "duplicates": summary.duplicates,
+        "lost_calls": summary.lost_calls,
         "ok": summary.ok,
         "violations": [str(v) for v in summary.violations],
     }

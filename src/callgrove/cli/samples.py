@@ -24,6 +24,12 @@ import typer
 from rich.table import Table
 
 from callgrove.batch import SAMPLE_FORMS, Sample, build_samples, sample_form, write_samples
+from callgrove.cli.accounting import (
+    AcceptLossOption,
+    CommandOutcome,
+    ReadTokenizerOption,
+    reading_chat,
+)
 from callgrove.cli.app import (
     FilesArg,
     app,
@@ -35,7 +41,7 @@ from callgrove.cli.app import (
     require_output,
     safe,
 )
-from callgrove.cli.rows import CommandOutcome, MaxIdentical
+from callgrove.cli.rows import MaxIdentical
 from callgrove.cli.scoring import (
     AlgorithmOption,
     DecayOption,
@@ -50,7 +56,7 @@ from callgrove.cli.scoring import (
 )
 from callgrove.errors import UsageError
 from callgrove.formats.output import NewFile
-from callgrove.formats.problems import InputError, Problem
+from callgrove.formats.problems import InputError
 from callgrove.rows import RowSettings, build_rows
 
 SKIPPED_FAILED = "failed (ok false): no credit"
@@ -63,7 +69,8 @@ SKIPPED_STALE = "dropped by the training loop as stale (never trained there)"
 class SampleTally:
     """What the samples written add up to, and what was left out and why."""
 
-    read: int = 0
+    read: int = 0  # episodes read once
+    sampled: int = 0  # episodes that gave samples
     samples: int = 0
     num_tokens: int = 0
     num_loss_tokens: int = 0
@@ -107,6 +114,8 @@ def samples_command(
     as_json: Annotated[
         bool, typer.Option("--json", help="The summary as one JSON object on stdout.")
     ] = False,
+    accept_loss: AcceptLossOption = False,
+    tokenizer: ReadTokenizerOption = None,
 ) -> None:
     """Score groups, build rows and samples, and write them for a trainer.
 
@@ -121,10 +130,10 @@ def samples_command(
     algorithm = chosen_algorithm(algorithm_name, scope, scale_by_std, local_seats, decay)
     files = episode_inputs(files)
     require_output(out_file, files, "--out")
-    outcome, tally = CommandOutcome(), SampleTally()
+    outcome = CommandOutcome(accept_loss=accept_loss, chat=reading_chat(tokenizer))
+    tally = SampleTally()
     located = _read(files, outcome)
-    tally.read = len(located)
-    located = _first_of_each_id(located, outcome)
+    tally.read = outcome.intake.admitted
     stale = [item for item in located if _dropped_as_stale(item.episode)]
     if stale:  # whole groups the loop left untrained: scoring them now would train them
         tally.skipped[SKIPPED_STALE] += len(stale)
@@ -144,18 +153,15 @@ def samples_command(
             tally.skipped[SKIPPED_NO_CALLS] += 1
             continue
         if never_scored(episode):
-            outcome.diagnostics.add(item.problem(unscored_message(episode)))
+            outcome.failed(item.file, item.line, episode.id, unscored_message(episode))
             continue
         try:
             made = build_samples(build_rows(episode, settings))
-        except InputError as error:
-            where = {"file": str(item.file), "line": item.line, "episode": episode.id}
-            outcome.diagnostics.add(error.located(**where).problem)
-            continue
         except ValueError as error:  # an episode that cannot become rows must not stop the rest
-            outcome.diagnostics.add(item.problem(str(error)))
+            message = error.problem.message if isinstance(error, InputError) else error
+            outcome.failed(item.file, item.line, episode.id, message)
             continue
-        outcome.episodes += 1
+        tally.sampled += 1
         tally.supervised += episode.supervised
         samples.extend(tally.add(made))
     status = outcome.report()
@@ -169,7 +175,11 @@ def samples_command(
             "form": form,
             "algorithm": None if algorithm_name is None else algorithm_name.value,
             "episodes_read": tally.read,
-            "episodes_sampled": outcome.episodes,
+            "episodes_sampled": tally.sampled,
+            "episodes_lost": len(outcome.intake.lost),
+            "read_twice": outcome.intake.read_twice,
+            "lost_calls": len(outcome.intake.lost_calls),
+            "exactly_once": outcome.whole,
             "groups_scored": None if scoring is None else scoring.groups,
             "samples": tally.samples,
             "num_tokens": tally.num_tokens,
@@ -186,33 +196,6 @@ def samples_command(
     raise typer.Exit(status)
 
 
-def _first_of_each_id(located: list[Located], outcome: CommandOutcome) -> list[Located]:
-    """An episode id read twice (a file given twice, or two files whose ids clash) would train
-    its calls twice: the later ones are errors, named and counted, and are not used."""
-    first: dict[str, Located] = {}
-    kept: list[Located] = []
-    for item in located:
-        earlier = first.setdefault(item.episode.id, item)
-        if earlier is item:
-            kept.append(item)
-        else:
-            message = (
-                f"episode id already read at {earlier.file}:{earlier.line}: "
-                "an id read twice would train its calls twice; not used"
-            )
-            # not a lost episode (its first copy is used): no group is refused for it
-            outcome.diagnostics.add(
-                Problem(
-                    message,
-                    file=str(item.file),
-                    line=item.line,
-                    episode=item.episode.id,
-                    group=None,
-                )
-            )
-    return kept
-
-
 def _dropped_as_stale(episode) -> bool:
     return (episode.meta or {}).get("dropped") == "stale"
 
@@ -221,8 +204,13 @@ def _read(files: list[Path], outcome: CommandOutcome) -> list[Located]:
     located: list[Located] = []
     with progress_bar("bytes") as progress:
         for path in files:
-            pairs = reading(progress, path, read_input(path, outcome.diagnostics))
-            located.extend(Located(episode, path, line) for line, episode in pairs)
+            pairs = read_input(path, outcome.diagnostics, chat=outcome.chat)
+            pairs = reading(progress, path, pairs)
+            located.extend(
+                Located(episode, path, line)
+                for line, episode in pairs
+                if outcome.admit(episode, path, line)
+            )
     return located
 
 
@@ -252,7 +240,7 @@ def _summary_table(path, form, algorithm_name, scoring, tally: SampleTally, outc
             table.add_row("episodes with no group (scored alone)", f"{scoring.alone:,}")
     for what, count in (
         ("episodes read", tally.read),
-        ("episodes sampled", outcome.episodes),
+        ("episodes sampled", tally.sampled),
         ("samples", tally.samples),
         ("num_tokens", tally.num_tokens),
         ("num_loss_tokens", tally.num_loss_tokens),

@@ -7,10 +7,11 @@ parts and results together in shard order. The shards, their order and their wor
 whichever executor runs them, so the output is too. Problems found in a byte range carry line
 numbers counted from the range's first line; `renumber` shifts them by the lines before it.
 
-An episode id is unique within a file across its shards too: each shard returns the ids it read
-(`Shard.read_ids`), the parent finds the ones an earlier shard of the same file already read,
-and works those shards again with the repeats named (`Shard.repeats`), so a repeat is reported
-with the message and the lines one process gives and its episode is not used.
+An episode is read once across every shard of every input, as in one process (`episode.intake`):
+each shard returns what it read (`Shard.read`: each episode's line, id and calls' digest), the
+parent finds those an earlier shard already read (the same id, or the same calls in another
+input) and works those shards again with the repeats named (`Shard.repeats`), so a repeat is
+reported with the message one process gives and its episode is not used.
 """
 
 from __future__ import annotations
@@ -31,10 +32,11 @@ import typer
 
 from callgrove.cli.app import err, progress_bar
 from callgrove.episode import Episode
-from callgrove.episode.checks import duplicate_episode
+from callgrove.episode.checks import duplicate_episode, read_twice
 from callgrove.episode.files import format_for, load_located
+from callgrove.episode.intake import Seen, seen
 from callgrove.errors import EXIT_USAGE
-from callgrove.formats.problems import Diagnostics, InputError, Problem
+from callgrove.formats.problems import Diagnostics, InputError, Problem, shown_file
 
 MIN_SHARD_BYTES = 8 << 20  # smaller ranges cost more in start-up than they save
 COMPRESSED = (".gz", ".zst")
@@ -67,17 +69,41 @@ def in_shards(jobs: int, executor: Executor, invocations: Path | None = None) ->
 
 
 @dataclass(frozen=True)
+class Repeat:
+    """Where the first copy of a repeated episode was read: in the same input (`line N`), or
+    in another one, by the same id or by the same calls under another id."""
+
+    first: str
+    same_input: bool
+    by_calls: str | None = None  # the first copy's id, when only the calls are the same
+
+    def problem(self, episode: str, file: str, line: int) -> Problem:
+        if self.same_input:
+            return duplicate_episode(episode, self.first, file, line)
+        if self.by_calls is not None:
+            return read_twice(
+                episode,
+                f"the same calls as episode {self.by_calls} read at {self.first}",
+                file,
+                line,
+            )
+        return read_twice(episode, f"episode id already read at {self.first}", file, line)
+
+
+@dataclass(frozen=True)
 class Shard:
     """A whole file, or the lines of a plain JSON Lines file starting in `byte_range`."""
 
     index: int
     path: Path
     byte_range: tuple[int, int] | None = None
-    # Lines (from the shard's first) whose episode id an earlier shard of the file read, and
-    # where that first copy is ("line N" of the file): reported as repeats and not used.
-    repeats: Mapping[int, str] = field(default_factory=dict)
-    # (line, id) of every episode the shard's work used; it travels back with the result.
-    read_ids: list[tuple[int, str]] = field(default_factory=list, compare=False)
+    source: int = 0  # which input of the command (a file given twice is two)
+    # Lines (from the shard's first) holding an episode an earlier shard read, with where the
+    # first copy is and by what it is the same: reported as repeats and not used.
+    repeats: Mapping[int, Repeat] = field(default_factory=dict)
+    # What the shard's work read of every episode it did not refuse as a repeat; it travels
+    # back with the result.
+    read: list[Seen] = field(default_factory=list, compare=False)
 
     @property
     def size(self) -> int:
@@ -89,14 +115,14 @@ class Shard:
         """`(line, Episode)` of the shard; lines count from the shard's first line."""
         options = {} if self.byte_range is None else {"byte_range": self.byte_range}
         for line, episode in load_located(self.path, diagnostics, **options):
-            first = self.repeats.get(line)
-            if first is not None:
-                problem = duplicate_episode(episode.id, first, str(self.path), line)
+            repeat = self.repeats.get(line)
+            if repeat is not None:
+                problem = repeat.problem(episode.id, str(self.path), line)
                 if diagnostics is None:
                     raise InputError(problem)
                 diagnostics.add(problem)
                 continue
-            self.read_ids.append((line, episode.id))
+            self.read.append(seen(episode, str(self.path), line))
             yield line, episode
 
     def line_count(self) -> int:
@@ -123,13 +149,13 @@ def plan_shards(files: Sequence[Path], jobs: int) -> list[Shard]:
     total = sum(path.stat().st_size for path in files)
     target = max(MIN_SHARD_BYTES, math.ceil(total / (4 * jobs)) if jobs > 1 else total + 1)
     shards: list[Shard] = []
-    for path in files:
+    for source, path in enumerate(files):
         size = path.stat().st_size
         if not _splittable(path) or size <= target:
-            shards.append(Shard(len(shards), path))
+            shards.append(Shard(len(shards), path, source=source))
             continue
         for start, end in _line_ranges(path, size, math.ceil(size / target)):
-            shards.append(Shard(len(shards), path, (start, end)))
+            shards.append(Shard(len(shards), path, (start, end), source))
     return shards
 
 
@@ -205,6 +231,20 @@ def renumber(results: Sequence[ShardResult]) -> list[Problem]:
     return problems
 
 
+def renumbered_reads(results: Sequence[ShardResult]) -> list[Seen]:
+    """What every shard read, in shard order, with line numbers of the whole file."""
+    before: dict[tuple[int, Path], int] = {}
+    reads = []
+    for result in results:
+        shard = result.shard
+        offset = before.get((shard.source, shard.path), 0)
+        for record in shard.read:
+            lost = tuple(replace(p, line=(p.line or 0) + offset) for p in record.lost_calls)
+            reads.append(replace(record, line=record.line + offset, lost_calls=lost))
+        before[(shard.source, shard.path)] = offset + result.lines
+    return reads
+
+
 def run_shards(
     shards: Sequence[Shard],
     work: Callable[[Shard, Path], ShardResult],
@@ -229,31 +269,52 @@ def run_shards(
         repeats = repeated_ids(results)
         if repeats:
             again = [
-                replace(results[i].shard, repeats=lines, read_ids=[])
-                for i, lines in repeats.items()
+                replace(results[i].shard, repeats=lines, read=[]) for i, lines in repeats.items()
             ]
             for result in execute(f"{len(again)} shard(s) with repeated ids", again):
                 results[result.shard.index] = result
         return results
 
 
-def repeated_ids(results: Sequence[ShardResult]) -> dict[int, dict[int, str]]:
-    """Per shard index, the lines (from the shard's first) holding an episode id that an
-    earlier byte range of the same file read, each with where its first copy is."""
-    first: dict[tuple[Path, str], int] = {}
-    before: dict[Path, int] = {}
-    repeats: dict[int, dict[int, str]] = {}
+def repeated_ids(results: Sequence[ShardResult]) -> dict[int, dict[int, Repeat]]:
+    """Per shard index, the lines (from the shard's first) holding an episode that an earlier
+    shard read: the same id in any input, or the same calls in another input."""
+    ids: dict[str, tuple[int, str, int]] = {}  # id -> (input, where, line)
+    digests: dict[bytes, tuple[int, str, str]] = {}  # digest -> (input, id, where)
+    before: dict[tuple[int, Path], int] = {}
+    repeats: dict[int, dict[int, Repeat]] = {}
     for result in results:
         shard = result.shard
-        if shard.byte_range is None:
-            continue
-        offset = before.get(shard.path, 0)
-        for line, episode in shard.read_ids:
-            seen = first.setdefault((shard.path, episode), offset + line)
-            if seen != offset + line:
-                repeats.setdefault(shard.index, {})[line] = f"line {seen}"
-        before[shard.path] = offset + result.lines
+        offset = before.get((shard.source, shard.path), 0)
+        for record in shard.read:
+            line = offset + record.line
+            repeat = _repeat_of(record, shard.source, line, ids, digests)
+            if repeat is not None:
+                repeats.setdefault(shard.index, {})[record.line] = repeat
+        before[(shard.source, shard.path)] = offset + result.lines
     return repeats
+
+
+def _repeat_of(
+    record: Seen,
+    source: int,
+    line: int,
+    ids: dict[str, tuple[int, str, int]],
+    digests: dict[bytes, tuple[int, str, str]],
+) -> Repeat | None:
+    """The repeat `record` is of an episode read before, or None (then it is noted as read)."""
+    first = ids.get(record.id)
+    if first is not None:
+        same = first[0] == source
+        return Repeat(f"line {first[2]}" if same else first[1], same)
+    where = f"{shown_file(record.file)}:{line}"
+    earlier = digests.get(record.digest) if record.digest is not None else None
+    if earlier is not None and earlier[0] != source:
+        return Repeat(earlier[2], False, by_calls=earlier[1])
+    ids[record.id] = (source, where, line)
+    if record.digest is not None:
+        digests.setdefault(record.digest, (source, record.id, where))
+    return None
 
 
 def _on_pool(

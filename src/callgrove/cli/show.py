@@ -11,6 +11,12 @@ import orjson
 import typer
 from rich.tree import Tree
 
+from callgrove.cli.accounting import (
+    AcceptLossOption,
+    CommandOutcome,
+    ReadTokenizerOption,
+    reading_chat,
+)
 from callgrove.cli.app import (
     EPISODE_FORMS,
     FilesArg,
@@ -22,7 +28,6 @@ from callgrove.cli.app import (
     safe,
 )
 from callgrove.cli.rows import (
-    CommandOutcome,
     EpisodeOption,
     check_record,
     episode_reward,
@@ -82,6 +87,8 @@ def show_command(
         ),
     ] = False,
     invocations: InvocationsOption = None,
+    accept_loss: AcceptLossOption = False,
+    tokenizer: ReadTokenizerOption = None,
 ) -> None:
     if out_file is not None:
         if out_file.suffix not in (".svg", ".html"):
@@ -91,7 +98,7 @@ def show_command(
     require_output(svg, files, "--svg")
     require_output(html, files, "--html")
     drawing = svg is not None or html is not None
-    outcome = CommandOutcome()
+    outcome = CommandOutcome(accept_loss=accept_loss, chat=reading_chat(tokenizer))
     pictures: list[Picture] = []
     for result in episode_rows(files, RowSettings(), outcome, episode_id, invocations):
         if drawing:

@@ -27,6 +27,12 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from callgrove.cli.accounting import (
+    AcceptLossOption,
+    CommandOutcome,
+    ReadTokenizerOption,
+    reading_chat,
+)
 from callgrove.cli.app import (
     FilesArg,
     InvocationsOption,
@@ -51,10 +57,10 @@ from callgrove.cli.shards import (
     merged,
     plan_shards,
     renumber,
+    renumbered_reads,
     run_shards,
 )
 from callgrove.episode import Episode, Stats
-from callgrove.errors import EXIT_FAILED, EXIT_OK
 from callgrove.formats.problems import Diagnostics
 from callgrove.rows import build_rows
 
@@ -159,18 +165,21 @@ class Learning:
 
 def collect(
     files: Iterable[Path],
-    diagnostics: Diagnostics,
+    outcome: CommandOutcome,
     training_step: int | None = None,
     skip_bad: bool = False,
     invocations: Path | None = None,
 ) -> tuple[Stats, Learning]:
-    """Stream every file into one `Stats` and `Learning`. Problems go to `diagnostics`; without `skip_bad`
-    the first error stops the reading (the error is the last problem recorded)."""
+    """Stream every episode `outcome` admits into one `Stats` and `Learning`. Problems go to
+    `outcome`; without `skip_bad` the first error stops the reading (the error is the last
+    problem recorded)."""
     stats, learning = Stats(), Learning()
+    diagnostics = outcome.diagnostics
     with progress_bar("bytes") as progress:
         for path in files:
-            located = read_input(path, diagnostics, invocations)
-            episodes = reading(progress, path, (episode for _line, episode in located))
+            located = read_input(path, diagnostics, invocations, outcome.chat)
+            located = reading(progress, path, located)
+            episodes = (e for line, e in located if outcome.admit(e, path, line))
             if not tally(episodes, diagnostics, stats, learning, training_step, skip_bad):
                 return stats, learning
     return stats, learning
@@ -212,7 +221,7 @@ def stats_of_shard(
 
 def collect_sharded(
     files: Sequence[Path],
-    diagnostics: Diagnostics,
+    outcome: CommandOutcome,
     training_step: int | None,
     skip_bad: bool,
     jobs: int,
@@ -227,8 +236,9 @@ def collect_sharded(
     for result in results:
         merged(stats, result.value[0])
         merged(learning, result.value[1])
+    outcome.intake.admit_all(renumbered_reads(results))
     for problem in renumber(results):
-        diagnostics.add(problem)
+        outcome.diagnostics.add(problem)
         if problem.severity == "error" and not skip_bad:
             break
     return stats, learning
@@ -487,19 +497,23 @@ def stats_command(
     invocations: InvocationsOption = None,
     jobs: JobsOption = 1,
     executor: ExecutorOption = Executor.process,
+    accept_loss: AcceptLossOption = False,
+    tokenizer: ReadTokenizerOption = None,
 ) -> None:
     """Ok rate, rewards, advantages, rows, agents by name, errors by type, off-policy spread.
 
-    Exit 0 when every episode was read, 1 when any line or episode could not be used (a
-    line cut off mid-write included, final or not; with --skip-bad: after the tables), 2 on
-    usage errors.
+    Exit 0 when every episode was read once and whole, 1 when any line or episode could not
+    be used (a line cut off mid-write included, final or not; with --skip-bad: after the
+    tables), an episode was read twice (not counted again) or a sampled call is missing from
+    an episode (its gaps), 2 on usage errors.
     """
     files = episode_inputs(files, invocations)
-    diagnostics = Diagnostics()
+    outcome = CommandOutcome(accept_loss=accept_loss, chat=reading_chat(tokenizer))
+    diagnostics = outcome.diagnostics
     if in_shards(jobs, executor, invocations):
-        stats, learning = collect_sharded(files, diagnostics, step, skip_bad, jobs, executor)
+        stats, learning = collect_sharded(files, outcome, step, skip_bad, jobs, executor)
     else:
-        stats, learning = collect(files, diagnostics, step, skip_bad, invocations)
+        stats, learning = collect(files, outcome, step, skip_bad, invocations)
     if skip_bad or not diagnostics.errors:
         if as_json:
             sys.stdout.buffer.write(orjson.dumps(stats_record(stats, learning)) + b"\n")
@@ -531,4 +545,6 @@ def stats_command(
         _report(diagnostics)
     if diagnostics.errors and skip_bad:
         err.print(f"skipped {len(diagnostics.errors):,} unusable line(s) or episode(s)")
-    raise typer.Exit(EXIT_FAILED if diagnostics.errors else EXIT_OK)
+    for line in outcome.account():
+        err.print(safe(line))
+    raise typer.Exit(outcome.status())

@@ -446,6 +446,19 @@ def duplicate_episode(episode: str, first: str, file: str, line: int | None = No
     )
 
 
+def read_twice(episode: str, why: str, file: str, line: int | None = None) -> Problem:
+    """An episode read before in another input (or the same input given twice; `why` says
+    where, and by what it is the same): the later copy is not used."""
+    return Problem(
+        f"{why}: read twice, its calls would train twice; this copy is not used",
+        file=file,
+        line=line,
+        episode=episode,
+        kind=DUPLICATE,
+        group=None,  # not a lost episode (its first copy is used): no group is refused for it
+    )
+
+
 def resolve_prompts(calls: Sequence[Call], prompt_from: Sequence[str | None], episode: str) -> None:
     """Set each compact prompt's reference to the earlier call it starts from (`prompt_from[i]`
     names call i's), checking that it is an earlier call of the episode and long enough."""

@@ -35,6 +35,21 @@ class Gap(msgspec.Struct, frozen=True, kw_only=True):
         return out
 
 
+# Gap kinds that say a model call the policy sampled did not become a call that can train (its
+# tokens were not recorded, or the file holding it is not there): the input accounting counts
+# each as a lost call, and no command says "each trained exactly once" while one is there. Every
+# other kind records a link, a label or text that was not recovered; the calls are all there.
+LOST_CALL_GAPS = frozenset(
+    (
+        "atif_step_without_token_ids",
+        "atif_aggregated_step",
+        "atif_continuation_missing",
+        "subagent_file_missing",
+        "subagent_transcript_missing",
+        "delta_chain_unreconstructable",
+    )
+)
+
 _GAP_FIELDS = frozenset(Gap.__struct_fields__) - {"detail"}
 
 

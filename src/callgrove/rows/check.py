@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from callgrove.episode import Call
+from callgrove.episode.provenance import LOST_CALL_GAPS
 from callgrove.rows.build import EpisodeRows, Row
 
 
@@ -39,6 +40,7 @@ class CheckSummary:
     duplicates: int
     untrainable: int
     violations: list[Violation]
+    lost_calls: int = 0  # sampled calls the source did not give as calls (the episode's gaps)
 
     @property
     def ok(self) -> bool:
@@ -54,6 +56,11 @@ class CheckSummary:
         if self.untrainable:
             notes.append(f"{self.untrainable} of untrainable agents")
         extra = f" ({'; '.join(notes)}, no loss)" if notes else ""
+        if self.lost_calls:
+            return (
+                f"{self.kept_calls} kept calls, each in one row{extra}; NOT exactly once: "
+                f"{self.lost_calls} sampled call(s) lost (see the episode's gaps)"
+            )
         return f"{self.kept_calls} kept calls, each trained exactly once{extra}"
 
 
@@ -81,6 +88,7 @@ def check_rows(result: EpisodeRows) -> CheckSummary:
         duplicates=sum(len(r.trains) for r in duplicate_rows),
         untrainable=sum(1 for c in kept if not result.episode.agent_of(c).trainable),
         violations=violations,
+        lost_calls=sum(gap.kind in LOST_CALL_GAPS for gap in result.episode.gaps or ()),
     )
 
 
