@@ -78,7 +78,7 @@ class JinjaFormat(ChatFormat):
 
         super().__init__(parser, stop_token_ids)
         self.tokenizer = (
-            tokenizer if isinstance(tokenizer, Tokenizer) else Tokenizer.from_file(str(tokenizer))
+            tokenizer if isinstance(tokenizer, Tokenizer) else load_tokenizer(tokenizer)
         )
         self._special_ids = frozenset(
             index
@@ -94,7 +94,7 @@ class JinjaFormat(ChatFormat):
         source = template if isinstance(template, ChatTemplate) else _template_file(template)
         self.template_path = source.origin
         self._source = source
-        self.template = environment.from_string(source.text)
+        self.template = _compiled(environment, source)
         self.variables = dict(variables or {})
         self.allow_dropped = allow_dropped
         self.dropped: Counter[str] = Counter()  # "ROLE message: WHAT" -> messages
@@ -339,6 +339,43 @@ def _template_file(path: str | os.PathLike[str]) -> ChatTemplate:
     except (OSError, UnicodeDecodeError) as error:
         raise InputError(
             Problem(f"cannot read the chat template: {error}", file=str(path))
+        ) from None
+
+
+def load_tokenizer(path: str | os.PathLike[str]) -> Tokenizer:
+    """The `tokenizers.Tokenizer` of a `tokenizer.json`; an `InputError` naming the file for
+    one that cannot be read or is not a tokenizer.json (`tokenizers` raises a bare `Exception`
+    for an empty file, another JSON document or binary bytes alike)."""
+    from tokenizers import Tokenizer
+
+    try:
+        data = Path(path).read_bytes()
+    except OSError as error:
+        raise InputError(Problem(f"cannot read the tokenizer: {error}", file=str(path))) from None
+    try:
+        return Tokenizer.from_str(data.decode("utf-8"))
+    except Exception as error:  # binary bytes (UnicodeDecodeError), or what `tokenizers` says
+        raise InputError(
+            Problem(
+                f"not a tokenizer.json (a Hugging Face `tokenizers` file): {error}",
+                file=str(path),
+            )
+        ) from None
+
+
+def _compiled(environment: Any, source: ChatTemplate) -> Any:
+    """The template compiled; an `InputError` naming its file when it is not Jinja."""
+    from jinja2 import TemplateSyntaxError
+
+    try:
+        return environment.from_string(source.text)
+    except TemplateSyntaxError as error:
+        raise InputError(
+            Problem(
+                f"not a Jinja chat template: line {error.lineno}: {error.message}",
+                file=source.origin,
+                kind="template",
+            )
         ) from None
 
 

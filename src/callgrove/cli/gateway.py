@@ -88,11 +88,21 @@ def _check_upstream(upstream: str, timeout: float, model: str, token: str | None
         _refuse("--upstream-token is empty")
 
 
-def _state_dict(path: Path) -> Any:
-    """The reference decoder's weights as `torch.save` wrote them (`--weights`)."""
-    import torch
+def _set_weights(policy: Any, path: Path) -> None:
+    """The reference decoder's weights from the state dict `torch.save` wrote (`--weights`),
+    read as data: a usage error naming the file for one that is not such a state dict, or not
+    of this model (its keys or shapes)."""
+    from callgrove.orchestrator.sinks import load_torch_data
 
-    return torch.load(path, map_location="cpu", weights_only=True)
+    state = load_torch_data(path, map_location="cpu")
+    if not isinstance(state, dict):
+        _refuse(f"{path}: not a state dict (holds a {type(state).__name__}, not tensors by name)")
+    try:
+        policy.set_weights(state)
+    except (RuntimeError, TypeError, ValueError) as error:  # missing, unexpected or misshapen
+        # torch says "Error(s) in loading state_dict for TinyDecoder:", then a line a problem
+        first, *rest = [line.strip() for line in str(error).splitlines() if line.strip()] or [""]
+        _refuse(f"{path}: not the reference decoder's weights: {first} {'; '.join(rest)}".strip())
 
 
 def _serve(what: str, app: Any, host: str, port: int, tokens: list[str]) -> None:
@@ -170,7 +180,7 @@ def serve_policy(
             if model == "tiny":
                 context = REFERENCE_CONTEXT
                 if weights is not None:
-                    policy.set_weights(_state_dict(weights))
+                    _set_weights(policy, weights)
     except (InputError, OSError, RuntimeError, ValueError) as error:
         _refuse(str(error))
     server = PolicyServer(

@@ -249,11 +249,9 @@ def join(
     if tokenizer is None:
         decode = BuiltinFormat().decode
     else:
-        from tokenizers import Tokenizer
+        from callgrove.chat.template import load_tokenizer
 
-        loaded = Tokenizer.from_file(
-            str(tokenizer / "tokenizer.json" if tokenizer.is_dir() else tokenizer)
-        )
+        loaded = load_tokenizer(tokenizer / "tokenizer.json" if tokenizer.is_dir() else tokenizer)
         decode = lambda ids: loaded.decode(ids.tolist(), skip_special_tokens=False)  # noqa: E731
     diagnostics = Diagnostics()
     transcripts = list(load(transcript, diagnostics))

@@ -25,11 +25,13 @@ import io
 import json
 import os
 import shutil
+import warnings
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
 from callgrove.episode import Episode, EpisodeWriter
+from callgrove.errors import UsageError
 from callgrove.formats.output import NewFile, write_text
 from callgrove.orchestrator.errors import RunError
 
@@ -144,22 +146,61 @@ def save_checkpoint(out: Path, state: dict[str, Any]) -> None:
         new.commit()
 
 
+class NotTorchData(UsageError):
+    """A file `torch.load` cannot read as data alone; `why` is torch's reason, in a line."""
+
+    def __init__(self, path: Path, why: str):
+        super().__init__(
+            f"{path}: not a weights file callgrove can load safely ({why}): only what "
+            "torch.save writes of tensors, numbers, strings and containers is read, and "
+            "nothing in the file is run"
+        )
+        self.why = why
+
+
+# Torch's lines around the reason a file was refused: its advice is to load the file again
+# with code running, which is never what callgrove does with a file it was handed.
+_TORCH_ADVICE = ("Weights only load failed", "Please file an issue", "Check the documentation")
+
+
+def load_torch_data(path: Path, map_location: str | None = None) -> Any:
+    """What `torch.save` wrote at `path`, read as data (`weights_only`): tensors, numbers,
+    strings and containers, never objects whose loading runs code. A `NotTorchData` naming
+    the file for anything else (a crafted pickle, a file cut short, JSON, random bytes); an
+    `OSError` (which names the file) where it cannot be read at all."""
+    import torch
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch's notes on pickle protocols: noise here
+            return torch.load(path, map_location=map_location, weights_only=True)
+    except OSError:
+        raise
+    except Exception as error:
+        said = [line.strip() for line in str(error).splitlines() if line.strip()]
+        said = [line for line in said if not line.startswith(_TORCH_ADVICE)]
+        if said:
+            reason = said[0].split(". ")[0].rstrip(".")
+        elif isinstance(error, EOFError):
+            reason = "it ends too soon: empty or cut short"
+        else:
+            reason = "no reason given"
+        raise NotTorchData(path, f"{type(error).__name__}: {reason}") from None
+
+
 def load_checkpoint(out: Path) -> dict[str, Any] | None:
     """The checkpoint of `out` (None if it has none), read as data: tensors, numbers, strings
     and containers, never objects whose loading runs code."""
     path = out / CHECKPOINT
     if not path.exists():
         return None
-    import torch
-
     try:
-        state = torch.load(path, weights_only=True)
-    except Exception as error:
-        first_line = (str(error).strip().splitlines() or [""])[0]
+        state = load_torch_data(path)
+    except (NotTorchData, OSError) as error:
+        why = error.why if isinstance(error, NotTorchData) else f"OSError: {error.strerror}"
         raise RunError(
-            f"{path} cannot be read as a checkpoint ({type(error).__name__}: {first_line}): it "
-            "is damaged or was not written by callgrove train; restore it, or move the run "
-            "folder away to start over"
+            f"{path} cannot be read as a checkpoint ({why}): it is damaged or was not written "
+            "by callgrove train; restore it, or move the run folder away to start over"
         ) from None
     if not isinstance(state, dict) or not state.keys() >= CHECKPOINT_KEYS:
         raise RunError(f"{path} is not a callgrove train checkpoint (no {sorted(CHECKPOINT_KEYS)})")

@@ -26,10 +26,10 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
+import msgspec
 import numpy as np
-import orjson
 
 from callgrove.chat import ChatFormat, Message, ToolCall
 from callgrove.episode import LOGPROB_DTYPE
@@ -82,20 +82,60 @@ def _filled(message: Message, values: dict[str, str]) -> Message:
     return Message("assistant", _fill(message.text, values), _fill(message.thinking, values), calls)
 
 
-def _reply(data: Any, where: str, ids: itertools.count) -> Message:
-    if isinstance(data, str):
-        return Message("assistant", data)
-    if not isinstance(data, dict):
-        raise ValueError(f"{where}: a reply is a string or an object")
-    calls = []
-    for call in data.get("tool_calls") or []:
-        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
-            raise ValueError(f"{where}: each tool call needs a name")
-        call_id = call.get("id") or f"toolu_script_{next(ids):04d}"
-        calls.append(ToolCall(str(call_id), call["name"], call.get("arguments", {})))
-    return Message(
-        "assistant", str(data.get("text", "")), str(data.get("thinking", "")), tuple(calls)
+class _ToolCallSpec(msgspec.Struct):
+    name: str
+    arguments: dict[str, Any] | str = msgspec.field(default_factory=dict)
+    id: str | None = None  # absent or empty: one is made up (`toolu_script_0001`)
+
+
+class _ReplySpec(msgspec.Struct):
+    text: str = ""
+    thinking: str = ""
+    tool_calls: list[_ToolCallSpec] | None = None
+
+
+class _RuleSpec(msgspec.Struct):
+    reply: str | _ReplySpec
+    when: str | list[str] = msgspec.field(default_factory=list)
+    times: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    where: Literal["newest", "prompt"] = msgspec.field(default="newest", name="in")
+    capture: str | None = None
+
+
+class _ScriptSpec(msgspec.Struct):
+    """A script file as written, every field typed: a value of the wrong type (a `when` that is
+    a number, a `reply` that is null) is refused at the edge, naming the rule and the field."""
+
+    rules: list[_RuleSpec] = msgspec.field(default_factory=list)
+    default: str | _ReplySpec = "done"
+
+
+def _reply(spec: str | _ReplySpec, ids: itertools.count) -> Message:
+    if isinstance(spec, str):
+        return Message("assistant", spec)
+    calls = tuple(
+        ToolCall(call.id or f"toolu_script_{next(ids):04d}", call.name, call.arguments)
+        for call in spec.tool_calls or []
     )
+    return Message("assistant", spec.text, spec.thinking, calls)
+
+
+def _rule(spec: _RuleSpec, where: str, ids: itertools.count) -> Rule:
+    try:
+        capture = re.compile(spec.capture) if spec.capture else None
+    except re.error as error:
+        raise ValueError(f"{where}.capture: bad expression: {error}") from None
+    when = (spec.when,) if isinstance(spec.when, str) else tuple(spec.when)
+    return Rule(when, _reply(spec.reply, ids), spec.times, spec.where == "prompt", capture)
+
+
+def _invalid(error: msgspec.ValidationError) -> str:
+    """msgspec's `Expected `str`, got `int` - at `$.rules[0].when`` as
+    `rules[0].when: Expected `str`, got `int``: the rule's index and the field first."""
+    typed = re.match(r"(.*) - at `\$\.?([^`]*)`", str(error))
+    if typed is None:  # the file as a whole
+        return f"a script is a JSON object with `rules` and `default`: {error}"
+    return f"{typed.group(2)}: {typed.group(1)}"
 
 
 @dataclass
@@ -108,37 +148,17 @@ class Script:
     def load(cls, path: str | os.PathLike[str]) -> Script:
         file = str(path)
         try:
-            data = orjson.loads(Path(path).read_bytes())
-        except (OSError, orjson.JSONDecodeError) as error:
+            spec = msgspec.json.decode(Path(path).read_bytes(), type=_ScriptSpec)
+        except msgspec.ValidationError as error:
+            raise InputError(Problem(f"bad script: {_invalid(error)}", file=file)) from None
+        except (OSError, msgspec.DecodeError) as error:
             raise InputError(Problem(f"cannot read script: {error}", file=file)) from None
         ids = itertools.count(1)
         try:
-            if not isinstance(data, dict):
-                raise ValueError("a script is a JSON object with `rules` and `default`")
-            rules = []
-            for index, raw in enumerate(data.get("rules") or []):
-                where = f"rules[{index}]"
-                when = raw.get("when", [])
-                when = (when,) if isinstance(when, str) else tuple(str(w) for w in when)
-                times = raw.get("times")
-                if times is not None and (not isinstance(times, int) or times < 1):
-                    raise ValueError(f"{where}: times must be a positive integer")
-                try:
-                    capture = re.compile(raw["capture"]) if raw.get("capture") else None
-                except re.error as error:
-                    raise ValueError(f"{where}: bad capture expression: {error}") from None
-                rules.append(
-                    Rule(
-                        when,
-                        _reply(raw.get("reply"), where, ids),
-                        times,
-                        raw.get("in", "newest") == "prompt",
-                        capture,
-                    )
-                )
-            default = _reply(data.get("default", "done"), "default", ids)
-        except (ValueError, AttributeError) as error:
+            rules = [_rule(rule, f"rules[{i}]", ids) for i, rule in enumerate(spec.rules)]
+        except ValueError as error:
             raise InputError(Problem(f"bad script: {error}", file=file)) from None
+        default = _reply(spec.default, ids)
         return cls(rules, default, ids)
 
     def answer(self, newest: str, prompt: str) -> Message:

@@ -5,20 +5,24 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+import logging
 import socket
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
 import orjson
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 
 from callgrove.errors import CallgroveError
+from callgrove.formats.text import printable
 
 DEFAULT_BODY_LIMIT = 32 * 1024 * 1024
 HEADER_LIMIT = 64 * 1024
 """The most bytes a request's headers may hold together (harnesses send a few KiB): more is a
 431, before anything is read from them."""
+
+log = logging.getLogger(__name__)
 
 
 class HttpError(CallgroveError):
@@ -81,16 +85,39 @@ def check_token(key: str | None, tokens: Iterable[str]) -> None:
         raise HttpError(401, "missing or wrong API key", "authentication_error")
 
 
+class ClientGone(HttpError):
+    """The client hung up before its request body was whole: nothing is done with the request.
+    Its answer (nginx's 499, "client closed request") goes nowhere: the server drops what is
+    sent on a closed connection."""
+
+    def __init__(self) -> None:
+        super().__init__(499, "the client closed the connection before its request was whole")
+
+
 async def read_json(request: Request, limit: int, empty_ok: bool = False) -> dict[str, Any]:
-    """The request body as a JSON object, refused past `limit` bytes (413) or when not JSON (400)."""
+    """The request body as a JSON object, refused past `limit` bytes (413) or when not JSON (400);
+    `ClientGone` when the client hangs up while sending it."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise HttpError(413, f"request body over the {limit}-byte limit")
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise HttpError(413, f"request body over the {limit}-byte limit")
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise HttpError(413, f"request body over the {limit}-byte limit")
+    except ClientDisconnect:
+        # The client's doing, not a fault of the server: one line, no traceback. The path is
+        # the client's text: its control characters are written as escapes.
+        client = request.client
+        log.warning(
+            "%s hung up while sending its request body (%s %s, after %d bytes): nothing done",
+            f"{client.host}:{client.port}" if client else "a client",
+            request.method,
+            printable(request.url.path),
+            len(body),
+        )
+        raise ClientGone() from None
     if empty_ok and not body.strip():
         return {}
     try:
