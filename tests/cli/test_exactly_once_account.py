@@ -1,4 +1,4 @@
-""""Each trained exactly once" only when it is true: every command that reads episodes keeps one
+""" "Each trained exactly once" only when it is true: every command that reads episodes keeps one
 account of its inputs (used, lost, read twice, sampled calls lost inside an episode), prints it
 the same way, and exits 0 only when nothing was lost or doubled (or `--accept-loss` says so)."""
 
@@ -17,6 +17,8 @@ import callgrove as cg
 from callgrove.cli import app
 from callgrove.episode.intake import Intake, seen
 
+from ..interop.test_atif import _step
+
 runner = CliRunner()
 EXAMPLES = Path(__file__).parents[2] / "examples"
 GROUP = EXAMPLES / "login_group.jsonl"
@@ -26,19 +28,6 @@ READING = ("rows", "check", "show", "stats")
 
 def run(*args: object):
     return runner.invoke(app, [str(a) for a in args])
-
-
-def _step(step_id: int, prompt: list[int], completion: list[int]) -> dict:
-    return {
-        "step_id": step_id,
-        "source": "agent",
-        "message": "",
-        "metrics": {
-            "prompt_token_ids": prompt,
-            "completion_token_ids": completion,
-            "logprobs": [-0.5] * len(completion),
-        },
-    }
 
 
 def atif_with_a_step_without_tokens(path: Path) -> Path:
