@@ -17,7 +17,7 @@ import callgrove as cg
 from callgrove.cli import app
 from callgrove.episode.intake import Intake, seen
 
-from ..interop.test_atif import _step
+from interop.test_atif import _step
 
 runner = CliRunner()
 EXAMPLES = Path(__file__).parents[2] / "examples"
