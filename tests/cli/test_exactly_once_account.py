@@ -16,7 +16,6 @@ from typer.testing import CliRunner
 import callgrove as cg
 from callgrove.cli import app
 from callgrove.episode.intake import Intake, seen
-
 from interop.test_atif import _step
 
 runner = CliRunner()
