@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import numpy as np
 import pytest
 
+from callgrove.episode import Episode
 from callgrove.forest import build_forest, compact_prompts
 from callgrove.orchestrator import EpisodeRun
+from callgrove.orchestrator.env import EpisodeLoop
 from callgrove.orchestrator.envs import make_env
 from callgrove.rows import build_rows, check_rows
 
-from .helpers import CHAT, ScriptedPolicy, run
+from .helpers import CHAT, PARAMS, ScriptedPolicy, run
 
 
 def parents(episode):
@@ -174,3 +177,39 @@ def test_numbers_are_rewards(reward):
     episode = run(Scored(reward), "t", ScriptedPolicy("1"))
     assert episode.ok, episode.errors
     assert all(type(v) is float for v in episode.rewards.values())
+
+
+def test_an_episode_cancelled_before_its_first_step_is_recorded_cancelled():
+    """Its start and its cancellation reach the episode loop in one batch (the loop is held by
+    another episode's synchronous sleep), so its task is cancelled before it ever runs."""
+
+    class Holding:
+        name = "hold"
+
+        async def run(self, episode, task):
+            if task == "hold":
+                time.sleep(0.5)  # holds the episode loop, well under BLOCKED_AFTER
+            return {"done": 1.0}
+
+    async def go():
+        episodes = EpisodeLoop()
+        try:
+            holder = asyncio.create_task(
+                episodes.run(Holding(), "hold", ScriptedPolicy(), CHAT, PARAMS, Episode(id="h"))
+            )
+            await asyncio.sleep(0.1)
+            cancelled = asyncio.create_task(
+                episodes.run(Holding(), "go", ScriptedPolicy(), CHAT, PARAMS, Episode(id="c"))
+            )
+            await asyncio.sleep(0.05)
+            cancelled.cancel()
+            return await holder, await cancelled
+        finally:
+            episodes.close()
+
+    held, cancelled = asyncio.run(go())
+    assert held.ok and held.rewards == {"done": 1.0}
+    assert not cancelled.ok and cancelled.rewards == {}
+    assert [(e.type, e.message) for e in cancelled.errors] == [
+        ("Cancelled", "cancelled before it started")
+    ]

@@ -379,6 +379,11 @@ class EpisodeLoop:
             attempt = host.start(env, task, run, timeout)
             cancelled = await self._wait(host, attempt, timeout)
             if attempt.ended:
+                if attempt.task is not None and attempt.task.cancelled():
+                    # Cancelled before its first step: `_play`, which records how an episode
+                    # ended, never ran.
+                    episode.errors.append(cancelled_error("cancelled before it started"))
+                    return _conclude(run, started)
                 return episode
             if cancelled or attempt.blamed:
                 return _abandoned(attempt, timeout, cancelled, started)
