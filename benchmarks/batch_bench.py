@@ -29,12 +29,12 @@ from callgrove.batch.samples import fill_unknown_sampling
 from callgrove.batch.tree import TreeBatch, TreeSettings, pack_episode_rows, pack_samples
 from callgrove.credit import GRPO, finalize_group
 from callgrove.episode import load
+from callgrove.networks.sizes import TinyConfig
+from callgrove.networks.tiny import TinyDecoder
 from callgrove.rows import EpisodeRows, build_rows
 from callgrove.train import (
     LossSettings,
     ModelBatch,
-    TinyConfig,
-    TinyDecoder,
     micro_batch_model_batch,
     policy_loss,
     tree_model_batch,

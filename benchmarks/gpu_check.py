@@ -45,9 +45,10 @@ import torch
 
 from callgrove.batch import Sample, build_samples, fill_unknown_sampling
 from callgrove.credit import GRPO, finalize_group
+from callgrove.networks.sizes import LoraSettings
 from callgrove.rows import build_rows
 from callgrove.synth import Shape, synth_episode
-from callgrove.train.hf_trainer import HFLearner, HFOptions, LoraSettings
+from callgrove.train.hf_trainer import HFLearner, HFOptions
 from callgrove.train.learner import StepReport
 from callgrove.train.ranks import RankedLearner
 from callgrove.train.settings import LearnerSettings

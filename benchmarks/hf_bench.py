@@ -33,6 +33,9 @@ import torch
 from callgrove.batch import PackSettings, build_samples, pack
 from callgrove.batch.tree import TreeSettings, pack_samples
 from callgrove.credit import GRPO, finalize_group
+from callgrove.networks.hf import checkpoint_folder, load_model, resolve_model
+from callgrove.networks.hf_attention import attention_blocks
+from callgrove.networks.sizes import LoraSettings
 from callgrove.orchestrator.config import DataSection
 from callgrove.orchestrator.supervised import SupervisedData, load_data
 from callgrove.rows import build_rows
@@ -43,9 +46,7 @@ from callgrove.train import (
     policy_loss,
     tree_model_batch,
 )
-from callgrove.train.hf_attention import attention_blocks
-from callgrove.train.hf_model import checkpoint_folder, load_model, resolve_model
-from callgrove.train.hf_trainer import HFLearner, HFOptions, LoraSettings
+from callgrove.train.hf_trainer import HFLearner, HFOptions
 from callgrove.train.settings import LearnerSettings
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -26,9 +26,9 @@ import torch
 from callgrove.batch import Sample, build_samples
 from callgrove.credit import GRPO, finalize_group
 from callgrove.episode import sampling_record
+from callgrove.networks.sizes import TinyConfig
 from callgrove.rows import build_rows
 from callgrove.synth import Shape, synth_episode
-from callgrove.train import TinyConfig
 from callgrove.train.learner import ModelLearner, TinyLearner
 from callgrove.train.ranks import RankedLearner
 from callgrove.train.settings import LearnerSettings

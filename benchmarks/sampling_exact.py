@@ -25,11 +25,10 @@ import torch
 
 from callgrove.batch import build_samples
 from callgrove.episode import Episode, sampling_record
+from callgrove.models import model_from_name, open_model
 from callgrove.orchestrator import run_episode
 from callgrove.orchestrator.envs import make_env
 from callgrove.policy import SamplingParams
-from callgrove.policy.backends import open_model
-from callgrove.policy.models import model_from_name
 from callgrove.rows import build_rows
 from callgrove.train.settings import LearnerSettings
 

@@ -33,8 +33,8 @@ from callgrove.batch import Sample, build_samples
 from callgrove.batch.tree import TREE_SCOPES, TreeSettings, pack_micro_batches
 from callgrove.credit import GRPO, finalize_group
 from callgrove.episode import Episode, load
+from callgrove.networks.sizes import TinyConfig
 from callgrove.rows import build_rows
-from callgrove.train import TinyConfig
 from callgrove.train.learner import TinyLearner
 from callgrove.train.settings import LearnerSettings
 

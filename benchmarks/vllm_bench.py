@@ -34,13 +34,14 @@ import torch
 
 from callgrove.chat import JinjaFormat
 from callgrove.episode import Episode
+from callgrove.networks.hf import checkpoint_folder, load_model, resolve_model
+from callgrove.networks.sizes import LoraSettings
 from callgrove.orchestrator import run_episode
 from callgrove.orchestrator.envs import make_env
 from callgrove.policy import SamplingParams
 from callgrove.policy.hf import HFSampler
 from callgrove.policy.vllm import VllmSampler, VllmServer, VllmSettings
-from callgrove.train.hf_model import checkpoint_folder, load_model, resolve_model
-from callgrove.train.hf_trainer import HFLearner, HFOptions, LoraSettings
+from callgrove.train.hf_trainer import HFLearner, HFOptions
 
 ROOT = Path(__file__).resolve().parents[1]
 

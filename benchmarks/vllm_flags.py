@@ -23,8 +23,8 @@ import time
 
 import httpx
 
+from callgrove.networks.hf import checkpoint_folder, resolve_model
 from callgrove.policy.vllm import VllmServer, VllmSettings
-from callgrove.train.hf_model import checkpoint_folder, resolve_model
 
 VARIANTS = {
     "eager+lora": (True, 16),

@@ -121,7 +121,7 @@ def vllm_settings():
 
 @pytest.fixture(scope="session")
 def smollm2_folder() -> Path:
-    from callgrove.train.hf_model import checkpoint_folder, resolve_model
+    from callgrove.networks.hf import checkpoint_folder, resolve_model
 
     return checkpoint_folder(resolve_model("smollm2-135m"))
 

@@ -9,7 +9,18 @@ import callgrove
 
 # Beneath the stages: modules every stage may import, which import nothing of callgrove.
 BENEATH = ["errors"]
-STAGES = ["formats", "episode", "sampling", "forest", "rows", "credit", "batch", "train"]
+# The networks lie beneath the learners (`train`) and the samplers (`policy`, on top).
+STAGES = [
+    "formats",
+    "episode",
+    "sampling",
+    "forest",
+    "rows",
+    "credit",
+    "batch",
+    "networks",
+    "train",
+]
 # On top, in order: each may import the stages and the packages on top listed before it.
 ON_TOP = [
     "synth",
@@ -18,6 +29,7 @@ ON_TOP = [
     "interop",
     "pictures",
     "policy",
+    "models",
     "serving",
     "gateway",
     "orchestrator",
@@ -83,7 +95,7 @@ TORCH_SAMPLERS = {
 }
 
 
-def test_torch_is_imported_only_by_train_the_samplers_or_lazily():
+def test_torch_is_imported_only_by_the_networks_the_learners_the_samplers_or_lazily():
     for path in PACKAGE.rglob("*.py"):
         top_level = [
             node
@@ -94,7 +106,7 @@ def test_torch_is_imported_only_by_train_the_samplers_or_lazily():
         names |= {n.module for n in top_level if isinstance(n, ast.ImportFrom) and n.module}
         if any(name == "torch" or name.startswith("torch.") for name in names):
             where = path.relative_to(PACKAGE).as_posix()
-            assert path.parent.name == "train" or where in TORCH_SAMPLERS, (
+            assert where.split("/")[0] in ("networks", "train") or where in TORCH_SAMPLERS, (
                 f"{path} imports torch at module level"
             )
 
@@ -125,3 +137,11 @@ def test_no_two_modules_import_each_other():
         f"{a} <-> {b}" for a, names in imports.items() for b in names if a < b and a in imports[b]
     )
     assert not circles, circles
+
+
+def test_the_samplers_import_no_learner():
+    """Samplers (`policy`) and learners (`train`) share the networks beneath them; only the door
+    above both (`models`) holds the two together. (The stages' order keeps `train` from
+    importing `policy`.)"""
+    for path in (PACKAGE / "policy").rglob("*.py"):
+        assert "train" not in imported_parts(path), f"{path.relative_to(PACKAGE)} imports train"

@@ -19,7 +19,7 @@ NOT_ERRORS = {
     "callgrove.formats.jsonl.ReadWithWarnings",
     "callgrove.formats.jsonl._Refused",
     "callgrove.cli.convert._Stopped",
-    "callgrove.train.ranks._Agreed",
+    "callgrove.train.ranks.rank._Agreed",
     "callgrove.orchestrator.env.EnvironmentBlocked",
 }
 
@@ -70,7 +70,7 @@ def test_every_exception_callgrove_defines_derives_from_the_root():
         ("callgrove.orchestrator.env.RewardError", RunFailed, ValueError),
         ("callgrove.gateway.harness.CloseFailed", RunFailed, RuntimeError),
         ("callgrove.policy.vllm.VllmError", RunFailed, RuntimeError),
-        ("callgrove.train.ranks.RankFailed", RunFailed, OSError),
+        ("callgrove.train.ranks.driver.RankFailed", RunFailed, OSError),
     ],
 )
 def test_each_error_keeps_the_builtin_its_callers_catch_and_takes_its_kinds_exit(

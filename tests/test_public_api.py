@@ -30,7 +30,7 @@ def test_import_does_not_load_torch_until_a_trainer_name_is_used():
 def test_a_config_is_checked_in_full_without_torch():
     code = (
         "import sys; sys.modules['torch'] = None  # as if torch were not installed\n"
-        "import msgspec, callgrove.chat, callgrove.policy.backends\n"
+        "import msgspec, callgrove.chat, callgrove.models\n"
         "from callgrove.orchestrator.config import TrainConfig\n"
         "TrainConfig()\n"
         "try:\n"

@@ -12,7 +12,7 @@ import sys
 
 PROBE = """
 from llama_cpp import Llama
-from callgrove.train.hf_model import resolve_model
+from callgrove.networks.hf import resolve_model
 gguf = resolve_model("smollm2-135m").path
 model = Llama(model_path=str(gguf), n_ctx=256, n_threads=2, logits_all=True, verbose=False)
 tokens = model.tokenize(b"The quick brown fox jumps over the lazy dog")

@@ -81,31 +81,35 @@ from callgrove.rows.table import row_record, rows_table
 
 __version__ = "0.1.0"
 
-# Names of `callgrove.train` (torch), imported when first asked for.
-_TRAIN_NAMES = (
-    "LossSettings",
-    "ModelBatch",
-    "PackedCollate",
-    "SampleDataset",
-    "TinyConfig",
-    "TinyDecoder",
-    "TreeCollate",
-    "micro_batch_model_batch",
-    "packed_model_batch",
-    "policy_loss",
-    "token_logprobs",
-    "tree_model_batch",
-)
-
-
-# Writing and trying an environment (`callgrove.orchestrator`), imported when first asked for.
-_ENVIRONMENT_NAMES = ("AgentHandle", "Environment", "EpisodeRun", "sample_episode")
+# Names of the torch-backed rooms, imported when first asked for: the networks and the losses
+# (`callgrove.networks`, `callgrove.train`) and writing and trying an environment
+# (`callgrove.orchestrator`).
+_LAZY_NAMES = {
+    **dict.fromkeys(("TinyConfig", "TinyDecoder"), "callgrove.networks"),
+    **dict.fromkeys(
+        (
+            "LossSettings",
+            "ModelBatch",
+            "PackedCollate",
+            "SampleDataset",
+            "TreeCollate",
+            "micro_batch_model_batch",
+            "packed_model_batch",
+            "policy_loss",
+            "token_logprobs",
+            "tree_model_batch",
+        ),
+        "callgrove.train",
+    ),
+    **dict.fromkeys(
+        ("AgentHandle", "Environment", "EpisodeRun", "sample_episode"), "callgrove.orchestrator"
+    ),
+}
 
 
 def __getattr__(name: str) -> Any:
-    if name in _TRAIN_NAMES or name in _ENVIRONMENT_NAMES:
-        module = "callgrove.train" if name in _TRAIN_NAMES else "callgrove.orchestrator"
-        value = getattr(importlib.import_module(module), name)
+    if name in _LAZY_NAMES:
+        value = getattr(importlib.import_module(_LAZY_NAMES[name]), name)
         globals()[name] = value
         return value
     raise AttributeError(f"module 'callgrove' has no attribute {name!r}")
@@ -177,6 +181,5 @@ __all__ = [
     "rows_table",
     "save",
     "write_samples",
-    *_TRAIN_NAMES,
-    *_ENVIRONMENT_NAMES,
+    *_LAZY_NAMES,
 ]

@@ -60,8 +60,8 @@ def chatml_tokenizer():
 
 
 def smollm2_tokenizer():
-    from callgrove.policy.hf import hf_tokenizer
-    from callgrove.policy.models import HfModel
+    from callgrove.models import HfModel
+    from callgrove.models.hf import hf_tokenizer
 
     return hf_tokenizer(HfModel(name="smollm2-135m"))
 

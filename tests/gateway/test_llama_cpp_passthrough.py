@@ -26,8 +26,8 @@ import pytest
 import torch
 
 from callgrove.episode import load
+from callgrove.networks.hf import HFPolicyModel, checkpoint_folder, load_model, resolve_model
 from callgrove.train import packed_model_batch, row_logprobs
-from callgrove.train.hf_model import HFPolicyModel, checkpoint_folder, load_model, resolve_model
 
 from .helpers import SRC, server_process, stop_group
 

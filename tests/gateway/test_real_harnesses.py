@@ -652,7 +652,7 @@ def smollm2_vocabulary_llama(tmp_path_factory) -> Path:
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from callgrove.train.hf_model import resolve_model
+    from callgrove.networks.hf import resolve_model
 
     source = resolve_model("smollm2-135m")
     tokenizer = AutoTokenizer.from_pretrained(source.folder, gguf_file=source.gguf_file)

@@ -9,8 +9,7 @@ import numpy as np
 
 from callgrove.chat import BuiltinFormat
 from callgrove.episode import read_episodes
-from callgrove.policy.backends import open_model
-from callgrove.policy.models import HfModel, TinyModel
+from callgrove.models import HfModel, TinyModel, open_model
 from callgrove.rows import build_rows, check_rows
 
 from .helpers import gateway_client, policy_client

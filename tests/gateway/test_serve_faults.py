@@ -11,10 +11,9 @@ import numpy as np
 import pytest
 
 from callgrove.chat import BuiltinFormat, ChatFormat
+from callgrove.models import TinyModel, open_model
 from callgrove.policy import Completion, SamplingParams
-from callgrove.policy.backends import open_model
 from callgrove.policy.local import LocalSampler
-from callgrove.policy.models import TinyModel
 from callgrove.serving.policy_server import UNSERVED
 
 from .helpers import policy_client, scripted, write_script

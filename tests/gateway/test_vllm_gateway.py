@@ -54,7 +54,7 @@ def gateway_args(url: str, ledger, folder, *more: str) -> tuple[str, ...]:
 def test_the_gateway_records_vllm_calls_token_exact(
     tmp_path, vllm_url, smollm2_folder, passthrough
 ):
-    from callgrove.train.hf_model import load_model
+    from callgrove.networks.hf import load_model
 
     ledger = tmp_path / "ledger"
     mode = ("--passthrough",) if passthrough else ()
@@ -119,9 +119,10 @@ def test_the_gateway_records_the_version_the_server_holds(tmp_path, vllm_url, sm
     import asyncio
     import copy
 
+    from callgrove.networks.hf import load_model
+    from callgrove.networks.sizes import LoraSettings
     from callgrove.policy.vllm import VllmSampler
-    from callgrove.train.hf_model import load_model
-    from callgrove.train.hf_trainer import HFLearner, HFOptions, LoraSettings
+    from callgrove.train.hf_trainer import HFLearner, HFOptions
 
     model, _ = load_model(f"hf:{smollm2_folder}")
     lora = LoraSettings(rank=8)

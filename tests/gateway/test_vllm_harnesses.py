@@ -62,7 +62,7 @@ def small_request(harness: str, folder: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def smollm2_model():
-    from callgrove.train.hf_model import load_model
+    from callgrove.networks.hf import load_model
 
     torch.set_num_threads(2)
     model, tokenizer = load_model("smollm2-135m")

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from callgrove.episode import load
+from callgrove.models import open_model
 from callgrove.orchestrator.config import config_from_dict
 from callgrove.orchestrator.loop import train
 from callgrove.orchestrator.sinks import load_checkpoint
-from callgrove.policy.backends import open_model
 from callgrove.rows import build_rows, check_rows
 
 pytestmark = pytest.mark.processes

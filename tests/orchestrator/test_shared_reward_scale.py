@@ -9,11 +9,13 @@ import torch
 from callgrove.batch.tree import pack_samples
 from callgrove.chat import CharFormat
 from callgrove.credit import HierarchicalGRPO
+from callgrove.networks.sizes import TinyConfig
+from callgrove.networks.tiny import TinyDecoder
 from callgrove.orchestrator.degeneracy import DegeneracySettings
 from callgrove.orchestrator.envs import make_env
 from callgrove.orchestrator.step import prepare_step
 from callgrove.rows import RowSettings
-from callgrove.train import TinyConfig, TinyDecoder, tree_model_batch
+from callgrove.train import tree_model_batch
 from callgrove.train.loss import policy_loss
 
 from .helpers import PARAMS, ScriptedPolicy, run

@@ -84,7 +84,7 @@ plot = false
         assert m["train/mismatch/on_policy/mean_abs"] < 1e-4
         assert 0 < m["time/weight_push_s"] < 60
     # After the run the server holds the last step's weights: its greedy answer is theirs.
-    from callgrove.train.hf_model import load_model
+    from callgrove.networks.hf import load_model
 
     model, _ = load_model("smollm2-135m")
     with torch.no_grad():

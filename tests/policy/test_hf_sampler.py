@@ -195,8 +195,9 @@ def test_the_sampler_uses_the_learners_weights_after_each_step():
 def test_a_lora_learners_adapters_fold_into_the_samplers_plain_copy():
     from peft.tuners.lora import LoraLayer
 
+    from callgrove.networks.sizes import LoraSettings
     from callgrove.policy.hf import FoldedLora
-    from callgrove.train.hf_trainer import HFOptions, LoraSettings
+    from callgrove.train.hf_trainer import HFOptions
 
     learner = HFLearner(
         tiny_llama(torch.float32, "sdpa").model,

@@ -15,6 +15,8 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from callgrove.cli.app import app
+from callgrove.models import HfModel, TinyModel, VllmModel
+from callgrove.networks.sizes import LoraSettings, TinyConfig
 from callgrove.orchestrator.config import (
     ConfigError,
     check_resume,
@@ -22,8 +24,6 @@ from callgrove.orchestrator.config import (
     load_config,
     to_toml,
 )
-from callgrove.policy.models import HfModel, TinyModel, VllmModel
-from callgrove.train.settings import LoraSettings, TinyConfig
 
 
 def model(raw: dict):
@@ -145,8 +145,8 @@ def test_every_command_opens_one_chat_format_for_a_model_name():
     trainer's own sampler renders."""
     from callgrove.chat import Message
     from callgrove.cli.model_options import open_chat
-    from callgrove.policy.backends import chat_from_files, open_model
-    from callgrove.train.hf_model import checkpoint_folder, resolve_model
+    from callgrove.models import chat_from_files, open_model
+    from callgrove.networks.hf import checkpoint_folder, resolve_model
 
     messages = [Message("system", "Be brief."), Message("user", "Say hi")]
     named = open_chat("smollm2-135m", None, None).render(messages).tolist()

@@ -36,7 +36,7 @@ QUESTIONS = ("What is 2 + 3?", "Name a colour.", "Say hello in French.")
 
 @pytest.fixture(scope="module")
 def smollm2():
-    from callgrove.train.hf_model import load_model
+    from callgrove.networks.hf import load_model
 
     torch.set_num_threads(2)
     model, tokenizer = load_model("smollm2-135m")
@@ -187,7 +187,8 @@ def lora_learner(model):
     """A LoRA learner of `model` whose adapter changes the outputs (B is zero at the start)."""
     import copy
 
-    from callgrove.train.hf_trainer import HFLearner, HFOptions, LoraSettings
+    from callgrove.networks.sizes import LoraSettings
+    from callgrove.train.hf_trainer import HFLearner, HFOptions
 
     lora = LoraSettings(rank=LORA_RANK)
     learner = HFLearner(copy.deepcopy(model), options=HFOptions(lora=lora))

@@ -83,7 +83,7 @@ def test_with_vllm_sampling_the_hf_backend_keeps_no_sampler_of_its_own():
     """vLLM servers sample: no in-process sampler (a copy of the model) is built beside them."""
     import gc
 
-    from callgrove.policy.backends import open_model
+    from callgrove.models import open_model
     from callgrove.policy.hf import HFSampler
     from callgrove.policy.vllm import VllmSampler
 

@@ -14,11 +14,11 @@ from callgrove.batch import PackSettings, build_samples, pack
 from callgrove.batch.samples import FIELD_DTYPES, SAMPLING_FIELDS, UNSAMPLED, VALUE_DTYPE
 from callgrove.batch.tree import TreeSettings, pack_samples
 from callgrove.episode import Agent, Call, Episode, load, sampling_record
+from callgrove.networks.sizes import TinyConfig
+from callgrove.networks.tiny import TinyDecoder
 from callgrove.rows import EpisodeRows, RowSettings, build_rows
 from callgrove.train import (
     ModelBatch,
-    TinyConfig,
-    TinyDecoder,
     micro_batch_model_batch,
     packed_model_batch,
     tree_model_batch,
@@ -170,8 +170,8 @@ def tiny_llama(dtype: torch.dtype, attention: str = "sdpa", seed: int = 0, vocab
     tying) with blockwise attention over `attention`, behind the reference interface."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from callgrove.train.hf_attention import register_blockwise
-    from callgrove.train.hf_model import HFPolicyModel
+    from callgrove.networks.hf import HFPolicyModel
+    from callgrove.networks.hf_attention import register_blockwise
 
     torch.manual_seed(seed)
     config = LlamaConfig(

@@ -9,9 +9,10 @@ import torch
 from callgrove.batch import Sample, build_samples
 from callgrove.credit import GRPO, finalize_group
 from callgrove.episode import sampling_record
+from callgrove.networks.sizes import LoraSettings
 from callgrove.rows import build_rows
 from callgrove.synth import Shape, synth_episode
-from callgrove.train.hf_trainer import HFLearner, HFOptions, LoraSettings
+from callgrove.train.hf_trainer import HFLearner, HFOptions
 from callgrove.train.learner import ModelLearner, TinyLearner
 from callgrove.train.settings import LearnerSettings
 

@@ -16,10 +16,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from callgrove.episode import load
+from callgrove.networks.hf import HFPolicyModel
+from callgrove.networks.hf_attention import attention_blocks
 from callgrove.rows import build_rows
 from callgrove.train import policy_loss, row_logprobs
-from callgrove.train.hf_attention import attention_blocks
-from callgrove.train.hf_model import HFPolicyModel
 
 from .helpers import (
     EXAMPLES,

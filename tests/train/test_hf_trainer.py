@@ -14,8 +14,9 @@ from callgrove.batch import build_samples
 from callgrove.credit import finalize_group
 from callgrove.credit.grpo import GRPO
 from callgrove.episode import load
+from callgrove.networks.sizes import LoraSettings
 from callgrove.rows import build_rows
-from callgrove.train.hf_trainer import HFLearner, HFOptions, LoraSettings
+from callgrove.train.hf_trainer import HFLearner, HFOptions
 from callgrove.train.settings import LearnerSettings
 
 from .helpers import EXAMPLES, give_advantages, sample_near_the_model, tiny_llama

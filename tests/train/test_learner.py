@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from callgrove.batch import build_samples
-from callgrove.train import TinyConfig
+from callgrove.networks.sizes import TinyConfig
 from callgrove.train.learner import TinyLearner
 from callgrove.train.settings import LearnerSettings
 

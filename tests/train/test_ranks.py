@@ -26,8 +26,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from callgrove.batch import Sample
+from callgrove.batch.packing import deal
 from callgrove.batch.tree import trie_nodes
-from callgrove.train.ranks import RankedLearner, RankFailed, deal
+from callgrove.train.ranks import RankedLearner, RankFailed
 from callgrove.train.settings import LearnerSettings
 from orchestrator.train_process import account, finish, start, steps_done, write_config
 
@@ -316,12 +317,10 @@ def test_world_size_is_checked_with_the_settings():
 )
 def test_dealing_keeps_units_whole_and_ranks_balanced(scope, groups, ranks):
     samples = _dealt_samples(groups)
-    learner_settings = (
-        LearnerSettings(batching="packed")
-        if scope == "packed"
-        else LearnerSettings(tree_scope=scope)
-    )
-    dealt = deal(samples, learner_settings, ranks)
+    if scope == "packed":
+        dealt = deal(samples, ranks, batching="packed", tree_scope="group")
+    else:
+        dealt = deal(samples, ranks, batching="tree", tree_scope=scope)
     assert len(dealt) == ranks
     assert sorted(np.concatenate(dealt).tolist()) == list(range(len(samples)))
     unit = _unit_of(scope)

@@ -16,12 +16,12 @@ import torch
 from callgrove.batch import build_samples, fill_unknown_sampling
 from callgrove.chat import CharFormat
 from callgrove.episode import Episode, sampling_record
+from callgrove.models import TinyModel, open_model
+from callgrove.networks.tiny import VarlenLayout
 from callgrove.orchestrator import run_episode
 from callgrove.policy import SamplingParams
-from callgrove.policy.backends import open_model
-from callgrove.policy.models import TinyModel
 from callgrove.rows import build_rows
-from callgrove.train import ModelBatch, VarlenLayout
+from callgrove.train import ModelBatch
 from callgrove.train.learner import ModelLearner
 from callgrove.train.loss import policy_terms
 from callgrove.train.settings import LearnerSettings, LossSettings

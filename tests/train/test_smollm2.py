@@ -16,16 +16,16 @@ import torch
 
 from callgrove.batch.tree import pack_tree
 from callgrove.chat import JinjaFormat, Message
-from callgrove.policy import SamplingParams
-from callgrove.policy.hf import HFSampler
-from callgrove.train import packed_model_batch, row_logprobs, tree_model_batch
-from callgrove.train.hf_model import (
+from callgrove.networks.hf import (
     HFPolicyModel,
     cache_root,
     checkpoint_folder,
     load_model,
     resolve_model,
 )
+from callgrove.policy import SamplingParams
+from callgrove.policy.hf import HFSampler
+from callgrove.train import packed_model_batch, row_logprobs, tree_model_batch
 
 pytestmark = pytest.mark.hf
 
@@ -80,8 +80,7 @@ def test_smollm2_with_lora_scores_what_it_sampled_at_temperature_and_top_p():
     """The README's recipe samples SmolLM2 at temperature 0.7: through the real weights, LoRA
     and the chat template, the learner scores every trained token under the distribution it
     was sampled from, tree-packed and packed."""
-    from callgrove.policy.backends import open_model
-    from callgrove.policy.models import HfModel
+    from callgrove.models import HfModel, open_model
     from callgrove.train.settings import LearnerSettings
 
     from .test_sampling_exact import assert_scored_as_sampled, sample_episode

@@ -14,9 +14,11 @@ import callgrove as cg
 rows = cg.build_rows(next(cg.load("examples/login_bug.jsonl")))
 print(len(rows.rows))
 from callgrove.train import LearnerSettings
+from callgrove.networks import TinyConfig
+TinyConfig()
 LearnerSettings(learning_rate=0.1)
 try:
-    from callgrove.train import TinyDecoder
+    from callgrove.networks import TinyDecoder
 except ModuleNotFoundError as error:
     print(error)
 """

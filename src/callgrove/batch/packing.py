@@ -10,12 +10,15 @@ ranks longest first, each to the rank with the fewest tokens so far, which leave
 most one sample's tokens apart; each rank's samples are packed first-fit-decreasing into
 micro-batches; ranks with fewer micro-batches get empty ones so every rank runs the same
 number of steps. Only per-sample work runs in Python; tokens move in numpy.
+
+A learner of several ranks deals each step the same way (`deal`), but in whole units: the rows
+that share a trie stay on one rank, weighed by the tokens they forward.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any, Literal
@@ -29,6 +32,7 @@ from callgrove.batch.samples import (
     Sample,
     arrays_to_torch,
 )
+from callgrove.batch.tree import _scope_key, trie_nodes
 from callgrove.errors import UsageError
 
 Overlong = Literal["error", "truncate"]
@@ -254,6 +258,39 @@ def deal_to_ranks(order: np.ndarray, lengths: np.ndarray, ranks: int) -> list[li
         members[rank].append(index)
         heapq.heappush(heap, (load + length, rank))
     return members
+
+
+def deal(
+    samples: Sequence[Sample], ranks: int, *, batching: str, tree_scope: str
+) -> list[np.ndarray]:
+    """Each of `ranks` learner ranks' samples (indices into `samples`, ascending) for a step
+    batched as `batching` (`tree` or `packed`) at tree scope `tree_scope`.
+
+    The rows are dealt whole, in the units tree packing needs together (the rows of one trie: a
+    call tree, an episode, a group; a group for tree scope `step`, whose tries then form within
+    each rank; a sample alone when packed), each rank taking the next heaviest unit while it is
+    the lightest (`deal_to_ranks`), weighed by the tokens it forwards (trie nodes tree-packed,
+    row tokens packed). Each rank then packs its share as one process packs a step.
+    """
+    if batching == "packed":
+        units = [[i] for i in range(len(samples))]
+        weights = np.array([s.num_tokens for s in samples], dtype=np.int64)
+    else:
+        # Scope `step` makes a trie per micro-batch of a rank's share: the group, whose
+        # episodes usually share a prompt, is the largest unit worth keeping on one rank.
+        scope = "group" if tree_scope == "step" else tree_scope
+        keyed: dict[Hashable, list[int]] = {}
+        for index, s in enumerate(samples):
+            keyed.setdefault(_scope_key(scope, s.episode, s.group, s.root), []).append(index)
+        units = list(keyed.values())
+        weights = np.array(
+            [trie_nodes([samples[i].token_ids for i in unit]) for unit in units], dtype=np.int64
+        )
+    order = np.argsort(-weights, kind="stable")
+    return [
+        np.sort(np.asarray([i for u in members for i in units[u]], dtype=np.int64))
+        for members in deal_to_ranks(order, weights, ranks)
+    ]
 
 
 def _first_fit(longest_first: list[int], lengths: np.ndarray, seq_len: int) -> list[np.ndarray]:

@@ -53,11 +53,11 @@ import msgspec
 import numpy as np
 
 from callgrove.chat import Message
+from callgrove.models import HfModel
 from callgrove.orchestrator.config import config_from_dict
 from callgrove.orchestrator.envs.arithmetic import Arithmetic, score
 from callgrove.orchestrator.loop import train
 from callgrove.orchestrator.monitors import STEP_PHASES
-from callgrove.policy.models import HfModel
 from callgrove.policy.vllm import VllmSettings
 
 MODEL = HfModel(name="smollm2-135m", lora_rank=16)
@@ -203,20 +203,15 @@ class PhaseClock:
 
 def trl_run(settings: RaceSettings, seed: int, out: Path, tasks: list[dict]) -> dict[str, Any]:
     import torch
-    from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOTrainer
 
-    from callgrove.policy.hf import hf_chat
-    from callgrove.train.hf_model import checkpoint_folder, resolve_model
-    from callgrove.train.hf_trainer import peft_lora_config
+    from callgrove.networks.hf import checkpoint_folder, resolve_model
+    from callgrove.networks.lora import peft_lora_config
 
     folder = checkpoint_folder(resolve_model(MODEL.name))
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    chat = hf_chat(tokenizer, MODEL)  # the tokens callgrove's loop renders
-    prompts = [chat.show(chat.render([Message("user", Arithmetic.question(t))])) for t in tasks]
-    answers = [Arithmetic.answer(t) for t in tasks]
-    dataset = Dataset.from_dict({"prompt": prompts, "answer": answers})
+    dataset = trl_dataset(tokenizer, tasks)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     lora = MODEL.lora()
@@ -228,7 +223,49 @@ def trl_run(settings: RaceSettings, seed: int, out: Path, tasks: list[dict]) -> 
         rewards.append(given)
         return given
 
-    config = GRPOConfig(
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=[arithmetic_reward],
+        args=trl_config(settings, seed, out),
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        peft_config=peft_lora_config(lora),
+    )
+    clock = trl_phase_clock(trainer)
+    trained_tokens = count_trained_tokens(trainer)  # outside the clock: counting is not timed
+    step_seconds: list[float] = []
+    trainer.add_callback(step_timer(clock, step_seconds))
+    cpu_before = cpu_seconds()
+    trainer.train()
+    cpu = cpu_seconds() - cpu_before
+    return {
+        "step_seconds": step_seconds,
+        "phases": [trl_phases(seconds) for seconds in clock.steps],
+        "episodes": [float(per_step)] * len(step_seconds),
+        "trained_tokens": trained_tokens,
+        "rewards": [float(np.mean(r)) for r in rewards],
+        "cpu_seconds": cpu,
+    }
+
+
+def trl_dataset(tokenizer: Any, tasks: list[dict]) -> Any:
+    """The tasks as TRL's prompts (the tokens callgrove's loop renders, as text) and answers."""
+    from datasets import Dataset
+
+    from callgrove.models.hf import hf_chat
+
+    chat = hf_chat(tokenizer, MODEL)
+    prompts = [chat.show(chat.render([Message("user", Arithmetic.question(t))])) for t in tasks]
+    answers = [Arithmetic.answer(t) for t in tasks]
+    return Dataset.from_dict({"prompt": prompts, "answer": answers})
+
+
+def trl_config(settings: RaceSettings, seed: int, out: Path) -> Any:
+    """TRL's settings matching callgrove's step (the module docstring says which and why)."""
+    from trl import GRPOConfig
+
+    per_step = settings.group_size * settings.groups_per_step
+    return GRPOConfig(
         output_dir=str(out),
         per_device_train_batch_size=per_step,
         num_generations=settings.group_size,
@@ -259,21 +296,21 @@ def trl_run(settings: RaceSettings, seed: int, out: Path, tasks: list[dict]) -> 
         dataloader_num_workers=0,
         log_completions=False,
     )
-    trainer = GRPOTrainer(
-        model=model,
-        reward_funcs=[arithmetic_reward],
-        args=config,
-        train_dataset=dataset,
-        processing_class=tokenizer,
-        peft_config=peft_lora_config(lora),
-    )
+
+
+def trl_phase_clock(trainer: Any) -> PhaseClock:
+    """A clock around the trainer's methods that `trl_phases` makes the phases of."""
     clock = PhaseClock()
     clock.wrap(trainer, "_generate", "sampling")
     clock.wrap(trainer, "_calculate_rewards", "scoring")
     clock.wrap(trainer, "_generate_and_score_completions", "prepare")
     clock.wrap(trainer, "training_step", "training_step")
+    return clock
+
+
+def count_trained_tokens(trainer: Any) -> list[float]:
+    """The completion tokens of each batch the trainer makes, appended as it makes them."""
     trained_tokens: list[float] = []
-    step_seconds: list[float] = []
     inner_generate = trainer._generate_and_score_completions
 
     def counted(*a: Any, **k: Any) -> dict[str, Any]:
@@ -282,6 +319,13 @@ def trl_run(settings: RaceSettings, seed: int, out: Path, tasks: list[dict]) -> 
         return batch
 
     trainer._generate_and_score_completions = counted
+    return trained_tokens
+
+
+def step_timer(clock: PhaseClock, step_seconds: list[float]) -> Any:
+    """A `TrainerCallback` appending each step's seconds to `step_seconds`, timing the
+    optimizer step into `clock` and closing the clock's record of each step."""
+    from transformers import TrainerCallback
 
     class Steps(TrainerCallback):
         def on_step_begin(self, *_: Any, **__: Any) -> None:
@@ -299,31 +343,21 @@ def trl_run(settings: RaceSettings, seed: int, out: Path, tasks: list[dict]) -> 
             clock.steps.append(clock.current)
             print(f"TRL step {len(step_seconds)}: {step_seconds[-1]:.2f} s, {clock.current}")
 
-    trainer.add_callback(Steps())
-    cpu_before = cpu_seconds()
-    trainer.train()
-    cpu = cpu_seconds() - cpu_before
-    phases = []
-    for seconds in clock.steps:
-        sampling, scoring = seconds.get("sampling", 0.0), seconds.get("scoring", 0.0)
-        prepare = seconds.get("prepare", 0.0)
-        phases.append(
-            {
-                "sampling": sampling,
-                "scoring": scoring,
-                "credit+batching": prepare - sampling - scoring,
-                "forward_backward": seconds.get("training_step", 0.0) - prepare,
-                "optimizer": seconds.get("optimizer", 0.0),
-                "weight_push": 0.0,  # one model samples and trains
-            }
-        )
+    return Steps()
+
+
+def trl_phases(seconds: dict[str, float]) -> dict[str, float]:
+    """One step's timed methods as the race's phases: each method's time includes the timed
+    methods it calls, so a phase is its method's time less theirs."""
+    sampling, scoring = seconds.get("sampling", 0.0), seconds.get("scoring", 0.0)
+    prepare = seconds.get("prepare", 0.0)
     return {
-        "step_seconds": step_seconds,
-        "phases": phases,
-        "episodes": [float(per_step)] * len(step_seconds),
-        "trained_tokens": trained_tokens,
-        "rewards": [float(np.mean(r)) for r in rewards],
-        "cpu_seconds": cpu,
+        "sampling": sampling,
+        "scoring": scoring,
+        "credit+batching": prepare - sampling - scoring,
+        "forward_backward": seconds.get("training_step", 0.0) - prepare,
+        "optimizer": seconds.get("optimizer", 0.0),
+        "weight_push": 0.0,  # one model samples and trains
     }
 
 

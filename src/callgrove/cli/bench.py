@@ -34,72 +34,110 @@ REPORT_FORMS = (".json", ".md")
 FULL = {"4k": 200, "16k": 50}
 
 
+Episodes4kOption = Annotated[
+    int | None, typer.Option("--episodes-4k", min=0, help="Largest 4k size (0 skips)")
+]
+Episodes16kOption = Annotated[
+    int | None, typer.Option("--episodes-16k", min=0, help="Largest 16k size (0 skips)")
+]
+StreamGbOption = Annotated[
+    float,
+    typer.Option(
+        "--stream-gb", help="Also stream `callgrove stats` over this many GB of JSON Lines (2)"
+    ),
+]
+FiguresJsonOption = Annotated[
+    bool, typer.Option("--json", help="The figures on stdout as one JSON object, not tables")
+]
+ReportFilesOption = Annotated[
+    list[Path] | None,
+    typer.Option(
+        "--out",
+        "-o",
+        metavar="FILE",
+        help="Also write the figures to FILE.json or the tables to FILE.md (repeatable)",
+    ),
+]
+WorkDirOption = Annotated[
+    Path | None, typer.Option("--dir", help="Where the benchmark's files go (removed after)")
+]
+KeepMemoryOption = Annotated[
+    bool,
+    typer.Option(
+        "--keep-freed-memory/--malloc-defaults",
+        help="Have malloc keep freed memory (glibc) and touch its heap in advance, so no size "
+        "pays for fresh pages",
+    ),
+]
+
+
 @app.command("bench")
 def bench_command(
     full: Annotated[
         bool,
         typer.Option(help="The published sizes (200 episodes at 4k, 50 at 16k) instead of half"),
     ] = False,
-    episodes_4k: Annotated[
-        int | None, typer.Option("--episodes-4k", min=0, help="Largest 4k size (0 skips)")
-    ] = None,
-    episodes_16k: Annotated[
-        int | None, typer.Option("--episodes-16k", min=0, help="Largest 16k size (0 skips)")
-    ] = None,
+    episodes_4k: Episodes4kOption = None,
+    episodes_16k: Episodes16kOption = None,
     rounds: Annotated[int, typer.Option(min=1, help="Interleaved rounds")] = 3,
     seed: Annotated[int, typer.Option(help="Workload seed")] = 0,
     verifiers: Annotated[bool, typer.Option(help="Measure verifiers 0.4.0 alongside")] = True,
     gym: Annotated[bool, typer.Option(help="Measure NeMo Gym 0.7.0 alongside")] = True,
     memory: Annotated[bool, typer.Option(help="Measure peak memory (one untimed run)")] = True,
-    stream_gb: Annotated[
-        float,
-        typer.Option(help="Also stream `callgrove stats` over this many GB of JSON Lines (2)"),
-    ] = 0.0,
-    as_json: Annotated[
-        bool, typer.Option("--json", help="The figures on stdout as one JSON object, not tables")
-    ] = False,
-    outputs: Annotated[
-        list[Path] | None,
-        typer.Option(
-            "--out",
-            "-o",
-            metavar="FILE",
-            help="Also write the figures to FILE.json or the tables to FILE.md (repeatable)",
-        ),
-    ] = None,
-    work_dir: Annotated[
-        Path | None, typer.Option("--dir", help="Where the benchmark's files go (removed after)")
-    ] = None,
-    keep_memory: Annotated[
-        bool,
-        typer.Option(
-            "--keep-freed-memory/--malloc-defaults",
-            help="Have malloc keep freed memory (glibc) and touch its heap in advance, so no size "
-            "pays for fresh pages",
-        ),
-    ] = True,
+    stream_gb: StreamGbOption = 0.0,
+    as_json: FiguresJsonOption = False,
+    outputs: ReportFilesOption = None,
+    work_dir: WorkDirOption = None,
+    keep_memory: KeepMemoryOption = True,
 ) -> None:
     """Measure every stage (read, forest, rows, check, credit, samples, pack, tree pack, write)
     at three sizes against verifiers, NeMo Gym and the numpy floor. Exit 1 if a target is missed."""
-    for path in outputs or []:
-        if path.suffix not in REPORT_FORMS:
-            err.print(f"error: --out {safe(path)}: expected a {' or '.join(REPORT_FORMS)} file")
-            raise typer.Exit(EXIT_USAGE)
-    for path in outputs or []:
-        require_output(path, [], "--out")
-    sizes = dict(FULL if full else QUICK)
-    if episodes_4k is not None:
-        sizes["4k"] = episodes_4k
-    if episodes_16k is not None:
-        sizes["16k"] = episodes_16k
+    _check_report_files(outputs or [])
     settings = BenchSettings(
-        episodes={context: n for context, n in sizes.items() if n > 0},
+        episodes=_sizes(full, episodes_4k, episodes_16k),
         rounds=rounds,
         seed=seed,
         verifiers=verifiers,
         gym=gym,
         memory=memory,
     )
+    report = _measure(settings, work_dir, keep_memory, stream_gb)
+    if as_json:
+        sys.stdout.buffer.write(orjson.dumps(report.to_json()) + b"\n")
+    else:
+        _print(report)
+    _write_reports(report, outputs or [])
+    missed = [name for name, ok in report.checks() if not ok]
+    raise typer.Exit(EXIT_FAILED if missed or report.missing else EXIT_OK)
+
+
+def _check_report_files(paths: list[Path]) -> None:
+    """Every `--out` a report form (a usage error otherwise) that can be written, checked
+    before the benchmark runs."""
+    for path in paths:
+        if path.suffix not in REPORT_FORMS:
+            err.print(f"error: --out {safe(path)}: expected a {' or '.join(REPORT_FORMS)} file")
+            raise typer.Exit(EXIT_USAGE)
+    for path in paths:
+        require_output(path, [], "--out")
+
+
+def _sizes(full: bool, episodes_4k: int | None, episodes_16k: int | None) -> dict[str, int]:
+    """Each context's largest size: the published or the quick ones, as the options override
+    them; a context of 0 episodes is skipped."""
+    sizes = dict(FULL if full else QUICK)
+    if episodes_4k is not None:
+        sizes["4k"] = episodes_4k
+    if episodes_16k is not None:
+        sizes["16k"] = episodes_16k
+    return {context: n for context, n in sizes.items() if n > 0}
+
+
+def _measure(
+    settings: BenchSettings, work_dir: Path | None, keep_memory: bool, stream_gb: float
+) -> Report:
+    """Run the benchmark in a folder of its own under `work_dir`, removed after, its progress
+    on stderr."""
     kept = keep_memory and keep_warm_heap()
     heap_at_start = heap_bytes()
     work = Path(tempfile.mkdtemp(prefix="callgrove-bench-", dir=work_dir))
@@ -109,21 +147,20 @@ def bench_command(
             report.allocator = allocator_note(kept, heap_at_start)
             if stream_gb > 0:
                 status.update(f"benchmark: streaming {stream_gb} GB")
-                report.stream = stream_case(work, stream_gb, seed)
+                report.stream = stream_case(work, stream_gb, settings.seed)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    if as_json:
-        sys.stdout.buffer.write(orjson.dumps(report.to_json()) + b"\n")
-    else:
-        _print(report)
-    for path in outputs or []:
+    return report
+
+
+def _write_reports(report: Report, paths: list[Path]) -> None:
+    """The figures as JSON to each `.json` path, the tables as Markdown to each `.md` one."""
+    for path in paths:
         if path.suffix == ".json":
             write_text(path, orjson.dumps(report.to_json(), option=orjson.OPT_INDENT_2).decode())
         else:
             write_text(path, report.markdown())
         err.print(f"wrote {safe(path)}")
-    missed = [name for name, ok in report.checks() if not ok]
-    raise typer.Exit(EXIT_FAILED if missed or report.missing else EXIT_OK)
 
 
 def _print(report: Report) -> None:

@@ -126,55 +126,68 @@ class Tally:
         self.gaps.update(gap.kind for gap in episode.gaps or [])
 
 
+InArg = Annotated[
+    Path,
+    typer.Argument(metavar="IN", help="Input: a file, a verifiers results folder, or a Gym store."),
+]
+OutArg = Annotated[
+    Path | None,
+    typer.Argument(metavar="OUT", help="Output file (the form follows --to).", show_default=False),
+]
+FromOption = Annotated[
+    SourceForm | None,
+    typer.Option("--from", help="What IN holds (default: read from IN's first record)."),
+]
+ToOption = Annotated[
+    Target | None,
+    typer.Option(
+        "--to",
+        help="What OUT gets (default: verifiers for a traces.jsonl or a folder, or with "
+        "--onto; callgrove otherwise). atif: OUT a .json file (one episode), a .jsonl "
+        "file (a trajectory a line) or a new folder (a .json file per episode).",
+    ),
+]
+GymInvocationsOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--invocations", help="--from gym: rollout records (JSONL) with the agent invocations."
+    ),
+]
+OntoOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--onto",
+        help="--to verifiers: copy this verifiers traces.jsonl with IN's advantages on its "
+        "nodes (IN: the episodes read from it, credited), instead of writing new traces.",
+    ),
+]
+SkipBadOption = Annotated[
+    bool, typer.Option("--skip-bad", help="Skip bad lines and episodes, count them, go on.")
+]
+DropUnknownOption = Annotated[
+    bool,
+    typer.Option(
+        "--drop-unknown",
+        help="Convert episodes holding fields callgrove's format does not have, without "
+        "them (each one counted); by default such an episode is an error.",
+    ),
+]
+SummaryJsonOption = Annotated[
+    bool,
+    typer.Option("--json", help="The summary as one JSON object on stdout (not on stderr)."),
+]
+
+
 @app.command("convert")
 def convert_command(
-    source: Annotated[
-        Path,
-        typer.Argument(
-            metavar="IN", help="Input: a file, a verifiers results folder, or a Gym store."
-        ),
-    ],
-    out: Annotated[
-        Path | None,
-        typer.Argument(
-            metavar="OUT", help="Output file (the form follows --to).", show_default=False
-        ),
-    ] = None,
-    from_: Annotated[
-        SourceForm | None,
-        typer.Option("--from", help="What IN holds (default: read from IN's first record)."),
-    ] = None,
-    to: Annotated[
-        Target | None,
-        typer.Option(
-            "--to",
-            help="What OUT gets (default: verifiers for a traces.jsonl or a folder, or with "
-            "--onto; callgrove otherwise). atif: OUT a .json file (one episode), a .jsonl "
-            "file (a trajectory a line) or a new folder (a .json file per episode).",
-        ),
-    ] = None,
-    invocations: Annotated[
-        Path | None,
-        typer.Option(help="--from gym: rollout records (JSONL) with the agent invocations."),
-    ] = None,
-    onto: Annotated[
-        Path | None,
-        typer.Option(
-            help="--to verifiers: copy this verifiers traces.jsonl with IN's advantages on its "
-            "nodes (IN: the episodes read from it, credited), instead of writing new traces."
-        ),
-    ] = None,
-    skip_bad: Annotated[
-        bool, typer.Option("--skip-bad", help="Skip bad lines and episodes, count them, go on.")
-    ] = False,
-    drop_unknown: Annotated[
-        bool,
-        typer.Option(
-            "--drop-unknown",
-            help="Convert episodes holding fields callgrove's format does not have, without "
-            "them (each one counted); by default such an episode is an error.",
-        ),
-    ] = False,
+    source: InArg,
+    out: OutArg = None,
+    from_: FromOption = None,
+    to: ToOption = None,
+    invocations: GymInvocationsOption = None,
+    onto: OntoOption = None,
+    skip_bad: SkipBadOption = False,
+    drop_unknown: DropUnknownOption = False,
     algorithm_name: AlgorithmOption = None,
     scope: ScopeOption = None,
     scale_by_std: ScaleOption = False,
@@ -185,10 +198,7 @@ def convert_command(
     accept_loss: AcceptLossOption = False,
     tokenizer: ReadTokenizerOption = None,
     out_option: OutputOption = None,
-    as_json: Annotated[
-        bool,
-        typer.Option("--json", help="The summary as one JSON object on stdout (not on stderr)."),
-    ] = False,
+    as_json: SummaryJsonOption = False,
 ) -> None:
     """Convert episodes between verifiers traces, NeMo Gym captures, ATIF trajectories and
     callgrove files.
@@ -218,7 +228,6 @@ def convert_command(
     require_output(target, [p for p in (source, invocations, onto) if p is not None])
     chat = reading_chat(tokenizer)
     outcome = CommandOutcome(Intake(_diagnostics(drop_unknown)), accept_loss, chat)
-    diagnostics = outcome.diagnostics
     tally = Tally()
     if in_shards(jobs, executor):
         if from_ is not SourceForm.callgrove or onto is not None:
@@ -226,8 +235,29 @@ def convert_command(
             raise typer.Exit(EXIT_USAGE)
         job = ShardConvert(to, "".join(target.suffixes) or ".jsonl", skip_bad, drop_unknown)
         _convert_sharded(source, target, job, tally, outcome, jobs, executor)
-        _summary(source, out, from_, to, tally, outcome, skip_bad, as_json)
-        raise typer.Exit(outcome.status())
+    else:
+        _convert_streamed(
+            source, target, from_, to, invocations, onto, algorithm, skip_bad, tally, outcome
+        )
+    _summary(source, out, from_, to, tally, outcome, skip_bad, as_json)
+    raise typer.Exit(outcome.status())
+
+
+def _convert_streamed(
+    source: Path,
+    target: Path,
+    from_: SourceForm,
+    to: Target,
+    invocations: Path | None,
+    onto: Path | None,
+    algorithm: Algorithm | None,
+    skip_bad: bool,
+    tally: Tally,
+    outcome: CommandOutcome,
+) -> None:
+    """`convert` in this process, one episode at a time (all of them first when `algorithm`
+    scores IN's groups). Without `skip_bad` the first error stops it and abandons the output."""
+    diagnostics = outcome.diagnostics
     episodes = _read(source, from_, invocations, outcome)
     with progress_bar("bytes" if source.is_file() else "episodes") as progress:
         if source.is_file():
@@ -257,10 +287,8 @@ def convert_command(
             _write(credited, target, to, onto, tally)
         except InputError as error:
             diagnostics.add(error.problem)
-        except _Stopped:  # the first error stops the conversion; it is reported below
+        except _Stopped:  # the first error stops the conversion; the summary reports it
             pass
-    _summary(source, out, from_, to, tally, outcome, skip_bad, as_json)
-    raise typer.Exit(outcome.status())
 
 
 def _diagnostics(drop_unknown: bool) -> Diagnostics:

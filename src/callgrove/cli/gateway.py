@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 import orjson
 import typer
 
+from callgrove.chat import ChatFormat
 from callgrove.cli.app import app, err, out, safe
 from callgrove.cli.model_options import (
     MODEL_NAMES,
@@ -153,8 +154,7 @@ def serve_policy(
     ] = DEFAULT_MAX_TOKENS,
 ) -> None:
     """Serve a policy on an OpenAI-compatible API with vLLM's token extras."""
-    from callgrove.policy.backends import open_model
-    from callgrove.policy.models import model_from_name
+    from callgrove.models import model_from_name, open_model
     from callgrove.policy.script import Script, ScriptedPolicy
     from callgrove.serving.policy_server import REFERENCE_CONTEXT, PolicyServer
 
@@ -189,22 +189,74 @@ def serve_policy(
     _serve("serve-policy", server.app(), host, port, tokens)
 
 
+# The gateway's own options.
+UpstreamOption = Annotated[
+    str, typer.Option("--upstream", help="Inference server base URL (OpenAI API).")
+]
+LedgerOption = Annotated[
+    Path, typer.Option("--ledger", help="Folder of the ledger and episodes.jsonl.")
+]
+ChatModelOption = Annotated[
+    str | None,
+    typer.Option(
+        "--model",
+        help="Render with this model's chat format (its tokenizer and template; its weights "
+        "are not loaded): the name serve-policy or train samples it under.",
+    ),
+]
+UpstreamTokenOption = Annotated[
+    str | None,
+    typer.Option(
+        "--upstream-token", envvar="CALLGROVE_UPSTREAM_TOKEN", help="Bearer token upstream."
+    ),
+]
+UpstreamTimeoutOption = Annotated[
+    float, typer.Option("--timeout", help="Upstream timeout in seconds.")
+]
+PassthroughOption = Annotated[
+    bool,
+    typer.Option(
+        "--passthrough",
+        help="The upstream applies its own chat template (chat completions); record the "
+        "prompt_token_ids / token_ids it reports.",
+    ),
+]
+MaxTokensOption = Annotated[int, typer.Option("--max-tokens", help="Cap on tokens per completion.")]
+UpstreamModelOption = Annotated[
+    str,
+    typer.Option(
+        "--upstream-model",
+        help="The model name sent upstream (what the server serves, such as vLLM's "
+        "--served-model-name); `latest`: the newest LoRA adapter callgrove's sampler pushed "
+        "(NAME-vN on /v1/models), asked for on every call. Each call's policy version is "
+        "read from the server: the adapter's N, or the weight version on /weight_info.",
+    ),
+]
+ProcessedLogprobsOption = Annotated[
+    bool,
+    typer.Option(
+        "--upstream-processed-logprobs",
+        help="The upstream reports logprobs of the distribution it sampled, tempered and "
+        "top-p cut (vLLM started with --logprobs-mode processed_logprobs), so calls at any "
+        "temperature and top_p are recorded; without it only temperature 1 and top_p 1.",
+    ),
+]
+UpstreamGgufOption = Annotated[
+    str | None,
+    typer.Option(
+        "--upstream-gguf",
+        help="The upstream is llama-cpp-python's server of this GGUF file (`smollm2-135m` or "
+        "`hf:FILE.gguf`; with --passthrough): it reports no token ids, so they are recovered "
+        "with the file's own tokenizer and chat template.",
+    ),
+]
+
+
 @app.command("gateway")
 def gateway(
-    upstream: Annotated[
-        str, typer.Option("--upstream", help="Inference server base URL (OpenAI API).")
-    ],
-    ledger: Annotated[
-        Path, typer.Option("--ledger", help="Folder of the ledger and episodes.jsonl.")
-    ],
-    model: Annotated[
-        str | None,
-        typer.Option(
-            "--model",
-            help="Render with this model's chat format (its tokenizer and template; its weights "
-            "are not loaded): the name serve-policy or train samples it under.",
-        ),
-    ] = None,
+    upstream: UpstreamOption,
+    ledger: LedgerOption,
+    model: ChatModelOption = None,
     tokenizer: TokenizerOption = None,
     template: ChatTemplateOption = None,
     old_template: OldTemplateOption = None,
@@ -212,54 +264,13 @@ def gateway(
     host: Host = "127.0.0.1",
     port: Port = 8100,
     token: Tokens = None,
-    upstream_token: Annotated[
-        str | None,
-        typer.Option(
-            "--upstream-token", envvar="CALLGROVE_UPSTREAM_TOKEN", help="Bearer token upstream."
-        ),
-    ] = None,
-    timeout: Annotated[
-        float, typer.Option("--timeout", help="Upstream timeout in seconds.")
-    ] = 600.0,
-    passthrough: Annotated[
-        bool,
-        typer.Option(
-            "--passthrough",
-            help="The upstream applies its own chat template (chat completions); record the "
-            "prompt_token_ids / token_ids it reports.",
-        ),
-    ] = False,
-    max_tokens: Annotated[
-        int, typer.Option("--max-tokens", help="Cap on tokens per completion.")
-    ] = DEFAULT_MAX_TOKENS,
-    upstream_model: Annotated[
-        str,
-        typer.Option(
-            "--upstream-model",
-            help="The model name sent upstream (what the server serves, such as vLLM's "
-            "--served-model-name); `latest`: the newest LoRA adapter callgrove's sampler pushed "
-            "(NAME-vN on /v1/models), asked for on every call. Each call's policy version is "
-            "read from the server: the adapter's N, or the weight version on /weight_info.",
-        ),
-    ] = "policy",
-    upstream_processed_logprobs: Annotated[
-        bool,
-        typer.Option(
-            "--upstream-processed-logprobs",
-            help="The upstream reports logprobs of the distribution it sampled, tempered and "
-            "top-p cut (vLLM started with --logprobs-mode processed_logprobs), so calls at any "
-            "temperature and top_p are recorded; without it only temperature 1 and top_p 1.",
-        ),
-    ] = False,
-    upstream_gguf: Annotated[
-        str | None,
-        typer.Option(
-            "--upstream-gguf",
-            help="The upstream is llama-cpp-python's server of this GGUF file (`smollm2-135m` or "
-            "`hf:FILE.gguf`; with --passthrough): it reports no token ids, so they are recovered "
-            "with the file's own tokenizer and chat template.",
-        ),
-    ] = None,
+    upstream_token: UpstreamTokenOption = None,
+    timeout: UpstreamTimeoutOption = 600.0,
+    passthrough: PassthroughOption = False,
+    max_tokens: MaxTokensOption = DEFAULT_MAX_TOKENS,
+    upstream_model: UpstreamModelOption = "policy",
+    upstream_processed_logprobs: ProcessedLogprobsOption = False,
+    upstream_gguf: UpstreamGgufOption = None,
 ) -> None:
     """Capture gateway: harnesses in front, UPSTREAM behind, every call in LEDGER.
 
@@ -276,10 +287,7 @@ def gateway(
     closes an episode: its record is appended to LEDGER/episodes.jsonl, which every command
     reads (`callgrove rows LEDGER/episodes.jsonl`). docs/gateway.md has the whole protocol.
     """
-    from callgrove.gateway.app import Gateway
-    from callgrove.gateway.ledger import QUARANTINE, LedgerInUse
     from callgrove.gateway.routes import Routes
-    from callgrove.policy.http import HttpPolicyClient
 
     tokens = _tokens(token, "CALLGROVE_TOKEN")
     _check_serving(host, port, tokens, parser, max_tokens)
@@ -295,25 +303,66 @@ def gateway(
         chat = open_chat(model, tokenizer, chat_template(template, old_template), parser)
     except (InputError, OSError, ValueError) as error:
         _refuse(str(error))
+    policy = _upstream_policy(
+        upstream,
+        upstream_model,
+        upstream_token,
+        timeout,
+        passthrough,
+        upstream_processed_logprobs,
+        upstream_gguf,
+    )
+    server = _open_gateway(policy, chat, ledger, tokens, max_tokens, passthrough)
+    _recover_ledger(server, ledger)
     try:
-        policy = (
-            _llama_cpp_client(
-                upstream_gguf, passthrough, upstream, upstream_token, timeout, upstream_model
-            )
-            if upstream_gguf
-            else HttpPolicyClient(
-                upstream,
-                model=upstream_model,
-                token=upstream_token,
-                timeout=timeout,
-                tempered_logprobs=upstream_processed_logprobs,
-                server_versions=True,
-            )
+        _serve("gateway", Routes(server).app(), host, port, tokens)
+    finally:  # a stopped gateway gives up its ledger folder at once, not when it is collected
+        server.episodes.release()
+
+
+def _upstream_policy(
+    upstream: str,
+    model: str,
+    token: str | None,
+    timeout: float,
+    passthrough: bool,
+    processed_logprobs: bool,
+    gguf: str | None,
+) -> Any:
+    """The client of the upstream server: llama.cpp's for `--upstream-gguf`, else the OpenAI
+    API's; a usage error for one that cannot be made."""
+    from callgrove.policy.http import HttpPolicyClient
+
+    try:
+        if gguf:
+            return _llama_cpp_client(gguf, passthrough, upstream, token, timeout, model)
+        return HttpPolicyClient(
+            upstream,
+            model=model,
+            token=token,
+            timeout=timeout,
+            tempered_logprobs=processed_logprobs,
+            server_versions=True,
         )
     except (ImportError, OSError, ValueError) as error:
         _refuse(str(error))
+
+
+def _open_gateway(
+    policy: Any,
+    chat: ChatFormat,
+    ledger: Path,
+    tokens: list[str],
+    max_tokens: int,
+    passthrough: bool,
+) -> Any:
+    """The gateway on its ledger folder: a usage error for a folder another gateway holds or
+    one that cannot be used."""
+    from callgrove.gateway.app import Gateway
+    from callgrove.gateway.ledger import LedgerInUse
+
     try:
-        server = Gateway(
+        return Gateway(
             policy,
             chat,
             ledger,
@@ -323,6 +372,13 @@ def gateway(
         )
     except (LedgerInUse, OSError) as error:
         _refuse(str(error))
+
+
+def _recover_ledger(server: Any, ledger: Path) -> None:
+    """Recover the episodes a previous gateway left open in `ledger`, saying on stderr what
+    was recovered and what was set aside as damaged."""
+    from callgrove.gateway.ledger import QUARANTINE
+
     with warnings.catch_warnings(record=True) as found:
         warnings.simplefilter("always")
         recovered = server.episodes.recover()
@@ -335,17 +391,13 @@ def gateway(
             f"quarantined {len(server.episodes.quarantined)} damaged episode ledger(s) in "
             f"{ledger / QUARANTINE}: {', '.join(sorted(server.episodes.quarantined))}"
         )
-    try:
-        _serve("gateway", Routes(server).app(), host, port, tokens)
-    finally:  # a stopped gateway gives up its ledger folder at once, not when it is collected
-        server.episodes.release()
 
 
 def _llama_cpp_client(
     name: str, passthrough: bool, upstream: str, token: str | None, timeout: float, model: str
 ):
+    from callgrove.networks.hf import resolve_model
     from callgrove.policy.llama_cpp import LlamaCppPolicyClient
-    from callgrove.train.hf_model import resolve_model
 
     if not passthrough:
         raise ValueError("--upstream-gguf goes with --passthrough (the server renders the chat)")

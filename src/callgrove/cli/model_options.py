@@ -1,5 +1,5 @@
 """The model options `serve-policy`, `gateway` and `import` share: one spelling each, and one
-function that opens the chat format they name (`callgrove.policy.backends`)."""
+function that opens the chat format they name (`callgrove.models`)."""
 
 from __future__ import annotations
 
@@ -54,8 +54,7 @@ def open_chat(
     """The chat format `--model` names (its own tokenizer and template; the weights are not
     loaded), or `--tokenizer`/`--chat-template`, or the built-in bytes. A `ValueError` for
     options that do not go together."""
-    from callgrove.policy.backends import chat_from_files, open_model
-    from callgrove.policy.models import model_from_name
+    from callgrove.models import chat_from_files, model_from_name, open_model
 
     if model is not None and (tokenizer or template):
         raise ValueError("give --model or --tokenizer/--chat-template, not both")

@@ -43,12 +43,14 @@ from callgrove.cli.app import (
 )
 from callgrove.cli.rows import MaxIdentical
 from callgrove.cli.scoring import (
+    AlgorithmName,
     AlgorithmOption,
     DecayOption,
     LocalSeatOption,
     Located,
     ScaleOption,
     ScopeOption,
+    Scoring,
     chosen_algorithm,
     never_scored,
     score_groups,
@@ -92,28 +94,32 @@ class SampleTally:
         return trains
 
 
+SamplesOutOption = Annotated[
+    Path,
+    typer.Option(
+        "--out",
+        "-o",
+        metavar="OUT",
+        help=f"The samples file; its form follows the suffix ({', '.join(SAMPLE_FORMS)}).",
+        show_default=False,
+    ),
+]
+SummaryJsonOption = Annotated[
+    bool, typer.Option("--json", help="The summary as one JSON object on stdout.")
+]
+
+
 @app.command("samples")
 def samples_command(
     files: FilesArg,
-    out_file: Annotated[
-        Path,
-        typer.Option(
-            "--out",
-            "-o",
-            metavar="OUT",
-            help=f"The samples file; its form follows the suffix ({', '.join(SAMPLE_FORMS)}).",
-            show_default=False,
-        ),
-    ],
+    out_file: SamplesOutOption,
     algorithm_name: AlgorithmOption = None,
     scope: ScopeOption = None,
     scale_by_std: ScaleOption = False,
     local_seats: LocalSeatOption = None,
     decay: DecayOption = None,
     max_identical: MaxIdentical = 1,
-    as_json: Annotated[
-        bool, typer.Option("--json", help="The summary as one JSON object on stdout.")
-    ] = False,
+    as_json: SummaryJsonOption = False,
     accept_loss: AcceptLossOption = False,
     tokenizer: ReadTokenizerOption = None,
 ) -> None:
@@ -123,10 +129,7 @@ def samples_command(
     logprobs, advantages, position_ids, policy_versions, temperatures, top_p, top_k) and its
     episode, group, agent, seat and row; `callgrove.read_samples` reads the file back.
     """
-    try:
-        form = sample_form(out_file)
-    except ValueError as error:
-        raise UsageError(f"--out {error}") from None
+    form = _out_form(out_file)
     algorithm = chosen_algorithm(algorithm_name, scope, scale_by_std, local_seats, decay)
     files = episode_inputs(files)
     require_output(out_file, files, "--out")
@@ -134,12 +137,49 @@ def samples_command(
     tally = SampleTally()
     located = _read(files, outcome)
     tally.read = outcome.intake.admitted
-    stale = [item for item in located if _dropped_as_stale(item.episode)]
-    if stale:  # whole groups the loop left untrained: scoring them now would train them
-        tally.skipped[SKIPPED_STALE] += len(stale)
-        located = [item for item in located if not _dropped_as_stale(item.episode)]
+    located = _without_stale(located, tally)
     scoring = score_groups(located, algorithm, outcome.diagnostics) if algorithm else None
     settings = RowSettings(max_identical_trained=max_identical)
+    samples = _samples(located, scoring, settings, tally, outcome)
+    status = outcome.report()
+    if samples or not outcome.diagnostics.errors:
+        _write(out_file, samples, form)
+    else:  # a failed rerun must not replace a good file with an empty one
+        err.print(f"nothing usable: {safe(out_file)} was not written")
+    if as_json:
+        record = _summary_record(out_file, form, algorithm_name, scoring, tally, outcome)
+        sys.stdout.buffer.write(orjson.dumps(record) + b"\n")
+    else:
+        err.print(_summary_table(out_file, form, algorithm_name, scoring, tally, outcome))
+    raise typer.Exit(status)
+
+
+def _out_form(out_file: Path) -> str:
+    """The samples form `--out`'s suffix names; a usage error for one that names none."""
+    try:
+        return sample_form(out_file)
+    except ValueError as error:
+        raise UsageError(f"--out {error}") from None
+
+
+def _without_stale(located: list[Located], tally: SampleTally) -> list[Located]:
+    """`located` less the episodes the training loop dropped as stale (counted as skipped):
+    whole groups it left untrained, which scoring them now would train."""
+    kept = [item for item in located if not _dropped_as_stale(item.episode)]
+    if len(kept) < len(located):
+        tally.skipped[SKIPPED_STALE] += len(located) - len(kept)
+    return kept
+
+
+def _samples(
+    located: list[Located],
+    scoring: Scoring | None,
+    settings: RowSettings,
+    tally: SampleTally,
+    outcome: CommandOutcome,
+) -> list[Sample]:
+    """The samples of every episode that gives some, counted in `tally`; an episode that
+    gives none is counted as skipped, or failed in `outcome` when it is an error."""
     samples: list[Sample] = []
     for item in located:
         episode = item.episode
@@ -164,36 +204,38 @@ def samples_command(
         tally.sampled += 1
         tally.supervised += episode.supervised
         samples.extend(tally.add(made))
-    status = outcome.report()
-    if samples or not outcome.diagnostics.errors:
-        _write(out_file, samples, form)
-    else:  # a failed rerun must not replace a good file with an empty one
-        err.print(f"nothing usable: {safe(out_file)} was not written")
-    if as_json:
-        record = {
-            "out": str(out_file),
-            "form": form,
-            "algorithm": None if algorithm_name is None else algorithm_name.value,
-            "episodes_read": tally.read,
-            "episodes_sampled": tally.sampled,
-            "episodes_lost": len(outcome.intake.lost),
-            "read_twice": outcome.intake.read_twice,
-            "lost_calls": len(outcome.intake.lost_calls),
-            "exactly_once": outcome.whole,
-            "groups_scored": None if scoring is None else scoring.groups,
-            "samples": tally.samples,
-            "num_tokens": tally.num_tokens,
-            "num_loss_tokens": tally.num_loss_tokens,
-            "supervised_episodes": tally.supervised,
-            "unknown_sampling_tokens": tally.unknown_sampling_tokens,
-            "untrained_rows": tally.untrained_rows,
-            "skipped": dict(tally.skipped),
-            "errors": len(outcome.diagnostics.errors),
-        }
-        sys.stdout.buffer.write(orjson.dumps(record) + b"\n")
-    else:
-        err.print(_summary_table(out_file, form, algorithm_name, scoring, tally, outcome))
-    raise typer.Exit(status)
+    return samples
+
+
+def _summary_record(
+    path: Path,
+    form: str,
+    algorithm_name: AlgorithmName | None,
+    scoring: Scoring | None,
+    tally: SampleTally,
+    outcome: CommandOutcome,
+) -> dict[str, object]:
+    """The summary as `--json` writes it on stdout."""
+    return {
+        "out": str(path),
+        "form": form,
+        "algorithm": None if algorithm_name is None else algorithm_name.value,
+        "episodes_read": tally.read,
+        "episodes_sampled": tally.sampled,
+        "episodes_lost": len(outcome.intake.lost),
+        "read_twice": outcome.intake.read_twice,
+        "lost_calls": len(outcome.intake.lost_calls),
+        "exactly_once": outcome.whole,
+        "groups_scored": None if scoring is None else scoring.groups,
+        "samples": tally.samples,
+        "num_tokens": tally.num_tokens,
+        "num_loss_tokens": tally.num_loss_tokens,
+        "supervised_episodes": tally.supervised,
+        "unknown_sampling_tokens": tally.unknown_sampling_tokens,
+        "untrained_rows": tally.untrained_rows,
+        "skipped": dict(tally.skipped),
+        "errors": len(outcome.diagnostics.errors),
+    }
 
 
 def _dropped_as_stale(episode) -> bool:

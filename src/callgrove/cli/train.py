@@ -4,19 +4,34 @@ from __future__ import annotations
 
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from callgrove.cli.app import app, err, out
 from callgrove.cli.model_options import ModelOption
 from callgrove.errors import EXIT_FAILED, EXIT_USAGE
-from callgrove.orchestrator.config import EXECUTORS
+from callgrove.orchestrator.config import EXECUTORS, TrainConfig
+
+if TYPE_CHECKING:
+    from callgrove.orchestrator.loop import RunSummary, SupervisedSummary
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command it interrupted
 
 # run.executor's choices, listed by --help as every --executor's are
 RunExecutor = StrEnum("RunExecutor", {name: name for name in EXECUTORS})
+
+
+RunExecutorOption = Annotated[
+    RunExecutor | None,
+    typer.Option(
+        "--executor", help="Where rollouts run: in this process, or on Ray (run.executor)."
+    ),
+]
+SetOption = Annotated[
+    list[str] | None,
+    typer.Option("--set", help="Any setting: section.key=value (repeatable)."),
+]
 
 
 @app.command("train")
@@ -28,16 +43,8 @@ def train_command(
     ] = None,
     seed: Annotated[int | None, typer.Option(help="Run seed (run.seed).")] = None,
     model: ModelOption = None,
-    executor: Annotated[
-        RunExecutor | None,
-        typer.Option(
-            help="Where rollouts run: in this process, or on Ray (run.executor).",
-        ),
-    ] = None,
-    set_: Annotated[
-        list[str] | None,
-        typer.Option("--set", help="Any setting: section.key=value (repeatable)."),
-    ] = None,
+    executor: RunExecutorOption = None,
+    set_: SetOption = None,
     quiet: Annotated[bool, typer.Option(help="No live display.")] = False,
 ) -> None:
     """Train: episodes of the configured environment, scored by groups, tree-packed steps.
@@ -47,25 +54,10 @@ def train_command(
     Writes OUT/step_N/{train,eval}/traces.jsonl, metrics.jsonl, config.toml, a checkpoint and
     rewards.png; run the same command again after a crash to continue from the checkpoint.
     """
-    from callgrove.orchestrator.config import load_config, parse_override
+    from callgrove.orchestrator.config import load_config
 
-    overrides = {}
     try:
-        for text in set_ or []:
-            key, value = parse_override(text)
-            overrides[key] = value
-        named = {
-            "run.steps": steps,
-            "run.out": out_dir,
-            "run.seed": seed,
-            "model.name": model,  # its kind follows from the name, as with --set model.name
-            "run.executor": executor and executor.value,
-        }
-        overrides |= {
-            k: str(v) if isinstance(v, Path) else v for k, v in named.items() if v is not None
-        }
-        if quiet:
-            overrides["monitor.live"] = False
+        overrides = _overrides(set_, steps, out_dir, seed, model, executor, quiet)
         resolved = load_config(config, overrides)
         from callgrove.formats.output import removed_if_unused
         from callgrove.orchestrator.loop import train
@@ -89,6 +81,44 @@ def train_command(
             markup=False,
         )
         raise typer.Exit(EXIT_INTERRUPTED) from None
+    _print_summary(summary, resolved)
+
+
+def _overrides(
+    settings: list[str] | None,
+    steps: int | None,
+    out_dir: Path | None,
+    seed: int | None,
+    model: str | None,
+    executor: RunExecutor | None,
+    quiet: bool,
+) -> dict[str, Any]:
+    """The config settings the command line gives: every `--set`, then the options that
+    name one (those given)."""
+    from callgrove.orchestrator.config import parse_override
+
+    overrides: dict[str, Any] = {}
+    for text in settings or []:
+        key, value = parse_override(text)
+        overrides[key] = value
+    named = {
+        "run.steps": steps,
+        "run.out": out_dir,
+        "run.seed": seed,
+        "model.name": model,  # its kind follows from the name, as with --set model.name
+        "run.executor": executor and executor.value,
+    }
+    overrides |= {
+        k: str(v) if isinstance(v, Path) else v for k, v in named.items() if v is not None
+    }
+    if quiet:
+        overrides["monitor.live"] = False
+    return overrides
+
+
+def _print_summary(summary: RunSummary | SupervisedSummary, resolved: TrainConfig) -> None:
+    """What the run did, in one line on stdout: the steps trained and where, the last reward,
+    the loss (sft) and the plot; or that there was nothing left to train."""
     if summary.first_step == summary.last_step:
         out.print(
             f"nothing to train: {summary.out} holds {summary.last_step} steps and run.steps is "

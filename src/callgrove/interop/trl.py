@@ -122,12 +122,6 @@ def temperature_problem(samples: Sequence[Sample], temperature: float) -> str | 
     )
 
 
-def samples_dataset(samples: Sequence[Sample]) -> Dataset:
-    """The samples as a `datasets.Dataset` (one row per sample, `SAMPLE_SCHEMA`'s columns), the
-    form `GRPOTrainer` takes its training data in."""
-    return Dataset(InMemoryTable(samples_to_table(samples)))
-
-
 def check_settings(args: GRPOConfig) -> None:
     """Refuse, all named at once, the `GRPOConfig` settings under which TRL 1.16's loss is not
     the clipped ratio against the samples' sampling logprobs, or under which

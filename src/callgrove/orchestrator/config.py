@@ -23,16 +23,10 @@ import msgspec
 from callgrove.credit import ALGORITHMS, GRPO, Algorithm, BuiltinAlgorithm
 from callgrove.errors import UsageError, did_you_mean
 from callgrove.formats.ranges import check_choice, check_range
+from callgrove.models.settings import MODEL_KINDS, ModelSettings, TinyModel, VllmModel, model_table
 from callgrove.orchestrator.degeneracy import DegeneracySettings
 from callgrove.orchestrator.dispatcher import DispatchSettings
 from callgrove.policy import SamplingParams
-from callgrove.policy.models import (
-    MODEL_KINDS,
-    ModelSettings,
-    TinyModel,
-    VllmModel,
-    model_table,
-)
 from callgrove.rows import RowSettings
 from callgrove.train.settings import LearnerSettings, check_world_size
 
@@ -129,7 +123,7 @@ class TrainConfig(_Section):
     env: EnvSection = msgspec.field(default_factory=EnvSection)
     model: ModelSettings = msgspec.field(default_factory=TinyModel)
     """A tagged union: `kind` (tiny, hf or vllm) picks the model, and only its own settings may
-    follow (`callgrove.policy.models`)."""
+    follow (`callgrove.models.settings`)."""
     sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
     dispatch: DispatchSettings = msgspec.field(default_factory=DispatchSettings)
     algorithm: BuiltinAlgorithm = msgspec.field(default_factory=_DEFAULT_ALGORITHM)

@@ -65,10 +65,9 @@ from callgrove.chat import ChatFormat, Message
 from callgrove.episode import TOKEN_DTYPE, Agent, Call, Episode
 from callgrove.errors import RunFailed
 from callgrove.formats.wire import WireEnv, WireError
+from callgrove.models import ModelSettings, model_from_name, open_model
 from callgrove.policy import PolicyClient, SamplingParams
-from callgrove.policy.backends import open_model
 from callgrove.policy.client import Completion
-from callgrove.policy.models import ModelSettings, model_from_name
 
 Rewards = float | dict[str, float]
 EMPTY = np.zeros(0, dtype=TOKEN_DTYPE)

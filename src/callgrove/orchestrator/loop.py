@@ -21,7 +21,9 @@ from typing import Any
 import msgspec
 from rich.console import Console
 
+from callgrove.credit import Algorithm
 from callgrove.episode import Episode
+from callgrove.models import PolicyBackend
 from callgrove.orchestrator import monitors, sinks
 from callgrove.orchestrator.config import ConfigError, Resolved, TrainConfig, resolve, to_toml
 from callgrove.orchestrator.dispatcher import Dispatcher
@@ -37,7 +39,6 @@ from callgrove.orchestrator.run_folder import (
 )
 from callgrove.orchestrator.step import prepare_step
 from callgrove.orchestrator.supervised import SupervisedSummary, train_supervised
-from callgrove.policy.learner import PolicyBackend
 
 
 @dataclass
@@ -122,56 +123,14 @@ async def _run(
     backend = policy_backend(config, executor.sampler if executor else None)
     resolved = resolve(config, tuple(backend.chat.stop_token_ids))
     algorithm = resolved.algorithm
-
-    progress: dict[str, Any] = {
-        "step": 0,
-        "next_group": 0,
-        "pending": [],
-        "run_id": uuid.uuid4().hex,
-    }
-
-    def state() -> dict[str, Any]:
-        return {
-            "progress": progress,
-            "learner": backend.learner.state_dict(),
-            "sampler": backend.sampler.state_dict(),
-            "algorithm": algorithm.state_dict(),
-            "config": msgspec.to_builtins(config),
-        }
-
-    if checkpoint is None:
-        sinks.save_checkpoint(out, state())  # the folder is a run from here on
-    else:
-        progress = checkpoint["progress"]
-        restore(
-            out,
-            checkpoint,
-            ("learner", backend.learner),
-            ("sampler", backend.sampler),
-            ("algorithm", algorithm),
-        )
-    if checkpoint is not None or executor:  # a restored learner, or a sampler actor's own copy
-        await backend.sampler.load_weights(backend.learner.weights(), backend.learner.version)
+    progress = await _start_or_resume(config, checkpoint, backend, algorithm, executor)
     first = int(progress["step"])
     sinks.rewind(out, first)
     sinks.write_text_atomically(out / "config.toml", to_toml(config))
 
     if executor:
         executor.start_workers(backend.chat, resolved.sampling)
-    dispatcher = Dispatcher(
-        env,
-        backend.sampler,
-        backend.chat,
-        resolved.sampling,
-        config.dispatch,
-        run_id=progress["run_id"],
-        seed=config.run.seed,
-        next_group=int(progress["next_group"]),
-        relaunch=progress["pending"],
-        runner=executor.run_episode if executor else None,
-        steps_done=first,
-    )
-    dispatcher.counters.update(progress.get("counters", {}))
+    dispatcher = _dispatcher(config, resolved, env, backend, executor, progress)
     metric_sinks = _metric_sinks(config, out, progress["run_id"])
     display = monitors.LiveDisplay(console, config.run.steps, config.monitor.live, first)
     # The episodes handed to the step under way until its checkpoint is saved: a step that
@@ -184,14 +143,8 @@ async def _run(
             for sink in metric_sinks:
                 sink.log(step, metrics)
                 sink.log_samples(step, table)
-            progress = {
-                "step": step,
-                "next_group": dispatcher.next_group,
-                "pending": dispatcher.pending_groups(),
-                "run_id": progress["run_id"],
-                "counters": dict(dispatcher.counters),
-            }
-            sinks.save_checkpoint(out, state())
+            progress = _progress_after(step, dispatcher, progress["run_id"])
+            sinks.save_checkpoint(out, _checkpoint_state(config, progress, backend, algorithm))
             handed.clear()
             display.update(step, metrics, dispatcher.in_flight_episodes)
     finally:
@@ -199,10 +152,7 @@ async def _run(
         if callable(getattr(env, "close", None)):  # an environment holding a server or workers
             env.close()
         unused = sinks.append_episodes(out / "unused" / "train" / "traces.jsonl", leftovers)
-        final = {"final": True, **{k: float(v) for k, v in dispatcher.counters.items()}}
-        for sink in metric_sinks:
-            sink.log(max(first, int(progress["step"])), final)
-            sink.close()
+        _close_metric_sinks(metric_sinks, max(first, int(progress["step"])), dispatcher)
         display.close()
         if callable(getattr(backend.sampler, "aclose", None)):  # servers it started
             await backend.sampler.aclose()
@@ -210,6 +160,84 @@ async def _run(
     title = f"callgrove train · {out.name} (run {progress['run_id']})"
     plot = monitors.plot_run(metrics, out / "rewards.png", title) if config.monitor.plot else None
     return RunSummary(out, first, int(progress["step"]), metrics, plot, unused)
+
+
+async def _start_or_resume(
+    config: TrainConfig,
+    checkpoint: dict[str, Any] | None,
+    backend: PolicyBackend,
+    algorithm: Algorithm,
+    executor: Any,
+) -> dict[str, Any]:
+    """The run's progress: a new run's, saved as its first checkpoint, or the checkpoint's,
+    with learner, sampler and algorithm restored; the sampler then has the learner's weights."""
+    out = Path(config.run.out)
+    if checkpoint is None:
+        progress = {"step": 0, "next_group": 0, "pending": [], "run_id": uuid.uuid4().hex}
+        # the folder is a run from here on
+        sinks.save_checkpoint(out, _checkpoint_state(config, progress, backend, algorithm))
+    else:
+        progress = checkpoint["progress"]
+        restore(
+            out,
+            checkpoint,
+            ("learner", backend.learner),
+            ("sampler", backend.sampler),
+            ("algorithm", algorithm),
+        )
+    if checkpoint is not None or executor:  # a restored learner, or a sampler actor's own copy
+        await backend.sampler.load_weights(backend.learner.weights(), backend.learner.version)
+    return progress
+
+
+def _checkpoint_state(
+    config: TrainConfig, progress: dict[str, Any], backend: PolicyBackend, algorithm: Algorithm
+) -> dict[str, Any]:
+    """What a checkpoint holds: enough to carry the run on exactly where it stands."""
+    return {
+        "progress": progress,
+        "learner": backend.learner.state_dict(),
+        "sampler": backend.sampler.state_dict(),
+        "algorithm": algorithm.state_dict(),
+        "config": msgspec.to_builtins(config),
+    }
+
+
+def _progress_after(step: int, dispatcher: Dispatcher, run_id: str) -> dict[str, Any]:
+    """Where the run stands once `step` is done: what a resumed run starts from."""
+    return {
+        "step": step,
+        "next_group": dispatcher.next_group,
+        "pending": dispatcher.pending_groups(),
+        "run_id": run_id,
+        "counters": dict(dispatcher.counters),
+    }
+
+
+def _dispatcher(
+    config: TrainConfig,
+    resolved: Resolved,
+    env: Environment,
+    backend: PolicyBackend,
+    executor: Any,
+    progress: dict[str, Any],
+) -> Dispatcher:
+    """The dispatcher, carrying on from `progress` (its next group, groups pending, counters)."""
+    dispatcher = Dispatcher(
+        env,
+        backend.sampler,
+        backend.chat,
+        resolved.sampling,
+        config.dispatch,
+        run_id=progress["run_id"],
+        seed=config.run.seed,
+        next_group=int(progress["next_group"]),
+        relaunch=progress["pending"],
+        runner=executor.run_episode if executor else None,
+        steps_done=int(progress["step"]),
+    )
+    dispatcher.counters.update(progress.get("counters", {}))
+    return dispatcher
 
 
 async def _step(
@@ -295,6 +323,14 @@ def _metric_sinks(config: TrainConfig, out: Path, run_id: str) -> list[Any]:
     if config.monitor.tensorboard:
         chosen.append(sinks.TensorBoardSink(out))
     return chosen
+
+
+def _close_metric_sinks(metric_sinks: list[Any], step: int, dispatcher: Dispatcher) -> None:
+    """Each sink gets the run's final counters (at its last step done), then closes."""
+    final = {"final": True, **{k: float(v) for k, v in dispatcher.counters.items()}}
+    for sink in metric_sinks:
+        sink.log(step, final)
+        sink.close()
 
 
 def _executor(config: TrainConfig) -> Any:

@@ -50,12 +50,12 @@ from callgrove.episode import Episode, episode_from_wire
 from callgrove.episode.io import encode_episode
 from callgrove.forest import compact_prompts
 from callgrove.formats.wire import episode_decoder
+from callgrove.models import open_model
 from callgrove.orchestrator.config import TrainConfig
 from callgrove.orchestrator.env import EpisodeLoop
 from callgrove.orchestrator.envs import make_env
 from callgrove.orchestrator.errors import RunError
 from callgrove.policy import Completion, SamplingParams
-from callgrove.policy.backends import open_model
 from callgrove.policy.guard import end_group, guard_group
 from callgrove.policy.vllm import VllmServer, VllmSettings
 

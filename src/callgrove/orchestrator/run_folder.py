@@ -19,11 +19,11 @@ import msgspec
 
 from callgrove.batch import Sample
 from callgrove.batch.packing import OverlongError, refuse_overlong
+from callgrove.models import Learner, PolicyBackend, open_model
 from callgrove.orchestrator.config import ConfigError, TrainConfig, check_resume
 from callgrove.orchestrator.errors import RunError
 from callgrove.orchestrator.sinks import CHECKPOINT, METRICS, load_checkpoint
-from callgrove.policy.backends import open_model
-from callgrove.policy.learner import Learner, PolicyBackend, TrainableSampler
+from callgrove.policy.client import TrainableSampler
 from callgrove.policy.vllm import VllmError
 from callgrove.train.settings import LearnerSettings
 

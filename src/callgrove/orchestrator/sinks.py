@@ -28,7 +28,7 @@ import shutil
 import warnings
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from callgrove.episode import Episode, EpisodeWriter
 from callgrove.errors import UsageError
@@ -205,14 +205,6 @@ def load_checkpoint(out: Path) -> dict[str, Any] | None:
     if not isinstance(state, dict) or not state.keys() >= CHECKPOINT_KEYS:
         raise RunError(f"{path} is not a callgrove train checkpoint (no {sorted(CHECKPOINT_KEYS)})")
     return state
-
-
-class MetricSink(Protocol):
-    def log(self, step: int, metrics: dict[str, float]) -> None: ...
-
-    def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None: ...
-
-    def close(self) -> None: ...
 
 
 class JsonlSink:

@@ -35,6 +35,7 @@ from callgrove.batch import TOKEN_FIELDS, Sample, build_samples
 from callgrove.chat import ChatFormat, JinjaFormat
 from callgrove.episode import Episode, load
 from callgrove.formats.problems import Diagnostics, Problem
+from callgrove.models import PolicyBackend
 from callgrove.orchestrator import monitors, sinks
 from callgrove.orchestrator.config import ConfigError, DataSection, TrainConfig, to_toml
 from callgrove.orchestrator.run_folder import (
@@ -45,7 +46,6 @@ from callgrove.orchestrator.run_folder import (
     policy_backend,
     restore,
 )
-from callgrove.policy.learner import PolicyBackend
 from callgrove.rows import build_rows
 from callgrove.transcripts import ImportReport, TranscriptRenderer, import_claude_code, import_codex
 from callgrove.transcripts.accounting import CLAUDE_CODE, CODEX, EPISODES, sniff

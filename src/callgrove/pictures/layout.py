@@ -137,10 +137,6 @@ class Box:
         return self.y + BOX_HEIGHT
 
     @property
-    def centre_x(self) -> int:
-        return self.x + BOX_WIDTH // 2
-
-    @property
     def centre_y(self) -> int:
         return self.y + BOX_HEIGHT // 2
 

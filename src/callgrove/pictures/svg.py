@@ -259,6 +259,37 @@ def _lane(writer: _Writer, lane: Lane, width: int) -> None:
 
 def _box(writer: _Writer, box: Box) -> None:
     call = box.call
+    writer.open(
+        "g",
+        class_=_box_classes(box),
+        data_call=call.id,
+        data_agent=box.lane.agent.id,
+        data_seq=call.seq,
+        data_column=box.column,
+        data_rows=" ".join(str(m.row) for m in box.rows) or None,
+        data_owner=box.owner,
+    )
+    writer.leaf("title", text=hover_title(box))
+    _box_outline(writer, box)
+    _box_text(writer, box)
+    _row_squares(writer, box)
+    if box.leaf_of is not None:
+        writer.leaf(
+            "text",
+            text=f"leaf of row {box.leaf_of}",
+            x=box.x,
+            y=box.bottom + 4 + MARKER_SIZE + 13,
+            font_weight="bold",
+            fill=row_colour(box.leaf_of),
+            class_="leaf-mark",
+        )
+    writer.close("g")
+
+
+def _box_classes(box: Box) -> str:
+    """What a call's group is, for pages and tests: a call outside the forest is only
+    `unkept`."""
+    call = box.call
     classes = ["call"]
     if not call.kept:
         classes.append("unkept")
@@ -270,17 +301,12 @@ def _box(writer: _Writer, box: Box) -> None:
             classes.append("leaf")
         if not box.loss:
             classes.append("no-loss")
-    writer.open(
-        "g",
-        class_=" ".join(classes),
-        data_call=call.id,
-        data_agent=box.lane.agent.id,
-        data_seq=call.seq,
-        data_column=box.column,
-        data_rows=" ".join(str(m.row) for m in box.rows) or None,
-        data_owner=box.owner,
-    )
-    writer.leaf("title", text=hover_title(box))
+    return " ".join(classes)
+
+
+def _box_outline(writer: _Writer, box: Box) -> None:
+    """The box in its owner row's colour (dashed when it carries no loss; grey on white,
+    finely dashed, when no row trains it), with an inner frame for a compaction."""
     if box.owner is None:
         stroke, fill, dash = "#999999", "#FFFFFF", "2 2"
     else:
@@ -300,7 +326,7 @@ def _box(writer: _Writer, box: Box) -> None:
         stroke_dasharray=dash,
         class_="box",
     )
-    if call.purpose == "compaction":
+    if box.call.purpose == "compaction":
         writer.leaf(
             "rect",
             x=box.x + 3,
@@ -313,7 +339,11 @@ def _box(writer: _Writer, box: Box) -> None:
             stroke_width=1,
             class_="compaction-mark",
         )
-    ink = INK if call.kept else MUTED
+
+
+def _box_text(writer: _Writer, box: Box) -> None:
+    """The box's three lines: title, action and counts (muted for a call not kept)."""
+    ink = INK if box.call.kept else MUTED
     left = box.x + BOX_PADDING
     writer.leaf(
         "text",
@@ -327,18 +357,6 @@ def _box(writer: _Writer, box: Box) -> None:
     )
     writer.leaf("text", text=box.action, x=left, y=box.y + 31, fill=ink, class_="box-text")
     writer.leaf("text", text=box.counts, x=left, y=box.y + 45, fill=MUTED, class_="box-text")
-    _row_squares(writer, box)
-    if box.leaf_of is not None:
-        writer.leaf(
-            "text",
-            text=f"leaf of row {box.leaf_of}",
-            x=box.x,
-            y=box.bottom + 4 + MARKER_SIZE + 13,
-            font_weight="bold",
-            fill=row_colour(box.leaf_of),
-            class_="leaf-mark",
-        )
-    writer.close("g")
 
 
 def hover_title(box: Box) -> str:

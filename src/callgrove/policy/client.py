@@ -66,3 +66,18 @@ class PolicyClient(Protocol):
     async def sample(self, prompt_ids: np.ndarray, params: SamplingParams) -> Completion:
         """Sample one completion of `prompt_ids` (int32 token ids)."""
         ...
+
+
+@runtime_checkable
+class TrainableSampler(PolicyClient, Protocol):
+    """A sampler that the loop can move to new weights (in process or over the wire)."""
+
+    async def load_weights(self, weights: Any, version: int) -> None:
+        """Use `weights` (of `version`) for every call that starts from now on."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the sampler (its random state); may be empty."""
+        ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...

@@ -28,9 +28,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from callgrove.networks.tiny import Block, TinyDecoder, rotate
 from callgrove.policy.client import SamplingParams
 from callgrove.sampling.distribution import sampling_distribution
-from callgrove.train.model import Block, TinyDecoder, rotate
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,20 +16,13 @@ layers run three (about 12% of a SmolLM2 round on a CPU).
 from __future__ import annotations
 
 import copy
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from callgrove.chat import JinjaFormat
 from callgrove.policy.decode import Decoded, DecodeRequest
-from callgrove.policy.learner import PolicyBackend
 from callgrove.policy.local import LocalSampler
-from callgrove.policy.models import HfModel
-from callgrove.train.settings import LearnerSettings
 
 if TYPE_CHECKING:
     from torch import nn
-
-    from callgrove.train.hf_trainer import HFLearner, HFOptions
 
 
 class FoldedLora:
@@ -112,89 +105,3 @@ class HFSampler(LocalSampler):
         with torch.no_grad():
             for name, value in weights.items():
                 parameters[name].copy_(value)
-
-
-def hf_tokenizer(model: HfModel) -> Any:
-    """The model's tokenizer, without its weights."""
-    from transformers import AutoTokenizer
-
-    from callgrove.train.hf_model import checkpoint_folder, resolve_model
-
-    return AutoTokenizer.from_pretrained(checkpoint_folder(resolve_model(model.name)))
-
-
-def hf_chat(tokenizer: Any, model: HfModel) -> JinjaFormat:
-    """The model's own chat format: its tokenizer and chat template, its tool-call parser."""
-    return JinjaFormat.from_tokenizer(tokenizer, model.tool_parser)
-
-
-def _load(model: HfModel, seed: int) -> tuple[nn.Module, Any]:
-    import torch
-
-    from callgrove.train.hf_model import load_model
-
-    torch.manual_seed(seed)
-    return load_model(model.name, getattr(torch, model.dtype), model.attention)
-
-
-def hf_sampler(model: HfModel, seed: int) -> PolicyBackend:
-    """The sampler and chat format of a Hugging Face model, and its context
-    (`max_position_embeddings`, where its config says); no learner."""
-    hf_model, tokenizer = _load(model, seed)
-    context = getattr(hf_model.config, "max_position_embeddings", None)
-    return PolicyBackend(
-        hf_chat(tokenizer, model),
-        HFSampler(hf_model, tokenizer, seed, model.max_batch),
-        context=context if isinstance(context, int) else None,
-    )
-
-
-def hf_backend(
-    model: HfModel, learner: LearnerSettings, seed: int, with_sampler: bool
-) -> PolicyBackend:
-    """Learner, sampler (None unless `with_sampler`) and chat format of a Hugging Face model.
-    With `world_size` ranks the ranks load the model themselves, and this process only
-    samples."""
-    from callgrove.train.hf_trainer import HFLearner, with_lora
-    from callgrove.train.ranks import RankedLearner
-
-    options = _hf_options(model)
-    if learner.world_size > 1:
-        trainer = RankedLearner(
-            partial(hf_learner, model, seed),
-            learner,
-            options=options,
-            preload=["transformers.modeling_utils", *(["peft"] if options.lora else [])],
-        )
-        if not with_sampler:  # it samples elsewhere (`open_model`): no copy of the model here
-            return PolicyBackend(hf_chat(hf_tokenizer(model), model), learner=trainer)
-        sampled, tokenizer = _load(model, seed)
-        if options.lora:
-            sampled = with_lora(sampled, options.lora)
-    else:
-        hf_model, tokenizer = _load(model, seed)
-        trainer = HFLearner(hf_model, learner, options)
-        if not with_sampler:
-            return PolicyBackend(hf_chat(tokenizer, model), learner=trainer)
-        # With LoRA the sampler folds the adapters into a copy of its own (`FoldedLora`).
-        sampled = trainer.hf_model if options.lora else copy.deepcopy(trainer.hf_model)
-    lora = FoldedLora(sampled) if options.lora else None
-    sampler = HFSampler(sampled, tokenizer, seed, model.max_batch, lora)
-    if learner.world_size > 1:
-        sampler.set_weights(trainer.weights())  # the ranks' (LoRA adapters start at random)
-    return PolicyBackend(hf_chat(tokenizer, model), sampler, trainer)
-
-
-def hf_learner(model: HfModel, seed: int, learner: LearnerSettings) -> HFLearner:
-    """A Hugging Face model's learner (what each rank of a `RankedLearner` builds, seeded
-    alike)."""
-    from callgrove.train.hf_trainer import HFLearner
-
-    hf_model, _ = _load(model, seed)
-    return HFLearner(hf_model, learner, _hf_options(model))
-
-
-def _hf_options(model: HfModel) -> HFOptions:
-    from callgrove.train.hf_trainer import HFOptions
-
-    return HFOptions(model.lora(), model.gradient_checkpointing)

@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
+from callgrove.networks.tiny import TinyDecoder
 from callgrove.policy.client import Completion, SamplingParams
 from callgrove.policy.decode import Decoded, DecodeRequest, decode, new_generator
-from callgrove.train.model import TinyDecoder
 
 
 class LocalSampler:

@@ -62,7 +62,7 @@ from callgrove.policy.guard import guard_group
 from callgrove.policy.http import HttpPolicyClient, UpstreamError, adapter_name
 
 if TYPE_CHECKING:
-    from callgrove.train.hf_trainer import LoraSettings
+    from callgrove.networks.sizes import LoraSettings
 
 # The name a started server serves its base model under (the gateway asks for it by default).
 SERVED_MODEL = "policy"

@@ -216,13 +216,6 @@ class EpisodeRows:
         )
         return values
 
-    def owner_of(self, call: Call) -> Row:
-        """The first row that trains `call`."""
-        for row in self.rows:
-            if any(c is call for c in row.trains):
-                return row
-        raise KeyError(call.id)
-
 
 def build_rows(
     episode: Episode, settings: RowSettings | None = None, forest: Forest | None = None

@@ -1,7 +1,8 @@
-"""A reference trainer (the `train` extra, torch): a tiny decoder-only transformer that runs packed
-varlen batches and tree-packed batches, per-token log-probabilities, and a clipped
-policy-gradient loss, and a dataset over sample files that collates either kind of batch. The
-only stage that imports torch.
+"""The learners (the `train` extra, torch): model batches of packed varlen or tree-packed rows,
+per-token log-probabilities, the clipped policy-gradient and supervised losses, a dataset over
+sample files that collates either kind of batch, and the learners that take one optimizer step
+per step of samples, in this process or across ranks. The networks they train are
+`callgrove.networks`.
 
 Its settings (`LearnerSettings`, `LossSettings`) are torch-free, so a training config loads
 without torch; the torch-backed names load on first use, and say which extra to install when
@@ -13,6 +14,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from callgrove.networks import require_torch
 from callgrove.train.settings import NORMALISATIONS, LearnerSettings, LossSettings
 
 _TORCH_NAMES = {
@@ -29,23 +31,7 @@ _TORCH_NAMES = {
     "row_logprobs": "loss",
     "supervised_loss": "loss",
     "token_logprobs": "loss",
-    "TinyConfig": "settings",
-    "TinyDecoder": "model",
-    "TreeLayout": "model",
-    "VarlenLayout": "model",
 }
-
-
-def require_torch() -> None:
-    """Torch is importable, else a `ModuleNotFoundError` saying which extra installs it."""
-    try:
-        import torch  # noqa: F401
-    except ModuleNotFoundError as missing:
-        raise ModuleNotFoundError(
-            "callgrove.train needs torch, the `train` extra: pip install 'callgrove[train]' "
-            "(from a checkout: pip install -e '.[train]')",
-            name=missing.name,
-        ) from None
 
 
 def __getattr__(name: str) -> Any:
@@ -61,6 +47,5 @@ __all__ = [
     "NORMALISATIONS",
     "LearnerSettings",
     "LossSettings",
-    "require_torch",
     *sorted(_TORCH_NAMES),
 ]

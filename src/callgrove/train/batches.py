@@ -15,7 +15,7 @@ import torch
 
 from callgrove.batch.packing import MicroBatch
 from callgrove.batch.tree import SAMPLE_VALUES, TreeBatch
-from callgrove.train.model import AttentionLayout, TreeLayout, VarlenLayout
+from callgrove.networks.tiny import AttentionLayout, TreeLayout, VarlenLayout
 
 
 @dataclass(slots=True, eq=False)

@@ -10,7 +10,6 @@ needed to continue: the trained weights, the optimizer, the version and the rand
 from __future__ import annotations
 
 import shutil
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,9 +17,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from callgrove.train.hf_model import HFPolicyModel
+from callgrove.networks.hf import HFPolicyModel
+from callgrove.networks.lora import with_lora
+from callgrove.networks.sizes import LoraSettings
 from callgrove.train.learner import ModelLearner
-from callgrove.train.settings import LearnerSettings, LoraSettings
+from callgrove.train.settings import LearnerSettings
 
 _TRAINER_STATE = "trainer.pt"
 _WEIGHTS = "weights.safetensors"
@@ -116,31 +117,3 @@ class HFLearner(ModelLearner):
         state = torch.load(folder / _TRAINER_STATE, weights_only=True)  # data, never code
         state["weights"] = load_file(folder / _WEIGHTS)
         self.load_state_dict(state)
-
-
-def peft_lora_config(lora: LoraSettings):
-    """`lora` as peft's `LoraConfig` (what a peft model, or another trainer, is given)."""
-    from peft import LoraConfig
-
-    return LoraConfig(
-        r=lora.rank,
-        lora_alpha=lora.alpha,
-        lora_dropout=lora.dropout,
-        target_modules=list(lora.target_modules),
-        task_type="CAUSAL_LM",
-    )
-
-
-def with_lora(model: nn.Module, lora: LoraSettings) -> nn.Module:
-    """`model` wrapped by peft with `lora`'s adapters (only they train)."""
-    from peft import get_peft_model
-
-    config = peft_lora_config(lora)
-    with warnings.catch_warnings():
-        # peft 0.21 reads transformers' deprecated `is_gradient_checkpointing` alias while it
-        # wraps the model (its FutureWarning named nothing of ours, on every LoRA run); the
-        # checkpointing it asks about is set above with `activation_checkpointing_enable`.
-        warnings.filterwarnings(
-            "ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning
-        )
-        return get_peft_model(model, config)

@@ -1,7 +1,7 @@
 """The reference learner: the tiny decoder, AdamW, and one optimizer step per call of
 `train_step` over tree-packed (default) or packed micro-batches.
 
-It satisfies `callgrove.policy.Learner` (see there for the contract). Tree packing forwards
+It satisfies `callgrove.models.Learner` (see there for the contract). Tree packing forwards
 each distinct token of the step's rows once, a trie per group of episodes (a group's episodes
 share their task prompt), or with tree scope `step` a trie per micro-batch of `seq_len` nodes
 shared by rows of every group; packing lays rows end to end in micro-batches of `seq_len` tokens.
@@ -25,6 +25,8 @@ from torch import nn
 
 from callgrove.batch import PackSettings, Sample, pack
 from callgrove.batch.tree import TreeSettings, pack_micro_batches
+from callgrove.networks.sizes import TinyConfig
+from callgrove.networks.tiny import TinyDecoder
 from callgrove.train.batches import (
     ModelBatch,
     micro_batch_model_batch,
@@ -32,7 +34,6 @@ from callgrove.train.batches import (
     tree_model_batch,
 )
 from callgrove.train.loss import PolicyTerms, policy_terms, supervised_loss
-from callgrove.train.model import TinyConfig, TinyDecoder
 from callgrove.train.settings import LearnerSettings
 
 # A step's phases as `StepReport.seconds` names them: packing the rows into model batches, the

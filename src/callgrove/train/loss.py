@@ -11,13 +11,14 @@ from dataclasses import dataclass
 
 import torch
 
+from callgrove.batch.samples import SAMPLING_FIELDS
+from callgrove.networks.tiny import TinyDecoder
 from callgrove.sampling.distribution import cuts, sampling_distribution
 from callgrove.train.batches import ModelBatch
-from callgrove.train.model import TinyDecoder
 from callgrove.train.settings import LossSettings
 
-# Per target token: the distribution it was sampled from (`batch.samples.SAMPLING_FIELDS`).
-SAMPLING_VALUES = ("temperatures", "top_p", "top_k")
+# Per target token: the distribution it was sampled from.
+SAMPLING_VALUES = tuple(SAMPLING_FIELDS)
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,6 @@ A config loads and is checked without torch; the learner reads the same struct i
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 import msgspec
 
@@ -136,36 +135,3 @@ def check_world_size(world_size: int, device: str = "cpu") -> None:
     if world_size > have:
         limit = f"at most {have}" if have > 1 else "1 (the learner in this process)"
         raise UsageError(f"train.world_size {world_size}: {what}; set train.world_size to {limit}")
-
-
-@dataclass(frozen=True, slots=True)
-class TinyConfig:
-    """The reference decoder's size; its defaults are `[model] kind = "tiny"`'s."""
-
-    vocab_size: int = 64
-    d_model: int = 64
-    n_heads: int = 4
-    n_layers: int = 2
-    d_ff: int = 128
-    rope_base: float = 10000.0
-
-    def __post_init__(self) -> None:
-        for name in ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff"):
-            check_range(name, getattr(self, name), at_least=1)
-        check_range("rope_base", self.rope_base, above=1)
-        if self.d_model % (2 * self.n_heads):
-            raise ValueError(
-                f"d_model ({self.d_model}) must split into n_heads ({self.n_heads}) heads of even "
-                "width (rotary embeddings rotate pairs): a multiple of 2 * n_heads"
-            )
-
-
-@dataclass(frozen=True, slots=True)
-class LoraSettings:
-    """Low-rank adapters on the attention projections; only they train (`[model] lora_rank`
-    turns them on; `lora_alpha` defaults to `alpha`'s default here)."""
-
-    rank: int
-    alpha: float = 32.0
-    dropout: float = 0.0
-    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")

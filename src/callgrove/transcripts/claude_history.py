@@ -303,145 +303,195 @@ def derive_history(
 ) -> AgentHistory:
     """Each line's history and the agent's calls; `start` is the history a root line
     continues (a fork's: its parent's history)."""
-    entries = graph.entries
-    count = len(entries)
-    turns: list[Turn | None] = [None] * count
-    response_turns: dict[int, Turn] = {}
-    response_calls: dict[int, TranscriptCall] = {}
-    call_ids = CallIds(agent.id)
-    calls: list[TranscriptCall] = []
-    outcomes: list[Outcome] = []
-    spawns: list[tuple[TranscriptCall, ToolCall]] = []
-    results: dict[str, tuple[str, str | None]] = {}
-    failed: set[str] = set()
-    first_prompt: str | None = None
-    open_boundaries: list[int] = []
-    summaries: list[tuple[int, int | None]] = []
-    preserved_turns: dict[str, Turn] = {}
-
-    def messages_at(index: int) -> list[Message]:
-        response = graph.response_of[index]
-        if response is not None:
-            return [assistant_message(_records(graph, graph.responses[response]))]
-        record = entries[index].record
-        if isinstance(record, UserLine) and record.message is not None:
-            return user_messages(record.message.content)
-        return []
-
-    for i, entry in enumerate(entries):
-        record = entry.record
-        up = graph.history_parent[i]
-        before = turns[up] if up is not None else start
-        up_uuid = entries[up].record.uuid if up is not None else None
-        if up_uuid in preserved_turns and not graph.preserved[i]:
-            before = preserved_turns[up_uuid]  # type: ignore[index]
+    walk = _HistoryWalk(graph, agent, start)
+    for i, entry in enumerate(graph.entries):
+        before = walk.history_before(i)
         response = graph.response_of[i]
         if response is not None and graph.responses[response].copied:
-            if response not in response_turns:
-                message = assistant_message(_records(graph, graph.responses[response]))
-                response_turns[response] = Turn(message, before)
-            turns[i] = response_turns[response]
-            outcomes.append(Outcome(i, used=_copy_used(graph.responses[response])))
-            continue
-        if response is not None:
-            call = response_calls.get(response)
-            if call is None:
-                call = _call(graph, graph.responses[response], agent, call_ids, before)
-                response_calls[response] = call
-                calls.append(call)
-                spawns += [(call, t) for t in call.response.tool_calls if t.name in SPAWN_TOOLS]
-                outcomes.append(Outcome(i, used="call"))
-            else:
-                outcomes.append(Outcome(i, used="call (further block)"))
-            turns[i] = call.answer
-            continue
-        turns[i] = before
+            walk.copied_response(i, response, before)
+        elif response is not None:
+            walk.response(i, response, before)
+        else:
+            walk.turns[i] = before
+            walk.other_line(i, entry.record, before)
+    return walk.finish()
+
+
+class _HistoryWalk:
+    """What `derive_history`'s pass over the lines has built so far."""
+
+    def __init__(self, graph: LineGraph, agent: TranscriptAgent, start: Turn | None):
+        self.graph = graph
+        self.agent = agent
+        self.start = start
+        self.turns: list[Turn | None] = [None] * len(graph.entries)
+        self.response_turns: dict[int, Turn] = {}  # copied responses: history, not calls
+        self.response_calls: dict[int, TranscriptCall] = {}
+        self.call_ids = CallIds(agent.id)
+        self.calls: list[TranscriptCall] = []
+        self.outcomes: list[Outcome] = []
+        self.spawns: list[tuple[TranscriptCall, ToolCall]] = []
+        self.results: dict[str, tuple[str, str | None]] = {}
+        self.failed: set[str] = set()
+        self.first_prompt: str | None = None
+        self.open_boundaries: list[int] = []  # compact boundaries still waiting for a summary
+        self.summaries: list[tuple[int, int | None]] = []  # (summary line, its boundary)
+        self.preserved_turns: dict[str, Turn] = {}  # kept uuid -> its history after a summary
+
+    def history_before(self, i: int) -> Turn | None:
+        """The history line `i` continues: a kept message's successor continues it after the
+        summary, not where it stood before the compaction."""
+        graph = self.graph
+        up = graph.history_parent[i]
+        before = self.turns[up] if up is not None else self.start
+        up_uuid = graph.entries[up].record.uuid if up is not None else None
+        if up_uuid in self.preserved_turns and not graph.preserved[i]:
+            before = self.preserved_turns[up_uuid]  # type: ignore[index]
+        return before
+
+    def copied_response(self, i: int, response: int, before: Turn | None) -> None:
+        """A response made elsewhere: one shared message in the history, no call."""
+        made = self.graph.responses[response]
+        if response not in self.response_turns:
+            message = assistant_message(_records(self.graph, made))
+            self.response_turns[response] = Turn(message, before)
+        self.turns[i] = self.response_turns[response]
+        self.outcomes.append(Outcome(i, used=_copy_used(made)))
+
+    def response(self, i: int, response: int, before: Turn | None) -> None:
+        """A line of a response made here: the first makes its call, the rest join it."""
+        call = self.response_calls.get(response)
+        if call is None:
+            call = _call(
+                self.graph, self.graph.responses[response], self.agent, self.call_ids, before
+            )
+            self.response_calls[response] = call
+            self.calls.append(call)
+            self.spawns += [(call, t) for t in call.response.tool_calls if t.name in SPAWN_TOOLS]
+            self.outcomes.append(Outcome(i, used="call"))
+        else:
+            self.outcomes.append(Outcome(i, used="call (further block)"))
+        self.turns[i] = call.answer
+
+    def other_line(self, i: int, record: SessionLine | OtherLine, before: Turn | None) -> None:
+        """A line that is no response: a user message, a compaction's summary or boundary, or
+        a line that adds nothing to the history."""
         if isinstance(record, UserLine) and record.message is not None:
             if record.is_compact_summary:
-                boundary = open_boundaries.pop() if open_boundaries else None
-                summaries.append((i, boundary))
-                turn = Turn(Message("user", _summary_text(record)), None)
-                meta = _boundary(graph, boundary)
-                kept = meta.compact_metadata if meta and meta.compact_metadata else None
-                kept_responses: set[int] = set()  # a response's lines are one message
-                for uuid in (
-                    kept.preserved_messages.uuids if kept and kept.preserved_messages else ()
-                ):
-                    index = graph.latest.get(uuid)
-                    if index is None:
-                        continue
-                    response = graph.response_of[index]
-                    if response is None or response not in kept_responses:
-                        turn = extend(turn, messages_at(index))  # type: ignore[assignment]
-                    if response is not None:
-                        kept_responses.add(response)
-                    preserved_turns[uuid] = turn
-                turns[i] = turn
-                outcomes.append(Outcome(i, used="compaction summary"))
-                continue
-            messages = user_messages(record.message.content)
-            if not messages:
-                outcomes.append(Outcome(i, skipped="user line with no content"))
-                continue
-            turns[i] = extend(before, messages)
-            spawned = record.spawned_agent()
-            use_id = next((m.tool_call_id for m in messages if m.role == "tool"), None)
-            if spawned is not None and use_id:
-                results[spawned[0]] = (use_id, spawned[1])
-            failed.update(m.tool_call_id or "" for m in messages if m.is_error)
-            if first_prompt is None and messages[-1].role == "user":
-                first_prompt = messages[-1].text
-            outcomes.append(Outcome(i, used="message"))
-        elif isinstance(record, AssistantLine):
-            outcomes.append(
-                Outcome(
-                    i,
-                    skipped="assistant line that is not a model response (synthetic API error "
-                    "message)"
-                    if record.message is not None
-                    else "assistant line without a message",
-                )
-            )
-        elif isinstance(record, SystemLine) and record.is_compact_boundary:
-            open_boundaries.append(i)
-            outcomes.append(Outcome(i, used="compaction boundary"))
-        elif isinstance(record, SystemLine):
-            outcomes.append(
-                Outcome(i, skipped=f"system record ({record.subtype}) is not a model message")
-            )
-        elif isinstance(record, ForkContextRef):
-            outcomes.append(_fork_context_outcome(i, record, start))
-        elif isinstance(record, OtherLine) and record.problem:
-            outcomes.append(Outcome(i, skipped=record.problem))
-        else:
-            kind = record.kind if isinstance(record, OtherLine) else "user"
-            outcomes.append(Outcome(i, skipped=f"{kind} record is not a model message"))
+                self.summary(i, record)
+            else:
+                self.user_line(i, record, before)
+            return
+        if isinstance(record, SystemLine) and record.is_compact_boundary:
+            self.open_boundaries.append(i)
+        self.outcomes.append(_line_outcome(i, record, self.start))
 
-    for s, boundary in summaries:
-        calls.append(_compaction(graph, agent, call_ids, turns, s, boundary))
-    unclosed = set(open_boundaries)
-    outcomes = [
-        Outcome(
-            o.line,
-            problem="compact boundary without a summary line; no compaction call made",
+    def summary(self, i: int, record: UserLine) -> None:
+        """A compaction summary starts a new history, followed by the messages it kept."""
+        boundary = self.open_boundaries.pop() if self.open_boundaries else None
+        self.summaries.append((i, boundary))
+        turn = Turn(Message("user", _summary_text(record)), None)
+        self.turns[i] = self.with_kept_messages(turn, boundary)
+        self.outcomes.append(Outcome(i, used="compaction summary"))
+
+    def with_kept_messages(self, turn: Turn, boundary: int | None) -> Turn:
+        """`turn` extended by the messages the compaction at `boundary` kept, recording each
+        kept uuid's history."""
+        graph = self.graph
+        meta = _boundary(graph, boundary)
+        kept = meta.compact_metadata if meta and meta.compact_metadata else None
+        kept_responses: set[int] = set()  # a response's lines are one message
+        for uuid in kept.preserved_messages.uuids if kept and kept.preserved_messages else ():
+            index = graph.latest.get(uuid)
+            if index is None:
+                continue
+            response = graph.response_of[index]
+            if response is None or response not in kept_responses:
+                turn = extend(turn, _messages_at(graph, index))  # type: ignore[assignment]
+            if response is not None:
+                kept_responses.add(response)
+            self.preserved_turns[uuid] = turn
+        return turn
+
+    def user_line(self, i: int, record: UserLine, before: Turn | None) -> None:
+        """A user line's messages (tool results, then text) extend the history."""
+        assert record.message is not None
+        messages = user_messages(record.message.content)
+        if not messages:
+            self.outcomes.append(Outcome(i, skipped="user line with no content"))
+            return
+        self.turns[i] = extend(before, messages)
+        spawned = record.spawned_agent()
+        use_id = next((m.tool_call_id for m in messages if m.role == "tool"), None)
+        if spawned is not None and use_id:
+            self.results[spawned[0]] = (use_id, spawned[1])
+        self.failed.update(m.tool_call_id or "" for m in messages if m.is_error)
+        if self.first_prompt is None and messages[-1].role == "user":
+            self.first_prompt = messages[-1].text
+        self.outcomes.append(Outcome(i, used="message"))
+
+    def finish(self) -> AgentHistory:
+        """The history, with a compaction call per summary (made last: it needs every turn)."""
+        graph = self.graph
+        for s, boundary in self.summaries:
+            self.calls.append(
+                _compaction(graph, self.agent, self.call_ids, self.turns, s, boundary)
+            )
+        unclosed = set(self.open_boundaries)
+        outcomes = [
+            Outcome(
+                o.line,
+                problem="compact boundary without a summary line; no compaction call made",
+            )
+            if o.line in unclosed
+            else o
+            for o in self.outcomes
+        ]
+        copied = self.response_turns
+        return AgentHistory(
+            calls=tuple(self.calls),
+            turns=tuple(self.turns),
+            outcomes=tuple(outcomes),
+            spawns=tuple(self.spawns),
+            results=self.results,
+            failed_uses=frozenset(self.failed),
+            first_prompt=self.first_prompt,
+            copied_responses=sum(graph.responses[r].made_in is None for r in copied),
+            copied_from=dict(Counter(made for r in copied if (made := graph.responses[r].made_in))),
         )
-        if o.line in unclosed
-        else o
-        for o in outcomes
-    ]
-    return AgentHistory(
-        calls=tuple(calls),
-        turns=tuple(turns),
-        outcomes=tuple(outcomes),
-        spawns=tuple(spawns),
-        results=results,
-        failed_uses=frozenset(failed),
-        first_prompt=first_prompt,
-        copied_responses=sum(graph.responses[r].made_in is None for r in response_turns),
-        copied_from=dict(
-            Counter(made for r in response_turns if (made := graph.responses[r].made_in))
-        ),
-    )
+
+
+def _messages_at(graph: LineGraph, index: int) -> list[Message]:
+    """The messages line `index` adds to a history: its response's, or a user line's."""
+    response = graph.response_of[index]
+    if response is not None:
+        return [assistant_message(_records(graph, graph.responses[response]))]
+    record = graph.entries[index].record
+    if isinstance(record, UserLine) and record.message is not None:
+        return user_messages(record.message.content)
+    return []
+
+
+def _line_outcome(i: int, record: SessionLine | OtherLine, start: Turn | None) -> Outcome:
+    """What became of a line that adds nothing to the history (a compact boundary waits for
+    its summary)."""
+    if isinstance(record, AssistantLine):
+        return Outcome(
+            i,
+            skipped="assistant line that is not a model response (synthetic API error message)"
+            if record.message is not None
+            else "assistant line without a message",
+        )
+    if isinstance(record, SystemLine) and record.is_compact_boundary:
+        return Outcome(i, used="compaction boundary")
+    if isinstance(record, SystemLine):
+        return Outcome(i, skipped=f"system record ({record.subtype}) is not a model message")
+    if isinstance(record, ForkContextRef):
+        return _fork_context_outcome(i, record, start)
+    if isinstance(record, OtherLine) and record.problem:
+        return Outcome(i, skipped=record.problem)
+    kind = record.kind if isinstance(record, OtherLine) else "user"
+    return Outcome(i, skipped=f"{kind} record is not a model message")
 
 
 def _copy_used(response: Response) -> str:

@@ -2,9 +2,11 @@
 
 `callgrove train` (RL and SFT), `serve-policy`, `gateway --model`, `import --model` and
 `race` all open their model here, so one `[model]` (or one `--model NAME`) means the same chat
-format, sampler and learner everywhere. Each kind of `callgrove.policy.models` has its builder:
-the reference decoder (`tiny`), a Hugging Face model sampled in this process (`hf`,
-`callgrove.policy.hf`), or one sampled by vLLM servers (`vllm`, `callgrove.policy.vllm`).
+format, sampler and learner everywhere. Each kind of `callgrove.models.settings` has its
+builder: the reference decoder (`tiny`), a Hugging Face model sampled in this process (`hf`,
+`callgrove.models.hf`), or one sampled by vLLM servers (`vllm`, `callgrove.policy.vllm`). Whether
+the learner trains in this process or across ranks is `train.world_size`'s, decided by
+`callgrove.train.ranks.ranked_or_local` for every kind.
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from callgrove.chat import BuiltinFormat, CharFormat, ChatFormat, JinjaFormat
-from callgrove.policy.learner import PolicyBackend, TrainableSampler
-from callgrove.policy.models import HfModel, ModelSettings, TinyModel, VllmModel
+from callgrove.models.backend import PolicyBackend
+from callgrove.models.settings import HfModel, ModelSettings, TinyModel, VllmModel
+from callgrove.policy.client import TrainableSampler
 from callgrove.policy.vllm import Launcher
 from callgrove.train.settings import LearnerSettings
 
@@ -59,7 +62,7 @@ def _tiny(
     sample: bool,
     chat: ChatFormat,
 ) -> PolicyBackend:
-    from callgrove.train import require_torch
+    from callgrove.networks import require_torch
 
     require_torch()
     size = settings.size(chat.vocab_size)
@@ -81,8 +84,8 @@ def _tiny_sampler(
     """The reference decoder, seeded, holding the learner's weights where there is one."""
     import torch
 
+    from callgrove.networks.tiny import TinyDecoder
     from callgrove.policy.local import LocalSampler
-    from callgrove.train import TinyDecoder
 
     torch.manual_seed(seed)
     model = TinyDecoder(settings.size(chat.vocab_size))
@@ -94,10 +97,10 @@ def _tiny_sampler(
 def _hf(
     settings: HfModel, seed: int, learner: LearnerSettings | None, sample: bool
 ) -> PolicyBackend:
-    from callgrove.train import require_torch
+    from callgrove.networks import require_torch
 
     require_torch()
-    from callgrove.policy.hf import hf_backend, hf_chat, hf_sampler, hf_tokenizer
+    from callgrove.models.hf import hf_backend, hf_chat, hf_sampler, hf_tokenizer
 
     if learner is not None:
         return hf_backend(settings, learner, seed, sample)
@@ -119,8 +122,8 @@ def _vllm(
         interpreter(settings.vllm)  # before the model loads: a missing venv is said at once
     built = _hf(settings, seed, learner, sample=False)
     if sample:
+        from callgrove.networks.hf import checkpoint_folder, resolve_model
         from callgrove.policy.vllm import vllm_sampler
-        from callgrove.train.hf_model import checkpoint_folder, resolve_model
 
         folder = checkpoint_folder(resolve_model(settings.name))
         built.sampler = vllm_sampler(settings.vllm, folder, settings.lora(), seed, launch_server)

@@ -21,7 +21,7 @@ from functools import partial
 import torch
 from torch import nn
 
-from callgrove.train.model import AttentionLayout, TreeLayout, VarlenLayout
+from callgrove.networks.tiny import AttentionLayout, TreeLayout, VarlenLayout
 
 BLOCKWISE_PREFIX = "callgrove_blockwise_"
 BASE_ATTENTION = ("sdpa", "eager")

@@ -24,13 +24,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from callgrove.train.hf_attention import (
+from callgrove.networks.hf_attention import (
     BLOCKWISE_PREFIX,
     attention_blocks,
     dense_mask,
     register_blockwise,
 )
-from callgrove.train.model import AttentionLayout
+from callgrove.networks.tiny import AttentionLayout
 
 # Packaged models: name -> (importable package holding the file, file name, how to install it).
 PACKAGED = {
@@ -153,7 +153,7 @@ class HFPolicyModel(nn.Module):
     and a layout (packed or tree-packed) in, next-token logits (N, vocab) out.
 
     Attention runs block by block, each block through the model's own attention kernel with an
-    explicit 4-D mask built from the layout (`callgrove.train.hf_attention`), so a tree-packed
+    explicit 4-D mask built from the layout (`callgrove.networks.hf_attention`), so a tree-packed
     batch costs the attention of its paths, never N x N. `dense=True` instead hands the model
     one dense 4-D mask over the whole batch (a reference for tests; it costs N x N).
 

@@ -15,7 +15,7 @@ an episode begun on version v and trained at step s missed (s - 1) - v updates
 rounds, so a call never spans two versions.
 
 `state_dict` / `load_state_dict` hold everything a checkpoint needs to continue (weights,
-optimizer, version) as torch-serialisable values. `callgrove.policy.backends.open_model` builds
+optimizer, version) as torch-serialisable values. `callgrove.models.open_model` builds
 them for each kind of a config's `[model]`.
 """
 
@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from callgrove.batch import Sample
 from callgrove.chat import ChatFormat
-from callgrove.policy.client import PolicyClient
+from callgrove.policy.client import TrainableSampler
 
 if TYPE_CHECKING:  # torch stays unimported for clients that only sample
     from callgrove.train.learner import StepReport
@@ -55,24 +55,9 @@ class Learner(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
-@runtime_checkable
-class TrainableSampler(PolicyClient, Protocol):
-    """A sampler that the loop can move to new weights (in process or over the wire)."""
-
-    async def load_weights(self, weights: Any, version: int) -> None:
-        """Use `weights` (of `version`) for every call that starts from now on."""
-        ...
-
-    def state_dict(self) -> dict[str, Any]:
-        """What a checkpoint keeps of the sampler (its random state); may be empty."""
-        ...
-
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
-
-
 @dataclass
 class PolicyBackend:
-    """What `callgrove.policy.backends.open_model` opens of a model: its chat format, and the
+    """What `callgrove.models.open_model` opens of a model: its chat format, and the
     sampler and learner where asked for (a training run asks for both)."""
 
     chat: ChatFormat

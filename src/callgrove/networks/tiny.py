@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from callgrove.train.settings import TinyConfig
+from callgrove.networks.sizes import TinyConfig
 
 
 class VarlenLayout:

@@ -1,7 +1,7 @@
 """`[model]`: which model a run trains and samples, one struct per kind (a tagged union on
 `kind`), read without torch.
 
-- `tiny`: the reference decoder (`callgrove.train.TinyDecoder`) over the character vocabulary
+- `tiny`: the reference decoder (`callgrove.networks.TinyDecoder`) over the character vocabulary
   of the built-in environments, trained from scratch;
 - `hf`: a Hugging Face causal LM (`name`: `hf:PATH`, a checkpoint folder or .gguf file, or a
   packaged name such as `smollm2-135m`) with its own tokenizer and chat template, sampled in
@@ -9,7 +9,8 @@
 - `vllm`: the same, sampled by vLLM servers (`[model.vllm]`: `callgrove.policy.vllm`).
 
 `kind` may be left out: `name = "tiny"` (or no name) is `tiny`, another name `hf`, and a
-`[model.vllm]` table makes it `vllm`. `callgrove.policy.backends.open_model` builds any of them.
+`[model.vllm]` table makes it `vllm`. `callgrove.models.open_model` builds any
+of them.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ import msgspec
 
 from callgrove.chat import PARSERS
 from callgrove.formats.ranges import check_choice, check_range
+from callgrove.networks.sizes import LoraSettings, TinyConfig
 from callgrove.policy.vllm import DTYPES, VllmSettings
-from callgrove.train.settings import LoraSettings, TinyConfig
 
 _TINY = TinyConfig()  # the reference decoder's default size, written there once
 _LORA = LoraSettings(rank=1)  # the adapters' defaults, written there once
