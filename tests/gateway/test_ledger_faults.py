@@ -328,7 +328,7 @@ def test_damaged_ledger_files_are_quarantined_and_the_others_serve(tmp_path, scr
     assert open_count == 1
     assert sorted(gateway.episodes.quarantined) == ["midline", "noagent", "noref", "random"]
     assert "midline.calls.jsonl:2: not valid JSON" in gateway.episodes.quarantined["midline"]
-    assert "'agent'" in gateway.episodes.quarantined["noagent"]
+    assert "missing required field `agent`" in gateway.episodes.quarantined["noagent"]
     assert "prompt_from names 'c7'" in gateway.episodes.quarantined["noref"]
     assert gateway.episodes.strays == ["notes.txt"]
     said = " ".join(str(w.message) for w in warned)

@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 
 from callgrove.episode import TOKEN_DTYPE, Call
 from callgrove.formats.problems import InputError, Problem
+from callgrove.formats.wire import SAMPLING_KEYS
 from callgrove.rows import EpisodeRows, Row
 from callgrove.rows.columns import RowColumns
 
@@ -42,6 +43,9 @@ NO_VERSION = -1  # prompt tokens, and completions of calls that recorded no poli
 TOP_K_DTYPE = np.int32
 NO_TOP_K = 0  # no top-k cut
 
+# The distribution of a completion token, per field: the keys of a call's `sampling`
+# (`SAMPLING_KEYS`, in their order: the loss stacks them so).
+SAMPLING_FIELDS = dict(zip(("temperatures", "top_p", "top_k"), SAMPLING_KEYS, strict=True))
 # Per-token arrays in the order samples, Parquet files and micro-batches list them.
 TOKEN_FIELDS = (
     "token_ids",
@@ -50,9 +54,7 @@ TOKEN_FIELDS = (
     "advantages",
     "position_ids",
     "policy_versions",
-    "temperatures",
-    "top_p",
-    "top_k",
+    *SAMPLING_FIELDS,
 )
 FIELD_DTYPES = {
     "token_ids": TOKEN_DTYPE,
@@ -65,8 +67,6 @@ FIELD_DTYPES = {
     "top_p": VALUE_DTYPE,
     "top_k": TOP_K_DTYPE,
 }
-# The distribution of a completion token, per field: the keys of a call's `sampling`.
-SAMPLING_FIELDS = {"temperatures": "temperature", "top_p": "top_p", "top_k": "top_k"}
 # What a per-token field holds on tokens nothing sampled (prompt tokens, padding): the untouched
 # distribution, never scored.
 UNSAMPLED = {"policy_versions": NO_VERSION, "temperatures": 1.0, "top_p": 1.0, "top_k": NO_TOP_K}

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from callgrove.batch.samples import Sample
+from callgrove.batch.samples import SAMPLING_FIELDS, Sample
 from callgrove.rows.columns import RowColumns
 
 if TYPE_CHECKING:
@@ -40,14 +40,7 @@ if TYPE_CHECKING:
 
 TREE_SCOPES = ("tree", "episode", "group", "step")
 # Carried onto the targets: what the loss reads at each trained token.
-SAMPLE_VALUES = (
-    "logprobs",
-    "advantages",
-    "policy_versions",
-    "temperatures",
-    "top_p",
-    "top_k",
-)
+SAMPLE_VALUES = ("logprobs", "advantages", "policy_versions", *SAMPLING_FIELDS)
 NODE_DTYPE = np.int64  # indices feed torch gathers, which take int64
 CHUNK_TOKENS = 1 << 18  # rows gathered together: few numpy calls, temporaries that fit a cache
 

@@ -31,6 +31,7 @@ from typer.models import DefaultPlaceholder
 from callgrove.chat import ChatFormat
 from callgrove.cli.kinds import VERIFIERS_FILE, folder_hint, not_episodes_hint
 from callgrove.episode import Episode, format_for, load_located
+from callgrove.episode.files import EPISODE_FORMS
 from callgrove.errors import EXIT_OK, CallgroveError, RunFailed, UsageError
 from callgrove.formats.output import check_output
 from callgrove.formats.problems import Diagnostics, InputError
@@ -57,8 +58,6 @@ for _console in (out, err):
     if not _console.is_terminal:
         _console.width = _PIPE_WIDTH
 
-# Every episode file form the commands read, named once for help texts and errors.
-EPISODE_FORMS = ".jsonl, .jsonl.gz, .jsonl.zst, .parquet, .arrow"
 FilesArg = Annotated[
     list[Path],
     typer.Argument(metavar="FILE", help=f"Episode files ({EPISODE_FORMS}).", show_default=False),

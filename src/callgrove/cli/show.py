@@ -18,7 +18,6 @@ from callgrove.cli.accounting import (
     reading_chat,
 )
 from callgrove.cli.app import (
-    EPISODE_FORMS,
     FilesArg,
     InvocationsOption,
     app,
@@ -36,6 +35,7 @@ from callgrove.cli.rows import (
     print_rows_table,
     require_episode_found,
 )
+from callgrove.episode.files import EPISODE_FORMS
 from callgrove.errors import EXIT_FAILED, EXIT_USAGE
 from callgrove.forest import Forest
 from callgrove.formats.output import write_text

@@ -26,10 +26,10 @@ from callgrove.episode.record import (
     TOKEN_DTYPE,
     Call,
     Episode,
+    check_distribution,
     not_an_earlier_call,
 )
 from callgrove.formats.problems import InputError, Problem
-from callgrove.formats.ranges import check_range
 from callgrove.formats.wire import WireEpisode, WireRun
 
 EMPTY_COMPLETION = "completion_ids is empty (a call samples at least one token)"
@@ -350,14 +350,10 @@ def sampling_problem(sampling: object) -> str | None:
     missing = [key for key in ("temperature", "top_p") if key not in sampling]
     if missing:
         return lacks("sampling", missing)
-    top_k = sampling.get("top_k")
     try:
-        check_range("sampling.temperature", sampling["temperature"], at_least=0)
-        check_range("sampling.top_p", sampling["top_p"], above=0, at_most=1)
-        if top_k is not None and not isinstance(top_k, int):
-            raise ValueError(f"sampling.top_k must be an int or null (no cut), not {top_k!r}")
-        if top_k is not None:
-            check_range("sampling.top_k", top_k, at_least=1)
+        check_distribution(
+            sampling["temperature"], sampling["top_p"], sampling.get("top_k"), "sampling."
+        )
     except ValueError as error:
         return str(error)
     return None

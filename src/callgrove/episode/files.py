@@ -28,7 +28,13 @@ from callgrove.formats.output import output_error
 from callgrove.formats.problems import Diagnostics, InputError
 from callgrove.formats.streams import readable
 
-JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".json", ".gz", ".zst")
+_JSONL_NAMES = (".jsonl", ".jsonl.gz", ".jsonl.zst")
+JSONL_SUFFIXES = (*_JSONL_NAMES, ".json", ".gz", ".zst")
+"""What a JSON Lines episode file may end with (the last three read too, where a file is named
+so)."""
+BINARY_SUFFIXES = (".parquet", ".arrow")
+EPISODE_FORMS = ", ".join((*_JSONL_NAMES, *BINARY_SUFFIXES))
+"""The episode files' names, as a command's help says them."""
 
 
 class EpisodeSink(Protocol):
@@ -282,5 +288,5 @@ register(
         sniff=_is_callgrove,
     )
 )
-register(EpisodeFormat("parquet", (".parquet",), read_binary_episodes, _binary_writer))
-register(EpisodeFormat("arrow", (".arrow",), read_binary_episodes, _binary_writer))
+for _suffix in BINARY_SUFFIXES:
+    register(EpisodeFormat(_suffix[1:], (_suffix,), read_binary_episodes, _binary_writer))

@@ -21,6 +21,7 @@ import numpy as np
 
 from callgrove.episode.provenance import Gap, Spawn
 from callgrove.formats.problems import InputError, Problem
+from callgrove.formats.ranges import check_range
 from callgrove.formats.wire import CallFields, WireEnv, WireError, WirePolicy, WireRun
 
 # The episode's small parts are the wire structs themselves, under the names a user builds with.
@@ -116,6 +117,19 @@ class Call(CallFields, kw_only=True, eq=False):
 def sampling_record(temperature: float, top_p: float = 1.0, top_k: int | None = None) -> dict:
     """A call's `sampling`: the distribution its logprobs are under (docs/episode-format.md)."""
     return {"temperature": float(temperature), "top_p": float(top_p), "top_k": top_k}
+
+
+def check_distribution(temperature: Any, top_p: Any, top_k: Any, prefix: str = "") -> None:
+    """The bounds of a sampling distribution, a `ValueError` naming the first one broken:
+    `temperature` a finite number >= 0 (0: greedy), `top_p` in (0, 1], `top_k` an int >= 1
+    or None (no top-k cut). A run's `[sampling]` and every recorded call's `sampling` alike."""
+    check_range(f"{prefix}temperature", temperature, at_least=0)
+    check_range(f"{prefix}top_p", top_p, above=0, at_most=1)
+    if top_k is None:
+        return
+    if not isinstance(top_k, int) or isinstance(top_k, bool):
+        raise ValueError(f"{prefix}top_k must be an int or null (no cut), not {top_k!r}")
+    check_range(f"{prefix}top_k", top_k, at_least=1)
 
 
 def not_an_earlier_call(source_id: str) -> str:

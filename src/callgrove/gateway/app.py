@@ -45,7 +45,7 @@ from callgrove.gateway.episodes import (
     closed_error,
     message_key,
 )
-from callgrove.gateway.ledger import call_line
+from callgrove.gateway.ledger import CallNote, LedgerAgent, call_line
 from callgrove.policy import Completion, PolicyClient, SamplingParams
 from callgrove.policy.client import DEFAULT_MAX_TOKENS
 from callgrove.policy.http import Piece, UpstreamError, sample_from_pieces
@@ -339,25 +339,18 @@ class Gateway:
         )
         history = chain_hashes([response], hashes[-1] if hashes else b"")[0]
         prompt_key = hashes[-1].hex() if hashes else ""
-        line = call_line(
-            call,
-            {
-                "agent": {
-                    "id": agent.id,
-                    "name": agent.name,
-                    "parent": agent.parent,
-                    "start": agent.start,
-                },
-                "history": history.hex(),
-                "prompt_key": prompt_key,
-                "tools": turn.tools_hash.hex(),
-                "api": turn.dialect.name,
-                "harness": turn.who.harness,
-                "version": turn.who.version,
-                "path": turn.who.path,
-                "time": time.time(),
-            },
+        note = CallNote(
+            agent=LedgerAgent(agent.id, agent.name, agent.parent, agent.start),
+            history=history.hex(),
+            prompt_key=prompt_key,
+            tools=turn.tools_hash.hex(),
+            api=turn.dialect.name,
+            harness=turn.who.harness,
+            version=turn.who.version,
+            path=turn.who.path,
+            time=time.time(),
         )
+        line = call_line(call, note)
         await state.append_call(call, line, await self._alone())
         agent.add(call)
         state.remember(

@@ -36,6 +36,7 @@ import orjson
 
 from callgrove.chat import Message
 from callgrove.episode import AGENT_STARTS, Agent
+from callgrove.gateway.ledger import LedgerAgent
 from callgrove.serving.web import HttpError
 from callgrove.transcripts.claude_records import SPAWN_TOOLS, SpawnArguments
 from callgrove.transcripts.codex_records import agent_name
@@ -360,12 +361,12 @@ class Roster:
         self.agents[who.agent] = agent
         return agent
 
-    def replayed(self, fields: dict[str, Any], harness: str | None, path: str | None) -> Agent:
-        """The agent a ledger line names (`fields`: its `agent` object), made on its first line."""
-        agent = self.agents.get(fields["id"])
+    def replayed(self, named: LedgerAgent, harness: str | None, path: str | None) -> Agent:
+        """The agent a ledger line names, made on its first line."""
+        agent = self.agents.get(named.id)
         if agent is None:
-            agent = self.agents[fields["id"]] = Agent(
-                id=fields["id"], name=fields["name"], parent=fields["parent"], start=fields["start"]
+            agent = self.agents[named.id] = Agent(
+                id=named.id, name=named.name, parent=named.parent, start=named.start
             )
             if harness == "codex" and agent.parent is not None:
                 agent.name = self.codex_names.started(agent.id, path)

@@ -46,6 +46,7 @@ from callgrove.gateway.ledger import (
     LedgerLock,
     append_episode,
     call_from_line,
+    call_note,
     close_body,
     close_record,
     last_line,
@@ -229,7 +230,8 @@ class EpisodeState:
             if failure.get("call") is not None:
                 self.forget(failure["call"])
             return
-        agent = self.roster.replayed(line["agent"], line.get("harness"), line.get("path"))
+        note = call_note(line)
+        agent = self.roster.replayed(note.agent, note.harness, note.path)
         call = call_from_line(line, self.id)
         recorded_base = base_of(call, self.find, self.id)  # a call recorded before it, or none
         agent.add(call)
@@ -241,11 +243,11 @@ class EpisodeState:
             call,
             message_from_dict(content["response"]),
             previous,
-            bytes.fromhex(line["history"]),
-            bytes.fromhex(line["tools"]),
+            bytes.fromhex(note.history),
+            bytes.fromhex(note.tools),
             agent,
         )
-        self.remember(recorded, line["prompt_key"], new, line.get("version"))
+        self.remember(recorded, note.prompt_key, new, note.version)
         self.seq = max(self.seq, call.seq)
         number = call.id[1:]
         if call.id.startswith("c") and number.isdigit():

@@ -291,11 +291,46 @@ def last_line(path: Path) -> dict[str, Any] | None:
     return line if isinstance(line, dict) else None
 
 
-def call_line(call: Call, extra: dict[str, Any]) -> bytes:
+class LedgerAgent(msgspec.Struct, frozen=True):
+    """The agent a call line names, as the episode record will hold it."""
+
+    id: str
+    name: str
+    parent: str | None
+    start: str
+
+
+class CallNote(msgspec.Struct, kw_only=True, frozen=True):
+    """The gateway's fields beside a call on its ledger line: what it needs to take the call
+    back in after a restart as it took it when it wrote the line."""
+
+    agent: LedgerAgent
+    history: str
+    """Hex digest of the conversation through the call's reply (how a later request finds it)."""
+    prompt_key: str
+    """Hex digest of the conversation before the reply ("" for a first call)."""
+    tools: str
+    """Hex digest of the tools the request offered."""
+    api: str
+    """The client API the call came through (its dialect's name)."""
+    harness: str | None = None
+    version: str | None = None
+    """The harness CLI's release, where its requests say."""
+    path: str | None = None
+    time: float = 0.0
+
+
+def call_line(call: Call, note: CallNote) -> bytes:
     """A call as one ledger line: the episode format's own form of the call (its prompt as a
-    reference into its base call) with the gateway's fields beside it."""
+    reference into its base call) with the gateway's note beside it."""
     wire = msgspec.json.encode(_call_to_wire(call, json_numbers))
-    return wire[:-1] + b"," + orjson.dumps(extra)[1:] + b"\n"
+    return wire[:-1] + b"," + msgspec.json.encode(note)[1:] + b"\n"
+
+
+def call_note(line: dict[str, Any]) -> CallNote:
+    """The gateway's note of a call line read back (the call's own fields are left to
+    `call_from_line`)."""
+    return msgspec.convert(line, CallNote, strict=False)
 
 
 _LINE_DECODER = msgspec.json.Decoder(WireCall)

@@ -24,11 +24,10 @@ from callgrove.chat import tools_message
 from callgrove.episode import encode_episode
 from callgrove.gateway.app import Gateway
 from callgrove.gateway.attribution import UNTAGGED, episode_from_key, identify, valid_episode
-from callgrove.serving.dialects import ERROR_HANDLERS
+from callgrove.serving.dialects import DIALECTS, ERROR_HANDLERS
 from callgrove.serving.dialects.anthropic_messages import ANTHROPIC_MESSAGES, anthropic_messages
 from callgrove.serving.dialects.dialect import Dialect
 from callgrove.serving.dialects.openai_chat import OPENAI_CHAT
-from callgrove.serving.dialects.openai_responses import OPENAI_RESPONSES
 from callgrove.serving.web import (
     HttpError,
     check_headers,
@@ -38,13 +37,6 @@ from callgrove.serving.web import (
     request_key,
     sse_response,
 )
-
-CHAT_PATHS = (
-    ("/v1/chat/completions", OPENAI_CHAT),
-    ("/v1/responses", OPENAI_RESPONSES),
-    ("/v1/messages", ANTHROPIC_MESSAGES),
-)
-"""Each chat route's path and the dialect its requests and answers speak."""
 
 
 class Routes:
@@ -57,11 +49,15 @@ class Routes:
         routes = [Route("/health", self.health, methods=["GET"])]
         for prefix in ("", "/e/{episode}"):
             routes += [
-                Route(f"{prefix}{path}", self._endpoint(dialect), methods=["POST"])
-                for path, dialect in CHAT_PATHS
+                Route(f"{prefix}{dialect.path}", self._endpoint(dialect), methods=["POST"])
+                for dialect in DIALECTS
             ]
             routes += [
-                Route(f"{prefix}/v1/messages/count_tokens", self.count_tokens, methods=["POST"]),
+                Route(
+                    f"{prefix}{ANTHROPIC_MESSAGES.path}/count_tokens",
+                    self.count_tokens,
+                    methods=["POST"],
+                ),
                 Route(f"{prefix}/v1/models", self.models, methods=["GET"]),
             ]
         routes.append(Route("/e/{episode}/close", self.close, methods=["POST"]))

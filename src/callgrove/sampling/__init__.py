@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 
 from callgrove.episode import sampling_record
-from callgrove.formats.ranges import check_range
+from callgrove.episode.record import check_distribution
 
 
 class Distribution(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -26,10 +26,7 @@ class Distribution(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     top_k: int | None = None
 
     def __post_init__(self) -> None:
-        check_range("temperature", self.temperature, at_least=0)
-        check_range("top_p", self.top_p, above=0, at_most=1)
-        if self.top_k is not None:
-            check_range("top_k", self.top_k, at_least=1)
+        check_distribution(self.temperature, self.top_p, self.top_k)
 
     def record(self) -> dict[str, Any]:
         """This distribution as a call's `sampling` (docs/episode-format.md)."""

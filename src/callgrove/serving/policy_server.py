@@ -187,7 +187,7 @@ class PolicyServer:
             routes=[
                 Route("/v1/models", self.models, methods=["GET"]),
                 Route("/v1/completions", self.completions, methods=["POST"]),
-                Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
+                Route(OPENAI_CHAT.path, self.chat_completions, methods=["POST"]),
                 Route("/health", self.health, methods=["GET"]),
             ],
             exception_handlers=ERROR_HANDLERS,

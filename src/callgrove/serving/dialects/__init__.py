@@ -20,12 +20,14 @@ from callgrove.serving.dialects.openai_chat import OPENAI_CHAT
 from callgrove.serving.dialects.openai_responses import OPENAI_RESPONSES
 from callgrove.serving.web import HttpError
 
+DIALECTS: tuple[Dialect, ...] = (OPENAI_CHAT, OPENAI_RESPONSES, ANTHROPIC_MESSAGES)
+"""Every client API, each with the route it owns (`Dialect.path`)."""
+
 
 def dialect_of_path(path: str) -> Dialect:
-    """The API a request path speaks, for errors no route answers (an unknown path)."""
-    if "/v1/messages" in path:
-        return ANTHROPIC_MESSAGES
-    return OPENAI_RESPONSES if path.endswith("/v1/responses") else OPENAI_CHAT
+    """The API a request path speaks, for errors no route answers (an unknown path, or one
+    below a dialect's route such as `/v1/messages/count_tokens`); OpenAI chat by default."""
+    return next((d for d in DIALECTS if d.path in path), OPENAI_CHAT)
 
 
 async def _unrouted(request: Request, error: Exception) -> Response:

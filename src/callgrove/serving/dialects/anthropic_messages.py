@@ -97,6 +97,7 @@ def _usage(reply: Reply) -> dict[str, int]:
 
 class AnthropicMessages(Dialect):
     name = "messages"
+    path = "/v1/messages"
 
     def request(self, data: dict[str, Any]) -> ChatRequest:
         return request_of(data, anthropic_messages(data), "max_tokens")

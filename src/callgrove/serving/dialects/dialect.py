@@ -173,6 +173,8 @@ class Dialect(ABC):
 
     name: ClassVar[str]
     """The API's name, as a ledger line's `api` records it."""
+    path: ClassVar[str]
+    """The route its requests come in on (below any prefix a server adds)."""
 
     @abstractmethod
     def request(self, data: dict[str, Any]) -> ChatRequest:

@@ -123,6 +123,7 @@ def _usage(reply: Reply) -> dict[str, int]:
 
 class OpenAIChat(Dialect):
     name = "chat"
+    path = "/v1/chat/completions"
 
     def request(self, data: dict[str, Any]) -> ChatRequest:
         check_chat(data)

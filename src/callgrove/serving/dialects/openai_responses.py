@@ -126,6 +126,7 @@ def _response(
 
 class OpenAIResponses(Dialect):
     name = "responses"
+    path = "/v1/responses"
 
     def request(self, data: dict[str, Any]) -> ChatRequest:
         check_responses(data)
