@@ -8,7 +8,7 @@ from pathlib import Path
 import callgrove
 
 # Beneath the stages: modules every stage may import, which import nothing of callgrove.
-BENEATH = ["errors"]
+BENEATH = ["errors", "lazy"]
 # The networks lie beneath the learners (`train`) and the samplers (`policy`, on top).
 STAGES = [
     "formats",

@@ -15,9 +15,6 @@ on first use, so `import callgrove` never imports torch.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
 from callgrove.batch import (
     MicroBatch,
     PackedBatch,
@@ -68,6 +65,7 @@ from callgrove.errors import CallgroveError, RunFailed, UsageError
 from callgrove.forest import Forest, build_forest, compact_prompts
 from callgrove.formats import Diagnostics, InputError, Problem
 from callgrove.interop import ATIF, GYM, VERIFIERS  # registers the foreign formats
+from callgrove.lazy import lazy_names
 from callgrove.rows import (
     CheckSummary,
     EpisodeRows,
@@ -107,12 +105,7 @@ _LAZY_NAMES = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY_NAMES:
-        value = getattr(importlib.import_module(_LAZY_NAMES[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'callgrove' has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, _LAZY_NAMES)
 
 
 def __dir__() -> list[str]:

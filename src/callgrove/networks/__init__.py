@@ -8,16 +8,12 @@ without torch; the torch-backed names load on first use and say which extra inst
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
+from callgrove.lazy import lazy_names
 from callgrove.networks.sizes import LoraSettings, TinyConfig
 
 _TORCH_NAMES = {
-    "AttentionLayout": "tiny",
-    "TinyDecoder": "tiny",
-    "TreeLayout": "tiny",
-    "VarlenLayout": "tiny",
+    name: "callgrove.networks.tiny"
+    for name in ("AttentionLayout", "TinyDecoder", "TreeLayout", "VarlenLayout")
 }
 
 
@@ -33,13 +29,6 @@ def require_torch() -> None:
         ) from None
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _TORCH_NAMES:
-        raise AttributeError(f"module 'callgrove.networks' has no attribute {name!r}")
-    require_torch()
-    value = getattr(importlib.import_module(f"callgrove.networks.{_TORCH_NAMES[name]}"), name)
-    globals()[name] = value
-    return value
-
+__getattr__ = lazy_names(__name__, _TORCH_NAMES, require_torch)
 
 __all__ = ["LoraSettings", "TinyConfig", "require_torch", *sorted(_TORCH_NAMES)]

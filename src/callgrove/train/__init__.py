@@ -11,37 +11,28 @@ torch is missing.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
+from callgrove.lazy import lazy_names
 from callgrove.networks import require_torch
 from callgrove.train.settings import NORMALISATIONS, LearnerSettings, LossSettings
 
 _TORCH_NAMES = {
-    "ModelBatch": "batches",
-    "micro_batch_model_batch": "batches",
-    "packed_model_batch": "batches",
-    "tree_model_batch": "batches",
-    "UNITS": "data",
-    "PackedCollate": "data",
-    "SampleDataset": "data",
-    "TreeCollate": "data",
-    "logprobs_from_logits": "loss",
-    "policy_loss": "loss",
-    "row_logprobs": "loss",
-    "supervised_loss": "loss",
-    "token_logprobs": "loss",
+    "ModelBatch": "callgrove.train.batches",
+    "micro_batch_model_batch": "callgrove.train.batches",
+    "packed_model_batch": "callgrove.train.batches",
+    "tree_model_batch": "callgrove.train.batches",
+    "UNITS": "callgrove.train.data",
+    "PackedCollate": "callgrove.train.data",
+    "SampleDataset": "callgrove.train.data",
+    "TreeCollate": "callgrove.train.data",
+    "logprobs_from_logits": "callgrove.train.loss",
+    "policy_loss": "callgrove.train.loss",
+    "row_logprobs": "callgrove.train.loss",
+    "supervised_loss": "callgrove.train.loss",
+    "token_logprobs": "callgrove.train.loss",
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _TORCH_NAMES:
-        raise AttributeError(f"module 'callgrove.train' has no attribute {name!r}")
-    require_torch()
-    value = getattr(importlib.import_module(f"callgrove.train.{_TORCH_NAMES[name]}"), name)
-    globals()[name] = value
-    return value
-
+__getattr__ = lazy_names(__name__, _TORCH_NAMES, require_torch)
 
 __all__ = [
     "NORMALISATIONS",
