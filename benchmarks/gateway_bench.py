@@ -209,7 +209,7 @@ def serve_noop(ledger: str) -> None:
     """A gateway whose policy answers every prompt with the same 16 tokens, instantly."""
     sys.path.insert(0, SRC)
     from callgrove.chat import BuiltinFormat
-    from callgrove.gateway.app import Gateway
+    from callgrove.gateway.core import Gateway
     from callgrove.gateway.routes import Routes
     from callgrove.policy import Completion
     from callgrove.serving.web import serve

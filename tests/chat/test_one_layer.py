@@ -13,13 +13,13 @@ import pytest
 from callgrove.chat import BuiltinFormat, ChatFormat, JinjaFormat, Message
 from callgrove.episode import Episode, episode_from_wire
 from callgrove.formats.jsonl import decode_episode_line
-from callgrove.gateway.app import Gateway
+from callgrove.gateway.core import Gateway
 from callgrove.gateway.routes import Routes
 from callgrove.orchestrator.env import run_episode
 from callgrove.policy import Completion, SamplingParams
 from callgrove.serving.policy_server import PolicyServer
 from callgrove.transcripts import Transcript, TranscriptAgent, TranscriptCall, TranscriptRenderer
-from callgrove.transcripts.model import CallRecord, Source, extend
+from callgrove.transcripts.turns import CallRecord, Source, extend
 
 SYSTEM, FIRST, REPLY, SECOND = "You answer tersely.", "What is 2 + 3?", "5", "And 4 + 4?"
 CHATML = (

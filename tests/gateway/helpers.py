@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 
 from callgrove.chat import BuiltinFormat
-from callgrove.gateway.app import Gateway
+from callgrove.gateway.core import Gateway
 from callgrove.gateway.routes import Routes
 from callgrove.policy.script import Script, ScriptedPolicy
 from callgrove.serving.policy_server import PolicyServer

@@ -562,7 +562,7 @@ def test_a_greedy_call_through_a_scripted_upstream_records_its_distribution(tmp_
 
 
 def test_a_call_records_what_was_sampled_and_what_the_client_asked():
-    from callgrove.gateway.app import recorded_sampling
+    from callgrove.gateway.core import recorded_sampling
     from callgrove.serving.dialects.dialect import ChatRequest
 
     sent = {"temperature": 0.7, "top_p": 1.0, "top_k": None}

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from callgrove.chat import BuiltinFormat
 from callgrove.cli.app import app
 from callgrove.gateway import harness
-from callgrove.gateway.local import LocalGateway
+from callgrove.gateway.in_training import LocalGateway
 from callgrove.serving.policy_server import PolicyThread
 
 from .helpers import scripted, write_script

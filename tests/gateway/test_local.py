@@ -12,7 +12,7 @@ import pytest
 
 from callgrove.chat import BuiltinFormat, CharFormat, ChatFormat
 from callgrove.gateway.harness import Stopped, _run_cli
-from callgrove.gateway.local import LocalGateway
+from callgrove.gateway.in_training import LocalGateway
 from callgrove.orchestrator.envs.harness import harness_chat
 from callgrove.policy import Completion, SamplingParams
 

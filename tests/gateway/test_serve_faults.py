@@ -13,7 +13,7 @@ import pytest
 from callgrove.chat import BuiltinFormat, ChatFormat
 from callgrove.models import TinyModel, open_model
 from callgrove.policy import Completion, SamplingParams
-from callgrove.policy.local import LocalSampler
+from callgrove.policy.batching import LocalSampler
 from callgrove.serving.policy_server import UNSERVED
 
 from .helpers import policy_client, scripted, write_script

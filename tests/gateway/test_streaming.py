@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from callgrove.chat import BuiltinFormat, ChatFormat
-from callgrove.gateway.app import Gateway
+from callgrove.gateway.core import Gateway
 from callgrove.gateway.routes import Routes
 from callgrove.policy.http import Piece
 from callgrove.serving.streaming import PlainText

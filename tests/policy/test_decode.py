@@ -13,8 +13,8 @@ from callgrove.episode import sampling_record
 from callgrove.networks.sizes import TinyConfig
 from callgrove.networks.tiny import TinyDecoder, VarlenLayout
 from callgrove.policy import SamplingParams
+from callgrove.policy.batching import LocalSampler
 from callgrove.policy.decode import DecodeRequest, decode
-from callgrove.policy.local import LocalSampler
 from callgrove.sampling.distribution import sampling_distribution
 
 CONFIG = TinyConfig(vocab_size=24, d_model=16, n_heads=2, n_layers=2, d_ff=32)

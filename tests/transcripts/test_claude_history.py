@@ -23,7 +23,7 @@ from callgrove.transcripts.claude_records import (
     decode_line,
     decode_raw,
 )
-from callgrove.transcripts.model import TranscriptAgent
+from callgrove.transcripts.turns import TranscriptAgent
 
 from .helpers import DATA
 

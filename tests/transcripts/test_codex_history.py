@@ -17,7 +17,7 @@ from callgrove.transcripts.codex_history import (
     place_lines,
 )
 from callgrove.transcripts.codex_records import decode_record
-from callgrove.transcripts.model import TranscriptAgent
+from callgrove.transcripts.turns import TranscriptAgent
 
 SUMMARY = "Summary: printed hi."
 

@@ -16,7 +16,7 @@ from callgrove.transcripts.compaction import (
     preserved_links,
     summary_in_replacement,
 )
-from callgrove.transcripts.model import CallRecord, Source, TranscriptAgent, TranscriptCall, Turn
+from callgrove.transcripts.turns import CallRecord, Source, TranscriptAgent, TranscriptCall, Turn
 
 PREAMBLE = "Another language model started to solve this problem ... summary:\n"
 

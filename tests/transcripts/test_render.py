@@ -21,7 +21,7 @@ from callgrove.transcripts import (
     TranscriptRenderer,
     import_claude_code,
 )
-from callgrove.transcripts.model import CallRecord, Source, Turn, extend
+from callgrove.transcripts.turns import CallRecord, Source, Turn, extend
 
 from .helpers import KIMUSON, assert_prefix_stable
 

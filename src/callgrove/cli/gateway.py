@@ -358,7 +358,7 @@ def _open_gateway(
 ) -> Any:
     """The gateway on its ledger folder: a usage error for a folder another gateway holds or
     one that cannot be used."""
-    from callgrove.gateway.app import Gateway
+    from callgrove.gateway.core import Gateway
     from callgrove.gateway.ledger import LedgerInUse
 
     try:

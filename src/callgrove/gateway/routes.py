@@ -22,8 +22,8 @@ from starlette.routing import Route
 
 from callgrove.chat import tools_message
 from callgrove.episode import encode_episode
-from callgrove.gateway.app import Gateway
 from callgrove.gateway.attribution import UNTAGGED, episode_from_key, identify, valid_episode
+from callgrove.gateway.core import Gateway
 from callgrove.serving.dialects import DIALECTS, ERROR_HANDLERS
 from callgrove.serving.dialects.anthropic_messages import ANTHROPIC_MESSAGES, anthropic_messages
 from callgrove.serving.dialects.dialect import Dialect

@@ -59,7 +59,8 @@ from callgrove.episode.provenance import gap_from_json, join_spawn
 from callgrove.formats.problems import Diagnostics, InputError, Problem
 from callgrove.formats.wire import FORMAT, WireAgent, WireCall, WireEpisode
 from callgrove.interop.foreign import gap
-from callgrove.transcripts.model import (
+from callgrove.transcripts.render import TranscriptRenderer
+from callgrove.transcripts.turns import (
     CallRecord,
     Source,
     Transcript,
@@ -68,7 +69,6 @@ from callgrove.transcripts.model import (
     Turn,
     extend,
 )
-from callgrove.transcripts.render import TranscriptRenderer
 
 ATIF_VERSIONS = tuple(f"ATIF-v1.{minor}" for minor in range(9))
 # Gap kinds this reader adds (besides `subagent_file_missing`, `atif_start_unknown`, ...).

@@ -85,7 +85,7 @@ def _tiny_sampler(
     import torch
 
     from callgrove.networks.tiny import TinyDecoder
-    from callgrove.policy.local import LocalSampler
+    from callgrove.policy.batching import LocalSampler
 
     torch.manual_seed(seed)
     model = TinyDecoder(settings.size(chat.vocab_size))

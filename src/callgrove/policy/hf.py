@@ -18,8 +18,8 @@ from __future__ import annotations
 import copy
 from typing import TYPE_CHECKING, Any
 
+from callgrove.policy.batching import LocalSampler
 from callgrove.policy.decode import Decoded, DecodeRequest
-from callgrove.policy.local import LocalSampler
 
 if TYPE_CHECKING:
     from torch import nn

@@ -3,8 +3,8 @@
 from callgrove.transcripts.accounting import ImportReport
 from callgrove.transcripts.claude_code import import_claude_code
 from callgrove.transcripts.codex import import_codex
-from callgrove.transcripts.model import Transcript, TranscriptAgent, TranscriptCall
 from callgrove.transcripts.render import TranscriptRenderer
+from callgrove.transcripts.turns import Transcript, TranscriptAgent, TranscriptCall
 
 __all__ = [
     "ImportReport",

@@ -67,7 +67,7 @@ from callgrove.transcripts.claude_records import (
     decode_raw,
     links_of,
 )
-from callgrove.transcripts.model import (
+from callgrove.transcripts.turns import (
     Transcript,
     TranscriptAgent,
     TranscriptCall,

@@ -41,7 +41,7 @@ from callgrove.transcripts.claude_records import (
     content_text,
 )
 from callgrove.transcripts.compaction import compaction_call, preserved_links
-from callgrove.transcripts.model import (
+from callgrove.transcripts.turns import (
     CallRecord,
     Source,
     TranscriptAgent,

@@ -44,7 +44,7 @@ from callgrove.transcripts.codex_history import (
     response_message,
 )
 from callgrove.transcripts.codex_records import SessionMeta, agent_name, decode_record
-from callgrove.transcripts.model import Transcript, TranscriptAgent, parent_unavailable
+from callgrove.transcripts.turns import Transcript, TranscriptAgent, parent_unavailable
 
 __all__ = ["import_codex", "input_messages", "response_message"]
 

@@ -57,7 +57,7 @@ from callgrove.transcripts.compaction import (
     compaction_call,
     summary_in_replacement,
 )
-from callgrove.transcripts.model import (
+from callgrove.transcripts.turns import (
     CallRecord,
     Source,
     TranscriptAgent,

@@ -24,7 +24,7 @@ from typing import Any
 from callgrove.chat.message import Message
 from callgrove.transcripts.claude_records import CompactMetadata
 from callgrove.transcripts.codex_records import MessageItem
-from callgrove.transcripts.model import CallRecord, TranscriptAgent, TranscriptCall, Turn
+from callgrove.transcripts.turns import CallRecord, TranscriptAgent, TranscriptCall, Turn
 
 
 def compaction_call(

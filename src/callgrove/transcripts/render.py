@@ -16,7 +16,7 @@ from callgrove.chat import BuiltinFormat, ChatFormat, Message
 from callgrove.episode import Agent, Call, Episode
 from callgrove.formats.problems import Diagnostics, InputError, Problem
 from callgrove.transcripts.accounting import collector_paused
-from callgrove.transcripts.model import Transcript, TranscriptCall
+from callgrove.transcripts.turns import Transcript, TranscriptCall
 
 
 class TranscriptRenderer:

@@ -15,7 +15,7 @@ from typing import Any
 
 from callgrove.chat import ChatFormat, JinjaFormat
 from callgrove.gateway.harness import HARNESSES, run_harness
-from callgrove.gateway.local import LocalGateway
+from callgrove.gateway.in_training import LocalGateway
 
 
 class HarnessEnvironment:
@@ -27,7 +27,7 @@ class HarnessEnvironment:
     reward is the episode's reward.
 
     Without `gateway` the environment runs its own gateway in this process
-    (`callgrove.gateway.local`) over the policy being trained (`EpisodeRun.policy`), rendering
+    (`callgrove.gateway.in_training`) over the policy being trained (`EpisodeRun.policy`), rendering
     with that policy's tokenizer and chat template and sampling as the loop samples: the
     harness's calls are on-policy and their token ids are the learner's, so `callgrove train`
     trains on them. Its ledger is `FOLDER/ledger`. With `gateway` (a URL) the calls go to that

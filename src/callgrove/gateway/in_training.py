@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from callgrove.chat import ChatFormat
-from callgrove.gateway.app import Gateway
+from callgrove.gateway.core import Gateway
 from callgrove.gateway.routes import Routes
 from callgrove.policy import PolicyClient, SamplingParams
 from callgrove.policy.threads import LoopPolicy
