@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from callgrove.orchestrator.config import ConfigError, config_from_dict, to_toml
-from callgrove.orchestrator.run_folder import policy_backend
+from callgrove.orchestrator.learning import policy_backend
 
 
 def config(model: dict, **sections):

@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import gc
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,14 +28,9 @@ from callgrove.orchestrator.config import ConfigError, Resolved, TrainConfig, re
 from callgrove.orchestrator.dispatcher import Dispatcher
 from callgrove.orchestrator.env import Environment
 from callgrove.orchestrator.envs import make_env
+from callgrove.orchestrator.learning import learner_step, policy_backend
 from callgrove.orchestrator.memory import keep_freed_memory
-from callgrove.orchestrator.run_folder import (
-    learner_step,
-    nothing_to_do,
-    open_run,
-    policy_backend,
-    restore,
-)
+from callgrove.orchestrator.run_folder import Progress, nothing_to_do, open_run, restore
 from callgrove.orchestrator.step import prepare_step
 from callgrove.orchestrator.supervised import SupervisedSummary, train_supervised
 
@@ -124,14 +118,14 @@ async def _run(
     resolved = resolve(config, tuple(backend.chat.stop_token_ids))
     algorithm = resolved.algorithm
     progress = await _start_or_resume(config, checkpoint, backend, algorithm, executor)
-    first = int(progress["step"])
+    first = progress.step
     sinks.rewind(out, first)
     sinks.write_text_atomically(out / "config.toml", to_toml(config))
 
     if executor:
         executor.start_workers(backend.chat, resolved.sampling)
     dispatcher = _dispatcher(config, resolved, env, backend, executor, progress)
-    metric_sinks = _metric_sinks(config, out, progress["run_id"])
+    metric_sinks = _metric_sinks(config, out, progress.run_id)
     display = monitors.LiveDisplay(console, config.run.steps, config.monitor.live, first)
     # The episodes handed to the step under way until its checkpoint is saved: a step that
     # fails (or is interrupted) leaves them unused, never lost.
@@ -143,7 +137,7 @@ async def _run(
             for sink in metric_sinks:
                 sink.log(step, metrics)
                 sink.log_samples(step, table)
-            progress = _progress_after(step, dispatcher, progress["run_id"])
+            progress = _progress_after(step, dispatcher, progress.run_id)
             sinks.save_checkpoint(out, _checkpoint_state(config, progress, backend, algorithm))
             handed.clear()
             display.update(step, metrics, dispatcher.in_flight_episodes)
@@ -152,14 +146,14 @@ async def _run(
         if callable(getattr(env, "close", None)):  # an environment holding a server or workers
             env.close()
         unused = sinks.append_episodes(out / "unused" / "train" / "traces.jsonl", leftovers)
-        _close_metric_sinks(metric_sinks, max(first, int(progress["step"])), dispatcher)
+        _close_metric_sinks(metric_sinks, max(first, progress.step), dispatcher)
         display.close()
         if callable(getattr(backend.sampler, "aclose", None)):  # servers it started
             await backend.sampler.aclose()
     metrics = sinks.read_metrics(out)
-    title = f"callgrove train · {out.name} (run {progress['run_id']})"
+    title = f"callgrove train · {out.name} (run {progress.run_id})"
     plot = monitors.plot_run(metrics, out / "rewards.png", title) if config.monitor.plot else None
-    return RunSummary(out, first, int(progress["step"]), metrics, plot, unused)
+    return RunSummary(out, first, progress.step, metrics, plot, unused)
 
 
 async def _start_or_resume(
@@ -168,12 +162,12 @@ async def _start_or_resume(
     backend: PolicyBackend,
     algorithm: Algorithm,
     executor: Any,
-) -> dict[str, Any]:
+) -> Progress:
     """The run's progress: a new run's, saved as its first checkpoint, or the checkpoint's,
     with learner, sampler and algorithm restored; the sampler then has the learner's weights."""
     out = Path(config.run.out)
     if checkpoint is None:
-        progress = {"step": 0, "next_group": 0, "pending": [], "run_id": uuid.uuid4().hex}
+        progress = Progress.new()
         # the folder is a run from here on
         sinks.save_checkpoint(out, _checkpoint_state(config, progress, backend, algorithm))
     else:
@@ -191,11 +185,11 @@ async def _start_or_resume(
 
 
 def _checkpoint_state(
-    config: TrainConfig, progress: dict[str, Any], backend: PolicyBackend, algorithm: Algorithm
+    config: TrainConfig, progress: Progress, backend: PolicyBackend, algorithm: Algorithm
 ) -> dict[str, Any]:
     """What a checkpoint holds: enough to carry the run on exactly where it stands."""
     return {
-        "progress": progress,
+        "progress": msgspec.to_builtins(progress),
         "learner": backend.learner.state_dict(),
         "sampler": backend.sampler.state_dict(),
         "algorithm": algorithm.state_dict(),
@@ -203,15 +197,15 @@ def _checkpoint_state(
     }
 
 
-def _progress_after(step: int, dispatcher: Dispatcher, run_id: str) -> dict[str, Any]:
+def _progress_after(step: int, dispatcher: Dispatcher, run_id: str) -> Progress:
     """Where the run stands once `step` is done: what a resumed run starts from."""
-    return {
-        "step": step,
-        "next_group": dispatcher.next_group,
-        "pending": dispatcher.pending_groups(),
-        "run_id": run_id,
-        "counters": dict(dispatcher.counters),
-    }
+    return Progress(
+        step=step,
+        run_id=run_id,
+        next_group=dispatcher.next_group,
+        pending=dispatcher.pending_groups(),
+        counters=dict(dispatcher.counters),
+    )
 
 
 def _dispatcher(
@@ -220,7 +214,7 @@ def _dispatcher(
     env: Environment,
     backend: PolicyBackend,
     executor: Any,
-    progress: dict[str, Any],
+    progress: Progress,
 ) -> Dispatcher:
     """The dispatcher, carrying on from `progress` (its next group, groups pending, counters)."""
     dispatcher = Dispatcher(
@@ -229,14 +223,14 @@ def _dispatcher(
         backend.chat,
         resolved.sampling,
         config.dispatch,
-        run_id=progress["run_id"],
+        run_id=progress.run_id,
         seed=config.run.seed,
-        next_group=int(progress["next_group"]),
-        relaunch=progress["pending"],
+        next_group=progress.next_group,
+        relaunch=progress.pending,
         runner=executor.run_episode if executor else None,
-        steps_done=int(progress["step"]),
+        steps_done=progress.step,
     )
-    dispatcher.counters.update(progress.get("counters", {}))
+    dispatcher.counters.update(progress.counters)
     return dispatcher
 
 

@@ -11,24 +11,19 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-from collections.abc import Iterator, Sequence
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import msgspec
 
-from callgrove.batch import Sample
-from callgrove.batch.packing import OverlongError, refuse_overlong
-from callgrove.models import Learner, PolicyBackend, open_model
-from callgrove.orchestrator.config import ConfigError, TrainConfig, check_resume
+from callgrove.orchestrator.config import TrainConfig, check_resume
 from callgrove.orchestrator.errors import RunError
 from callgrove.orchestrator.sinks import CHECKPOINT, METRICS, load_checkpoint
-from callgrove.policy.client import TrainableSampler
-from callgrove.policy.vllm import VllmError
-from callgrove.train.settings import LearnerSettings
 
 if TYPE_CHECKING:
-    from callgrove.train.learner import StepReport
+    pass
 
 LOCK = ".lock"
 # What a run writes besides its checkpoint: files, and folders (step_N folders too).
@@ -48,11 +43,16 @@ class Progress(msgspec.Struct, forbid_unknown_fields=True):
     counters: dict[str, float] = {}
     """The dispatcher's counters."""
 
+    @classmethod
+    def new(cls) -> Progress:
+        """A new run's: no step taken, a fresh run id."""
+        return cls(step=0, run_id=uuid.uuid4().hex)
+
 
 @contextlib.contextmanager
 def open_run(config: TrainConfig) -> Iterator[dict[str, Any] | None]:
     """Create and lock `run.out` for this process; yields the checkpoint to continue from
-    (None: a new run), its `progress` checked (`Progress`)."""
+    (None: a new run), its `progress` checked and typed (`Progress`)."""
     out = Path(config.run.out)
     with _locked(out):
         checkpoint = load_checkpoint(out)
@@ -81,8 +81,8 @@ def open_run(config: TrainConfig) -> Iterator[dict[str, Any] | None]:
                     f"{out / CHECKPOINT}: its progress is damaged ({error}); restore the "
                     "checkpoint, or move the folder away to start over"
                 ) from None
-            checkpoint["progress"] = msgspec.to_builtins(progress)
-        first = int(checkpoint["progress"]["step"]) if checkpoint else 0
+            checkpoint["progress"] = progress
+        first = progress.step if checkpoint else 0
         if blocked := _in_the_way(out, first, config.run.steps):
             raise RunError(
                 f"{out} holds {'; '.join(blocked)}: move {'it' if len(blocked) == 1 else 'them'} "
@@ -139,17 +139,6 @@ def _locked(out: Path) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def policy_backend(config: TrainConfig, sampler: TrainableSampler | None = None) -> PolicyBackend:
-    """The run's learner, chat format and sampler (`sampler`, where one runs elsewhere: Ray's
-    sampler actor, which starts any vLLM servers; the driver then keeps the learner alone)."""
-    try:
-        return open_model(config.model, seed=config.run.seed, learner=config.train, sampler=sampler)
-    except (ValueError, FileNotFoundError) as error:
-        raise ConfigError(f"model: {error}") from None
-    except VllmError as error:  # a server that did not start: its log's end is in the message
-        raise RunError(str(error)) from None
-
-
 def restore(out: Path, checkpoint: dict[str, Any], *parts: tuple[str, Any]) -> None:
     """Load each named part of a checkpoint into its holder (a learner, a sampler, ...)."""
     for key, holder in parts:
@@ -166,39 +155,5 @@ def restore(out: Path, checkpoint: dict[str, Any], *parts: tuple[str, Any]) -> N
 def nothing_to_do(checkpoint: dict[str, Any] | None, steps: int) -> int | None:
     """The step a run already finished when it holds all `steps` (rerunning it changes
     nothing), else None."""
-    done = int(checkpoint["progress"]["step"]) if checkpoint else 0
+    done = checkpoint["progress"].step if checkpoint else 0
     return done if checkpoint and done >= steps else None
-
-
-def learner_step(
-    step: int, learner: Learner, samples: Sequence[Sample], train: LearnerSettings
-) -> StepReport:
-    """One optimizer step; a row longer than `train.seq_len` (`check_row_lengths`), or a loss or
-    gradient that is not finite, stops the run there (the learner took no step, so nothing of
-    it is saved)."""
-    stops = f"the run stops here, its checkpoint is of step {step - 1}"
-    check_row_lengths(samples, train, f"step {step}", stops)
-    try:
-        return learner.train_step(samples)
-    except FloatingPointError as error:
-        raise RunError(f"step {step}: {error}; {stops}") from None
-
-
-def check_row_lengths(
-    samples: Sequence[Sample], train: LearnerSettings, where: str, then: str
-) -> None:
-    """Refuse rows longer than `train.seq_len` where it bounds a micro-batch (packed rows end to
-    end, or the trie of tree scope `step`): a `RunError` naming `where` the rows are from, the
-    longest row and what to set; `then` says what happens now."""
-    if train.batching == "tree" and train.tree_scope != "step":
-        return
-    try:
-        refuse_overlong(samples, train.seq_len)
-    except OverlongError as error:
-        batch = "packed rows" if train.batching == "packed" else "tree scope step's trie"
-        more = f" (and {error.count - 1} more rows)" if error.count > 1 else ""
-        raise RunError(
-            f"{where}: episode {error.episode} row {error.row} is {error.tokens} tokens, longer "
-            f"than train.seq_len {error.seq_len}{more}, which bounds a micro-batch of {batch}: "
-            f"set train.seq_len to at least {error.tokens}; {then}"
-        ) from None

@@ -21,7 +21,6 @@ Each step is one optimizer step of cross-entropy over the step's rows (tree-pack
 from __future__ import annotations
 
 import time
-import uuid
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -38,14 +37,8 @@ from callgrove.formats.problems import Diagnostics, Problem
 from callgrove.models import PolicyBackend
 from callgrove.orchestrator import monitors, sinks
 from callgrove.orchestrator.config import ConfigError, DataSection, TrainConfig, to_toml
-from callgrove.orchestrator.run_folder import (
-    check_row_lengths,
-    learner_step,
-    nothing_to_do,
-    open_run,
-    policy_backend,
-    restore,
-)
+from callgrove.orchestrator.learning import check_row_lengths, learner_step, policy_backend
+from callgrove.orchestrator.run_folder import Progress, nothing_to_do, open_run, restore
 from callgrove.rows import build_rows
 from callgrove.transcripts import ImportReport, TranscriptRenderer, import_claude_code, import_codex
 from callgrove.transcripts.accounting import CLAUDE_CODE, CODEX, EPISODES, sniff
@@ -241,11 +234,11 @@ def _train(
     if (done := nothing_to_do(checkpoint, config.run.steps)) is not None:
         return SupervisedSummary(out, done, done, sinks.read_metrics(out), data)
 
-    progress: dict[str, Any] = {"step": 0, "run_id": uuid.uuid4().hex}
+    progress = Progress.new()
 
     def state() -> dict[str, Any]:
         return {
-            "progress": progress,
+            "progress": msgspec.to_builtins(progress),
             "learner": backend.learner.state_dict(),
             "config": msgspec.to_builtins(config),
         }
@@ -255,7 +248,7 @@ def _train(
     else:
         progress = checkpoint["progress"]
         restore(out, checkpoint, ("learner", backend.learner))
-    first = int(progress["step"])
+    first = progress.step
     sinks.rewind(out, first)
     sinks.write_text_atomically(out / "config.toml", to_toml(config))
     metric_sinks = [sinks.JsonlSink(out)]
@@ -265,7 +258,7 @@ def _train(
             metrics = _step(step, config, backend, data)
             for sink in metric_sinks:
                 sink.log(step, metrics)
-            progress = {"step": step, "run_id": progress["run_id"]}
+            progress = Progress(step=step, run_id=progress.run_id)
             sinks.save_checkpoint(out, state())
             if config.monitor.live:
                 console.print(
@@ -279,7 +272,7 @@ def _train(
             sink.close()
     metrics = sinks.read_metrics(out)
     plot = plot_supervised(metrics, out / "loss.png") if config.monitor.plot else None
-    return SupervisedSummary(out, first, int(progress["step"]), metrics, data, plot)
+    return SupervisedSummary(out, first, progress.step, metrics, data, plot)
 
 
 def _vocab_size(backend: PolicyBackend) -> int:
