@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import tomllib
 import warnings
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -14,8 +15,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+import callgrove
 from callgrove.cli.app import app
+from callgrove.cli.model_options import chat_template
 from callgrove.models import HfModel, TinyModel, VllmModel
+from callgrove.models.settings import OLD_FORMS_END
 from callgrove.networks.sizes import LoraSettings, TinyConfig
 from callgrove.orchestrator.config import (
     ConfigError,
@@ -155,3 +159,14 @@ def test_every_command_opens_one_chat_format_for_a_model_name():
     opened = open_model(HfModel(name="smollm2-135m"), sample=False)
     assert opened.sampler is None and opened.learner is None
     assert opened.chat.render(messages).tolist() == named
+
+
+def test_the_old_spellings_are_read_with_a_note_only_until_their_release():
+    """Releasing `OLD_FORMS_END` fails here until `model_table`'s old forms and `--template`
+    are removed."""
+    release = tuple(int(part) for part in callgrove.__version__.split("."))
+    assert release < tuple(int(part) for part in OLD_FORMS_END.split("."))
+    with pytest.warns(UserWarning, match=rf"read so until callgrove {OLD_FORMS_END}"):
+        config_from_dict({"model": {"options": {"lora_rank": 2}, "name": "smollm2-135m"}})
+    with pytest.warns(FutureWarning, match=rf"read until callgrove {OLD_FORMS_END}"):
+        assert chat_template(None, Path("t.jinja")) == Path("t.jinja")

@@ -3,12 +3,14 @@ function that opens the chat format they name (`callgrove.models`)."""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from callgrove.chat import ChatFormat, JinjaFormat
+from callgrove.models.settings import OLD_FORMS_END
 
 MODEL_NAMES = "tiny (the reference decoder), hf:PATH (a checkpoint folder or .gguf file) or a packaged name (smollm2-135m)"
 
@@ -38,9 +40,16 @@ ParserOption = Annotated[
 
 def chat_template(given: Path | None, old_spelling: Path | None) -> Path | None:
     """`--chat-template`, or its old spelling `--template` (a `ValueError` for both)."""
-    if given is not None and old_spelling is not None:
+    if old_spelling is None:
+        return given
+    if given is not None:
         raise ValueError("--template is --chat-template: give it once")
-    return given if given is not None else old_spelling
+    warnings.warn(
+        f"--template is the old spelling of --chat-template, read until callgrove {OLD_FORMS_END}",
+        FutureWarning,
+        stacklevel=2,
+    )
+    return old_spelling
 
 
 def open_chat(

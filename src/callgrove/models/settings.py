@@ -111,6 +111,12 @@ def model_from_name(name: str, **settings: Any) -> ModelSettings:
     )
 
 
+OLD_FORMS_END = "0.2.0"
+"""The release from which the old spellings (`[model] options`, a Hugging Face `[model]` with the
+reference decoder's sizes, `--template`) are no longer read; until then each is read with a note
+saying so."""
+_UNTIL = f"(read so until callgrove {OLD_FORMS_END})"
+
 _TINY_ONLY = ("d_model", "n_heads", "n_layers", "d_ff")
 # `[model] options` (a table of a Hugging Face model's settings) before they were keys of their own.
 _OPTIONS = ("attention", "dtype", "lora_rank", "lora_alpha", "gradient_checkpointing")
@@ -138,7 +144,8 @@ def model_table(raw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
             if sizes:
                 notes.append(
                     f"model.{', model.'.join(sizes)}: the reference decoder's size, left out "
-                    f'for {name!r} (a checkpoint has its own; write kind = "hf" without them)'
+                    f'for {name!r} (a checkpoint has its own; write kind = "hf" without them) '
+                    f"{_UNTIL}"
                 )
     if table["kind"] == "tiny" and table.get("name") == "tiny":
         del table["name"]
@@ -154,7 +161,7 @@ def model_table(raw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
             raise ValueError(f"model.options: unknown {unknown} (known: {list(_OPTIONS)})")
         table.update(options)
         keys = ", ".join(f"{key} = {value!r}" for key, value in options.items())
-        notes.append(f"model.options is no more: read as [model] {keys} (write them so)")
+        notes.append(f"model.options is no more: read as [model] {keys}, write them so {_UNTIL}")
     elif options is not None:
         table["options"] = options  # not a table: the union says what is wrong
     return table, notes
