@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import orjson
 import typer
@@ -199,38 +199,41 @@ def _summary(episodes: list[Episode], report: ImportReport, verbose: bool) -> No
     )
 
 
-@import_app.command("claude-code")
-def claude_code(
-    path: Annotated[Path, typer.Argument(help="A session .jsonl file or a project folder.")],
-    out: OutOption = None,
-    model: ModelOption = None,
-    tokenizer: TokenizerOption = None,
-    chat_template: ChatTemplateOption = None,
-    template_var: VarOption = None,
-    allow_dropped_content: AllowDroppedOption = False,
-    verbose: VerboseOption = False,
-    as_json: JsonOption = False,
-) -> None:
-    """Claude Code sessions with their subagents, one episode per session."""
-    chat_format = _chat_format(model, tokenizer, chat_template, template_var, allow_dropped_content)
-    _run_import(import_claude_code, path, out, chat_format, verbose, as_json)
+def _importer_command(name: str, importer: Callable[..., Any], what: str, doc: str) -> None:
+    """`callgrove import NAME`: the importer over a file or folder of `what`, with the chat
+    options every importer takes."""
+
+    def command(
+        path: Path,
+        out: OutOption = None,
+        model: ModelOption = None,
+        tokenizer: TokenizerOption = None,
+        chat_template: ChatTemplateOption = None,
+        template_var: VarOption = None,
+        allow_dropped_content: AllowDroppedOption = False,
+        verbose: VerboseOption = False,
+        as_json: JsonOption = False,
+    ) -> None:
+        chat = _chat_format(model, tokenizer, chat_template, template_var, allow_dropped_content)
+        _run_import(importer, path, out, chat, verbose, as_json)
+
+    # Set as an object: this module's annotations are strings, and `what` is not a global.
+    command.__annotations__["path"] = Annotated[Path, typer.Argument(help=what)]
+    import_app.command(name, help=doc)(command)
 
 
-@import_app.command("codex")
-def codex(
-    path: Annotated[Path, typer.Argument(help="A rollout .jsonl file or a sessions folder.")],
-    out: OutOption = None,
-    model: ModelOption = None,
-    tokenizer: TokenizerOption = None,
-    chat_template: ChatTemplateOption = None,
-    template_var: VarOption = None,
-    allow_dropped_content: AllowDroppedOption = False,
-    verbose: VerboseOption = False,
-    as_json: JsonOption = False,
-) -> None:
-    """Codex rollouts, subagent threads joined to their parents, one episode per root thread."""
-    chat_format = _chat_format(model, tokenizer, chat_template, template_var, allow_dropped_content)
-    _run_import(import_codex, path, out, chat_format, verbose, as_json)
+_importer_command(
+    "claude-code",
+    import_claude_code,
+    "A session .jsonl file or a project folder.",
+    "Claude Code sessions with their subagents, one episode per session.",
+)
+_importer_command(
+    "codex",
+    import_codex,
+    "A rollout .jsonl file or a sessions folder.",
+    "Codex rollouts, subagent threads joined to their parents, one episode per root thread.",
+)
 
 
 @import_app.command("join")
