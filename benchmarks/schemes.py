@@ -37,6 +37,12 @@ Instruct (LoRA, as the README's SmolLM2 recipe): `handoff`, `leader_only` agains
 machine load. It writes `schemes_smollm2.{md,json,png}` (the settings in the JSON):
 
     nice -n 10 python benchmarks/schemes.py --smollm2 --steps N --workers 1
+
+`--replot` redraws the plot beside a stored result from the runs it holds, rerunning nothing
+(every result JSON this script writes keeps them; the published `schemes.json` predates that,
+and its plot is redrawn only by running again):
+
+    python benchmarks/schemes.py --replot benchmarks/results/credit_200.json
 """
 
 from __future__ import annotations
@@ -383,15 +389,31 @@ def line_style(names: list[str], condition: str) -> dict:
     return {"lw": 1.2, "color": f"C{names.index(condition)}"}
 
 
+# Each environment's six panels as a grid of 2 x 3, read row by row: the episode reward against
+# steps, loss tokens and wall time on top; what the steps cost and the seats' scores below.
+PANEL_PLACES = {
+    "reward": (0, 0),
+    "reward against loss tokens": (0, 1),
+    "reward against wall time": (0, 2),
+    "loss tokens": (1, 0),
+    "step time": (1, 1),
+    "seats": (1, 2),
+}
+
+
 def plot(runs: list[dict], table: list[dict], path: Path) -> None:
+    """Per environment, a block of six panels in two rows of three, its conditions' legend to
+    its right: one readable page width, however many environments and conditions."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     envs = [env for env in SEATS if any(r["env"] == env for r in runs)]
-    figure, axes = plt.subplots(len(envs), 6, figsize=(33, 4.6 * len(envs)), squeeze=False)
-    for row, env in enumerate(envs):
+    figure = plt.figure(figsize=(19, 8.4 * len(envs)), layout="constrained")
+    for block, env in zip(figure.subfigures(len(envs), 1, squeeze=False)[:, 0], envs, strict=True):
+        grid = block.subplots(2, 3)
+        panel = {name: grid[row][column] for name, (row, column) in PANEL_PLACES.items()}
         names = conditions_run(runs, env)
         for condition in names:
             style = line_style(names, condition)
@@ -402,42 +424,59 @@ def plot(runs: list[dict], table: list[dict], path: Path) -> None:
             x = np.arange(1, steps + 1)
             reward = np.mean([r["reward"][:steps] for r in mine], axis=0)
             window = max(1, steps // 10)
-            axes[row][0].plot(
+            panel["reward"].plot(
                 x[window - 1 :], running_mean(reward, window), label=condition, **style
             )
-            axes[row][1].plot(x, np.mean([r["loss_tokens"][:steps] for r in mine], axis=0), **style)
+            panel["loss tokens"].plot(
+                x, np.mean([r["loss_tokens"][:steps] for r in mine], axis=0), **style
+            )
             seconds = np.mean([r["step_s"][1:steps] for r in mine], axis=0)
-            axes[row][2].plot(x[window:], running_mean(seconds, window), **style)
+            panel["step time"].plot(x[window:], running_mean(seconds, window), **style)
             # Equal compute: the same reward curve against what the steps cost so far.
             smoothed = running_mean(reward, window)
-            for panel, spent in ((4, "loss_tokens"), (5, "step_s")):
+            for name, spent in (
+                ("reward against loss tokens", "loss_tokens"),
+                ("reward against wall time", "step_s"),
+            ):
                 cost = np.mean([np.cumsum(cost_per_step(r, spent)[:steps]) for r in mine], axis=0)
-                axes[row][panel].plot(cost[window - 1 :], smoothed, **style)
+                panel[name].plot(cost[window - 1 :], smoothed, **style)
         seats = [c for c in SEAT_COLUMNS if c in SEATS[env]]
         mine = [t for t in table if t["env"] == env]
         width = 0.8 / max(1, len(mine))
         for number, line in enumerate(mine):
-            axes[row][3].bar(
+            panel["seats"].bar(
                 np.arange(len(seats)) + number * width,
                 [line["seats_last"][seat]["mean"] for seat in seats],
                 width,
-                label=line["condition"],
                 color=line_style(names, line["condition"])["color"],
             )
-        axes[row][3].set_xticks(np.arange(len(seats)) + 0.4 - width / 2, seats, fontsize=8)
-        axes[row][0].set_title(f"{env}: episode reward (mean of seeds, running mean)")
-        axes[row][1].set_title(f"{env}: loss tokens trained per step")
-        axes[row][2].set_title(f"{env}: step time (s, mean of seeds, running mean)")
-        axes[row][3].set_title(f"{env}: score per seat, last 20% of steps")
-        axes[row][0].legend(fontsize=7)
-        axes[row][3].set_ylim(0, 1)
-        axes[row][4].set_title(f"{env}: episode reward against loss tokens trained so far")
-        axes[row][4].set_xlabel("loss tokens")
-        axes[row][5].set_title(f"{env}: episode reward against wall time so far")
-        axes[row][5].set_xlabel("seconds (sum of step times)")
-        for ax in axes[row][:3]:
-            ax.set_xlabel("step")
-    figure.tight_layout()
+        panel["seats"].set_xticks(
+            np.arange(len(seats)) + 0.4 - width / 2, [s.replace(" ", "\n") for s in seats]
+        )
+        panel["seats"].set_ylim(0, 1)
+        block.suptitle(env, fontsize=16, fontweight="bold")
+        for name, title, xlabel in (
+            ("reward", "episode reward (mean of seeds, running mean)", "step"),
+            (
+                "reward against loss tokens",
+                "episode reward against loss tokens trained so far",
+                "loss tokens",
+            ),
+            (
+                "reward against wall time",
+                "episode reward against wall time so far",
+                "seconds (sum of step times)",
+            ),
+            ("loss tokens", "loss tokens trained per step", "step"),
+            ("step time", "step time (s, mean of seeds, running mean)", "step"),
+            ("seats", "score per seat, last 20% of steps", None),
+        ):
+            panel[name].set_title(title, fontsize=12)
+            if xlabel:
+                panel[name].set_xlabel(xlabel)
+            panel[name].grid(alpha=0.3)
+        handles, labels = panel["reward"].get_legend_handles_labels()
+        block.legend(handles, labels, loc="outside right upper", fontsize=10, title="condition")
     figure.savefig(path, dpi=100)
 
 
@@ -465,11 +504,26 @@ def main() -> None:
         help="only these conditions (default: all of the mode's)",
     )
     parser.add_argument(
+        "--replot",
+        type=Path,
+        nargs="+",
+        metavar="RESULT.json",
+        help="redraw RESULT.png from the runs a stored RESULT.json holds, rerunning nothing",
+    )
+    parser.add_argument(
         "--smollm2",
         action="store_true",
         help="handoff with SmolLM2-135M (LoRA): leader_only against exactly_once",
     )
     args = parser.parse_args()
+    if args.replot:
+        for path in args.replot:
+            found = json.loads(path.read_text())
+            if "runs" not in found:
+                parser.error(f"{path} holds no runs: its plot is redrawn only by running again")
+            plot(found["runs"], found["table"], path.with_suffix(".png"))
+            print(f"wrote {path.with_suffix('.png')}")
+        return
     if args.smollm2 and args.out == parser.get_default("out"):
         args.out = Path("runs/schemes_smollm2")
     if args.credit and args.out == parser.get_default("out"):
@@ -538,13 +592,15 @@ def write_results(runs: list[dict], args: argparse.Namespace) -> None:
     seeds = sorted({r["seed"] for r in runs})
     stem = "schemes_smollm2" if args.smollm2 else "credit" if args.credit else "schemes"
     found = {"steps": steps, "seeds": seeds, "table": table}
-    if args.smollm2:  # what differs from examples/train.toml, and every step of every run
-        found = {**found, "settings": SMOLLM2, "runs": runs}
+    if args.smollm2:  # what differs from examples/train.toml
+        found["settings"] = SMOLLM2
     if args.credit:
         named = {name: overrides for env in SEATS for name, overrides in conditions(env)}
         named |= CREDIT_CONDITIONS
         run = {r["condition"] for r in runs}
-        found = {**found, "conditions": {n: o for n, o in named.items() if n in run}, "runs": runs}
+        found["conditions"] = {n: o for n, o in named.items() if n in run}
+    # Every step of every run, so that the plot can be redrawn (`--replot`) without a rerun.
+    found["runs"] = runs
     (args.results / f"{stem}.json").write_text(json.dumps(found, indent=1))
     text = markdown(table)
     if args.credit:

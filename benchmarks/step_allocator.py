@@ -7,7 +7,7 @@ row packing of the samples. Every mode runs in its own child process:
 
 - `default`: glibc's malloc as it is;
 - `kept`: glibc told by the environment to keep freed memory (`MALLOC_MMAP_THRESHOLD_`,
-  `MALLOC_TRIM_THRESHOLD_`), as docs/performance.md suggests for `callgrove train`.
+  `MALLOC_TRIM_THRESHOLD_`), as docs/performance-bench.md suggests for `callgrove train`.
 
 Printed per mode: the median step's CPU time, of it the kernel's share, minor page faults per
 step, and the child's peak resident memory. The first step is left out of the median (it grows
