@@ -11,10 +11,9 @@ from hypothesis import strategies as st
 from callgrove.batch import build_samples
 from callgrove.rows import RowSettings, build_rows
 from callgrove.rows.schemes import SCHEMES
-
-from .builder import EpisodeBuilder, ids
-from .reference import agent_by_call, reference_leaves_and_paths, reference_parents
-from .test_properties import episodes
+from forest.builder import EpisodeBuilder, ids
+from forest.reference import agent_by_call, reference_leaves_and_paths, reference_parents
+from forest.test_properties import episodes
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

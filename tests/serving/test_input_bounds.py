@@ -14,8 +14,7 @@ from typer.testing import CliRunner
 from callgrove.cli.app import app
 from callgrove.gateway.ledger import EPISODES_FILE
 from callgrove.serving import web
-
-from .helpers import gateway_client, scripted, write_script
+from gateway.helpers import gateway_client, scripted, write_script
 
 USER = [{"role": "user", "content": "hi"}]
 CHAT = {"model": "m", "max_tokens": 8, "messages": USER}
@@ -452,7 +451,7 @@ def test_a_key_of_any_bytes_is_a_401_and_a_utf8_token_is_matched(tmp_path):
     ],
 )
 def test_a_malformed_completions_body_is_a_400_naming_the_field(tmp_path, body, named):
-    from .helpers import policy_client
+    from gateway.helpers import policy_client
 
     async def go():
         async with policy_client(scripted(write_script(tmp_path / "s.json", []))) as client:

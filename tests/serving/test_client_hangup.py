@@ -15,8 +15,7 @@ import pytest
 from callgrove.chat import BuiltinFormat
 from callgrove.gateway.routes import Routes
 from callgrove.serving.policy_server import PolicyServer
-
-from .helpers import gateway_client, scripted, server_process, write_script
+from gateway.helpers import gateway_client, scripted, server_process, write_script
 
 CHAT = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
 SAID = "hung up while sending its request body"

@@ -8,8 +8,7 @@ import numpy as np
 
 from callgrove.chat import BuiltinFormat, Message
 from callgrove.policy.script import SCRIPT_LOGPROB, Script, newest_messages
-
-from .helpers import policy_client, scripted, sse_events, write_script
+from gateway.helpers import policy_client, scripted, sse_events, write_script
 
 RULES = [
     {

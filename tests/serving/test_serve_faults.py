@@ -15,8 +15,7 @@ from callgrove.models import TinyModel, open_model
 from callgrove.policy import Completion, SamplingParams
 from callgrove.policy.batching import LocalSampler
 from callgrove.serving.policy_server import UNSERVED
-
-from .helpers import policy_client, scripted, write_script
+from gateway.helpers import policy_client, scripted, write_script
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
 

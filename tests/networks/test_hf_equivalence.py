@@ -20,8 +20,7 @@ from callgrove.networks.hf import HFPolicyModel
 from callgrove.networks.hf_attention import attention_blocks
 from callgrove.rows import build_rows
 from callgrove.train import policy_loss, row_logprobs
-
-from .helpers import (
+from train.helpers import (
     EXAMPLES,
     episode_rows_of,
     episodes,
@@ -32,7 +31,7 @@ from .helpers import (
     tiny_llama,
     tree_batch,
 )
-from .test_equivalence import assert_same_training
+from train.test_equivalence import assert_same_training
 
 pytestmark = pytest.mark.hf
 

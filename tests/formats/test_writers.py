@@ -15,8 +15,7 @@ import pytest
 
 from callgrove.episode import EpisodeWriter, load, open_writer, save
 from callgrove.formats import Diagnostics, InputError, output
-
-from .helpers import healthy
+from episode.helpers import healthy
 
 SUFFIXES = [".jsonl", ".jsonl.gz", ".jsonl.zst", ".parquet", ".arrow"]
 LINE_SUFFIXES = [".jsonl", ".jsonl.gz", ".jsonl.zst"]
@@ -124,7 +123,7 @@ _WRITER = """
 import sys
 import numpy as np
 sys.path.insert(0, sys.argv[3])
-from helpers import healthy
+from episode.helpers import healthy
 from callgrove.episode import EpisodeWriter, open_writer
 path, append = sys.argv[1], sys.argv[2] == "append"
 writer = EpisodeWriter(path, append=True) if append else open_writer(path)
@@ -152,7 +151,7 @@ def _run_and_kill(path: Path, append: bool, after: int) -> list[str]:
             _WRITER,
             str(path),
             "append" if append else "new",
-            str(Path(__file__).parent),
+            str(Path(__file__).parents[1]),
         ],
         stdout=subprocess.PIPE,
         text=True,

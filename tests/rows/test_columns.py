@@ -14,9 +14,8 @@ from callgrove.episode.spread import spread_over_completions
 from callgrove.formats.problems import InputError
 from callgrove.rows import build_rows
 from callgrove.rows.columns import RowColumns
-
-from .reference import reference_rows
-from .test_properties import episodes
+from forest.reference import reference_rows
+from forest.test_properties import episodes
 
 
 def _plain_spread(call: Call, name: str) -> list[float]:

@@ -15,8 +15,7 @@ from hypothesis import strategies as st
 
 from callgrove.episode import encode_episode, load, save
 from callgrove.formats import Diagnostics, InputError, jsonl, open_binary
-
-from .helpers import healthy
+from episode.helpers import healthy
 
 IDS = ["ok-0", "ok-1", "ok-2"]
 
