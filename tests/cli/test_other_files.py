@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 import callgrove as cg
 from callgrove.cli import app
+from callgrove.episode.files import NOT_EPISODES, NotEpisodes, register
 from callgrove.formats.problems import Diagnostics
 from callgrove.gateway.ledger import EPISODES_FILE, call_line
 
@@ -110,6 +111,21 @@ def test_one_line_says_what_the_file_is(command, kind, other_files, tmp_path):
     [line] = problem_lines(result.stderr)
     assert line.startswith(f"error: {path}: ") and words in line, line
     assert not (tmp_path / "s.jsonl").exists() and not (tmp_path / "c.jsonl").exists()
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_asks_the_one_registry(command, tmp_path):
+    """A kind registered once is named by every command, with its hint."""
+    register(NotEpisodes("notes", (".notes.jsonl",), "a notes file, not an episode file: go"))
+    try:
+        path = tmp_path / "a.notes.jsonl"
+        path.write_bytes(GROUP.read_bytes())
+        extra = {"samples": ["-o", tmp_path / "s.jsonl"], "convert": [tmp_path / "c.jsonl"]}
+        result = run(command, path, *extra.get(command, []))
+    finally:
+        del NOT_EPISODES["notes"]
+    assert result.exit_code == 2, result.output
+    assert problem_lines(result.stderr) == [f"error: {path}: a notes file, not an episode file: go"]
 
 
 @pytest.mark.parametrize("kind", ["ledger", "samples jsonl", "rows jsonl", "metrics"])

@@ -8,7 +8,15 @@ from pathlib import Path
 import pytest
 
 import callgrove as cg
-from callgrove.episode.files import FORMATS, EpisodeFormat, format_for, register
+from callgrove.episode.files import (
+    FORMATS,
+    NOT_EPISODES,
+    EpisodeFormat,
+    NotEpisodes,
+    format_for,
+    kind_of,
+    register,
+)
 
 from .helpers import multi_agent_episode, write_with_verifiers
 
@@ -67,6 +75,29 @@ def test_adding_a_form_is_one_entry(tmp_path: Path):
         assert [e.id for e in cg.load(tmp_path / "login_bug.jsonl.mine")] == ["login-bug-0001"]
     finally:
         del FORMATS["mine"]
+
+
+def test_a_verifiers_results_folder_is_read_as_its_traces(tmp_path: Path):
+    traces = write_with_verifiers(tmp_path, [multi_agent_episode(0), multi_agent_episode(1)])
+    assert format_for(tmp_path).name == "verifiers" and kind_of(tmp_path) is FORMATS["verifiers"]
+    assert [e.id for e in cg.load(tmp_path)] == [e.id for e in cg.load(traces)]
+
+
+def test_a_folder_no_kind_holds_is_none_and_load_gives_it_to_gym(tmp_path: Path):
+    assert kind_of(tmp_path) is None
+    assert format_for(tmp_path).name == "gym"
+
+
+def test_a_kind_that_holds_no_episodes_is_one_entry_too(tmp_path: Path):
+    register(NotEpisodes("notes", (".notes.jsonl",), "a notes file, not an episode file"))
+    try:
+        named = tmp_path / "a.notes.jsonl"
+        named.write_bytes((EXAMPLES / "login_bug.jsonl").read_bytes())
+        assert kind_of(named) is NOT_EPISODES["notes"]
+        assert format_for(named).name == "callgrove"  # `load` reads by the formats alone
+        assert kind_of(EXAMPLES / "login_bug.jsonl") is FORMATS["callgrove"]
+    finally:
+        del NOT_EPISODES["notes"]
 
 
 def test_saving_holds_prompts_compactly(tmp_path: Path):

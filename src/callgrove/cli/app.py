@@ -29,17 +29,17 @@ from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 from typer.models import DefaultPlaceholder
 
 from callgrove.chat import ChatFormat
-from callgrove.cli.kinds import VERIFIERS_FILE, folder_hint, not_episodes_hint
+from callgrove.cli.kinds import not_episodes_hint, what_is
 from callgrove.episode import Episode, format_for, load_located
-from callgrove.episode.files import EPISODE_FORMS
+from callgrove.episode.binary.schema import ARROW_SUFFIX, PARQUET_SUFFIX
+from callgrove.episode.files import EPISODE_FORMS, EpisodeFormat, NotEpisodes, folders_read
 from callgrove.errors import EXIT_OK, CallgroveError, RunFailed, UsageError
 from callgrove.formats.output import check_output
 from callgrove.formats.problems import Diagnostics, InputError
 from callgrove.formats.streams import readable
 from callgrove.formats.text import printable
 from callgrove.interop import GYM
-from callgrove.interop.atif import holds_atif, takes_chat
-from callgrove.interop.gym import TOKENS_SUFFIX
+from callgrove.interop.atif import takes_chat
 
 T = TypeVar("T")
 
@@ -226,22 +226,7 @@ def episode_inputs(files: list[Path], invocations: Path | None = None) -> list[P
     transcript (with the command that imports it), and --invocations without one Gym capture;
     an input that cannot be read whole (a FIFO no writer opens) is an error (exit 1). An
     empty file is a warning: it holds no episodes."""
-    inputs = []
-    for given in files:
-        path = read_once(given)
-        without = folder_without_episodes(path)
-        if without is not None:
-            raise UsageError(f"{given}: {without}")
-        if path.is_dir() and (path / VERIFIERS_FILE).is_file():
-            path = path / VERIFIERS_FILE
-        elif not path.exists():
-            raise UsageError(f"{path}: no such file")
-        hint = not_episodes_hint(path)
-        if hint is not None:
-            raise UsageError(f"{given}: {hint}")
-        if path.is_file() and path.stat().st_size == 0:
-            err.print(f"[yellow]warning[/]: {safe(given)}: an empty file, no episodes in it")
-        inputs.append(path)
+    inputs = [_episode_input(given) for given in files]
     if invocations is not None:
         gym = [path for path in inputs if format_for(path) is GYM]
         if len(inputs) != 1 or len(gym) != 1:
@@ -253,18 +238,45 @@ def episode_inputs(files: list[Path], invocations: Path | None = None) -> list[P
     return inputs
 
 
+def _episode_input(given: Path) -> Path:
+    """One input of `episode_inputs`: the path read for it, or its usage error."""
+    path = read_once(given)
+    if path.is_dir():
+        path = _folder_input(given, path)
+    elif not path.exists():
+        raise UsageError(f"{path}: no such file")
+    hint = not_episodes_hint(path)
+    if hint is not None:
+        raise UsageError(f"{given}: {hint}")
+    if path.is_file() and path.stat().st_size == 0:
+        err.print(f"[yellow]warning[/]: {safe(given)}: an empty file, no episodes in it")
+    return path
+
+
+def _folder_input(given: Path, folder: Path) -> Path:
+    """What is read of a folder given: itself, or the results file in it its form reads."""
+    kind = what_is(folder)
+    if not isinstance(kind, EpisodeFormat):
+        raise UsageError(f"{given}: {_not_read(kind)}")
+    return kind.read_path(folder)
+
+
 def folder_without_episodes(path: Path) -> str | None:
-    """For a folder that holds neither a verifiers results file, NeMo Gym captures nor ATIF
-    trajectories (the folders read as episodes): what it is, where that is known."""
-    if not path.is_dir() or (path / VERIFIERS_FILE).is_file():
+    """For a folder that no episode format reads: what it is, where that is known."""
+    if not path.is_dir():
         return None
-    if any(path.glob(f"*{TOKENS_SUFFIX}")) or holds_atif(path):
-        return None
-    neither = (
-        f"a folder holding neither a verifiers {VERIFIERS_FILE}, NeMo Gym *{TOKENS_SUFFIX} files "
-        "nor ATIF trajectories (*.json)"
-    )
-    return folder_hint(path) or neither
+    kind = what_is(path)
+    return None if isinstance(kind, EpisodeFormat) else _not_read(kind)
+
+
+def _not_read(folder_kind: NotEpisodes | None) -> str:
+    """What a folder not read as episodes is: its kind's hint, else what it lacks, each form
+    that reads folders named (`folders_read`)."""
+    if folder_kind is not None:
+        return folder_kind.hint
+    *others, last = folders_read()
+    named = f"{', '.join(others)} nor {last}" if others else last
+    return f"a folder holding neither {named}"
 
 
 def read_once(path: Path) -> Path:
@@ -350,14 +362,14 @@ def reading(
 
 def _binary_rows(path: Path) -> int | None:
     """The episodes a Parquet or Arrow file holds, from its footer (a row each,
-    docs/format.md): how far along their readers are, since those leave no file offset."""
+    docs/episode-storage.md): how far along their readers are, since those leave no file offset."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
-        if path.name.endswith(".parquet"):
+        if path.name.endswith(PARQUET_SUFFIX):
             return pq.read_metadata(path).num_rows
-        if path.name.endswith(".arrow"):
+        if path.name.endswith(ARROW_SUFFIX):
             with pa.memory_map(str(path)) as source:
                 return pa.ipc.open_file(source).count_rows()
     except (OSError, pa.ArrowException):

@@ -1,10 +1,16 @@
-"""Episode files of every form, through one registry of formats.
+"""Episode files of every form, and every other kind of file a command may be given, through
+one registry of kinds.
 
-A format is one `EpisodeFormat` entry: its name, the file names it claims, how to recognise its
-first line when several claim a name, how to read it and how to open a writer. `load`, `save`,
-`open_writer` and `convert` (and every command) find the format here, by the name given or by
-the path; adding a form is one `register(...)` call. callgrove's own forms are registered
-below; `callgrove.interop` registers verifiers and NeMo Gym.
+A kind is one entry. An `EpisodeFormat` is read as episodes: its name, the file names it claims,
+how to recognise its head when several claim a name, how to read it and how to open a writer.
+A `NotEpisodes` kind is a file callgrove knows that holds no episodes (a harness transcript, a
+gateway's calls ledger, a training run's folder): its name, the file names that are it, its
+content test and the hint a command gives for it. `load`, `save`, `open_writer` and `convert`
+find the format here, by the name given or by the path, and every command asks `kind_of` what
+it was given; adding a kind is one `register(...)` call. callgrove's own forms are registered
+below; the rooms that know the others register them (`callgrove.transcripts` harness
+transcripts, `callgrove.interop` verifiers, NeMo Gym and ATIF, `callgrove.cli.kinds` the files
+the later stages write).
 
 Writers check every episode against the same rules a reader applies (`episode.checks`), so
 what `save` writes `load` reads back, and hold prompts compactly (`codec.share_histories`).
@@ -16,25 +22,29 @@ import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
-from callgrove.episode.binary import BinaryEpisodeWriter, read_binary_episodes
+from callgrove.episode.binary import BINARY_SUFFIXES, BinaryEpisodeWriter, read_binary_episodes
 from callgrove.episode.checks import check_episode, duplicate_episode, prompt_suffix_column
 from callgrove.episode.codec import share_histories
 from callgrove.episode.io import EpisodeWriter, read_located_episodes
 from callgrove.episode.record import Episode
 from callgrove.formats.jsonl import iter_lines
+from callgrove.formats.looks import HEAD_BYTES
 from callgrove.formats.output import output_error
 from callgrove.formats.problems import Diagnostics, InputError
 from callgrove.formats.streams import readable
+from callgrove.formats.wire import FORMAT
 
-_JSONL_NAMES = (".jsonl", ".jsonl.gz", ".jsonl.zst")
-JSONL_SUFFIXES = (*_JSONL_NAMES, ".json", ".gz", ".zst")
+JSONL_NAMES = (".jsonl", ".jsonl.gz", ".jsonl.zst")
+"""The names a JSON Lines file of episodes is written under (every JSON Lines form's)."""
+JSONL_SUFFIXES = (*JSONL_NAMES, ".json", ".gz", ".zst")
 """What a JSON Lines episode file may end with (the last three read too, where a file is named
 so)."""
-BINARY_SUFFIXES = (".parquet", ".arrow")
-EPISODE_FORMS = ", ".join((*_JSONL_NAMES, *BINARY_SUFFIXES))
+EPISODE_FORMS = ", ".join((*JSONL_NAMES, *BINARY_SUFFIXES))
 """The episode files' names, as a command's help says them."""
+EPISODE_FORMAT_PREFIX = FORMAT[: FORMAT.index("/") + 1]
+"""How every version of callgrove's episode record names its `format` (`callgrove.episode/`)."""
 
 
 class EpisodeSink(Protocol):
@@ -58,9 +68,12 @@ class EpisodeFormat:
     """One form of episode file.
 
     `read(path, diagnostics, **options)` streams `(line, episode)`; `open_writer(path, append)`
-    returns an `EpisodeSink` (None: the form is read-only); `sniff(first_line)` tells this form
-    from others that claim the same file names; `folder`: a directory of files is one input,
-    and `holds(folder)` tells whose where several forms read folders.
+    returns an `EpisodeSink` (None: the form is read-only); `sniff(head)` tells this form
+    from others that claim the same file names; `folder`: a folder given is read whole (a
+    NeMo Gym store, a folder of trajectories); `holds(folder)` tells a folder of this form
+    from others; `inside`: the file of a results folder this form reads (verifiers'
+    traces.jsonl), the folder being read as that file; `folder_holds`: what a folder of this
+    form holds, in words, for the message about a folder no form reads.
     """
 
     name: str
@@ -70,15 +83,87 @@ class EpisodeFormat:
     sniff: Callable[[bytes], bool] | None = None
     folder: bool = False
     holds: Callable[[Path], bool] | None = None
+    inside: str | None = None
+    folder_holds: str | None = None
 
+    def holds_folder(self, folder: Path) -> bool:
+        """A folder of this form: its results file is there, or `holds` finds it so."""
+        if self.inside is not None and (folder / self.inside).is_file():
+            return True
+        return self.holds is not None and self.holds(folder)
+
+    def read_path(self, path: Path) -> Path:
+        """What this form reads for `path`: a results folder's file (`inside`), else `path`."""
+        return path / self.inside if self.inside is not None and path.is_dir() else path
+
+
+@dataclass(frozen=True)
+class NotEpisodes:
+    """A kind of file, or folder, that holds no episodes but that callgrove knows, so a command
+    given it says in one line what it is and what to give instead (`hint`), never an error per
+    line. A file is of this kind when its name ends with one of `suffixes` or `shows(path)`
+    finds its content so (under any name); a folder, when `holds(folder)`."""
+
+    name: str
+    suffixes: tuple[str, ...]
+    hint: str
+    shows: Callable[[Path], bool] | None = None
+    holds: Callable[[Path], bool] | None = None
+
+    def is_file_of_kind(self, path: Path) -> bool:
+        return path.name.endswith(self.suffixes) or (self.shows is not None and self.shows(path))
+
+    def holds_folder(self, folder: Path) -> bool:
+        return self.holds is not None and self.holds(folder)
+
+
+FileKind = EpisodeFormat | NotEpisodes
+KindT = TypeVar("KindT", EpisodeFormat, NotEpisodes)
 
 FORMATS: dict[str, EpisodeFormat] = {}
+NOT_EPISODES: dict[str, NotEpisodes] = {}
 
 
-def register(form: EpisodeFormat) -> EpisodeFormat:
-    """Add a form (or replace the one of that name); the first registered wins ties."""
-    FORMATS[form.name] = form
-    return form
+def register(kind: KindT) -> KindT:
+    """Add a kind (or replace the one of that name); of kinds that both fit a file, the first
+    registered wins."""
+    if isinstance(kind, EpisodeFormat):
+        FORMATS[kind.name] = kind
+    else:
+        NOT_EPISODES[kind.name] = kind
+    return kind
+
+
+def not_an_episode_file(what: str, instead: str) -> str:
+    """The hint of a `NotEpisodes` kind, as every command words it."""
+    return f"{what}, not an episode file: {instead}"
+
+
+def kind_of(path: Path) -> FileKind | None:
+    """What a file or folder given to a command is: a kind that holds no episodes, else the
+    episode format that reads it; None for a folder no kind holds.
+
+    A file is first offered to the kinds that hold no episodes: their tests read its records
+    (a harness transcript or a calls ledger is JSON Lines that callgrove's own form would
+    claim by its name), where an episode format's sniff only tells apart the forms that claim
+    a name. A folder is first offered to the formats: one holding episodes of a known form is
+    read as such, whatever else lies in it."""
+    if path.is_dir():
+        return _holding(path, FORMATS) or _holding(path, NOT_EPISODES)
+    if path.is_file():
+        known = next((k for k in NOT_EPISODES.values() if k.is_file_of_kind(path)), None)
+        if known is not None:
+            return known
+    return format_for(path)
+
+
+def _holding(folder: Path, kinds: dict[str, KindT]) -> KindT | None:
+    return next((kind for kind in kinds.values() if kind.holds_folder(folder)), None)
+
+
+def folders_read() -> list[str]:
+    """What the folders read as episodes hold, in words, one per form that reads folders."""
+    return [form.folder_holds for form in FORMATS.values() if form.folder_holds]
 
 
 def format_for(
@@ -86,7 +171,8 @@ def format_for(
 ) -> EpisodeFormat:
     """The form named `name`, else the one whose file names match `path` (the longest suffix;
     among equals, with `sniff`, the one that recognises the file's head; else the first
-    registered)."""
+    registered). A folder is the first form's that holds it, else the first that reads
+    folders."""
     if name is not None:
         if name not in FORMATS:
             raise ValueError(f"unknown episode format {name!r}; known: {', '.join(FORMATS)}")
@@ -94,10 +180,10 @@ def format_for(
     # An input read once is told by its copy; an output's name is never read (sniff=False).
     path = readable(path) if sniff else Path(path)
     if path.is_dir():
-        folders = [f for f in FORMATS.values() if f.folder]
-        held = [f for f in folders if f.holds is not None and f.holds(path)]
-        if held or folders:
-            return (held or folders)[0]
+        held = _holding(path, FORMATS)
+        folder = held or next((f for f in FORMATS.values() if f.folder), None)
+        if folder is not None:
+            return folder
     text = path.name
     matches = [(len(s), f) for f in FORMATS.values() for s in f.suffixes if text.endswith(s)]
     if not matches:
@@ -110,9 +196,6 @@ def format_for(
             if head is not None and candidate.sniff is not None and candidate.sniff(head):
                 return candidate
     return candidates[0]
-
-
-HEAD_BYTES = 4096
 
 
 def _head(path: Path) -> bytes | None:
@@ -150,7 +233,9 @@ def load_located(
     whole, once, and its copy read (`formats.streams`).
     """
     path = readable(path)
-    episodes = format_for(path, format).read(path, diagnostics, **options)
+    form = format_for(path, format)
+    path = form.read_path(path)
+    episodes = form.read(path, diagnostics, **options)
     return _unique_ids(episodes, str(path), diagnostics)
 
 
@@ -275,8 +360,8 @@ def _binary_writer(path: Path, append: bool) -> BinaryEpisodeWriter:
     return BinaryEpisodeWriter(path)
 
 
-def _is_callgrove(line: bytes) -> bool:
-    return b'"callgrove.episode/' in line
+def _is_callgrove(head: bytes) -> bool:
+    return f'"{EPISODE_FORMAT_PREFIX}'.encode() in head
 
 
 register(

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import re
 
-# Bytes read from a file's start to tell what it is (decompressed, for .gz and .zst).
+# Bytes read from a file's start to tell what it is (decompressed, for .gz and .zst): by every
+# content test, from the JSON Lines check here to the file kinds registry's (`episode.files`).
 HEAD_BYTES = 1 << 16
 # Non-blank lines looked at: a file none of whose first lines opens a JSON object is not JSON Lines.
 LINES_LOOKED_AT = 5
@@ -32,8 +33,15 @@ _MAGIC = (
 )
 
 
-# A document's head naming an ATIF `schema_version` (Harbor's trajectories, pretty-printed).
+# Any ATIF version, so that one its reader does not know is read as ATIF and refused by name.
 _ATIF_VERSION = re.compile(rb'"schema_version"\s*:\s*"ATIF-v')
+
+
+def names_atif(head: bytes) -> bool:
+    """ATIF trajectories (Harbor's): the head (a JSON Lines file's first line, or the top of a
+    pretty-printed document) names an ATIF `schema_version`. Here, beneath the stages, since
+    naming a standard input's copy needs it as much as the episode format registry does."""
+    return _ATIF_VERSION.search(head) is not None
 
 
 def suffix_by_content(head: bytes) -> str:
@@ -43,7 +51,7 @@ def suffix_by_content(head: bytes) -> str:
     binary = next((suffix for magic, _what, suffix in READ_FORMS if head.startswith(magic)), None)
     if binary is not None:
         return binary
-    return ".json" if _spread_document(head) and _ATIF_VERSION.search(head) else ".jsonl"
+    return ".json" if _spread_document(head) and names_atif(head) else ".jsonl"
 
 
 def _spread_document(head: bytes) -> bool:

@@ -14,12 +14,21 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import partial
+from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import msgspec
 import orjson
 
+from callgrove.episode.files import (
+    EPISODE_FORMAT_PREFIX,
+    NotEpisodes,
+    not_an_episode_file,
+    register,
+)
 from callgrove.formats.jsonl import iter_lines
+from callgrove.formats.looks import HEAD_BYTES
 from callgrove.formats.problems import Diagnostics, InputError, Problem
 
 R = TypeVar("R")
@@ -215,12 +224,6 @@ _HINTS = {
     CODEX: "import it with `callgrove import codex`",
     EPISODES: "it is already episodes: give it to `callgrove rows`, `show` or `convert`",
 }
-_SNIFF_BYTES = 1 << 16
-
-
-def import_hint(kind: str) -> str | None:
-    """What to do with a file of `kind` (one of `sniff`'s kinds), if callgrove reads it."""
-    return _HINTS.get(kind)
 
 
 def sniff(path: str | os.PathLike[str]) -> str:
@@ -228,7 +231,7 @@ def sniff(path: str | os.PathLike[str]) -> str:
     saying what it is not (binary, not JSON Lines, JSON of another kind, empty)."""
     try:
         with open(path, "rb") as stream:
-            head = stream.read(_SNIFF_BYTES)
+            head = stream.read(HEAD_BYTES)
     except OSError as error:
         return f"unreadable ({error.strerror or error})"
     if not head.strip():
@@ -246,13 +249,29 @@ def sniff(path: str | os.PathLike[str]) -> str:
     if not objects:
         return "not JSON Lines (no line is a JSON object)"
     for value in objects:
-        if str(value.get("format", "")).startswith("callgrove.episode"):
+        if str(value.get("format", "")).startswith(EPISODE_FORMAT_PREFIX):
             return EPISODES
         if value.get("type") in _CODEX_TYPES and isinstance(value.get("payload"), dict):
             return CODEX
         if _CLAUDE_KEYS & value.keys():
             return CLAUDE_CODE
     return "JSON Lines of another kind (neither a Claude Code session nor a Codex rollout)"
+
+
+def _is_transcript(kind: str, path: Path) -> bool:
+    return sniff(path) == kind
+
+
+# A harness transcript given where episodes are read is named, with the command that imports it.
+for _kind in (CLAUDE_CODE, CODEX):
+    register(
+        NotEpisodes(
+            _kind,
+            (),
+            not_an_episode_file(f"a {_kind}", _HINTS[_kind]),
+            shows=partial(_is_transcript, _kind),
+        )
+    )
 
 
 def refuse_file(
