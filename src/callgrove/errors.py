@@ -41,6 +41,18 @@ class RunFailed(CallgroveError):
     exit_code: ClassVar[int] = EXIT_FAILED
 
 
+class InvalidValue(UsageError, ValueError):
+    """A value callgrove was given (a setting, an option, a field, an argument) is not one it
+    takes: the message names it and what it takes. Also a `ValueError`, so a caller's
+    `except ValueError` and msgspec's checks of a struct's `__post_init__` still catch it."""
+
+
+class StateError(RunFailed, RuntimeError):
+    """What callgrove was asked to do cannot be done in the state things are in (a server that
+    stopped, a loop already closed, a run folder held by another): the work stops, saying why.
+    Also a `RuntimeError`, for callers that catch that."""
+
+
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
     """` (did you mean 'x'?)` for the choice closest to a mistyped `word`, or "" where none is
     close: what an error about an unknown name appends to its message."""

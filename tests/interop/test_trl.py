@@ -4,7 +4,7 @@
 
 TRL's fused LM head accumulates the log-softmax in float32 whatever the model's dtype, so on a
 float64 model the two agree to float32 rounding of the log-probabilities, not to float64's
-(docs/trainers.md has the figures): hence 1e-5."""
+(docs/trainers-trl.md has the figures): hence 1e-5."""
 
 from __future__ import annotations
 

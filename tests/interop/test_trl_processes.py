@@ -175,7 +175,7 @@ def test_a_pass_trains_every_sample_once_the_remainder_in_a_last_smaller_batch()
 @pytest.mark.processes
 def test_bnpo_on_two_processes_normalises_each_process_batch_by_its_own_tokens(two_processes):
     """TRL's `bnpo` divides each process's micro-batch by its own trained tokens: its update
-    depends on how the batch is split (docs/trainers.md), unlike `dapo`'s and `grpo`'s."""
+    depends on how the batch is split (docs/trainers-trl.md), unlike `dapo`'s and `grpo`'s."""
     run = RUNS["bnpo"]
     got = two_processes[run.name]
     assert relative_difference(got, sgd_on_the_reference(generation_batches(run), parts=2)) <= (

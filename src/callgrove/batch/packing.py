@@ -33,7 +33,7 @@ from callgrove.batch.samples import (
     arrays_to_torch,
 )
 from callgrove.batch.tree import _scope_key, trie_nodes
-from callgrove.errors import UsageError
+from callgrove.errors import InvalidValue, UsageError
 
 Overlong = Literal["error", "truncate"]
 CU_SEQLENS_DTYPE = np.int32
@@ -51,11 +51,11 @@ class PackSettings:
 
     def __post_init__(self) -> None:
         if self.seq_len < 1:
-            raise ValueError(f"seq_len is {self.seq_len}, expected at least 1")
+            raise InvalidValue(f"seq_len is {self.seq_len}, expected at least 1")
         if self.overlong not in ("error", "truncate"):
-            raise ValueError(f"overlong is {self.overlong!r}, expected 'error' or 'truncate'")
+            raise InvalidValue(f"overlong is {self.overlong!r}, expected 'error' or 'truncate'")
         if self.ranks < 1:
-            raise ValueError(f"ranks is {self.ranks}, expected at least 1")
+            raise InvalidValue(f"ranks is {self.ranks}, expected at least 1")
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from callgrove.episode import TOKEN_DTYPE, Call
+from callgrove.errors import InvalidValue
 from callgrove.formats.problems import InputError, Problem
 from callgrove.formats.wire import SAMPLING_KEYS
 from callgrove.rows import EpisodeRows, Row
@@ -341,10 +342,10 @@ SAMPLE_FORMS = {".parquet": "parquet", ".arrow": "arrow", ".jsonl": "jsonl"}
 
 
 def sample_form(path: str | Path) -> str:
-    """The form of samples file `path`, from its suffix; a `ValueError` naming it otherwise."""
+    """The form of samples file `path`, from its suffix; an `InvalidValue` naming it otherwise."""
     form = SAMPLE_FORMS.get(Path(path).suffix)
     if form is None:
-        raise ValueError(f"{path}: a samples file ends in {', '.join(SAMPLE_FORMS)}")
+        raise InvalidValue(f"{path}: a samples file ends in {', '.join(SAMPLE_FORMS)}")
     return form
 
 
@@ -368,7 +369,7 @@ def write_samples(
             for sample in samples:
                 stream.write(orjson.dumps(_sample_line(sample), option=_JSON_OPTIONS) + b"\n")
     else:
-        raise ValueError(f"no samples form {form!r}: one of {', '.join(SAMPLE_FORMS.values())}")
+        raise InvalidValue(f"no samples form {form!r}: one of {', '.join(SAMPLE_FORMS.values())}")
 
 
 def read_samples(path: str | Path) -> list[Sample]:

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from callgrove.batch.samples import SAMPLING_FIELDS, Sample
+from callgrove.errors import InvalidValue
 from callgrove.rows.columns import RowColumns
 
 if TYPE_CHECKING:
@@ -56,7 +57,7 @@ class TreeSettings:
 
     def __post_init__(self) -> None:
         if self.scope not in TREE_SCOPES:
-            raise ValueError(f"tree scope must be one of {TREE_SCOPES}, not {self.scope!r}")
+            raise InvalidValue(f"tree scope must be one of {TREE_SCOPES}, not {self.scope!r}")
 
 
 @dataclass(slots=True, eq=False)
@@ -212,7 +213,7 @@ def deal_rows(rows: Sequence[np.ndarray], budget: int) -> list[np.ndarray]:
     rows sharing a prefix are neighbours there, and a row adds to its batch's trie its length
     less the prefix it shares with the row before it, so the count is exact as it goes."""
     if budget < 1:
-        raise ValueError(f"a micro-batch's budget must be at least 1 token, not {budget}")
+        raise InvalidValue(f"a micro-batch's budget must be at least 1 token, not {budget}")
     arrays = [np.asarray(row) for row in rows]
     order, shared, _ = _sorted_prefixes(arrays, None)
     batches: list[list[int]] = []
@@ -278,18 +279,18 @@ def _check_rows(
     names: list[str],
 ) -> None:
     if any(n is not None and len(n) != len(rows) for n in (masks, trie_keys, names)):
-        raise ValueError("tree packing needs one loss mask (and trie key, and name) per row")
+        raise InvalidValue("tree packing needs one loss mask (and trie key, and name) per row")
     for name, arrays in values.items():
         if len(arrays) != len(rows):
-            raise ValueError(f"tree packing: {name!r} has {len(arrays)} rows, not {len(rows)}")
+            raise InvalidValue(f"tree packing: {name!r} has {len(arrays)} rows, not {len(rows)}")
     for index, (tokens, mask) in enumerate(zip(rows, masks, strict=True)):
         if tokens.ndim != 1 or mask.shape != tokens.shape:
-            raise ValueError(f"{names[index]}: token ids and loss mask must be 1-d of one length")
+            raise InvalidValue(f"{names[index]}: token ids and loss mask must be 1-d of one length")
         if len(tokens) and int(tokens.min()) < 0:
-            raise ValueError(f"{names[index]}: negative token id {int(tokens.min())}")
+            raise InvalidValue(f"{names[index]}: negative token id {int(tokens.min())}")
         for name, arrays in values.items():
             if np.shape(arrays[index]) != tokens.shape:
-                raise ValueError(f"{names[index]}: {name!r} is not one value per token")
+                raise InvalidValue(f"{names[index]}: {name!r} is not one value per token")
 
 
 def _check_targets_predicted(
@@ -300,7 +301,7 @@ def _check_targets_predicted(
     with_tokens = first + np.flatnonzero(np.diff(row_bounds[first : last + 1]))
     unpredicted = with_tokens[flat_mask[row_bounds[with_tokens] - row_bounds[first]]]
     if len(unpredicted):
-        raise ValueError(
+        raise InvalidValue(
             f"{names[int(unpredicted[0])]}: its loss mask is 1 on its first token, "
             "which nothing predicts"
         )

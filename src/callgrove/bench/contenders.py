@@ -27,10 +27,9 @@ import numpy as np
 import orjson
 
 from callgrove.episode import Episode
+from callgrove.interop.formats import TRACES_FILE
 from callgrove.interop.verifiers import write_verifiers
 from callgrove.rows import EpisodeRows
-
-VERIFIERS_FILE = "traces.jsonl"
 
 
 def verifiers_available() -> str | None:
@@ -55,7 +54,7 @@ def gym_available() -> str | None:
 def write_verifiers_run(folder: Path, episodes: Sequence[Episode]) -> Path:
     """A verifiers results folder holding the episodes as its `traces.jsonl`."""
     folder.mkdir(parents=True, exist_ok=True)
-    write_verifiers(folder / VERIFIERS_FILE, episodes)
+    write_verifiers(folder / TRACES_FILE, episodes)
     return folder
 
 

@@ -53,6 +53,7 @@ import msgspec
 import numpy as np
 
 from callgrove.chat import Message
+from callgrove.errors import InvalidValue
 from callgrove.models import HfModel
 from callgrove.orchestrator.config import config_from_dict
 from callgrove.orchestrator.envs.arithmetic import Arithmetic, score
@@ -90,7 +91,7 @@ class RaceSettings:
 
     def __post_init__(self) -> None:
         if self.sampler not in TARGETS:
-            raise ValueError(f"sampler {self.sampler!r}: one of {', '.join(TARGETS)}")
+            raise InvalidValue(f"sampler {self.sampler!r}: one of {', '.join(TARGETS)}")
 
 
 # The help of each setting, for the command line and the script alike.

@@ -13,7 +13,7 @@ beside it). Of the CPU time, the kernel's share and the page faults are kept too
 that allocates row-sized arrays pays for first touches of fresh memory. The command first has
 glibc's malloc keep freed memory and grow its heap, touched, past what the run needs
 (`keep_warm_heap`), so every size of a stage runs on memory already backed
-(docs/performance.md). Peak memory is the largest traced allocation (tracemalloc, numpy
+(docs/performance-bench.md). Peak memory is the largest traced allocation (tracemalloc, numpy
 included) of one separate, untimed run.
 
 Throughput is counted in call tokens (every kept call's prompt plus completion: the tokens the
@@ -413,7 +413,7 @@ def _actions(
     actions["credit"] = (STAGES, lambda: [finalize_group(GRPO(), g) for g in groups])
     actions["samples"] = (STAGES, lambda: build_samples(_uncached(rows)))
     actions["pack"] = (STAGES, lambda: pack(samples, PackSettings(seq_len, ranks=settings.ranks)))
-    # Episode scope, the one docs/performance.md was measured at (the default is group scope).
+    # Episode scope, the one docs/performance-bench.md was measured at (the default is group scope).
     actions["tree pack"] = (STAGES, lambda: pack_samples(samples, TreeSettings(scope="episode")))
     for form, suffix in FORMS.items():
         out = work / f"written{suffix}"

@@ -12,6 +12,7 @@ import numpy as np
 from callgrove.chat.format import EMPTY, ChatFormat
 from callgrove.chat.message import Message
 from callgrove.episode import TOKEN_DTYPE
+from callgrove.errors import InvalidValue
 
 HEADERS = ("system", "user", "assistant")
 
@@ -24,7 +25,7 @@ class CharFormat(ChatFormat):
 
     def __init__(self, alphabet: str = "0123456789abcdefghijklmnopqrstuvwxyz :=,.?+->"):
         if len(set(alphabet)) != len(alphabet):
-            raise ValueError("the alphabet repeats a character")
+            raise InvalidValue("the alphabet repeats a character")
         super().__init__("hermes", (self.END,))
         self.alphabet = alphabet
         self._ids = {ch: i + 4 for i, ch in enumerate(alphabet)}
@@ -48,7 +49,7 @@ class CharFormat(ChatFormat):
         try:
             return np.fromiter((self._ids[ch] for ch in text), TOKEN_DTYPE, len(text))
         except KeyError as error:
-            raise ValueError(
+            raise InvalidValue(
                 f"{error.args[0]!r} is not in the alphabet {self.alphabet!r}"
             ) from None
 
@@ -58,7 +59,7 @@ class CharFormat(ChatFormat):
 
     def segment(self, message: Message, previous: Message | None) -> np.ndarray:
         if message.role not in HEADERS:
-            raise ValueError(f"unknown role {message.role!r}; expected one of {HEADERS}")
+            raise InvalidValue(f"unknown role {message.role!r}; expected one of {HEADERS}")
         body = self.encode(message.text)
         out = np.empty(len(body) + 2, dtype=TOKEN_DTYPE)
         out[0], out[1:-1], out[-1] = HEADERS.index(message.role), body, self.END

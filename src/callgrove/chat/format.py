@@ -19,6 +19,7 @@ import numpy as np
 from callgrove.chat.message import Message
 from callgrove.chat.parse import PARSERS
 from callgrove.episode import TOKEN_DTYPE
+from callgrove.errors import InvalidValue
 
 EMPTY = np.zeros(0, dtype=TOKEN_DTYPE)
 
@@ -31,7 +32,7 @@ class ChatFormat(ABC):
 
     def __init__(self, parser: str = "hermes", stop_token_ids: Sequence[int] = ()):
         if parser not in PARSERS:
-            raise ValueError(f"unknown tool-call parser {parser!r}; known: {sorted(PARSERS)}")
+            raise InvalidValue(f"unknown tool-call parser {parser!r}; known: {sorted(PARSERS)}")
         self.parser = parser
         self._stops = tuple(int(t) for t in stop_token_ids)
 

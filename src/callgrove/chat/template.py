@@ -22,6 +22,7 @@ import orjson
 from callgrove.chat.format import ChatFormat
 from callgrove.chat.message import Message, content_pieces, normal_text
 from callgrove.episode import TOKEN_DTYPE
+from callgrove.errors import InvalidValue
 from callgrove.formats.problems import InputError, Problem
 
 if TYPE_CHECKING:
@@ -128,9 +129,9 @@ class JinjaFormat(ChatFormat):
         template = getattr(tokenizer, "chat_template", None)
         backend = getattr(tokenizer, "backend_tokenizer", None)
         if not isinstance(template, str) or not template:
-            raise ValueError("the model's tokenizer has no chat template")
+            raise InvalidValue("the model's tokenizer has no chat template")
         if backend is None:
-            raise ValueError("the model's tokenizer is not a fast (tokenizers-backed) one")
+            raise InvalidValue("the model's tokenizer is not a fast (tokenizers-backed) one")
         specials = {
             k: v
             for k, v in getattr(tokenizer, "special_tokens_map", {}).items()
@@ -419,4 +420,4 @@ def _tojson(value: Any, indent: int | None = None, **_: Any) -> str:
 
 
 def _raise_template_error(message: str) -> None:
-    raise ValueError(message)
+    raise InvalidValue(message)

@@ -54,6 +54,8 @@ def reading_chat(tokenizer: Path | None) -> ChatFormat | None:
 
 # Past this many, the problems of one kind are summed up in the account instead of listed.
 SHOWN_PER_KIND = 20
+# Problems a command prints one by one before the rest are only counted.
+SHOWN_PROBLEMS = 20
 EXACTLY_ONCE = "each trained exactly once"
 
 

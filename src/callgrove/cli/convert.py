@@ -29,6 +29,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from callgrove.cli.accounting import (
+    SHOWN_PROBLEMS,
     AcceptLossOption,
     CommandOutcome,
     ReadTokenizerOption,
@@ -46,7 +47,7 @@ from callgrove.cli.app import (
     require_output,
     safe,
 )
-from callgrove.cli.kinds import VERIFIERS_FILE, not_episodes_hint
+from callgrove.cli.kinds import not_episodes_hint
 from callgrove.cli.scoring import (
     AlgorithmOption,
     DecayOption,
@@ -81,10 +82,10 @@ from callgrove.errors import EXIT_USAGE, UsageError
 from callgrove.forest import compact_prompts
 from callgrove.formats.output import NewFile
 from callgrove.formats.problems import Diagnostics, InputError, shown_file
+from callgrove.interop.formats import TRACES_FILE
 from callgrove.interop.gym import TOKENS_SUFFIX
 from callgrove.interop.verifiers import write_advantages
 
-SHOWN_PROBLEMS = 20
 UNKNOWN_FIELD = "unknown_field"  # the readers' kind for a field the format does not have
 
 
@@ -223,7 +224,7 @@ def convert_command(
     if algorithm is not None and onto is None:
         err.print("error: --algorithm goes with --onto: the credit written onto verifiers traces")
         raise typer.Exit(EXIT_USAGE)
-    target = out / VERIFIERS_FILE if to is Target.verifiers and _is_folder(out) else out
+    target = out / TRACES_FILE if to is Target.verifiers and _is_folder(out) else out
     target.parent.mkdir(parents=True, exist_ok=True)
     require_output(target, [p for p in (source, invocations, onto) if p is not None])
     chat = reading_chat(tokenizer)
@@ -304,7 +305,7 @@ def _infer_source(source: Path) -> SourceForm:
     if hint is not None or not source.exists():
         err.print(f"error: {safe(shown_file(source))}: {safe(hint or 'no such file or folder')}")
         raise typer.Exit(EXIT_USAGE)
-    folder_of_traces = source.is_dir() and (source / VERIFIERS_FILE).is_file()
+    folder_of_traces = source.is_dir() and (source / TRACES_FILE).is_file()
     kind = "verifiers" if folder_of_traces else format_for(source).name
     err.print(f"reading {safe(shown_file(source))} as {kind} (--from overrides)")
     return SourceForm(kind)
@@ -316,7 +317,7 @@ def _is_folder(out: Path) -> bool:
 
 
 def _infer_target(out: Path, onto: Path | None) -> Target:
-    if onto is not None or out.name == VERIFIERS_FILE or out.is_dir():
+    if onto is not None or out.name == TRACES_FILE or out.is_dir():
         return Target.verifiers
     return Target.callgrove
 
@@ -412,7 +413,7 @@ def _input_path(
         if not path.is_file():
             raise UsageError(f"{path}: no such file")
     if from_ is SourceForm.verifiers and source.is_dir():
-        source = source / VERIFIERS_FILE
+        source = source / TRACES_FILE
     if not source.exists() or (source.is_dir() and from_ not in (SourceForm.gym, SourceForm.atif)):
         raise UsageError(f"{source}: no such file")
     return source

@@ -25,7 +25,7 @@ from callgrove.cli.model_options import (
     chat_template,
     open_chat,
 )
-from callgrove.errors import EXIT_USAGE, UsageError
+from callgrove.errors import EXIT_USAGE, InvalidValue, UsageError
 from callgrove.formats.problems import InputError
 from callgrove.policy.client import DEFAULT_MAX_TOKENS
 
@@ -400,10 +400,10 @@ def _llama_cpp_client(
     from callgrove.policy.llama_cpp import LlamaCppPolicyClient
 
     if not passthrough:
-        raise ValueError("--upstream-gguf goes with --passthrough (the server renders the chat)")
+        raise InvalidValue("--upstream-gguf goes with --passthrough (the server renders the chat)")
     source = resolve_model(name)
     if source.gguf_file is None:
-        raise ValueError(f"--upstream-gguf {name}: not a GGUF file")
+        raise InvalidValue(f"--upstream-gguf {name}: not a GGUF file")
     return LlamaCppPolicyClient(upstream, source.path, model=model, token=token, timeout=timeout)
 
 

@@ -19,6 +19,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+import callgrove.interop.formats
 import callgrove.transcripts  # noqa: F401  registers harness transcripts
 from callgrove.batch.samples import SAMPLE_SCHEMA
 from callgrove.episode.binary.schema import PARQUET_SUFFIX, is_binary
@@ -30,10 +31,7 @@ from callgrove.episode.files import (
     register,
 )
 from callgrove.formats.jsonl import iter_lines
-from callgrove.interop.formats import TRACES_FILE  # registers verifiers, NeMo Gym and ATIF
 from callgrove.orchestrator.sinks import METRICS
-
-VERIFIERS_FILE = TRACES_FILE  # the name convert writes for --to verifiers into a folder
 
 
 def what_is(path: Path) -> FileKind | None:

@@ -10,6 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from callgrove.chat import ChatFormat, JinjaFormat
+from callgrove.errors import InvalidValue
 from callgrove.models.settings import OLD_FORMS_END
 
 MODEL_NAMES = "tiny (the reference decoder), hf:PATH (a checkpoint folder or .gguf file) or a packaged name (smollm2-135m)"
@@ -39,11 +40,11 @@ ParserOption = Annotated[
 
 
 def chat_template(given: Path | None, old_spelling: Path | None) -> Path | None:
-    """`--chat-template`, or its old spelling `--template` (a `ValueError` for both)."""
+    """`--chat-template`, or its old spelling `--template` (an `InvalidValue` for both)."""
     if old_spelling is None:
         return given
     if given is not None:
-        raise ValueError("--template is --chat-template: give it once")
+        raise InvalidValue("--template is --chat-template: give it once")
     warnings.warn(
         f"--template is the old spelling of --chat-template, read until callgrove {OLD_FORMS_END}",
         FutureWarning,
@@ -61,12 +62,12 @@ def open_chat(
     allow_dropped: bool = False,
 ) -> ChatFormat:
     """The chat format `--model` names (its own tokenizer and template; the weights are not
-    loaded), or `--tokenizer`/`--chat-template`, or the built-in bytes. A `ValueError` for
+    loaded), or `--tokenizer`/`--chat-template`, or the built-in bytes. An `InvalidValue` for
     options that do not go together."""
     from callgrove.models import chat_from_files, model_from_name, open_model
 
     if model is not None and (tokenizer or template):
-        raise ValueError("give --model or --tokenizer/--chat-template, not both")
+        raise InvalidValue("give --model or --tokenizer/--chat-template, not both")
     if model is None:
         return chat_from_files(
             tokenizer, template, variables, parser=parser, allow_dropped=allow_dropped

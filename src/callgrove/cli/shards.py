@@ -35,7 +35,7 @@ from callgrove.episode import Episode
 from callgrove.episode.checks import duplicate_episode, read_twice
 from callgrove.episode.files import format_for, load_located
 from callgrove.episode.intake import Seen, seen
-from callgrove.errors import EXIT_USAGE
+from callgrove.errors import EXIT_USAGE, StateError
 from callgrove.formats.problems import Diagnostics, InputError, Problem, shown_file
 
 MIN_SHARD_BYTES = 8 << 20  # smaller ranges cost more in start-up than they save
@@ -350,7 +350,7 @@ def _on_ray(
     try:
         import ray
     except ImportError as error:
-        raise RuntimeError("--executor ray needs Ray: pip install 'callgrove[ray]'") from error
+        raise StateError("--executor ray needs Ray: pip install 'callgrove[ray]'") from error
     started = not ray.is_initialized()
     if started:
         ray.init(

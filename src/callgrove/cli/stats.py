@@ -28,6 +28,7 @@ from rich.table import Table
 from rich.text import Text
 
 from callgrove.cli.accounting import (
+    SHOWN_PROBLEMS,
     AcceptLossOption,
     CommandOutcome,
     ReadTokenizerOption,
@@ -64,8 +65,6 @@ from callgrove.episode import Episode, Stats
 from callgrove.formats.problems import Diagnostics
 from callgrove.rows import build_rows
 
-# Problems printed one by one before the rest are only counted.
-SHOWN_PROBLEMS = 20
 COLLECT_EVERY = 64
 # Up to this many groups each get a line in the rewards table; past it, a summary line.
 GROUPS_LISTED = 8

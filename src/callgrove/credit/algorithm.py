@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from callgrove.episode import Agent, Call, Episode
+from callgrove.errors import InvalidValue
 
 Advantage = float | np.ndarray
 
@@ -131,7 +132,7 @@ class Algorithm:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a `state_dict`."""
         if state:
-            raise ValueError(f"{type(self).__name__} keeps no state, got {sorted(state)}")
+            raise InvalidValue(f"{type(self).__name__} keeps no state, got {sorted(state)}")
 
     def call_advantages(self, credit: Credit) -> Iterator[tuple[Call, Advantage]]:
         for call in credit.trace.calls():
@@ -176,9 +177,9 @@ def finalize_group(algorithm: Algorithm, episodes: Sequence[Episode]) -> GroupCr
         episode, ledger, values = episodes[member], ledgers[member], report.advantages[member]
         for call, value in algorithm.call_advantages(credit):
             if not (0 <= call.index < len(ledger) and ledger[call.index] is call):
-                raise ValueError(f"episode {episode.id}: call {call.id} is not one of its calls")
+                raise InvalidValue(f"episode {episode.id}: call {call.id} is not one of its calls")
             if values[call.index] is not None:
-                raise ValueError(f"episode {episode.id}: call {call.id} was credited twice")
+                raise InvalidValue(f"episode {episode.id}: call {call.id} was credited twice")
             values[call.index] = _checked_value(value, episode, call)
             report.assigned_calls += 1
     for episode, ledger, values in zip(episodes, ledgers, report.advantages, strict=True):
@@ -193,17 +194,19 @@ def _check_group(episodes: Sequence[Episode]) -> None:
     groups = {episode.group for episode in episodes}
     if len(groups) > 1:
         names = ", ".join(sorted(str(g) for g in groups))
-        raise ValueError(f"finalize_group got episodes of several groups: {names}")
+        raise InvalidValue(f"finalize_group got episodes of several groups: {names}")
     seen: set[str] = set()
     for episode in episodes:
         if episode.supervised:
-            raise ValueError(
+            raise InvalidValue(
                 f"episode {episode.id!r} is for supervised training (objective: supervised, no "
                 "sampling logprobs): it takes no advantages; train it with objective sft"
             )
         if episode.id in seen:
             # Baselines are keyed by episode id, so two episodes sharing one would be merged.
-            raise ValueError(f"episode id {episode.id!r} appears twice in group {episode.group!r}")
+            raise InvalidValue(
+                f"episode id {episode.id!r} appears twice in group {episode.group!r}"
+            )
         seen.add(episode.id)
 
 
@@ -212,12 +215,12 @@ def _member(trace: Trace, episodes: Sequence[Episode]) -> int:
     episode = trace.episode
     member = next((i for i, e in enumerate(episodes) if e is episode), -1)
     if member < 0:
-        raise ValueError(f"credit for episode {episode.id}, which is not in the group")
+        raise InvalidValue(f"credit for episode {episode.id}, which is not in the group")
     if not episode.ok:
-        raise ValueError(f"episode {episode.id} did not complete (ok false); it takes no credit")
+        raise InvalidValue(f"episode {episode.id} did not complete (ok false); it takes no credit")
     for agent in trace.agents:
         if not agent.trainable:
-            raise ValueError(
+            raise InvalidValue(
                 f"episode {episode.id}: agent {agent.id} is not trainable; it takes no credit"
             )
     return member
@@ -227,16 +230,16 @@ def _checked_value(value: Advantage, episode: Episode, call: Call) -> Advantage:
     if isinstance(value, np.ndarray):
         array = np.asarray(value, dtype=np.float64)
         if array.shape != call.completion_ids.shape:
-            raise ValueError(
+            raise InvalidValue(
                 f"episode {episode.id}, call {call.id}: {array.size} advantages for "
                 f"{call.completion_ids.size} completion tokens"
             )
         if not np.all(np.isfinite(array)):
-            raise ValueError(f"episode {episode.id}, call {call.id}: advantage is not finite")
+            raise InvalidValue(f"episode {episode.id}, call {call.id}: advantage is not finite")
         return array
     number = float(value)
     if not math.isfinite(number):
-        raise ValueError(f"episode {episode.id}, call {call.id}: advantage is not finite")
+        raise InvalidValue(f"episode {episode.id}, call {call.id}: advantage is not finite")
     return number
 
 

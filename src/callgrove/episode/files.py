@@ -29,6 +29,7 @@ from callgrove.episode.checks import check_episode, duplicate_episode, prompt_su
 from callgrove.episode.codec import share_histories
 from callgrove.episode.io import EpisodeWriter, read_located_episodes
 from callgrove.episode.record import Episode
+from callgrove.errors import InvalidValue
 from callgrove.formats.jsonl import iter_lines
 from callgrove.formats.looks import HEAD_BYTES
 from callgrove.formats.output import output_error
@@ -175,7 +176,7 @@ def format_for(
     folders."""
     if name is not None:
         if name not in FORMATS:
-            raise ValueError(f"unknown episode format {name!r}; known: {', '.join(FORMATS)}")
+            raise InvalidValue(f"unknown episode format {name!r}; known: {', '.join(FORMATS)}")
         return FORMATS[name]
     # An input read once is told by its copy; an output's name is never read (sniff=False).
     path = readable(path) if sniff else Path(path)
@@ -325,7 +326,7 @@ def open_writer(
         raise output_error(path, "it is a folder")
     form = format_for(path, format, sniff=append)
     if form.open_writer is None:
-        raise ValueError(f"{path}: episodes cannot be written as {form.name}")
+        raise InvalidValue(f"{path}: episodes cannot be written as {form.name}")
     return CheckedWriter(form.open_writer(Path(path), append), str(path))
 
 
@@ -356,7 +357,7 @@ def convert(
 
 def _binary_writer(path: Path, append: bool) -> BinaryEpisodeWriter:
     if append:
-        raise ValueError(f"{path}: a binary episode file cannot be appended to")
+        raise InvalidValue(f"{path}: a binary episode file cannot be appended to")
     return BinaryEpisodeWriter(path)
 
 

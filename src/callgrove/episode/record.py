@@ -20,6 +20,7 @@ import msgspec
 import numpy as np
 
 from callgrove.episode.provenance import Gap, Spawn
+from callgrove.errors import InvalidValue
 from callgrove.formats.problems import InputError, Problem
 from callgrove.formats.ranges import check_range
 from callgrove.formats.wire import CallFields, WireEnv, WireError, WirePolicy, WireRun
@@ -120,7 +121,7 @@ def sampling_record(temperature: float, top_p: float = 1.0, top_k: int | None = 
 
 
 def check_distribution(temperature: Any, top_p: Any, top_k: Any, prefix: str = "") -> None:
-    """The bounds of a sampling distribution, a `ValueError` naming the first one broken:
+    """The bounds of a sampling distribution, an `InvalidValue` naming the first one broken:
     `temperature` a finite number >= 0 (0: greedy), `top_p` in (0, 1], `top_k` an int >= 1
     or None (no top-k cut). A run's `[sampling]` and every recorded call's `sampling` alike."""
     check_range(f"{prefix}temperature", temperature, at_least=0)
@@ -128,7 +129,7 @@ def check_distribution(temperature: Any, top_p: Any, top_k: Any, prefix: str = "
     if top_k is None:
         return
     if not isinstance(top_k, int) or isinstance(top_k, bool):
-        raise ValueError(f"{prefix}top_k must be an int or null (no cut), not {top_k!r}")
+        raise InvalidValue(f"{prefix}top_k must be an int or null (no cut), not {top_k!r}")
     check_range(f"{prefix}top_k", top_k, at_least=1)
 
 
@@ -265,7 +266,9 @@ class Episode:
         credit computes them in."""
         ledger = self.ledger()
         if len(values) != len(ledger):
-            raise ValueError(f"episode {self.id}: {len(values)} advantages for {len(ledger)} calls")
+            raise InvalidValue(
+                f"episode {self.id}: {len(values)} advantages for {len(ledger)} calls"
+            )
         for call, value in zip(ledger, values, strict=True):
             call.advantages = value
 
@@ -305,7 +308,7 @@ class Episode:
     def agent_of(self, call: Call) -> Agent:
         """The agent that made `call` (by `Call.agent_index`)."""
         if not 0 <= call.agent_index < len(self.agents):
-            raise ValueError(
+            raise InvalidValue(
                 f"episode {self.id}: call {call.id} has no agent here; "
                 "call ledger() after adding agents or calls"
             )

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from callgrove.episode import Agent, Call, Episode
+from callgrove.errors import InvalidValue
 from callgrove.forest.tokens import TokenPool
 
 
@@ -59,7 +60,7 @@ class Forest:
         """The call's place in `calls`."""
         position = self._position[self.pool.at(call)]
         if position < 0:
-            raise ValueError(f"call {call.id} is not kept: it has no place in the forest")
+            raise InvalidValue(f"call {call.id} is not kept: it has no place in the forest")
         return position
 
     def parent_of(self, call: Call) -> Call | None:

@@ -21,6 +21,7 @@ import numpy as np
 
 from callgrove.episode import Call
 from callgrove.episode.record import not_an_earlier_call
+from callgrove.errors import InvalidValue
 
 
 def _prefix_sums(tokens: np.ndarray, shifts: np.ndarray, span: np.ndarray) -> np.ndarray:
@@ -148,7 +149,7 @@ class TokenPool:
         """The call's place in this pool's ledger (its `index`, checked to be this call)."""
         i = call.index
         if not (0 <= i < len(self.calls) and self.calls[i] is call):
-            raise ValueError(
+            raise InvalidValue(
                 f"call {call.id} is not in this pool's ledger (was the episode changed after "
                 "its forest was built?)"
             )
@@ -276,12 +277,12 @@ def _base_index(i: int, call: Call, position: dict[str, int]) -> int:
     """The ledger index of the call's prompt base (-1 for none), checked to be an earlier call
     of the same ledger; the call itself checked to be at its index."""
     if call.index != i:
-        raise ValueError(f"call {call.id} is not at its ledger index ({call.index})")
+        raise InvalidValue(f"call {call.id} is not at its ledger index ({call.index})")
     if call.prompt_from is None:
         return -1
     b = position.get(call.prompt_from, i)
     if b >= i:
-        raise ValueError(f"call {call.id}: {not_an_earlier_call(call.prompt_from)}")
+        raise InvalidValue(f"call {call.id}: {not_an_earlier_call(call.prompt_from)}")
     return b
 
 

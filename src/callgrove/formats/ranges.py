@@ -8,6 +8,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
+from callgrove.errors import InvalidValue
+
 
 def check_range(
     name: str,
@@ -18,14 +20,14 @@ def check_range(
     at_most: float | None = None,
     below: float | None = None,
 ) -> None:
-    """Raise `ValueError` unless `value` is a finite number within the given bounds."""
+    """Raise `InvalidValue` unless `value` is a finite number within the given bounds."""
     bounds = [
         f"{sign} {bound}"
         for sign, bound in ((">=", at_least), (">", above), ("<=", at_most), ("<", below))
         if bound is not None
     ]
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"{name} must be a number, not {value!r}")
+        raise InvalidValue(f"{name} must be a number, not {value!r}")
     wanted = " and ".join(bounds)
     if isinstance(value, float):
         wanted = f"a finite number {wanted}".rstrip()
@@ -37,11 +39,11 @@ def check_range(
         and (below is None or value < below)
     )
     if not inside:
-        raise ValueError(f"{name} must be {wanted}, not {value!r}")
+        raise InvalidValue(f"{name} must be {wanted}, not {value!r}")
 
 
 def check_choice(name: str, value: str, choices: Iterable[str]) -> None:
-    """Raise `ValueError` unless `value` is one of `choices`."""
+    """Raise `InvalidValue` unless `value` is one of `choices`."""
     known = tuple(choices)
     if value not in known:
-        raise ValueError(f"{name} must be one of {known}, not {value!r}")
+        raise InvalidValue(f"{name} must be one of {known}, not {value!r}")

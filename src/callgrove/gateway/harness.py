@@ -26,7 +26,7 @@ import httpx
 
 import callgrove
 from callgrove.episode import Episode, episode_from_wire
-from callgrove.errors import RunFailed
+from callgrove.errors import InvalidValue, RunFailed
 from callgrove.formats.jsonl import decode_episode_line
 from callgrove.gateway.attribution import valid_episode
 from callgrove.gateway.relay import UnixToTcp
@@ -146,7 +146,7 @@ def run_harness(
     Setting `stop` kills the CLI and raises `Stopped` (the episode is left open).
     """
     if harness not in HARNESSES:
-        raise ValueError(f"unknown harness {harness!r}; known: {', '.join(HARNESSES)}")
+        raise InvalidValue(f"unknown harness {harness!r}; known: {', '.join(HARNESSES)}")
     valid_episode(episode)
     cli = cli or default_cli(harness)
     if cli is None:

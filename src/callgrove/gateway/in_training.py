@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from callgrove.chat import ChatFormat
+from callgrove.errors import StateError
 from callgrove.gateway.core import Gateway
 from callgrove.gateway.routes import Routes
 from callgrove.policy import PolicyClient, SamplingParams
@@ -54,7 +55,7 @@ class LocalGateway:
         while not self._server.started:
             if not self._thread.is_alive() or time.monotonic() > deadline:
                 self.close()
-                raise RuntimeError(f"the in-process gateway did not start on {self.url}")
+                raise StateError(f"the in-process gateway did not start on {self.url}")
             time.sleep(0.01)
 
     def close(self) -> None:

@@ -41,7 +41,7 @@ from callgrove.episode.checks import check_episode, check_run
 # The codec's own form of one call: a ledger line is that plus the gateway's fields, so a field
 # the format gains is written and read back here too.
 from callgrove.episode.codec import _call_from_wire, _call_to_wire
-from callgrove.errors import UsageError
+from callgrove.errors import InvalidValue, UsageError
 from callgrove.forest import abandoned_compactions
 from callgrove.formats import InputError
 from callgrove.formats.jsonl import json_numbers
@@ -244,7 +244,7 @@ class LedgerInUse(UsageError, RuntimeError):
 
 def read_ledger(path: Path) -> Iterator[dict[str, Any]]:
     """The complete lines of a calls file; a cut last line (a crash mid-write) is cut off.
-    A line that is not a JSON object raises `ValueError` naming the file and line."""
+    A line that is not a JSON object raises `InvalidValue` naming the file and line."""
     data = path.read_bytes()
     end = data.rfind(b"\n") + 1
     if end < len(data):
@@ -261,9 +261,9 @@ def read_ledger(path: Path) -> Iterator[dict[str, Any]]:
         try:
             line = orjson.loads(raw)
         except orjson.JSONDecodeError as error:
-            raise ValueError(f"{path}:{number}: not valid JSON: {error}") from None
+            raise InvalidValue(f"{path}:{number}: not valid JSON: {error}") from None
         if not isinstance(line, dict):
-            raise ValueError(f"{path}:{number}: expected a JSON object")
+            raise InvalidValue(f"{path}:{number}: expected a JSON object")
         yield line
 
 

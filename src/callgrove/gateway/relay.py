@@ -16,6 +16,8 @@ import sys
 import threading
 from collections.abc import Awaitable, Callable
 
+from callgrove.errors import StateError
+
 
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     try:
@@ -79,7 +81,7 @@ class UnixToTcp:
     def __enter__(self) -> UnixToTcp:
         self._thread.start()
         if not self._ready.wait(10):
-            raise RuntimeError(f"relay on {self.path} did not start")
+            raise StateError(f"relay on {self.path} did not start")
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -174,12 +174,6 @@ _decode_trajectory = msgspec.json.Decoder(AtifTrajectory).decode
 _MARK = b'"ATIF-v'
 
 
-def is_atif(head: bytes) -> bool:
-    """A file of trajectories: its head (a JSON Lines file's first line, or the top of a
-    pretty-printed document) names an ATIF `schema_version`."""
-    return _MARK in head
-
-
 def holds_atif(folder: Path) -> bool:
     """A folder holding ATIF trajectory files, in it or in folders below (Harbor keeps each
     trial's `agent/trajectory.json` in the trial's folder of its job's)."""

@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from callgrove.batch.samples import NO_TOP_K, Sample
+from callgrove.errors import InvalidValue
 from callgrove.interop.settings_check import refuse_settings, unknown_keys
 from callgrove.interop.trainer_rows import (
     check_known_sampling,
@@ -105,7 +106,7 @@ def shared_sampling(samples: Sequence[Sample]) -> GenerationSampling:
     """The one (temperature, top-p, top-k) every trained token of `samples` was sampled under:
     NeMo RL scores every token under one, so samples under several are refused."""
     if not samples:
-        raise ValueError(f"{TRAINER}: no samples")
+        raise InvalidValue(f"{TRAINER}: no samples")
     first: tuple[float, float, int] | None = None
     for sample in samples:
         check_known_sampling(sample, TRAINER)
@@ -161,14 +162,14 @@ def nemo_rl_arrays(
     sampling every trained token shares. With `vocab_size`, token ids outside the model's
     vocabulary are refused."""
     if divisible_by < 1:
-        raise ValueError(f"{TRAINER}: divisible_by must be at least 1, not {divisible_by}")
+        raise InvalidValue(f"{TRAINER}: divisible_by must be at least 1, not {divisible_by}")
     for sample in samples:
         trained_span(sample, TRAINER)
     sampling = shared_sampling(samples)
     if vocab_size is not None:
         check_vocabulary(samples, vocab_size, TRAINER)
         if not 0 <= pad_token_id < vocab_size:
-            raise ValueError(
+            raise InvalidValue(
                 f"{TRAINER}: pad_token_id {pad_token_id} is outside the vocabulary of {vocab_size}"
             )
     rows = len(samples)
@@ -225,7 +226,7 @@ def check_nemo_rl_loss_config(config: Mapping[str, Any], prev_logprobs: str = "r
     not hold; `use_kl_in_reward` moves it out of the loss) and `positive_example_nll_weight`
     other than 0."""
     if prev_logprobs not in PREV_LOGPROBS:
-        raise ValueError(
+        raise InvalidValue(
             f"{TRAINER}: prev_logprobs is one of {PREV_LOGPROBS}, not {prev_logprobs!r}"
         )
     loss, problems = loss_section(config)

@@ -34,6 +34,7 @@ import msgspec
 import numpy as np
 
 from callgrove.batch.samples import Sample
+from callgrove.errors import InvalidValue
 from callgrove.interop.trainer_rows import check_uncut, check_vocabulary, refuse, trained_span
 
 TRAINER = "prime-rl"
@@ -76,9 +77,9 @@ def prime_rl_samples(
     by it; `all` is reserved there). With `vocab_size`, token ids outside the model's
     vocabulary are refused."""
     if env_name == "all":
-        raise ValueError(f"{TRAINER}: env_name 'all' is reserved for its aggregate metrics")
+        raise InvalidValue(f"{TRAINER}: env_name 'all' is reserved for its aggregate metrics")
     if not samples:
-        raise ValueError(f"{TRAINER}: no samples to write")
+        raise InvalidValue(f"{TRAINER}: no samples to write")
     check_uncut(samples, TRAINER)
     if vocab_size is not None:
         check_vocabulary(samples, vocab_size, TRAINER)

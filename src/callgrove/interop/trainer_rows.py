@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from callgrove.batch.samples import NO_TOP_K, Sample
+from callgrove.errors import InvalidValue
 from callgrove.formats.problems import InputError, Problem
 
 
@@ -94,7 +95,7 @@ def shared_temperature(samples: Sequence[Sample], trainer: str) -> float:
                     f"{trainer} scores every token at one temperature",
                 )
     if first is None:
-        raise ValueError(f"{trainer}: no samples")
+        raise InvalidValue(f"{trainer}: no samples")
     return first
 
 
@@ -123,7 +124,7 @@ def prompt_completion(
 ) -> PromptCompletion:
     """The split every prompt / completion trainer takes, each sample checked (`trained_span`)."""
     if not samples:
-        raise ValueError(f"{trainer}: no samples to batch")
+        raise InvalidValue(f"{trainer}: no samples to batch")
     spans = [trained_span(sample, trainer) for sample in samples]
     prompt_width = max(span.start for span in spans)
     completion_width = max(span.end - span.start for span in spans)

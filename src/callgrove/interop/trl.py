@@ -15,7 +15,7 @@ its last trained token (later tokens change no trained token's probability).
 
 TRL's per-token term is the clipped ratio (`epsilon` / `epsilon_high` are `clip_low` /
 `clip_high`; `delta` is the dual clip) under the loss types `ACCEPTED_LOSS_TYPES` names; they
-differ in how the terms are normalised (docs/trainers.md). TRL scores every token at its one
+differ in how the terms are normalised (docs/trainers-trl.md). TRL scores every token at its one
 `temperature` and with no top-p or top-k cut, so samples sampled otherwise are refused
 (`trainer_rows`).
 
@@ -41,6 +41,7 @@ import torch
 from torch.utils.data import Sampler
 
 from callgrove.batch.samples import SAMPLE_SCHEMA, Sample, samples_from_table, samples_to_table
+from callgrove.errors import InvalidValue
 from callgrove.interop.settings_check import SettingsRefused, refuse_settings
 from callgrove.interop.trainer_rows import check_vocabulary, prompt_completion, shared_temperature
 
@@ -184,7 +185,7 @@ def settings_problems(args: GRPOConfig) -> list[str]:
 
 def filler_rows(samples: int, args: GRPOConfig) -> int:
     """How many rows without loss fill a pass's last generation batch (0 when the samples fill
-    whole ones); a `ValueError` where the loss type cannot train that batch exactly."""
+    whole ones); a `SettingsRefused` where the loss type cannot train that batch exactly."""
     generation_batch = args.generation_batch_size
     remainder = samples % generation_batch
     if not remainder:
@@ -207,7 +208,7 @@ def filler_rows(samples: int, args: GRPOConfig) -> int:
         else f"no per_device_train_batch_size does with num_processes x steps_per_generation "
         f"= {per_step} and num_generations = {args.num_generations}"
     )
-    raise ValueError(
+    raise SettingsRefused(
         f"SamplesGRPOTrainer: {samples} samples in generation batches of {generation_batch} "
         f"(per_device_train_batch_size {current} x num_processes {args.world_size} x "
         f"steps_per_generation {args.steps_per_generation}): {remainder} samples would not "
@@ -285,7 +286,7 @@ class SamplesGRPOTrainer(GRPOTrainer):
                 raise TypeError(f"SamplesGRPOTrainer takes no {taken}: {reason}")
         samples = list(train_dataset)
         if not samples:
-            raise ValueError("SamplesGRPOTrainer: no samples to train on")
+            raise InvalidValue("SamplesGRPOTrainer: no samples to train on")
         problems = settings_problems(args)
         mismatch = temperature_problem(samples, args.temperature)
         if mismatch is not None:
@@ -301,7 +302,7 @@ class SamplesGRPOTrainer(GRPOTrainer):
         )
         self._real_samples, self._filler_rows = len(samples), fillers
         if self.aux_loss_enabled:
-            raise ValueError(
+            raise SettingsRefused(
                 "SamplesGRPOTrainer: the model's router load-balancing loss would be added to the "
                 "policy loss; set GRPOConfig(router_aux_loss_coef=0.0)"
             )

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from callgrove.chat import BuiltinFormat, CharFormat, ChatFormat, JinjaFormat
+from callgrove.errors import InvalidValue
 from callgrove.models.backend import PolicyBackend
 from callgrove.models.settings import HfModel, ModelSettings, TinyModel, VllmModel
 from callgrove.policy.client import TrainableSampler
@@ -140,13 +141,13 @@ def chat_from_files(
 ) -> ChatFormat:
     """A chat format from files where no model is named: a model folder (its tokenizer.json
     and chat template), a tokenizer.json with a template file (or a folder with another
-    template), or neither: the built-in byte format. A `ValueError` for a lone template or
+    template), or neither: the built-in byte format. An `InvalidValue` for a lone template or
     tokenizer.json; `InputError`s of the template as they are."""
     if tokenizer is None and template is None:
         return BuiltinFormat()
     folder = tokenizer is not None and tokenizer.is_dir()
     if tokenizer is None or (template is None and not folder):
-        raise ValueError(
+        raise InvalidValue(
             "--chat-template needs --tokenizer, and a tokenizer.json needs --chat-template (a "
             "model folder holds both)"
         )

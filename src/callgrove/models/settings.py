@@ -20,6 +20,7 @@ from typing import Any
 import msgspec
 
 from callgrove.chat import PARSERS
+from callgrove.errors import InvalidValue
 from callgrove.formats.ranges import check_choice, check_range
 from callgrove.networks.sizes import LoraSettings, TinyConfig
 from callgrove.policy.vllm import DTYPES, VllmSettings
@@ -77,7 +78,7 @@ class HfModel(_Model, tag="hf"):
     def __post_init__(self) -> None:
         super().__post_init__()
         if not self.name.startswith("hf:") and ("/" in self.name or ":" in self.name):
-            raise ValueError(
+            raise InvalidValue(
                 f"name {self.name!r}: expected 'hf:PATH' or a packaged name (`hf:PATH` is a local "
                 "checkpoint folder or .gguf file: hub ids such as 'org/model' are not fetched)"
             )
@@ -150,7 +151,7 @@ def model_table(raw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     if table["kind"] == "tiny" and table.get("name") == "tiny":
         del table["name"]
     if table["kind"] == "tiny" and "vllm" in table:
-        raise ValueError(
+        raise InvalidValue(
             'model.vllm: vLLM serves Hugging Face checkpoints (kind = "vllm" with name = '
             "'hf:PATH' or 'smollm2-135m'), not the reference decoder"
         )
@@ -158,7 +159,7 @@ def model_table(raw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     if isinstance(options, dict):
         unknown = sorted(set(options) - set(_OPTIONS))
         if unknown:
-            raise ValueError(f"model.options: unknown {unknown} (known: {list(_OPTIONS)})")
+            raise InvalidValue(f"model.options: unknown {unknown} (known: {list(_OPTIONS)})")
         table.update(options)
         keys = ", ".join(f"{key} = {value!r}" for key, value in options.items())
         notes.append(f"model.options is no more: read as [model] {keys}, write them so {_UNTIL}")

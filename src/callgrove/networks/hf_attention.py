@@ -21,6 +21,7 @@ from functools import partial
 import torch
 from torch import nn
 
+from callgrove.errors import InvalidValue
 from callgrove.networks.tiny import AttentionLayout, TreeLayout, VarlenLayout
 
 BLOCKWISE_PREFIX = "callgrove_blockwise_"
@@ -112,7 +113,7 @@ def register_blockwise(base: str) -> str:
 
     base = base.removeprefix(BLOCKWISE_PREFIX)
     if base not in BASE_ATTENTION:
-        raise ValueError(f"attention must be one of {BASE_ATTENTION}, not {base!r}")
+        raise InvalidValue(f"attention must be one of {BASE_ATTENTION}, not {base!r}")
     name = BLOCKWISE_PREFIX + base
     AttentionInterface.register(name, partial(_blockwise_attention, base))
     AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[base])

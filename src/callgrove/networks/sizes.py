@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from callgrove.errors import InvalidValue
 from callgrove.formats.ranges import check_range
 
 
@@ -23,7 +24,7 @@ class TinyConfig:
             check_range(name, getattr(self, name), at_least=1)
         check_range("rope_base", self.rope_base, above=1)
         if self.d_model % (2 * self.n_heads):
-            raise ValueError(
+            raise InvalidValue(
                 f"d_model ({self.d_model}) must split into n_heads ({self.n_heads}) heads of even "
                 "width (rotary embeddings rotate pairs): a multiple of 2 * n_heads"
             )

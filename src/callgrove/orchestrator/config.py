@@ -58,7 +58,7 @@ class RunSection(_Section):
 
     def __post_init__(self) -> None:
         if not self.out.strip():  # an empty path is the current folder, taken over silently
-            raise ValueError("out must name a folder, not be empty")
+            raise ConfigError("out must name a folder, not be empty")
         check_range("steps", self.steps, at_least=0)
         # The generators of tasks take no negatives, torch's none of 64 bits or more.
         check_range("seed", self.seed, at_least=0, below=2**63)
@@ -138,9 +138,9 @@ class TrainConfig(_Section):
     def __post_init__(self) -> None:
         if self.sampling.seed is not None:
             # One seed on every call would draw the same completion for every episode of a group.
-            raise ValueError("sampling.seed: a run seeds its sampler from run.seed")
+            raise ConfigError("sampling.seed: a run seeds its sampler from run.seed")
         if isinstance(self.model, VllmModel) and self.train.objective != "rl":
-            raise ValueError('model.kind: an sft run samples nothing (kind = "hf", not "vllm")')
+            raise ConfigError('model.kind: an sft run samples nothing (kind = "hf", not "vllm")')
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ import numpy as np
 
 from callgrove.chat import ChatFormat
 from callgrove.episode import Episode, off_policy_steps
+from callgrove.errors import InvalidValue
 from callgrove.formats.ranges import check_range
 from callgrove.formats.wire import WireEnv, WirePolicy, WireRun
 from callgrove.orchestrator.env import Environment, EpisodeLoop, cancelled_error
@@ -72,7 +73,7 @@ class DispatchSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown
         if self.episode_timeout is not None:
             check_range("episode_timeout", self.episode_timeout, above=0)
         if self.max_in_flight < self.group_size:
-            raise ValueError("max_in_flight must hold at least one group (group_size)")
+            raise InvalidValue("max_in_flight must hold at least one group (group_size)")
 
 
 @dataclass(eq=False)

@@ -63,7 +63,7 @@ import numpy as np
 
 from callgrove.chat import ChatFormat, Message
 from callgrove.episode import TOKEN_DTYPE, Agent, Call, Episode
-from callgrove.errors import RunFailed
+from callgrove.errors import RunFailed, StateError
 from callgrove.formats.wire import WireEnv, WireError
 from callgrove.models import ModelSettings, model_from_name, open_model
 from callgrove.policy import PolicyClient, SamplingParams
@@ -619,7 +619,7 @@ class _CallerPolicy:
     async def sample(self, prompt_ids: np.ndarray, params: SamplingParams) -> Completion:
         answer: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
         if not self.host.to_caller.post(self._start, prompt_ids, params, answer):
-            raise RuntimeError("the loop that samples is closed")
+            raise StateError("the loop that samples is closed")
         try:
             return await answer
         except asyncio.CancelledError:

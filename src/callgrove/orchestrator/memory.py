@@ -7,7 +7,7 @@ step faults those arrays in again on fresh pages that the kernel zeroes. In
 `benchmarks/step_allocator.py` (a step's credit, rows, samples, tree packing and packing) that
 was 13 to 39% of a step's CPU time, and keeping freed memory made steps 1.1x (200 episodes at
 4k) to 1.6x (800 at 4k, 200 at 16k) faster at the same peak resident memory
-(docs/performance.md). The price: memory freed is never given back, so the process stays at
+(docs/performance-bench.md). The price: memory freed is never given back, so the process stays at
 its high-water mark.
 """
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from callgrove.errors import InvalidValue
 from callgrove.networks.tiny import TinyDecoder
 from callgrove.policy.client import Completion, SamplingParams
 from callgrove.policy.decode import Decoded, DecodeRequest, decode, new_generator
@@ -61,7 +62,7 @@ class LocalSampler:
 
     async def sample(self, prompt_ids: np.ndarray, params: SamplingParams) -> Completion:
         if params.stop and not self.decodes_text:
-            raise ValueError("this sampler cannot read its completions' text: use stop_token_ids")
+            raise InvalidValue("this sampler cannot read its completions' text: use stop_token_ids")
         request = DecodeRequest(np.asarray(prompt_ids, dtype=np.int32), params)
         future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
         self._queue.append((request, future))
@@ -123,7 +124,7 @@ class LocalSampler:
         """Refuse weights that do not fit the model, when they are loaded (not at a round)."""
         missing = set(self.model.state_dict()) - set(weights)
         if missing:
-            raise ValueError(
+            raise InvalidValue(
                 f"weights lack parameters of the sampler's model: {sorted(missing)[:3]}"
             )
 

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from callgrove.errors import InvalidValue
 from callgrove.networks.tiny import Block, TinyDecoder, rotate
 from callgrove.policy.client import SamplingParams
 from callgrove.sampling.distribution import sampling_distribution
@@ -146,17 +147,17 @@ def decode(
     if not requests:
         return []
     if text_of is None and any(r.params.stop for r in requests):
-        raise ValueError("stop strings need the completion's text: decode with text_of")
+        raise InvalidValue("stop strings need the completion's text: decode with text_of")
     device = next(model.parameters()).device
     lengths = torch.tensor([len(r.prompt_ids) for r in requests], device=device)
     if int(lengths.min()) < 1:
-        raise ValueError("cannot decode from an empty prompt")
+        raise InvalidValue("cannot decode from an empty prompt")
     vocab = model.config.vocab_size
     for r in requests:
         if len(r.prompt_ids) and (
             int(np.max(r.prompt_ids)) >= vocab or int(np.min(r.prompt_ids)) < 0
         ):
-            raise ValueError(f"prompt holds token ids outside the vocabulary of {vocab}")
+            raise InvalidValue(f"prompt holds token ids outside the vocabulary of {vocab}")
     batch, longest = len(requests), int(lengths.max())
     prompts = torch.zeros(batch, longest, dtype=torch.long, device=device)
     for i, r in enumerate(requests):

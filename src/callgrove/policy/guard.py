@@ -40,7 +40,10 @@ def guard_group(leader_pid: int, grace: float = GRACE) -> None:
         start_new_session=True,  # out of this process's group, which a supervisor may kill
     )
     if intermediate.returncode:
-        raise RuntimeError(
+        # Imported here: run as a script, this module imports the standard library alone.
+        from callgrove.errors import StateError
+
+        raise StateError(
             f"the guard of process group {leader_pid} did not start (exit code "
             f"{intermediate.returncode}): {intermediate.stderr.decode(errors='replace')[-2000:]}"
         )

@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 from typing import TYPE_CHECKING, Any
 
+from callgrove.errors import InvalidValue
 from callgrove.policy.batching import LocalSampler
 from callgrove.policy.decode import Decoded, DecodeRequest
 
@@ -93,7 +94,7 @@ class HFSampler(LocalSampler):
         known = self.lora.adapters if self.lora else dict(self.model.named_parameters())
         unknown = sorted(set(weights) - set(known))
         if unknown:
-            raise ValueError(f"weights for parameters the sampler's model lacks: {unknown[:3]}")
+            raise InvalidValue(f"weights for parameters the sampler's model lacks: {unknown[:3]}")
 
     def set_weights(self, weights: Any) -> None:
         import torch

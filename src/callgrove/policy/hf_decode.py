@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from callgrove.errors import InvalidValue
 from callgrove.policy.decode import (
     Decoded,
     DecodeRequest,
@@ -46,10 +47,10 @@ def hf_decode(
     vocab = model.get_output_embeddings().weight.shape[0]
     lengths = torch.tensor([len(r.prompt_ids) for r in requests], device=device)
     if int(lengths.min()) < 1:
-        raise ValueError("cannot decode from an empty prompt")
+        raise InvalidValue("cannot decode from an empty prompt")
     for r in requests:
         if int(np.max(r.prompt_ids)) >= vocab or int(np.min(r.prompt_ids)) < 0:
-            raise ValueError(f"prompt holds token ids outside the vocabulary of {vocab}")
+            raise InvalidValue(f"prompt holds token ids outside the vocabulary of {vocab}")
     batch = len(requests)
     unique, row_of = _unique_prompts(requests)
     cache, last, mask = _prefill(model, tokenizer, unique, device)

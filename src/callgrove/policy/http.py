@@ -35,7 +35,7 @@ import orjson
 
 from callgrove.episode import LOGPROB_DTYPE, TOKEN_DTYPE
 from callgrove.episode.checks import sampling_problem
-from callgrove.errors import RunFailed
+from callgrove.errors import InvalidValue, RunFailed
 from callgrove.policy.client import Completion, SamplingParams
 from callgrove.sampling import Distribution
 
@@ -350,7 +350,7 @@ class HttpPolicyClient:
         ledger line can echo them."""
         self.base_url, credentials = split_credentials(base_url.rstrip("/"))
         if credentials is not None and token:
-            raise ValueError("give the upstream credentials in its URL or as a token, not both")
+            raise InvalidValue("give the upstream credentials in its URL or as a token, not both")
         self.tempered_logprobs = tempered_logprobs
         self.model = model
         self.timeout = timeout

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from callgrove.episode import LOGPROB_DTYPE, TOKEN_DTYPE
+from callgrove.errors import InvalidValue
 from callgrove.policy.client import Completion, SamplingParams
 from callgrove.policy.http import HttpPolicyClient, UpstreamError, distribution_fields
 from callgrove.sampling import Distribution
@@ -41,7 +42,7 @@ class LlamaCppPolicyClient(HttpPolicyClient):
         self.vocab = Llama(model_path=str(self.gguf), vocab_only=True, verbose=False)
         template = self.vocab.metadata.get("tokenizer.chat_template")
         if self.vocab.chat_format != "chat_template.default" or not template:
-            raise ValueError(
+            raise InvalidValue(
                 f"{self.gguf}: the server would render with llama.cpp's built-in "
                 f"{self.vocab.chat_format!r} format, not the file's own chat template; only the "
                 "file's template can be reproduced to recover prompt token ids"

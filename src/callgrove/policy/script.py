@@ -33,6 +33,7 @@ import numpy as np
 
 from callgrove.chat import ChatFormat, Message, ToolCall
 from callgrove.episode import LOGPROB_DTYPE
+from callgrove.errors import InvalidValue
 from callgrove.formats.problems import InputError, Problem
 from callgrove.policy import Completion, SamplingParams
 
@@ -124,7 +125,7 @@ def _rule(spec: _RuleSpec, where: str, ids: itertools.count) -> Rule:
     try:
         capture = re.compile(spec.capture) if spec.capture else None
     except re.error as error:
-        raise ValueError(f"{where}.capture: bad expression: {error}") from None
+        raise InvalidValue(f"{where}.capture: bad expression: {error}") from None
     when = (spec.when,) if isinstance(spec.when, str) else tuple(spec.when)
     return Rule(when, _reply(spec.reply, ids), spec.times, spec.where == "prompt", capture)
 

@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import msgspec
 import numpy as np
 
-from callgrove.errors import RunFailed
+from callgrove.errors import InvalidValue, RunFailed
 from callgrove.formats.ranges import check_choice, check_range
 from callgrove.policy.client import Completion, SamplingParams
 from callgrove.policy.guard import guard_group
@@ -113,17 +113,17 @@ class VllmSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         check_range("request_timeout", self.request_timeout, above=0)
         check_choice("dtype", self.dtype, DTYPES)
         if not self.served_model:
-            raise ValueError("served_model: empty")
+            raise InvalidValue("served_model: empty")
         for url in self.urls:
             if not url.startswith(("http://", "https://")):
-                raise ValueError(f"urls: {url!r} is not an http:// or https:// URL")
+                raise InvalidValue(f"urls: {url!r} is not an http:// or https:// URL")
         if self.urls:
             default = VllmSettings()
             given = [
                 name for name in _STARTED_ONLY if getattr(self, name) != getattr(default, name)
             ]
             if given:
-                raise ValueError(
+                raise InvalidValue(
                     f"{', '.join(given)}: settings of servers callgrove starts; with urls the "
                     "servers are already running (leave them out, or leave out urls)"
                 )
@@ -317,7 +317,7 @@ def _max_lora_rank(rank: int) -> int:
     for allowed in _MAX_LORA_RANKS:
         if allowed >= rank:
             return allowed
-    raise ValueError(
+    raise InvalidValue(
         f"LoRA rank {rank}: vLLM serves adapters of rank {_MAX_LORA_RANKS[-1]} at most"
     )
 
@@ -398,7 +398,7 @@ class VllmSampler:
         `restarts` times each when they die); `base_folder`: the served checkpoint, named in a
         LoRA adapter's config."""
         if not urls:
-            raise ValueError("a vLLM sampler needs at least one server")
+            raise InvalidValue("a vLLM sampler needs at least one server")
         started = {p.url: p for p in processes}
         check_range("restarts", restarts, at_least=0, at_most=MAX_RESTARTS)
         self.timeout = timeout
@@ -634,7 +634,7 @@ class VllmSampler:
         tensors = {}
         for name, tensor in weights.items():
             if ".lora_" not in name:
-                raise ValueError(f"LoRA weights hold {name!r}, which is not an adapter's")
+                raise InvalidValue(f"LoRA weights hold {name!r}, which is not an adapter's")
             # PEFT's files name adapters without the adapter's own name ("default").
             tensors[name.replace(".default.", ".")] = tensor.detach().contiguous()
         save_file(tensors, folder / "adapter_model.safetensors")

@@ -12,6 +12,7 @@ import numpy as np
 
 from callgrove.episode import Agent, Call, Episode
 from callgrove.episode.spread import spread_over_completions
+from callgrove.errors import InvalidValue
 from callgrove.forest import Forest, build_forest
 from callgrove.formats.ranges import check_choice
 from callgrove.rows.columns import RowColumns
@@ -37,7 +38,7 @@ class RowSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
         check_choice("scheme", self.scheme, tuple(SCHEMES))
         check_choice("background_reward", self.background_reward, BACKGROUND_REWARDS)
         if self.max_identical_trained < 1:
-            raise ValueError("max_identical_trained must be at least 1")
+            raise InvalidValue("max_identical_trained must be at least 1")
 
     def may_train(self, episode: Episode, call: Call) -> bool:
         """Whether the settings let `call` train at all (whatever row holds it)."""
@@ -179,7 +180,7 @@ class EpisodeRows:
         """`row`'s place in `rows` (its index); a row held by another `EpisodeRows` (or by
         none) is refused by name, never read at another row's place."""
         if not (0 <= row.index < len(self.rows) and self.rows[row.index] is row):
-            raise ValueError(f"{row!r} is not a row of {self!r}")
+            raise InvalidValue(f"{row!r} is not a row of {self!r}")
         return row.index
 
     def _columns_of(self, row: Row) -> tuple[RowColumns, int]:

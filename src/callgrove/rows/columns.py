@@ -23,6 +23,7 @@ import numpy as np
 
 from callgrove.episode import Call, Episode
 from callgrove.episode.spread import per_call_scalars, spread_over_completions
+from callgrove.errors import InvalidValue
 from callgrove.forest import Forest
 
 MASK_DTYPE = np.uint8
@@ -117,7 +118,7 @@ class RowColumns:
         walk = self.walk_call
         if name == "advantages" and not np.array_equal(self.walk_credit, walk):
             if scalars is None:
-                raise ValueError(
+                raise InvalidValue(
                     "rows that credit their branch (the leaf's advantage on every call they "
                     "train) need one advantage per call, not one per token"
                 )

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from callgrove.errors import InvalidValue
 from callgrove.rows.build import EpisodeRows, Row
 
 
@@ -81,7 +82,7 @@ def _held_by(parts: list[EpisodeRows], rows: Iterable[Row] | None) -> list[tuple
     for row in rows:
         part = holder.get(id(row))
         if part is None:
-            raise ValueError(f"{row!r} is not a row of the episode rows given")
+            raise InvalidValue(f"{row!r} is not a row of the episode rows given")
         held.append((part, row))
     return held
 

@@ -22,6 +22,7 @@ import msgspec
 import numpy as np
 
 from callgrove.episode import LOGPROB_DTYPE, TOKEN_DTYPE, Agent, Call, Episode
+from callgrove.errors import InvalidValue
 from callgrove.formats.wire import WireEnv, WirePolicy, WireRun
 
 VOCAB = 151_000  # token ids are drawn below this by default (a Qwen-sized vocabulary)
@@ -51,21 +52,21 @@ class Shape:
 
     def __post_init__(self) -> None:
         if self.leader_calls < 1 or self.subagent_calls < 1:
-            raise ValueError("every agent makes at least one call")
+            raise InvalidValue("every agent makes at least one call")
         if min(self.fresh, self.forks, self.background, self.twins, self.compactions) < 0:
-            raise ValueError("agent and compaction counts cannot be negative")
+            raise InvalidValue("agent and compaction counts cannot be negative")
         if self.twins > self.fresh:
-            raise ValueError(f"twins ({self.twins}) repeat fresh subagents ({self.fresh})")
+            raise InvalidValue(f"twins ({self.twins}) repeat fresh subagents ({self.fresh})")
         if self.fork_depth < 1 and self.forks:
-            raise ValueError("forks need a fork depth of at least 1")
+            raise InvalidValue("forks need a fork depth of at least 1")
         if self.context < 64:
-            raise ValueError("context must be at least 64 tokens")
+            raise InvalidValue("context must be at least 64 tokens")
         if not 0 < self.completion_share < 1:
-            raise ValueError("completion_share is a fraction between 0 and 1")
+            raise InvalidValue("completion_share is a fraction between 0 and 1")
         if self.group_size < 1:
-            raise ValueError("group_size must be at least 1")
+            raise InvalidValue("group_size must be at least 1")
         if self.vocab < 2:
-            raise ValueError("vocab must hold at least one token id besides 0")
+            raise InvalidValue("vocab must hold at least one token id besides 0")
 
     @property
     def system_tokens(self) -> int:

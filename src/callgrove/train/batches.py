@@ -15,6 +15,7 @@ import torch
 
 from callgrove.batch.packing import MicroBatch
 from callgrove.batch.tree import SAMPLE_VALUES, TreeBatch
+from callgrove.errors import InvalidValue
 from callgrove.networks.tiny import AttentionLayout, TreeLayout, VarlenLayout
 
 
@@ -97,7 +98,7 @@ def packed_model_batch(
     target_index = index[mask]
     if len(target_index) and (target_index == starts[mask]).any():
         row = int(np.searchsorted(bounds, target_index[target_index == starts[mask]][0], "right"))
-        raise ValueError(f"sequence {row - 1}: loss on its first token, which nothing predicts")
+        raise InvalidValue(f"sequence {row - 1}: loss on its first token, which nothing predicts")
     return ModelBatch(
         token_ids=torch.from_numpy(np.asarray(token_ids[: bounds[-1]], dtype=np.int64)),
         position_ids=torch.from_numpy(positions),

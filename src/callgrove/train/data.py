@@ -22,6 +22,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from callgrove.batch import PackSettings, Sample, pack, samples_from_table
 from callgrove.batch.samples import SAMPLE_SCHEMA
 from callgrove.batch.tree import TreeSettings, pack_samples
+from callgrove.errors import InvalidValue
 from callgrove.train.batches import ModelBatch, micro_batch_model_batch, tree_model_batch
 
 UNITS = ("sample", "episode", "group")
@@ -33,7 +34,7 @@ class SampleDataset(IterableDataset):
 
     def __init__(self, paths: Sequence[str | Path], unit: str = "sample"):
         if unit not in UNITS:
-            raise ValueError(f"unit must be one of {UNITS}, not {unit!r}")
+            raise InvalidValue(f"unit must be one of {UNITS}, not {unit!r}")
         self.paths = [Path(p) for p in paths]
         self.unit = unit
 

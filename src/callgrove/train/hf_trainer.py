@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from callgrove.errors import InvalidValue
 from callgrove.networks.hf import HFPolicyModel
 from callgrove.networks.lora import with_lora
 from callgrove.networks.sizes import LoraSettings
@@ -77,7 +78,7 @@ class HFLearner(ModelLearner):
         if weights.keys() != trainable.keys():
             missing = sorted(trainable.keys() - weights.keys())[:3]
             extra = sorted(weights.keys() - trainable.keys())[:3]
-            raise ValueError(
+            raise InvalidValue(
                 f"checkpoint weights do not match the model (missing {missing}, extra {extra}): "
                 "was it saved with other LoRA settings or another model?"
             )

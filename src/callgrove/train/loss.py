@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from callgrove.batch.samples import SAMPLING_FIELDS
+from callgrove.errors import InvalidValue
 from callgrove.networks.tiny import TinyDecoder
 from callgrove.sampling.distribution import cuts, sampling_distribution
 from callgrove.train.batches import ModelBatch
@@ -78,7 +79,7 @@ def _target_sampling(batch: ModelBatch) -> torch.Tensor | None:
         return None
     sampling = torch.stack([values[name].to(torch.float64) for name in SAMPLING_VALUES], dim=1)
     if bool(torch.isnan(sampling).any()):
-        raise ValueError(
+        raise InvalidValue(
             "a trained token's sampling distribution is unknown (its call recorded no "
             "`sampling`): fill it with the run's settings first (fill_unknown_sampling)"
         )
@@ -169,7 +170,7 @@ def policy_terms(
     the whole step."""
     missing = {"logprobs", "advantages"} - batch.target_values.keys()
     if missing and len(batch.target_index):
-        raise ValueError(f"policy loss needs {sorted(missing)} on every trained token")
+        raise InvalidValue(f"policy loss needs {sorted(missing)} on every trained token")
     if not len(batch.target_index):
         nothing = torch.zeros(0)
         return PolicyTerms(_nothing_trained(model, batch), nothing, nothing)

@@ -1,6 +1,7 @@
 """The binary episode form's layout: one row per episode, nested as episode -> agents -> calls
-exactly like the JSON record (docs/format.md has the table). Tokens are `int32` list columns,
-per-token floats (logprobs, advantages) `float32` list columns, free-form values JSON text.
+exactly like the JSON record (docs/episode-storage.md has the table). Tokens are `int32` list
+columns, per-token floats (logprobs, advantages) `float32` list columns, free-form values JSON
+text.
 """
 
 from __future__ import annotations

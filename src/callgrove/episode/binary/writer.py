@@ -32,6 +32,7 @@ from callgrove.episode.checks import CallColumns, ListColumn, call_problems, rai
 from callgrove.episode.codec import PLAIN_CALL_FIELDS
 from callgrove.episode.provenance import gaps_to_json, join_spawn
 from callgrove.episode.record import TOKEN_DTYPE, Agent, Call, Episode
+from callgrove.errors import InvalidValue
 from callgrove.formats.output import NewFile
 from callgrove.formats.problems import InputError, Problem
 from callgrove.formats.wire import WireError, WireRun
@@ -218,7 +219,7 @@ class BinaryEpisodeWriter:
     ):
         self.path = Path(path)
         if not is_binary(self.path):
-            raise ValueError(
+            raise InvalidValue(
                 f"{self.path}: binary episode files end in {' or '.join(BINARY_SUFFIXES)}"
             )
         self.lines = 0

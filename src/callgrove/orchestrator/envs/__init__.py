@@ -7,6 +7,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from callgrove.errors import InvalidValue
 from callgrove.orchestrator.env import Environment
 from callgrove.orchestrator.envs.arithmetic import Arithmetic
 from callgrove.orchestrator.envs.digits import Copy, Handoff, Relay
@@ -24,7 +25,7 @@ ENVIRONMENTS: dict[str, Callable[..., Environment]] = {
 def make_env(name: str, options: dict[str, Any] | None = None) -> Environment:
     """A built-in environment, or `module:attribute` naming a factory (class or function); the
     module is looked for on the import path and in the current folder. Whatever keeps it from
-    being built is a `ValueError` naming the environment and why."""
+    being built is an `InvalidValue` naming the environment and why."""
     if ":" in name:
         import importlib
 
@@ -35,31 +36,35 @@ def make_env(name: str, options: dict[str, Any] | None = None) -> Environment:
         try:
             factory = getattr(importlib.import_module(module), attribute)
         except ImportError as error:
-            raise ValueError(
+            raise InvalidValue(
                 f"environment {name!r}: cannot import {module}: {error} (searched the current "
                 f"folder {here} and the import path)"
             ) from None
         except AttributeError:
-            raise ValueError(f"environment {name!r}: module {module} has no {attribute}") from None
+            raise InvalidValue(
+                f"environment {name!r}: module {module} has no {attribute}"
+            ) from None
     elif name in ENVIRONMENTS:
         factory = ENVIRONMENTS[name]
     else:
         known = ", ".join(sorted(ENVIRONMENTS))
-        raise ValueError(f"unknown environment {name!r}; built in: {known}, or module:attribute")
+        raise InvalidValue(f"unknown environment {name!r}; built in: {known}, or module:attribute")
     try:
         env = factory(**(options or {}))
     except Exception as error:  # options it rejects (TypeError), or its own checks
-        raise ValueError(
+        raise InvalidValue(
             f"environment {name!r} with options {options or {}} could not be built: "
             f"{type(error).__name__}: {error}"
         ) from error
     if not isinstance(env, Environment):
-        raise ValueError(
+        raise InvalidValue(
             f"environment {name!r}: its factory returned {type(env).__name__}, not an "
             "environment (an object with name, task, eval_tasks and run)"
         )
     if not isinstance(env.name, str) or not env.name:  # every episode records it as its env
-        raise ValueError(f"environment {name!r}: its name is {env.name!r}, not a non-empty string")
+        raise InvalidValue(
+            f"environment {name!r}: its name is {env.name!r}, not a non-empty string"
+        )
     return env
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from callgrove.errors import InvalidValue
 from callgrove.orchestrator.env import EpisodeRun
 
 OPERATIONS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
@@ -43,11 +44,11 @@ class Arithmetic:
     ):
         unknown = set(operations) - set(OPERATIONS)
         if not operations or unknown:
-            raise ValueError(f"operations: some of {''.join(OPERATIONS)}, not {operations!r}")
+            raise InvalidValue(f"operations: some of {''.join(OPERATIONS)}, not {operations!r}")
         if low > high:
-            raise ValueError(f"low ({low}) must not be above high ({high})")
+            raise InvalidValue(f"low ({low}) must not be above high ({high})")
         if not 0.0 <= partial <= 1.0:
-            raise ValueError(f"partial must be within [0, 1], not {partial}")
+            raise InvalidValue(f"partial must be within [0, 1], not {partial}")
         self.low, self.high = low, high
         self.operations = operations
         self.partial = partial

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from callgrove.errors import InvalidValue
 from callgrove.orchestrator.env import EpisodeRun
 
 DIGITS = "0123456789"
@@ -60,9 +61,9 @@ class _DigitTasks:
         symbols: str = SYMBOLS,
     ):
         if len(credit) != 3 or abs(sum(credit) - 1.0) > 1e-9:
-            raise ValueError("credit: three weights (length, digits, matches) that sum to 1")
+            raise InvalidValue("credit: three weights (length, digits, matches) that sum to 1")
         if not symbols or set(symbols) - set(DIGITS):
-            raise ValueError(f"symbols: digits to draw tasks from, not {symbols!r}")
+            raise InvalidValue(f"symbols: digits to draw tasks from, not {symbols!r}")
         self.symbols = symbols
         self.length = length
         self.eval_size = eval_size
@@ -171,7 +172,7 @@ class Handoff(_DigitTasks):
 
     def __init__(self, wording: str = "terse", **options: Any):
         if wording not in HANDOFF_WORDINGS:
-            raise ValueError(f"wording: one of {', '.join(HANDOFF_WORDINGS)}, not {wording!r}")
+            raise InvalidValue(f"wording: one of {', '.join(HANDOFF_WORDINGS)}, not {wording!r}")
         super().__init__(**options)
         self.prompts = HANDOFF_WORDINGS[wording]
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from callgrove.chat import ChatFormat, JinjaFormat
+from callgrove.errors import InvalidValue, StateError
 from callgrove.gateway.harness import HARNESSES, run_harness
 from callgrove.gateway.in_training import LocalGateway
 
@@ -46,9 +47,9 @@ class HarnessEnvironment:
         extra_args: list[str] | None = None,
     ):
         if harness not in HARNESSES:
-            raise ValueError(f"unknown harness {harness!r}; known: {', '.join(HARNESSES)}")
+            raise InvalidValue(f"unknown harness {harness!r}; known: {', '.join(HARNESSES)}")
         if not tasks or not all(isinstance(t, dict) and "prompt" in t for t in tasks):
-            raise ValueError("tasks must be a non-empty list of {'prompt': ..., 'check': ...}")
+            raise InvalidValue("tasks must be a non-empty list of {'prompt': ..., 'check': ...}")
         self.name = harness
         self.harness = harness
         self.tasks = tasks
@@ -83,7 +84,7 @@ class HarnessEnvironment:
                     sampling=episode.params,
                 )
         if self.local.policy is not episode.policy:
-            raise RuntimeError("the in-process gateway serves one policy; this episode has another")
+            raise StateError("the in-process gateway serves one policy; this episode has another")
         return self.local.url
 
     def close(self) -> None:
@@ -115,7 +116,7 @@ class HarnessEnvironment:
             stop.set()  # the CLI dies with the episode instead of running on in its thread
             raise
         if run.returncode != 0:
-            raise RuntimeError(f"{self.harness} exited {run.returncode}: {run.stderr[-500:]}")
+            raise StateError(f"{self.harness} exited {run.returncode}: {run.stderr[-500:]}")
         closed = run.closed
         _check_vocabulary(closed, episode.chat.vocab_size)
         record.agents[:] = closed.agents
@@ -134,7 +135,7 @@ def _check_vocabulary(episode: Any, vocab_size: int | None) -> None:
         for call in agent.calls:
             for part in (call.prompt_suffix, call.completion_ids):
                 if len(part) and int(part.max()) >= vocab_size:
-                    raise ValueError(
+                    raise InvalidValue(
                         f"episode {episode.id}, agent {agent.id}, call {call.id}: token id "
                         f"{int(part.max())} is outside the vocabulary of the policy being trained "
                         f"({vocab_size} ids); the gateway must render with that policy's "
@@ -146,7 +147,7 @@ def harness_chat(chat: ChatFormat) -> ChatFormat:
     """The policy being trained's chat format, if a harness's conversations can be rendered in
     it: a model's own tokenizer and chat template."""
     if not isinstance(chat, JinjaFormat):
-        raise ValueError(
+        raise InvalidValue(
             "a harness run against the policy being trained renders with that policy's tokenizer "
             f"and chat template, and its chat format ({chat.name}) is none: train a Hugging Face "
             "model (model.name = 'hf:PATH' or 'smollm2-135m'), or give the environment a "

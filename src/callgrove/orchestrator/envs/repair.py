@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from callgrove.errors import InvalidValue
 from callgrove.orchestrator.env import EpisodeRun
 from callgrove.orchestrator.envs.digits import DIGITS, SYMBOLS, record_seats
 
@@ -47,9 +48,9 @@ class Repair:
 
     def __init__(self, length: int = 4, eval_size: int = 16, symbols: str = SYMBOLS):
         if length < 2 or length % 2:
-            raise ValueError(f"length: an even number of digits, 2 or more, not {length}")
+            raise InvalidValue(f"length: an even number of digits, 2 or more, not {length}")
         if not symbols or set(symbols) - set(DIGITS):
-            raise ValueError(f"symbols: digits to draw tasks from, not {symbols!r}")
+            raise InvalidValue(f"symbols: digits to draw tasks from, not {symbols!r}")
         self.length = length
         self.eval_size = eval_size
         self.symbols = symbols

@@ -31,9 +31,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+import callgrove.errors
 from callgrove.batch import Sample
 from callgrove.batch.packing import deal
-from callgrove.errors import RunFailed
+from callgrove.errors import InvalidValue, RunFailed
 from callgrove.train.learner import (
     LEARNER_PHASES,
     StepReport,
@@ -87,7 +88,7 @@ class RankedLearner:
         """`preload`: modules the build imports (a Hugging Face model's), imported once where
         the ranks are forked from when this learner is the first to start there."""
         if device not in DEVICES:
-            raise ValueError(f"device must be one of {DEVICES}, not {device!r}")
+            raise InvalidValue(f"device must be one of {DEVICES}, not {device!r}")
         check_world_size(settings.world_size, device)  # before any process or store starts
         self.settings = settings
         self.world_size = settings.world_size
@@ -240,7 +241,10 @@ class RankedLearner:
         The peer's sockets close as it exits, a moment before it can be reaped."""
         others = {self._processes[r].sentinel: r for r in range(self.world_size) if r != rank}
         for sentinel in wait(list(others), PEER_EXIT_WAIT_S):
-            self._died(others[sentinel], command)
+            peer = self._processes[others[sentinel]]
+            peer.join(CLOSE_WAIT_S)
+            if peer.exitcode != 0:  # one that ended on its own has sent its reason
+                self._died(others[sentinel], command)
 
     def _died(self, rank: int, command: str) -> None:
         process = self._processes[rank]
@@ -258,9 +262,10 @@ class RankedLearner:
         )
 
     def _raise(self, rank: int, command: str, kind: str, message: str, trace: str) -> None:
-        """A rank's own error, as the same kind of error (a builtin one; else RuntimeError)."""
+        """A rank's own error, as the same kind of error (a builtin one or one of
+        `callgrove.errors`, such as `InvalidValue`; else RuntimeError)."""
         self._stop_all(f"learner rank {rank} failed in {command}: {kind}: {message}")
-        known = getattr(builtins, kind, None)
+        known = getattr(builtins, kind, None) or getattr(callgrove.errors, kind, None)
         error_type = (
             known if isinstance(known, type) and issubclass(known, Exception) else RuntimeError
         )
