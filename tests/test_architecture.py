@@ -27,6 +27,7 @@ ON_TOP = [
     "chat",
     "transcripts",
     "interop",
+    "audit",
     "pictures",
     "policy",
     "models",

@@ -16,6 +16,7 @@ from callgrove.cli import gateway as _gateway  # noqa: F401  isort: skip
 from callgrove.cli import train as _train  # noqa: F401  isort: skip
 from callgrove.cli import bench as _bench  # noqa: F401  isort: skip
 from callgrove.cli import race as _race  # noqa: F401  isort: skip
+from callgrove.cli import audit as _audit  # noqa: F401  isort: skip
 
 plain_help(app)
 

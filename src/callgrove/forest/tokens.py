@@ -49,6 +49,14 @@ def _prefix_sums(tokens: np.ndarray, shifts: np.ndarray, span: np.ndarray) -> np
     return np.cumsum(z, dtype=np.uint32, out=z)
 
 
+def prefix_hashes(tokens: np.ndarray) -> np.ndarray:
+    """uint32: the hash of every prefix of one sequence (`tokens[: i + 1]` at `i`), equal to
+    `TokenPool.hashes` at a pooled token with the same prefix, so a sequence from elsewhere (a
+    trainer's row) finds the pooled tokens it holds. Equal hashes are only candidates."""
+    tokens = np.ascontiguousarray(tokens, dtype=np.int32)
+    return _prefix_sums(tokens, np.zeros(1, np.int64), np.array([len(tokens)]))
+
+
 @dataclass(slots=True)
 class PoolLayout:
     """Where each ledger call's pieces lie in the pool, as arrays by ledger index.
