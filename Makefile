@@ -116,7 +116,7 @@ test: lint $(HARNESS)/.installed $(VLLM_STAMP)
 
 # The tier to run on every change: the torch-free data rooms without their slow tests (about
 # 75 s on two idle cores), and lint. docs/development.md lists the tiers.
-FAST_TESTS := tests/episode tests/formats tests/forest tests/rows tests/sampling tests/credit tests/batch tests/synth tests/test_architecture.py
+FAST_TESTS := tests/episode tests/formats tests/forest tests/rows tests/sampling tests/credit tests/batch tests/synth tests/audit/test_referee.py tests/test_architecture.py
 test-fast: lint
 	$(BIN)/pytest -n 2 -m "not (slow or hf or harness or llama_cpp or vllm or browser or processes)" $(FAST_TESTS)
 

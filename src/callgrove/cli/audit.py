@@ -17,6 +17,7 @@ from rich.table import Table
 
 from callgrove.audit import AuditReport, CallAudit, Referee
 from callgrove.audit.batches import BATCH_FORMS, read_batch
+from callgrove.audit.stacks import STACKS
 from callgrove.cli.accounting import (
     SHOWN_PROBLEMS,
     AcceptLossOption,
@@ -60,6 +61,14 @@ def audit_command(
             help=f"The batch's form, when its file does not tell it: {', '.join(BATCH_FORMS)}.",
         ),
     ] = None,
+    stack: Annotated[
+        str | None,
+        typer.Option(
+            "--stack",
+            help="Referee this stack's rows, built from the capture itself (every argument is "
+            f"then capture): {', '.join(STACKS)}.",
+        ),
+    ] = None,
     as_json: Annotated[
         bool, typer.Option("--json", help="The report as one JSON object on stdout.")
     ] = False,
@@ -76,20 +85,30 @@ def audit_command(
     0, 1 or 2+ times; trained in a wrong context (its tokens behind other tokens than it was
     sampled after); which agent's row trained it and with what advantage. Also every loss-on
     token no policy sampled. Exit 1 when a sampled token trains twice or in a wrong context,
-    or when the capture could not be read whole."""
-    if len(capture) < 2:
-        raise InvalidValue("audit takes the capture (one or more paths), then the batch")
-    *capture_paths, batch_path = capture
-    if batch_form is not None and batch_form not in BATCH_FORMS:
-        raise InvalidValue(f"--batch-form {batch_form!r}: one of {', '.join(BATCH_FORMS)}")
+    or when the capture could not be read whole. With `--stack`, the rows are the ones that
+    stack's builder makes of the capture (docs/audit.md says how each is run)."""
     outcome = CommandOutcome(accept_loss=accept_loss, chat=reading_chat(tokenizer))
-    form, rows = read_batch(batch_path, batch_form)  # before the capture: it fails sooner
-    referee = Referee(_episodes(capture_paths, outcome, invocations))
+    if stack is not None:
+        if stack not in STACKS:
+            raise InvalidValue(f"--stack {stack!r}: one of {', '.join(STACKS)}")
+        capture_paths, batch_name, form = capture, f"{stack}'s rows", stack
+        episodes = list(_episodes(capture_paths, outcome, invocations))
+        referee = Referee(episodes)
+        rows = (row for episode in episodes for row in STACKS[stack].rows(episode))
+    else:
+        if len(capture) < 2:
+            raise InvalidValue("audit takes the capture (one or more paths), then the batch")
+        *capture_paths, batch_path = capture
+        if batch_form is not None and batch_form not in BATCH_FORMS:
+            raise InvalidValue(f"--batch-form {batch_form!r}: one of {', '.join(BATCH_FORMS)}")
+        form, rows = read_batch(batch_path, batch_form)  # before the capture: it fails sooner
+        batch_name = str(batch_path)
+        referee = Referee(_episodes(capture_paths, outcome, invocations))
     for row in rows:
         referee.take(row)
     report = referee.report()
     status = outcome.report()
-    record = _record(report, form, capture_paths, batch_path)
+    record = _record(report, form, capture_paths, batch_name)
     if output is not None:
         new = NewFile(output)
         new.temp.write_bytes(orjson.dumps(record, option=orjson.OPT_SERIALIZE_NUMPY))
@@ -97,7 +116,7 @@ def audit_command(
     if as_json:
         sys.stdout.buffer.write(orjson.dumps(record) + b"\n")
     else:
-        out.print(_seat_table(report, form, batch_path))
+        out.print(_seat_table(report, form, batch_name))
         for line in _problems(report):
             err.print(safe(line))
         for line in _summary(report):
@@ -115,10 +134,10 @@ def _episodes(paths: list[Path], outcome: CommandOutcome, invocations: Path | No
                     yield episode
 
 
-def _record(report: AuditReport, form: str, capture: list[Path], batch: Path) -> dict:
+def _record(report: AuditReport, form: str, capture: list[Path], batch: str) -> dict:
     return {
         "capture": [str(path) for path in capture],
-        "batch": str(batch),
+        "batch": batch,
         "batch_form": form,
         "total": report.totals(),
         "calls": [call.record() for call in report.calls],
@@ -129,7 +148,7 @@ def _record(report: AuditReport, form: str, capture: list[Path], batch: Path) ->
     }
 
 
-def _seat_table(report: AuditReport, form: str, batch: Path) -> Table:
+def _seat_table(report: AuditReport, form: str, batch: str) -> Table:
     """One line per seat (agent name): its sampled tokens and how the batch trained them."""
     table = Table(
         title=safe(f"audit of {batch} ({form}): sampled tokens by seat"),
@@ -222,11 +241,15 @@ def _problems(report: AuditReport) -> list[str]:
 
 
 def _summary(report: AuditReport) -> list[str]:
+    twins = (
+        f" ({report.twin_untrained:,} of them a twin's, trained there)"
+        if report.twin_untrained
+        else ""
+    )
     lines = [
         f"sampled: {report.sampled_tokens:,} tokens to train; trained once "
-        f"{report.once:,}, never {report.untrained:,} ({report.twin_untrained:,} of them a "
-        f"twin's, trained there), twice or more {report.twice_or_more:,}, in a wrong context "
-        f"{report.wrong_context:,}",
+        f"{report.once:,}, never {report.untrained:,}{twins}, twice or more "
+        f"{report.twice_or_more:,}, in a wrong context {report.wrong_context:,}",
         f"batch: {report.rows:,} rows, {report.row_tokens:,} tokens forwarded "
         f"({report.forwarded_per_sampled:.2f} per sampled token), {report.loss_tokens:,} "
         f"loss-on; {report.unsampled_tokens:,} no policy sampled; "
