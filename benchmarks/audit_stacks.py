@@ -21,7 +21,8 @@ import sys
 import time
 from pathlib import Path
 
-from callgrove.audit import AuditReport, TrainedRow, audit
+from callgrove.audit import AuditReport, audit
+from callgrove.audit.batches import sample_rows
 from callgrove.audit.stacks import STACKS
 from callgrove.batch import build_samples
 from callgrove.credit import GRPO, finalize_group
@@ -61,24 +62,8 @@ def _line(stack: str, case: str, report: AuditReport) -> str:
     return "| " + " | ".join(str(cell) for cell in cells) + " |"
 
 
-def sample_rows(episodes) -> list[TrainedRow]:
-    samples = build_samples([build_rows(episode) for episode in episodes])
-    return [
-        TrainedRow(
-            s.token_ids,
-            s.loss_mask.astype(bool),
-            s.advantages,
-            f"row {i}",
-            s.episode,
-            s.agent,
-            s.seat,
-        )
-        for i, s in enumerate(samples)
-    ]
-
-
 def speed(name: str, episodes, repeat: int) -> str:
-    rows = sample_rows(episodes)
+    rows = sample_rows(build_samples([build_rows(episode) for episode in episodes]))
     best, report = float("inf"), None
     for _ in range(repeat):
         started = time.perf_counter()

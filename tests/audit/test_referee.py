@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from callgrove.audit import TrainedRow, audit
+from callgrove.audit.batches import sample_rows
 from callgrove.batch import build_samples
 from callgrove.rows import build_rows
 from callgrove.synth.cases import HARD_CASES, SYSTEM_TOKENS
@@ -22,19 +23,7 @@ def credited(episode):
 
 
 def callgrove_rows(episode) -> list[TrainedRow]:
-    samples = build_samples(build_rows(episode))
-    return [
-        TrainedRow(
-            s.token_ids,
-            s.loss_mask.astype(bool),
-            s.advantages,
-            f"row {i}",
-            s.episode,
-            s.agent,
-            s.seat,
-        )
-        for i, s in enumerate(samples)
-    ]
+    return sample_rows(build_samples(build_rows(episode)))
 
 
 def full_rows(episode, calls=None) -> list[TrainedRow]:

@@ -18,14 +18,14 @@ verl's `response_mask`, OpenRLHF's `action_mask` (entry t is token t + 1's), NeM
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import msgspec
 import numpy as np
 
 from callgrove.audit.referee import TrainedRow
-from callgrove.batch import SAMPLE_FORMS, read_samples
+from callgrove.batch import SAMPLE_FORMS, Sample, read_samples
 from callgrove.errors import InvalidValue
 from callgrove.formats.problems import InputError
 from callgrove.interop.prime_rl import TrainingSample
@@ -140,24 +140,26 @@ def read_batch(path: Path, form: str | None = None) -> tuple[str, list[TrainedRo
         return form, rows
     form = form or batch_form(path)
     if form == "samples":
-        return form, _sample_rows(path)
+        return form, sample_rows(read_samples(path), str(path))
     if form == "prime-rl":
         return form, _prime_rl_rows(path)
     raise InvalidValue(f"{path}: a {form} batch is a tensor file ({', '.join(TENSOR_SUFFIXES)})")
 
 
-def _sample_rows(path: Path) -> list[TrainedRow]:
+def sample_rows(samples: Sequence[Sample], where: str = "") -> list[TrainedRow]:
+    """callgrove samples as the rows they train, each named `{where} row N` (from 0)."""
+    prefix = f"{where} " if where else ""
     return [
         TrainedRow(
             sample.token_ids,
             sample.loss_mask.astype(bool),
             sample.advantages,
-            f"{path} row {index}",
+            f"{prefix}row {index}",
             sample.episode,
             sample.agent,
             sample.seat,
         )
-        for index, sample in enumerate(read_samples(path))
+        for index, sample in enumerate(samples)
     ]
 
 

@@ -21,6 +21,7 @@ import numpy as np
 
 from callgrove.audit.referee import TrainedRow
 from callgrove.episode import Call, Episode
+from callgrove.forest import TokenPool, prefix_hashes
 from callgrove.rows import build_rows
 
 RowBuilder = Callable[[Episode], list[TrainedRow]]
@@ -67,6 +68,7 @@ def gym_entries(episode: Episode) -> list:
     from nemo_gym.token_id_capture import ParentResolutionStatus, TokenEntry, stamp_lineage
 
     entries = []
+    parents = resent_calls(episode)
     for call in episode.ledger():
         completion = call.completion_ids.tolist()
         logprobs = [0.0] * len(completion) if call.logprobs is None else call.logprobs.tolist()
@@ -79,7 +81,7 @@ def gym_entries(episode: Episode) -> list:
             response_id=f"resp-{call.id}",
             created_at=float(call.seq),
         )
-        parent = resent_call(episode, call)
+        parent = parents[call.id]
         if parent is not None:
             stamp_lineage(entry, parent.id, parent_resolution=ParentResolutionStatus.RESOLVED)
         elif _rewritten_history(episode, call):
@@ -90,18 +92,32 @@ def gym_entries(episode: Episode) -> list:
     return entries
 
 
-def resent_call(episode: Episode, call: Call) -> Call | None:
-    """The earlier call, kept or not, with the longest full sequence the prompt starts with."""
-    prompt = episode.prompt_ids(call)
-    best = None
-    for other in episode.ledger():
-        if other.seq >= call.seq or other.full_len > len(prompt):
-            continue
-        if (best is None or other.full_len > best.full_len) and np.array_equal(
-            episode.full_ids(other), prompt[: other.full_len]
-        ):
-            best = other
-    return best
+def resent_calls(episode: Episode) -> dict[str, Call | None]:
+    """For each call, the earlier call (kept or not) with the longest full sequence its prompt
+    starts with, or None: found by prefix hash over the pool, confirmed exactly."""
+    ledger = episode.ledger()
+    pool = TokenPool.build(ledger)
+    ending: dict[int, list[Call]] = {}
+    for index, call in enumerate(ledger):
+        ending.setdefault(pool.full_hash(index), []).append(call)
+    ends = np.fromiter(ending, np.uint32, len(ending))
+    found: dict[str, Call | None] = {}
+    for call in ledger:
+        prompt = episode.prompt_ids(call)
+        found[call.id] = None
+        hashes = prefix_hashes(prompt)
+        for position in np.flatnonzero(np.isin(hashes, ends))[::-1].tolist():
+            resent = [
+                other
+                for other in ending[int(hashes[position])]
+                if other.seq < call.seq
+                and other.full_len == position + 1
+                and np.array_equal(episode.full_ids(other), prompt[: position + 1])
+            ]
+            if resent:
+                found[call.id] = resent[0]
+                break
+    return found
 
 
 def _rewritten_history(episode: Episode, call: Call) -> bool:
@@ -167,7 +183,10 @@ def _text(tokens: np.ndarray) -> str:
 
 
 def _messages(
-    episode: Episode, call: Call, memo: dict[str, tuple[list, list]]
+    episode: Episode,
+    call: Call,
+    parents: dict[str, Call | None],
+    memo: dict[str, tuple[list, list]],
 ) -> tuple[list, list]:
     """The call's prompt as a harness's messages with their token spans: the messages of the
     call its prompt resends whole, that call's answer, then one message of what follows; a
@@ -177,11 +196,11 @@ def _messages(
     if call.id in memo:
         return memo[call.id]
     prompt = episode.prompt_ids(call)
-    parent = resent_call(episode, call)
+    parent = parents[call.id]
     if parent is None:
         messages, spans = [UserMessage(content=_text(prompt))], [(0, len(prompt))]
     else:
-        before, before_spans = _messages(episode, parent, memo)
+        before, before_spans = _messages(episode, parent, parents, memo)
         answer = AssistantMessage(content=_text(parent.completion_ids))
         messages = [*before, answer, UserMessage(content=_text(prompt[parent.full_len :]))]
         spans = [
@@ -207,8 +226,9 @@ def verifiers_trace(episode: Episode):
     trace = Trace.model_construct(nodes=[], calls=[], mm_token_type_id_map={})
     memo: dict[str, tuple[list, list]] = {}
     node_of: dict[str, int] = {}
+    parents = resent_calls(episode)
     for call in episode.ledger():
-        messages, spans = _messages(episode, call, memo)
+        messages, spans = _messages(episode, call, parents, memo)
         completion = call.completion_ids.tolist()
         logprobs = [0.0] * len(completion) if call.logprobs is None else call.logprobs.tolist()
         tokens = TurnTokens(
@@ -227,19 +247,17 @@ def verifiers_trace(episode: Episode):
         )
         node_of[call.id] = graph.prepare_turn(trace, messages).commit(response)
         links = trace.nodes[node_of[call.id]].semantic_parents
-        parent = resent_call(episode, call)
+        parent = parents[call.id]
         if call.purpose == "compaction" and parent is not None:
             links.append(ParentLink(node=node_of[parent.id], type="compaction_attempt"))
-        summary = _summary_read(episode, call)
+        summary = None if parent is not None else _summary_read(episode, call)
         if summary is not None:
             links.append(ParentLink(node=node_of[summary.id], type="compaction"))
     return trace
 
 
 def _summary_read(episode: Episode, call: Call) -> Call | None:
-    """The compaction whose summary this call's prompt starts from (as a new history)."""
-    if resent_call(episode, call) is not None:
-        return None
+    """The compaction whose summary this call's prompt, a new history, holds."""
     prompt = episode.prompt_ids(call)
     for other in episode.ledger():
         summary = other.completion_ids

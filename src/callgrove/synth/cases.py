@@ -78,10 +78,16 @@ def _fresh_prompt(writer: _Writer) -> np.ndarray:
     return writer.tokens(SYSTEM_TOKENS + MESSAGE_TOKENS)
 
 
-def fork(seed: int = 0) -> Episode:
-    w = _Writer("fork", seed)
+def _opening(name: str, seed: int, turns: int) -> tuple[_Writer, Agent, Call]:
+    """An episode whose leader has taken `turns` turns from a fresh prompt: the writer, the
+    leader and its last call."""
+    w = _Writer(name, seed)
     leader = w.agent("L", "leader")
-    last = w.turns(leader, _fresh_prompt(w), 2)
+    return w, leader, w.turns(leader, _fresh_prompt(w), turns)
+
+
+def fork(seed: int = 0) -> Episode:
+    w, leader, last = _opening("fork", seed, 2)
     forked = w.agent("F", "fork", start="fork", parent="L")
     w.turns(forked, w.next_prompt(last), 2)
     w.turns(leader, w.next_prompt(last), 2)
@@ -89,9 +95,7 @@ def fork(seed: int = 0) -> Episode:
 
 
 def fork_of_fork(seed: int = 0) -> Episode:
-    w = _Writer("fork-of-fork", seed)
-    leader = w.agent("L", "leader")
-    last = w.turns(leader, _fresh_prompt(w), 2)
+    w, leader, last = _opening("fork-of-fork", seed, 2)
     forked = w.agent("F", "fork", start="fork", parent="L")
     fork_last = w.turns(forked, w.next_prompt(last), 2)
     inner = w.agent("G", "fork-of-fork", start="fork", parent="F")
@@ -102,9 +106,7 @@ def fork_of_fork(seed: int = 0) -> Episode:
 
 
 def background(seed: int = 0) -> Episode:
-    w = _Writer("background", seed)
-    leader = w.agent("L", "leader")
-    last = w.turns(leader, _fresh_prompt(w), 2)
+    w, leader, last = _opening("background", seed, 2)
     helper = w.agent("B", "background", start="background", parent="L")
     w.turns(helper, _fresh_prompt(w), 2)  # its answer never reaches the leader
     w.turns(leader, w.next_prompt(last), 2)
@@ -123,9 +125,7 @@ def _from_summary(w: _Writer, summary: Call) -> np.ndarray:
 
 
 def two_compactions(seed: int = 0) -> Episode:
-    w = _Writer("two-compactions", seed)
-    leader = w.agent("L", "leader")
-    last = w.turns(leader, _fresh_prompt(w), 2)
+    w, leader, last = _opening("two-compactions", seed, 2)
     for _ in range(2):
         summary = _compaction(w, leader, last)
         last = w.turns(leader, _from_summary(w, summary), 2)
@@ -133,9 +133,7 @@ def two_compactions(seed: int = 0) -> Episode:
 
 
 def rejected_compaction(seed: int = 0) -> Episode:
-    w = _Writer("rejected-compaction", seed)
-    leader = w.agent("L", "leader")
-    last = w.turns(leader, _fresh_prompt(w), 2)
+    w, leader, last = _opening("rejected-compaction", seed, 2)
     _compaction(w, leader, last, kept=False)  # refused: the leader goes on with its history
     last = w.turns(leader, w.next_prompt(last), 1)
     summary = _compaction(w, leader, last)
@@ -144,9 +142,7 @@ def rejected_compaction(seed: int = 0) -> Episode:
 
 
 def twins(seed: int = 0) -> Episode:
-    w = _Writer("twins", seed)
-    leader = w.agent("L", "leader")
-    last = w.turns(leader, _fresh_prompt(w), 2)
+    w, leader, last = _opening("twins", seed, 2)
     task = _fresh_prompt(w)
     first = w.agent("T1", "explore", start="fresh", parent="L")
     w.turns(first, task, 2)
@@ -167,18 +163,14 @@ def twins(seed: int = 0) -> Episode:
 
 
 def resumed_session(seed: int = 0) -> Episode:
-    w = _Writer("resumed-session", seed)
-    leader = w.agent("L", "leader")
-    last = w.turns(leader, _fresh_prompt(w), 3)
+    w, _, last = _opening("resumed-session", seed, 3)
     resumed = w.agent("R", "leader", start="root")  # a new process resending the whole history
     w.turns(resumed, w.next_prompt(last), 2)
     return w.episode
 
 
 def inexact_fork(seed: int = 0) -> Episode:
-    w = _Writer("inexact-fork", seed)
-    leader = w.agent("L", "leader")
-    last = w.turns(leader, _fresh_prompt(w), 2)
+    w, leader, last = _opening("inexact-fork", seed, 2)
     history = w.next_prompt(last)
     history[0] = history[0] % (VOCAB - 1) + 1  # one system-prompt token differs
     forked = w.agent("F", "fork", start="fork", parent="L")
