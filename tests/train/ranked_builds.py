@@ -64,3 +64,11 @@ def hf(lora: bool, settings: LearnerSettings, seed: int = 0) -> ModelLearner:
     learner.model.double()  # peft's adapters too
     learner.build_optimizer()
     return learner
+
+
+def moe(settings: LearnerSettings, seed: int = 0) -> ModelLearner:
+    """The built-in mixture of experts in float64 (its folder in the cache the test names)."""
+    from callgrove.networks.hf import load_model
+
+    model, _ = load_model("tiny-moe", torch.float64)
+    return HFLearner(model, settings)

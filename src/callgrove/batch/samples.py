@@ -26,7 +26,8 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from callgrove.episode import TOKEN_DTYPE, Call
+from callgrove.episode import TOKEN_DTYPE, Call, Episode
+from callgrove.episode.record import NO_ROUTE, ROUTE_DTYPE
 from callgrove.errors import InvalidValue
 from callgrove.formats.problems import InputError, Problem
 from callgrove.formats.wire import SAMPLING_KEYS
@@ -92,7 +93,9 @@ class Sample:
     no cut on prompt tokens. Metadata: the episode and group, the leaf agent's id
     and seat (its name), the row index within the episode, the leaf call's id, the root call's
     id (rows with the same episode and root share a call tree), the row reward (docs/episode-format.md, rows) and
-    the row it duplicates, if any.
+    the row it duplicates, if any. A mixture of experts' samples carry `routes`, (tokens,
+    layers, k), what each token was routed through when sampled (`NO_ROUTE` for the last);
+    None for a dense model's.
 
     Samples built together hold views into shared arrays (`position_ids` into one read-only
     `arange`); copy an array before changing it in place.
@@ -116,6 +119,7 @@ class Sample:
     root: str
     reward: float
     duplicate_of: int | None = None
+    routes: np.ndarray | None = None  # (tokens, layers, k) of a mixture of experts, or None
 
     @property
     def num_tokens(self) -> int:
@@ -139,7 +143,10 @@ class Sample:
         return arrays_to_torch(self.arrays())
 
 
-METADATA_FIELDS = tuple(f.name for f in fields(Sample) if f.name not in TOKEN_FIELDS)
+ROUTES = "routes"  # per token, but (tokens, layers, k): a field of its own in every form
+METADATA_FIELDS = tuple(
+    f.name for f in fields(Sample) if f.name not in TOKEN_FIELDS and f.name != ROUTES
+)
 
 
 def build_samples(episode_rows: EpisodeRows | Sequence[EpisodeRows]) -> list[Sample]:
@@ -225,9 +232,20 @@ def _build(rows: Sequence[Row], columns: RowColumns) -> list[Sample]:
                 root=path[0].id,
                 reward=float(row.reward),
                 duplicate_of=row.duplicate_of,
+                routes=row_routes(episode, leaf),
             )
         )
     return samples
+
+
+def row_routes(episode: Episode, leaf: Call) -> np.ndarray | None:
+    """A row's routes, one per token: its leaf's (the forest holds them equal to every call's
+    on the way, `forest.build`), then `NO_ROUTE` for the last token, which no forward took."""
+    routes = episode.routes(leaf)
+    if routes is None:
+        return None
+    last = np.full((1, *routes.shape[1:]), NO_ROUTE, dtype=ROUTE_DTYPE)
+    return np.concatenate([routes, last])
 
 
 def _sampling_per_call(calls: Sequence[Call]) -> dict[str, tuple]:
@@ -326,6 +344,8 @@ SAMPLE_SCHEMA = pa.schema(
             pa.field(name, pa.list_(_ARROW_TYPES[name]), nullable=name in _NULLABLE)
             for name in TOKEN_FIELDS
         ),
+        # per sample, per token, per MoE layer, the experts: null for a dense model's samples
+        pa.field(ROUTES, pa.list_(pa.list_(pa.list_(pa.from_numpy_dtype(ROUTE_DTYPE))))),
     ]
 )
 _MAX_BATCH_TOKENS = 2**30  # list offsets are int32: keep each record batch well inside them
@@ -394,6 +414,11 @@ def read_samples(path: str | Path) -> list[Sample]:
             else:
                 with pa.memory_map(file) as source:
                     table = pa.ipc.open_file(source).read_all()
+                if ROUTES not in table.schema.names:  # written before samples carried routes
+                    table = table.append_column(
+                        SAMPLE_SCHEMA.field(ROUTES),
+                        pa.nulls(len(table), SAMPLE_SCHEMA.field(ROUTES).type),
+                    )
                 if not table.schema.equals(SAMPLE_SCHEMA):
                     raise pa.ArrowInvalid(f"its schema is not the samples schema: {table.schema}")
         except (pa.ArrowException, OSError) as error:
@@ -406,8 +431,9 @@ def read_samples(path: str | Path) -> list[Sample]:
 
 def _check_columns(schema: pa.Schema) -> None:
     """Refuse a Parquet file that lacks a samples column (a rows or episodes file, say): read
-    with the samples schema, its missing columns would come back as nulls."""
-    missing = [name for name in SAMPLE_SCHEMA.names if name not in schema.names]
+    with the samples schema, its missing columns would come back as nulls. `routes` may be
+    missing (files written before samples carried them): no sample of it has any."""
+    missing = [name for name in SAMPLE_SCHEMA.names if name not in schema.names and name != ROUTES]
     if missing:
         raise pa.ArrowInvalid(
             f"it has no {', '.join(missing)} column{'s' if len(missing) > 1 else ''} "
@@ -419,7 +445,7 @@ _JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY  # NaN (unknown sampling) is written 
 
 
 def _sample_line(sample: Sample) -> dict[str, Any]:
-    return {name: getattr(sample, name) for name in (*METADATA_FIELDS, *TOKEN_FIELDS)}
+    return {name: getattr(sample, name) for name in (*METADATA_FIELDS, *TOKEN_FIELDS, ROUTES)}
 
 
 def _line_type() -> type[msgspec.Struct]:
@@ -434,6 +460,7 @@ def _line_type() -> type[msgspec.Struct]:
             number = number | None
         values: Any = list[number]  # type: ignore[valid-type]
         columns.append((name, values | None if name in _NULLABLE else values))
+    columns.append((ROUTES, list[list[list[int]]] | None, None))
     return msgspec.defstruct("SampleLine", columns, forbid_unknown_fields=True)
 
 
@@ -456,6 +483,7 @@ def _read_jsonl(file: str) -> Iterator[Sample]:
                     values[name] = (
                         None if listed is None else np.array(listed, dtype=FIELD_DTYPES[name])
                     )
+                values[ROUTES] = _routes_array(record.routes)
             except (OverflowError, ValueError) as error:
                 problem = Problem(
                     f"{name}: {error}", file=file, line=number, episode=record.episode
@@ -464,8 +492,21 @@ def _read_jsonl(file: str) -> Iterator[Sample]:
             yield Sample(**values)
 
 
+def _routes_array(listed: list | None) -> np.ndarray | None:
+    if listed is None:
+        return None
+    routes = np.array(listed, dtype=ROUTE_DTYPE)
+    if routes.ndim != 3:
+        raise InvalidValue(
+            f"routes must be tokens x layers x experts, not of shape {list(routes.shape)}"
+        )
+    return routes
+
+
 def _check_lengths(sample: Sample, file: str, line: int) -> None:
     lengths = {name: len(array) for name, array in sample.arrays().items() if array is not None}
+    if sample.routes is not None:
+        lengths[ROUTES] = len(sample.routes)
     if len(set(lengths.values())) > 1:
         shown = ", ".join(f"{name} {length}" for name, length in lengths.items())
         message = f"row {sample.row}: per-token arrays of different lengths ({shown})"
@@ -478,6 +519,7 @@ def samples_from_table(table: pa.Table) -> list[Sample]:
     for batch in table.to_batches():
         metadata = {name: batch.column(name).to_pylist() for name in METADATA_FIELDS}
         per_token = {name: _split_list_column(batch.column(name)) for name in TOKEN_FIELDS}
+        per_token[ROUTES] = _split_routes(batch.column(ROUTES))
         for i in range(batch.num_rows):
             values = {name: column[i] for name, column in per_token.items()}
             values.update((name, column[i]) for name, column in metadata.items())
@@ -504,7 +546,49 @@ def _record_batch(samples: Sequence[Sample]) -> pa.RecordBatch:
     ]
     for name in TOKEN_FIELDS:
         columns.append(_list_column(name, [getattr(s, name) for s in samples], offsets))
+    columns.append(_routes_column([s.routes for s in samples]))
     return pa.RecordBatch.from_arrays(columns, schema=SAMPLE_SCHEMA)
+
+
+def _routes_column(routes: list[np.ndarray | None]) -> pa.Array:
+    """Routes as lists of tokens of layers of experts (a null for a sample without)."""
+    kind = SAMPLE_SCHEMA.field(ROUTES).type
+    held = [r for r in routes if r is not None]
+    if not held:
+        return pa.nulls(len(routes), kind)
+    layers, k = held[0].shape[1:]
+    if any(r.shape[1:] != (layers, k) for r in held):
+        raise InvalidValue("samples of one file route through different layers or experts")
+    tokens = np.zeros(len(routes) + 1, dtype=np.int32)
+    np.cumsum([0 if r is None else len(r) for r in routes], out=tokens[1:])
+    total = int(tokens[-1])
+    inner = pa.ListArray.from_arrays(
+        pa.array(np.arange(0, total * layers * k + 1, k, dtype=np.int32)),
+        pa.array(np.concatenate([r.reshape(-1) for r in held]).astype(ROUTE_DTYPE)),
+    )
+    middle = pa.ListArray.from_arrays(
+        pa.array(np.arange(0, total * layers + 1, layers, dtype=np.int32)), inner
+    )
+    missing = pa.array([r is None for r in routes])
+    return pa.ListArray.from_arrays(pa.array(tokens), middle, mask=missing)
+
+
+def _split_routes(column: pa.Array) -> list[np.ndarray | None]:
+    """`_routes_column` read back: each sample's (tokens, layers, k) array, or None."""
+    missing = column.is_null().to_numpy(zero_copy_only=False)
+    if missing.all():
+        return [None] * len(column)
+    column = column.cast(SAMPLE_SCHEMA.field(ROUTES).type)
+    offsets = column.offsets.to_numpy()
+    middle = column.values
+    layers = int(np.diff(middle.offsets.to_numpy()[:2])[0])
+    k = int(np.diff(middle.values.offsets.to_numpy()[:2])[0])
+    values = middle.values.values.to_numpy(zero_copy_only=False).reshape(-1, layers, k)
+    base = middle.offsets.to_numpy()[0] // layers
+    return [
+        None if missing[i] else values[offsets[i] - base : offsets[i + 1] - base]
+        for i in range(len(column))
+    ]
 
 
 def _list_column(name: str, arrays: list[np.ndarray | None], offsets: np.ndarray) -> pa.Array:

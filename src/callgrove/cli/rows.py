@@ -730,6 +730,7 @@ def check_record(summary: CheckSummary) -> dict[str, object]:
         "rows": summary.rows,
         "duplicates": summary.duplicates,
         "lost_calls": summary.lost_calls,
+        "route_breaks": summary.route_breaks,
         "ok": summary.ok,
         "violations": [str(v) for v in summary.violations],
     }

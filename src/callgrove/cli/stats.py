@@ -278,6 +278,8 @@ def summary_table(stats: Stats, learning: Learning) -> Table:
         ("completion tokens", f"{stats.completion_tokens:,}"),
         ("distinct tokens stored", f"{stats.stored_tokens:,}"),
     ]
+    if stats.routed_tokens:
+        rows.append(("routes, bytes per token", f"{stats.route_bytes_per_token:.1f}"))
     rows += [(f"run {kind}", f"{count:,}") for kind, count in sorted(stats.run_types.items())]
     for what, count in rows:
         table.add_row(cell(what), count)
@@ -429,6 +431,8 @@ def stats_record(stats: Stats, learning: Learning) -> dict[str, object]:
         "prompt_tokens": stats.prompt_tokens,
         "completion_tokens": stats.completion_tokens,
         "distinct_tokens_stored": stats.stored_tokens,
+        "route_bytes": stats.route_bytes,
+        "route_bytes_per_token": stats.route_bytes_per_token if stats.routed_tokens else None,
         "run_types": dict(stats.run_types),
         "rewards": {
             "all": learning.reward.record(),

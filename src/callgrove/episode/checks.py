@@ -21,6 +21,7 @@ from msgspec import UNSET
 
 from callgrove.episode.record import (
     AGENT_STARTS,
+    NO_ROUTE,
     PURPOSES,
     RUN_TYPES,
     TOKEN_DTYPE,
@@ -477,6 +478,44 @@ def resolve_prompts(calls: Sequence[Call], prompt_from: Sequence[str | None], ep
         call.prompt_from = source_id if call.prompt_from_len else None
 
 
+def check_routes(calls: Sequence[Call], episode: str) -> None:
+    """Each call's routes (after `resolve_prompts`): three dimensions, one per position from
+    `routes_from` to the full sequence's last token but one, the same layers and experts per
+    token in every call of the episode, each an expert index (`NO_ROUTE`: none); `routes_from`
+    within the prompt it resends."""
+    shape = None
+    for call in calls:
+        routes = call.routes
+        limit = max(call.prompt_from_len - 1, 0) if call.prompt_from is not None else 0
+        if not 0 <= call.routes_from <= limit:
+            raise fail(
+                f"routes_from {call.routes_from} is outside [0, {limit}] (it counts positions "
+                "of the resent prompt_from call)",
+                episode,
+                call.id,
+            )
+        if routes is None:
+            continue
+        wanted = call.full_len - 1 - call.routes_from
+        if routes.ndim != 3 or len(routes) != wanted:
+            raise fail(
+                f"routes have shape {list(routes.shape)}: expected [{wanted}, layers, experts "
+                "per token] (the full sequence from routes_from, but its last token)",
+                episode,
+                call.id,
+            )
+        if shape is not None and routes.shape[1:] != shape:
+            raise fail(
+                f"routes of {list(routes.shape[1:])} layers x experts where an earlier call "
+                f"has {list(shape)}",
+                episode,
+                call.id,
+            )
+        shape = routes.shape[1:]
+        if routes.size and routes.min() < NO_ROUTE:
+            raise fail(f"routes hold an expert index below {NO_ROUTE}", episode, call.id)
+
+
 def raise_first(
     problems: dict[int, str],
     ids: Sequence[str | None],
@@ -502,4 +541,5 @@ def check_episode(episode: Episode, room: Room | None = None) -> CallColumns:
     columns = CallColumns.of_calls(calls, room)
     raise_first(call_problems(columns), columns.ids, 0, len(calls), episode.id)
     resolve_prompts(calls, [c.prompt_from for c in calls], episode.id)
+    check_routes(calls, episode.id)
     return columns

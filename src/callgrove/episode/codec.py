@@ -22,6 +22,7 @@ from callgrove.episode.checks import (
     call_problems,
     check_agents,
     check_present,
+    check_routes,
     check_run,
     check_unique_calls,
     fail,
@@ -33,6 +34,7 @@ from callgrove.episode.checks import (
 from callgrove.episode.provenance import gaps_from_json, gaps_to_json, join_spawn, split_spawn
 from callgrove.episode.record import (
     LOGPROB_DTYPE,
+    ROUTE_DTYPE,
     TOKEN_DTYPE,
     Agent,
     Call,
@@ -138,6 +140,7 @@ def episode_from_wire(wire: WireEpisode) -> Episode:
         None if c.prompt_from is UNSET else c.prompt_from for a in wire.agents for c in a.calls
     ]
     resolve_prompts(calls, prompt_from, wire.id)
+    check_routes(calls, wire.id)
     share_histories(agents)
     return Episode(
         agents=agents,
@@ -189,6 +192,8 @@ _SHAPED_CALL_FIELDS = {
     "completion_ids",
     "logprobs",
     "advantages",
+    "routes",
+    "routes_from",
 }
 PLAIN_CALL_FIELDS: tuple[msgspec.structs.FieldInfo, ...] = tuple(
     f
@@ -220,7 +225,7 @@ def _calls_in_one_buffer(wire: WireEpisode) -> tuple[list[list[Call]], CallColum
     """
     calls = [call for agent in wire.agents for call in agent.calls]
     prompts = [_compact_prompt(call) for call in calls]
-    if None in prompts:
+    if None in prompts or any(call.routes not in (UNSET, None) for call in calls):
         return None
     count = len(calls)
     token_lists = [prompt for _base_len, prompt in prompts]  # type: ignore[misc]
@@ -360,6 +365,8 @@ def _call_from_wire(wire: WireCall, episode: str) -> Call:
         prompt_suffix=suffix,
         prompt_from_len=base_len,
         logprobs=_floats(wire.logprobs),
+        routes=_routes(wire.routes),
+        routes_from=0 if wire.routes_from is UNSET else wire.routes_from,
         advantages=(
             None
             if value is UNSET or value is None
@@ -372,6 +379,13 @@ def _call_from_wire(wire: WireCall, episode: str) -> Call:
             for f in PLAIN_CALL_FIELDS
         },
     )
+
+
+def _routes(routes: Any) -> np.ndarray | None:
+    """A call's routes as an array; their shape is checked with the episode's."""
+    if routes is UNSET or routes is None:
+        return None
+    return np.asarray(routes, dtype=ROUTE_DTYPE)
 
 
 def _prompt_from_wire(wire: WireCall, episode: str) -> tuple[int, np.ndarray]:
@@ -444,6 +458,10 @@ def _call_to_wire(call: Call, numbers: Numbers) -> WireCall:
         wire.prompt_from = call.prompt_from
         wire.prompt_from_len = call.prompt_from_len
         wire.prompt_suffix_ids = numbers(call.prompt_suffix)
+    if call.routes is not None:
+        wire.routes = numbers(call.routes)
+        if call.routes_from:
+            wire.routes_from = call.routes_from
     if call.advantages is not None:
         advantages = call.advantages
         wire.advantages = (

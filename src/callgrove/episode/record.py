@@ -35,6 +35,10 @@ EpisodeError = WireError
 TOKEN_DTYPE = np.int32
 LOGPROB_DTYPE = np.float64  # exact JSON round trips; the binary form stores float32
 EMPTY_TOKENS = np.zeros(0, dtype=TOKEN_DTYPE)
+# A call's routes (mixture-of-experts models): per forwarded token, per MoE layer, the experts
+# its router chose; NO_ROUTE where a token has none.
+ROUTE_DTYPE = np.int16
+NO_ROUTE = -1
 
 # The enumerated values (docs/episode-format.md); readers check them with a message naming the
 # value, the writers before writing.
@@ -68,6 +72,12 @@ class Call(CallFields, kw_only=True, eq=False):
     """How the completion was sampled: `temperature`, `top_p` and `top_k` (None: no top-k cut)
     of the distribution its `logprobs` are under, as `sampling_record` writes it, plus any keys
     a source added. None: unknown (imported calls; a source that could not tell)."""
+    routes: np.ndarray | None = None
+    """A mixture of experts' routes (`ROUTE_DTYPE`): per position of the full sequence from
+    `routes_from` to its last token but one (the last is never forwarded), per MoE layer, the
+    experts its router chose; the positions before come from `prompt_from`'s
+    (`Episode.routes`). None: not recorded (a dense model; a source without them)."""
+    routes_from: int = 0
     # The call's place in its episode's ledger (every call, kept or not, in `seq` order), set by
     # `Episode.ledger()`: what per-call arrays and tables of the later stages are indexed by.
     index: int = -1
@@ -86,6 +96,8 @@ class Call(CallFields, kw_only=True, eq=False):
         **extra: Any,
     ) -> Call:
         """A call with its whole prompt given (convenient in code and tests)."""
+        if extra.get("routes") is not None:
+            extra["routes"] = np.asarray(extra["routes"], dtype=ROUTE_DTYPE)
         return cls(
             id=id,
             seq=seq,
@@ -182,6 +194,49 @@ def segments(
         current = base_of(current, find, episode) if remaining > start else None
     reversed_parts.reverse()
     return reversed_parts
+
+
+def route_pieces(
+    call: Call, find: Callable[[str], Call | None], episode: str | None = None
+) -> list[np.ndarray] | None:
+    """Arrays that concatenate to the call's routes over its full sequence but the last token,
+    following `routes_from` down its prompt references; None where a call on the way holds
+    none. In an episode, `Episode.routes`."""
+    pieces: list[np.ndarray] = []
+    current: Call | None = call
+    stop: int | None = None
+    while current is not None:
+        if current.routes is None:
+            return None
+        pieces.append(
+            current.routes if stop is None else current.routes[: stop - current.routes_from]
+        )
+        if current.routes_from == 0:
+            break
+        stop = current.routes_from
+        current = base_of(current, find, episode)
+        if current is None:
+            raise InputError(
+                Problem("routes_from without prompt_from", episode=episode, call=call.id)
+            )
+    pieces.reverse()
+    return pieces
+
+
+def share_routes(call: Call, routes: np.ndarray | None, find: Callable[[str], Call | None]) -> None:
+    """Hold `routes` (the call's whole routes) as its prompt base's where they agree: the
+    positions the base covers taken from it, the rest its own. Where they differ (the call's
+    forward routed the shared prefix otherwise), the call keeps them whole."""
+    call.routes, call.routes_from = routes, 0
+    base = None if call.prompt_from is None else find(call.prompt_from)
+    if routes is None or base is None:
+        return
+    below = route_pieces(base, find)
+    cut = call.prompt_from_len - 1
+    if below is None or cut <= 0 or len(routes) < cut:
+        return
+    if np.array_equal(concat(below)[:cut], routes[:cut]):
+        call.routes, call.routes_from = routes[cut:].copy(), cut
 
 
 def concat(parts: list[np.ndarray]) -> np.ndarray:
@@ -340,6 +395,12 @@ class Episode:
         """The call's prompt then its completion."""
         return concat(self.segments(call))
 
+    def routes(self, call: Call) -> np.ndarray | None:
+        """The call's routes over its full sequence but the last token (tokens - 1, layers,
+        k), or None where it has none."""
+        pieces = route_pieces(call, self.find, self.id)
+        return None if pieces is None else concat(pieces)
+
     def agent(self, agent_id: str) -> Agent:
         for agent in self.agents:
             if agent.id == agent_id:
@@ -417,6 +478,7 @@ def share_histories(agents: list[Agent]) -> int:
                     if _starts_with(call.prompt_suffix, source, find):
                         call.prompt_suffix = call.prompt_suffix[source.full_len :].copy()
                         call.prompt_from, call.prompt_from_len = source.id, source.full_len
+                        share_routes(call, call.routes, find)
                         shared += 1
                         break
             previous = call

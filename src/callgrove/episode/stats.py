@@ -8,6 +8,7 @@ errors and never appears in the per-agent tallies.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -52,6 +53,10 @@ class Stats:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     stored_tokens: int = 0
+    # A mixture of experts' routes as held (each call's own, `routes_from` on): their bytes,
+    # and the distinct stored tokens of the calls that hold them
+    route_bytes: int = 0
+    routed_tokens: int = 0
     errors: Counter[str] = field(default_factory=Counter)
     agents: dict[str, AgentTally] = field(default_factory=dict)
     run_types: Counter[str] = field(default_factory=Counter)
@@ -84,7 +89,15 @@ class Stats:
                 self.prompt_tokens += prompt
                 self.completion_tokens += completion
                 self.stored_tokens += len(call.prompt_suffix) + completion
+                if call.routes is not None:
+                    self.route_bytes += call.routes.nbytes
+                    self.routed_tokens += len(call.prompt_suffix) + completion
         self._add_staleness(episode, training_step)
+
+    @property
+    def route_bytes_per_token(self) -> float:
+        """Bytes of routes held per distinct stored token of the calls holding them."""
+        return self.route_bytes / self.routed_tokens if self.routed_tokens else math.nan
 
     def _seat(self, name: str) -> AgentTally:
         return self.agents.setdefault(name, AgentTally())

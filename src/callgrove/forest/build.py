@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from callgrove.episode import Agent, Call, Episode
+from callgrove.episode.record import share_routes
 from callgrove.errors import InvalidValue
 from callgrove.forest.tokens import TokenPool
 
@@ -35,6 +36,9 @@ class Forest:
     same_sequences: dict[tuple[int, int], bool] = field(default_factory=dict, repr=False)
     """Pairs of calls (ledger indices, lower first) already compared whole while building, and
     whether they hold the same sequence (`TokenPool.same_sequence`)."""
+    route_breaks: list[int] = field(default_factory=list)
+    """Calls whose token parent routed their shared prefix otherwise than their own forward
+    did (mixtures of experts): roots instead, their prompt untrained context."""
     children: list[list[int]] = field(default_factory=list)
     roots: list[int] = field(default_factory=list)
     leaves: list[int] = field(default_factory=list)
@@ -127,15 +131,38 @@ def build_forest(episode: Episode) -> Forest:
     if len(kept) < 2:  # a parent is an earlier kept call: a lone one is a root, found unhashed
         return Forest(episode, calls, [-1] * len(kept), pool, ledger_index=kept.tolist())
     finder = _ParentFinder(pool, kept, episode.agents)
+    parents = finder.parents()
+    breaks = _route_breaks(episode, calls, parents)
+    for index in breaks:
+        parents[index] = -1
     return Forest(
         episode=episode,
         calls=calls,
-        parent=finder.parents(),
+        parent=parents,
+        route_breaks=breaks,
         pool=pool,
         ledger_index=kept.tolist(),
         full_hash=finder.full_hashes,
         same_sequences=finder.same,
     )
+
+
+def _route_breaks(episode: Episode, calls: list[Call], parents: list[int]) -> list[int]:
+    """The calls (places in `calls`) whose parent's routes over the shared prefix are not the
+    call's own: both recorded, and unequal somewhere before the parent's last token."""
+    breaks = []
+    for index, parent_index in enumerate(parents):
+        call = calls[index]
+        if parent_index < 0 or call.routes is None:
+            continue
+        parent = calls[parent_index]
+        span = parent.full_len - 1
+        if parent.routes is None or (call.prompt_from == parent.id and call.routes_from == span):
+            continue  # unknown, or held as the parent's own (equal when they were shared)
+        mine, theirs = episode.routes(call), episode.routes(parent)
+        if not np.array_equal(mine[:span], theirs[:span]):  # type: ignore[index]
+            breaks.append(index)
+    return breaks
 
 
 _SEARCH_EACH_BELOW = 4  # kept calls; below it the array operations' fixed cost dominates
@@ -297,8 +324,10 @@ def compact_prompts(episode: Episode) -> None:
         if call.prompt_from == parent.id and call.prompt_from_len == parent.full_len:
             continue
         suffix = episode.prompt_ids(call)[parent.full_len :].copy()
+        routes = episode.routes(call)  # resolved through the old reference, before it changes
         call.prompt_from, call.prompt_from_len, call.prompt_suffix = (
             parent.id,
             parent.full_len,
             suffix,
         )
+        share_routes(call, routes, episode.find)

@@ -45,6 +45,11 @@ class WireCall(CallFields, kw_only=True):
     # Which distribution `logprobs` are under (`SAMPLING_KEYS`, more keys allowed): absent or
     # null means unknown, and nothing assumes a value for it (`episode.checks` holds its rules).
     sampling: dict[str, Any] | UnsetType | None = UNSET
+    # A mixture of experts' routes: per forwarded token from `routes_from` (the full sequence
+    # but its last token), per MoE layer, the experts its router chose.
+    routes: list[list[list[int]]] | UnsetType | None = UNSET
+    # The first position `routes` covers (absent: 0); those before are `prompt_from`'s routes.
+    routes_from: int | UnsetType = UNSET
 
 
 # The keys of a call's `sampling` that name its distribution; any others are carried as they are.

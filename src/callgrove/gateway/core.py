@@ -35,6 +35,7 @@ import numpy as np
 
 from callgrove.chat import ChatFormat, Message, tools_message
 from callgrove.episode import TOKEN_DTYPE, Agent, Call, sampling_record
+from callgrove.episode.record import share_routes
 from callgrove.gateway.attribution import Identity
 from callgrove.gateway.episodes import (
     Episodes,
@@ -337,6 +338,8 @@ class Gateway:
             content={"prompt": [m.as_dict() for m in new], "response": response.as_dict()},
             sampling=recorded_sampling(sample.sampling, turn.request),
         )
+        # a mixture of experts' routes, held as the prompt base's where they agree with them
+        share_routes(call, sample.routes, state.find)
         history = chain_hashes([response], hashes[-1] if hashes else b"")[0]
         prompt_key = hashes[-1].hex() if hashes else ""
         note = CallNote(

@@ -190,7 +190,27 @@ def nemo_rl_arrays(
         batch["advantages"][index, :length] = sample.advantages
         batch["generation_logprobs"][index, :length] = sample.logprobs
     batch["prev_logprobs"] = batch["generation_logprobs"].copy()
+    routes = nemo_rl_routes(samples, width)
+    if routes is not None:
+        batch["routed_experts"] = routes
     return batch, sampling
+
+
+def nemo_rl_routes(samples: Sequence[Sample], width: int) -> np.ndarray | None:
+    """A mixture of experts' routes as NeMo RL's Megatron policy replays them (`routed_experts`,
+    (rows, width, layers, k) on `input_ids`' positions, right-padded; nemo_rl/models/megatron/
+    router_replay.py): a token without a route keeps all -1, NeMo RL's own mark for one its
+    router routes (a row's last token), and padding holds experts 0..k-1 as its vLLM path
+    fills it. None when no sample carries routes. Replay with `policy.router_replay.enabled`."""
+    if all(s.routes is None for s in samples):
+        return None
+    layers, k = next(s.routes.shape[1:] for s in samples if s.routes is not None)
+    out = np.broadcast_to(np.arange(k, dtype=np.int16), (len(samples), width, layers, k)).copy()
+    for index, sample in enumerate(samples):
+        if sample.routes is None:
+            raise refuse(sample, TRAINER, "has no routes where the batch's others have")
+        out[index, : len(sample.routes)] = sample.routes
+    return out
 
 
 def write_nemo_rl(

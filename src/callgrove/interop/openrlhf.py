@@ -41,7 +41,12 @@ import numpy as np
 
 from callgrove.batch.samples import Sample
 from callgrove.interop.settings_check import refuse_settings, unknown_keys
-from callgrove.interop.trainer_rows import check_vocabulary, shared_temperature, trained_span
+from callgrove.interop.trainer_rows import (
+    check_vocabulary,
+    refuse_routes,
+    shared_temperature,
+    trained_span,
+)
 
 TRAINER = "OpenRLHF"
 VERSION = "0.11.2"
@@ -101,6 +106,7 @@ def openrlhf_arrays(
     """The experience's tensors as numpy arrays (the module docstring lists them), and the
     one temperature every trained token was sampled at (set `--rollout.temperature` to it).
     With `vocab_size`, token ids outside the model's vocabulary are refused."""
+    refuse_routes(samples, TRAINER)
     ends = [trained_span(sample, TRAINER).end for sample in samples]
     temperature = shared_temperature(samples, TRAINER)
     if vocab_size is not None:

@@ -35,12 +35,27 @@ import numpy as np
 
 from callgrove.batch.samples import Sample
 from callgrove.errors import InvalidValue
-from callgrove.interop.trainer_rows import check_uncut, check_vocabulary, refuse, trained_span
+from callgrove.interop.trainer_rows import (
+    check_uncut,
+    check_vocabulary,
+    filled_routes,
+    refuse,
+    trained_span,
+)
 
 TRAINER = "prime-rl"
 COMMIT = "559b44772e471d1538537b8805cc77f3824a5e64"
 # What a position followed by no trained token carries (prime-rl pads with it too).
 UNSCORED_TEMPERATURE = 1.0
+
+
+class RoutedExperts(msgspec.Struct, array_like=True, omit_defaults=True):
+    """prime-rl's `RoutedExperts` at `COMMIT` (types.py, lines 15-18): a (tokens, layers, k)
+    array as its bytes, its shape and its numpy dtype's name."""
+
+    data: bytes
+    shape: list[int]
+    dtype: str
 
 
 class TrainingSample(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -53,7 +68,7 @@ class TrainingSample(msgspec.Struct, array_like=True, omit_defaults=True):
     env_name: str
     ref_logprobs: list[float] | None = None
     mm_kwargs: dict | None = None
-    routed_experts: list | None = None
+    routed_experts: RoutedExperts | None = None
     mm_token_type_ids: list[int] | None = None
     rl_weights: list[float] | None = None
     ce_weights: list[float] | None = None
@@ -100,10 +115,23 @@ def prime_rl_samples(
                 logprobs=sample.logprobs.tolist(),
                 temperatures=predicting_temperatures(sample).tolist(),
                 env_name=env_name,
+                routed_experts=routed_experts(sample),
                 advantages=sample.advantages.tolist(),
             )
         )
     return out
+
+
+def routed_experts(sample: Sample) -> RoutedExperts | None:
+    """A mixture of experts' routes as prime-rl's trainer replays them
+    (`trainer.enable_router_replay`; src/prime_rl/trainer/rl/data.py, lines 197-208): one row per
+    token, a token without one given its predecessor's, as prime-rl fills a row's last token;
+    unsigned, as its own orchestrator sends them."""
+    if sample.routes is None:
+        return None
+    routes = filled_routes(sample.routes, previous=True)
+    narrow = routes.astype(np.uint8 if routes.max(initial=0) < 256 else np.uint16)
+    return RoutedExperts(narrow.tobytes(), list(narrow.shape), str(narrow.dtype))
 
 
 def write_prime_rl(

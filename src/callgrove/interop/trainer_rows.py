@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from callgrove.batch.samples import NO_TOP_K, Sample
+from callgrove.episode.record import NO_ROUTE
 from callgrove.errors import InvalidValue
 from callgrove.formats.problems import InputError, Problem
 
@@ -32,6 +33,35 @@ class TrainedSpan:
 def refuse(sample: Sample, trainer: str, reason: str) -> InputError:
     message = f"{trainer}: row {sample.row} {reason}"
     return InputError(Problem(message, episode=sample.episode, call=sample.leaf))
+
+
+def refuse_routes(samples: Sequence[Sample], trainer: str) -> None:
+    """Refuse samples carrying a mixture of experts' routes for a trainer that has no field
+    to replay them in: its learner would route by its own top-k."""
+    for sample in samples:
+        if sample.routes is not None:
+            raise refuse(
+                sample,
+                trainer,
+                f"carries routes (a mixture of experts), which {trainer} has no field to replay: "
+                "its learner would route every token by its own top-k. Set the samples' routes "
+                "to None to train without replay",
+            )
+
+
+def filled_routes(routes: np.ndarray, previous: bool = False) -> np.ndarray:
+    """Routes with each token that has none (`NO_ROUTE`, a row's last token) given one: the
+    previous token's (`previous`, as prime-rl fills it) or experts 0..k-1."""
+    missing = routes[:, 0, 0] == NO_ROUTE
+    if not missing.any():
+        return routes
+    filled = routes.copy()
+    for index in np.flatnonzero(missing):
+        if previous and index > 0:
+            filled[index] = filled[index - 1]
+        else:
+            filled[index] = np.arange(routes.shape[2], dtype=routes.dtype)
+    return filled
 
 
 def trained_span(sample: Sample, trainer: str) -> TrainedSpan:

@@ -43,7 +43,12 @@ from torch.utils.data import Sampler
 from callgrove.batch.samples import SAMPLE_SCHEMA, Sample, samples_from_table, samples_to_table
 from callgrove.errors import InvalidValue
 from callgrove.interop.settings_check import SettingsRefused, refuse_settings
-from callgrove.interop.trainer_rows import check_vocabulary, prompt_completion, shared_temperature
+from callgrove.interop.trainer_rows import (
+    check_vocabulary,
+    prompt_completion,
+    refuse_routes,
+    shared_temperature,
+)
 
 try:
     from datasets import Dataset
@@ -86,6 +91,7 @@ def trl_batch(
 
     `temperature` is the trainer's (`GRPOConfig.temperature`); every trained token must have
     been sampled at it, with no top-p or top-k cut."""
+    refuse_routes(samples, TRAINER)
     split = prompt_completion(samples, pad_token_id, TRAINER)
     check_temperature(samples, temperature)
     batch = {

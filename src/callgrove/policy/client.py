@@ -52,6 +52,9 @@ class Completion:
     sampling: dict[str, Any] | None = None
     """The distribution `logprobs` are under, recorded as the call's `sampling`
     (`callgrove.episode.sampling_record`); None where the backend cannot tell."""
+    routes: np.ndarray | None = None
+    """A mixture of experts' routes for the prompt and completion but its last token (tokens,
+    layers, k), recorded as the call's `routes`; None for a dense model or a backend without."""
 
 
 @runtime_checkable

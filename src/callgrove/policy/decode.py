@@ -64,6 +64,8 @@ class Decoded:
     completion_ids: np.ndarray  # int32
     logprobs: np.ndarray  # float64, one per completion token
     stopped: bool  # a stop token or string ended it (its last token is kept)
+    # A mixture of experts' routes (prompt + completion - 1 tokens, layers, k), where recorded
+    routes: np.ndarray | None = None
 
 
 class StopStrings:

@@ -35,7 +35,9 @@ import orjson
 
 from callgrove.episode import LOGPROB_DTYPE, TOKEN_DTYPE
 from callgrove.episode.checks import sampling_problem
+from callgrove.episode.record import ROUTE_DTYPE
 from callgrove.errors import InvalidValue, RunFailed
+from callgrove.formats.routes import ROUTED_EXPERTS, decode_routed_experts
 from callgrove.policy.client import Completion, SamplingParams
 from callgrove.sampling import Distribution
 
@@ -174,7 +176,19 @@ def sample_from_completion(payload: dict, fallback_version: int) -> Completion:
         logprobs=logprobs_of(logprobs, "choices[0].logprobs.token_logprobs"),
         policy_version=version_of(payload, fallback_version),
         finish_reason=finish,
+        routes=routes_of(choice),
     )
+
+
+def routes_of(choice: dict) -> np.ndarray | None:
+    """A choice's `routed_experts` (a mixture of experts' routes, vLLM's field), or None."""
+    text = choice.get(ROUTED_EXPERTS)
+    if text is None:
+        return None
+    try:
+        return decode_routed_experts(text, f"choices[0].{ROUTED_EXPERTS}").astype(ROUTE_DTYPE)
+    except InvalidValue as error:
+        raise UpstreamError(f"upstream response: {error}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +202,7 @@ class Piece:
     policy_version: int | None
     sampling: dict | None = None
     """The distribution the logprobs are under (`reported_distribution`), set by the client."""
+    routes: np.ndarray | None = None  # a mixture of experts' routes, on the chunk that has them
 
 
 def piece_from_chunk(payload: dict) -> Piece:
@@ -209,6 +224,7 @@ def piece_from_chunk(payload: dict) -> Piece:
         logprobs_of(logprobs, "stream chunk choices[0].logprobs.token_logprobs"),
         choice.get("finish_reason"),
         version_of(payload, None),
+        routes=routes_of(choice),
     )
 
 
@@ -225,6 +241,7 @@ def sample_from_pieces(pieces: list[Piece], fallback_version: int) -> Completion
         policy_version=versions[0] if versions else fallback_version,
         finish_reason="length" if pieces[-1].finish_reason == "length" else "stop",
         sampling=next((p.sampling for p in pieces if p.sampling is not None), None),
+        routes=next((p.routes for p in reversed(pieces) if p.routes is not None), None),
     )
 
 
@@ -256,6 +273,7 @@ def sample_from_chat(payload: dict, fallback_version: int) -> tuple[np.ndarray, 
                     "token_ids": choice.get("token_ids"),
                     "logprobs": {"token_logprobs": logprobs},
                     "finish_reason": choice.get("finish_reason"),
+                    ROUTED_EXPERTS: choice.get(ROUTED_EXPERTS),
                 }
             ],
             "policy_version": payload.get("policy_version"),

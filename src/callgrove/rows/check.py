@@ -41,6 +41,7 @@ class CheckSummary:
     untrainable: int
     violations: list[Violation]
     lost_calls: int = 0  # sampled calls the source did not give as calls (the episode's gaps)
+    route_breaks: int = 0  # calls a tree of their own because their parent routed otherwise
 
     @property
     def ok(self) -> bool:
@@ -56,6 +57,8 @@ class CheckSummary:
         if self.untrainable:
             notes.append(f"{self.untrainable} of untrainable agents")
         extra = f" ({'; '.join(notes)}, no loss)" if notes else ""
+        if self.route_breaks:
+            extra += f"; {self.route_breaks} a tree of their own (the parent routed otherwise)"
         if self.lost_calls:
             return (
                 f"{self.kept_calls} kept calls, each in one row{extra}; NOT exactly once: "
@@ -89,6 +92,7 @@ def check_rows(result: EpisodeRows) -> CheckSummary:
         untrainable=sum(1 for c in kept if not result.episode.agent_of(c).trainable),
         violations=violations,
         lost_calls=sum(gap.kind in LOST_CALL_GAPS for gap in result.episode.gaps or ()),
+        route_breaks=len(result.forest.route_breaks),
     )
 
 

@@ -14,7 +14,7 @@ misfit is the upstream's fault, and the caller says so.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -113,6 +113,8 @@ class _TokenExtras(_Sampling):
     return_tokens_as_token_ids: bool | None = None
     stop_token_ids: list[int] | None = None
     seed: int | None = None
+    # a mixture of experts' routes are returned from this prompt token on
+    routed_experts_prompt_start: Annotated[int, msgspec.Meta(ge=0)] | None = None
 
 
 class _ChatBody(_TokenExtras):

@@ -32,6 +32,7 @@ from starlette.routing import Route
 
 from callgrove.chat import ChatFormat, tools_message
 from callgrove.episode import TOKEN_DTYPE
+from callgrove.formats.routes import PROMPT_START, ROUTED_EXPERTS, encode_routed_experts
 from callgrove.policy import Completion, PolicyClient, SamplingParams
 from callgrove.policy.threads import LoopPolicy
 from callgrove.serving.bodies import check_completions
@@ -123,6 +124,15 @@ class PolicyThread:
     def close(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(30)
+
+
+def _routed_experts(data: dict[str, Any], sample: Completion) -> dict[str, str]:
+    """vLLM's `routed_experts` of a mixture of experts' sample (none for a dense model's), from
+    the request's `routed_experts_prompt_start` on."""
+    if sample.routes is None:
+        return {}
+    start = data.get(PROMPT_START) or 0  # checked with the body (`serving.bodies`)
+    return {ROUTED_EXPERTS: encode_routed_experts(sample.routes[start:])}
 
 
 def _logprob_block(
@@ -350,6 +360,7 @@ class PolicyServer:
                 else None,
             }
             payload = {**base, "choices": [choice], "usage": usage}
+            choice.update(_routed_experts(data, sample))
             if want_ids:
                 choice["token_ids"] = ids.tolist()
                 choice["prompt_token_ids"] = prompt_ids.tolist()
@@ -374,6 +385,7 @@ class PolicyServer:
                     chunk["prompt_token_ids"] = prompt_ids.tolist()
             if last:
                 chunk["usage"] = usage
+                choice.update(_routed_experts(data, sample))
             events.append(sse_event(chunk))
         events.append(b"data: [DONE]\n\n")
         return sse_response(events)
@@ -407,6 +419,7 @@ class PolicyServer:
         if data.get("return_token_ids", True):
             choice["token_ids"] = sample.completion_ids.tolist()
             top["prompt_token_ids"] = prompt_ids.tolist()
+        choice.update(_routed_experts(data, sample))
         reply = Reply(
             self.chat.parse(sample.completion_ids),
             sample.finish_reason,

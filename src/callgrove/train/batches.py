@@ -8,13 +8,16 @@ an attention layout, and one loss target per 1 in a row's loss mask. Everything 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
 from callgrove.batch.packing import MicroBatch
+from callgrove.batch.samples import Sample
 from callgrove.batch.tree import SAMPLE_VALUES, TreeBatch
+from callgrove.episode.record import NO_ROUTE, ROUTE_DTYPE
 from callgrove.errors import InvalidValue
 from callgrove.networks.tiny import AttentionLayout, TreeLayout, VarlenLayout
 
@@ -30,6 +33,8 @@ class ModelBatch:
     target_index: torch.Tensor  # long (T,): forwarded token trained by each target
     target_rows: torch.Tensor  # long (T,): the row each target belongs to
     target_values: dict[str, torch.Tensor]  # name -> (T,): logprobs, advantages, ...
+    # A mixture of experts' recorded routes per forwarded token (N, layers, k), or None
+    routes: torch.Tensor | None = None
 
     @property
     def num_rows(self) -> int:
@@ -61,6 +66,7 @@ class ModelBatch:
             target_index=self.target_index.to(device),
             target_rows=self.target_rows.to(device),
             target_values={name: v.to(device) for name, v in self.target_values.items()},
+            routes=None if self.routes is None else self.routes.to(device),
         )
 
 
@@ -125,6 +131,31 @@ def micro_batch_model_batch(micro_batch: MicroBatch) -> ModelBatch:
         arrays["position_ids"],
         values,
     )
+
+
+def attach_routes(batch: ModelBatch, samples: Sequence[Sample]) -> bool:
+    """Give the batch the recorded routes of its forwarded tokens from its rows' samples (in
+    row order); False, and none given, where two rows holding one forwarded token (a trie
+    node) recorded different routes for it."""
+    routed = [sample.routes for sample in samples]
+    shape = next((r.shape[1:] for r in routed if r is not None), None)
+    if shape is None:
+        return True
+    routes = np.full((batch.num_tokens, *shape), NO_ROUTE, dtype=ROUTE_DTYPE)
+    row_tokens = batch.row_tokens.numpy()
+    for row, recorded in enumerate(routed):
+        if recorded is None:
+            continue
+        tokens = row_tokens[batch.row_bounds[row] : batch.row_bounds[row + 1]]
+        mine = recorded[: len(tokens)]
+        known = mine[:, 0, 0] != NO_ROUTE
+        held = routes[tokens][:, 0, 0] != NO_ROUTE
+        both = known & held
+        if both.any() and not np.array_equal(routes[tokens[both]], mine[both]):
+            return False
+        routes[tokens[known]] = mine[known]
+    batch.routes = torch.from_numpy(routes)
+    return True
 
 
 def _tensors(values: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:

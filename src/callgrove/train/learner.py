@@ -25,10 +25,12 @@ from torch import nn
 
 from callgrove.batch import PackSettings, Sample, pack
 from callgrove.batch.tree import TreeSettings, pack_micro_batches
+from callgrove.networks.moe import Routing
 from callgrove.networks.sizes import TinyConfig
 from callgrove.networks.tiny import TinyDecoder
 from callgrove.train.batches import (
     ModelBatch,
+    attach_routes,
     micro_batch_model_batch,
     packed_model_batch,
     tree_model_batch,
@@ -68,6 +70,37 @@ class StepReport:
         return self.row_tokens / max(self.forwarded_tokens, 1)
 
 
+@dataclass(slots=True)
+class RouteTally:
+    """A mixture of experts' routes in the learner since the last report: token-layers
+    forwarded, those with a recorded route, those whose learner's own top-k differs from it,
+    and steps whose tree packing gave way to packed rows (rows sharing a token routed it
+    otherwise)."""
+
+    forwarded: int = 0
+    recorded: int = 0
+    differing: int = 0
+    tree_fallbacks: int = 0
+
+    def add(self, routing: Routing, batch: ModelBatch) -> None:
+        self.forwarded += batch.num_tokens * routing.layers
+        self.recorded += routing.replayed
+        self.differing += routing.differing
+
+    def metrics(self) -> dict[str, float]:
+        """`routes/recorded_share`, `routes/topk_differs` (of the recorded), and
+        `routes/tree_fallbacks`; the tally starts again."""
+        if not self.forwarded:
+            return {}
+        found = {
+            "routes/recorded_share": self.recorded / self.forwarded,
+            "routes/topk_differs": self.differing / self.recorded if self.recorded else math.nan,
+            "routes/tree_fallbacks": float(self.tree_fallbacks),
+        }
+        self.forwarded = self.recorded = self.differing = self.tree_fallbacks = 0
+        return found
+
+
 class ModelLearner:
     """A model that takes token ids, position ids and an attention layout (the tiny decoder, a
     Hugging Face model behind `HFPolicyModel`), AdamW over its trainable parameters, and its
@@ -76,6 +109,8 @@ class ModelLearner:
     def __init__(self, model: nn.Module, settings: LearnerSettings = LearnerSettings()):
         self.settings = settings
         self.model = model
+        self.routing = Routing.of(model)  # a mixture of experts' routers, None for a dense model
+        self.routes = RouteTally()
         self.build_optimizer()
         self._version = 0
 
@@ -105,11 +140,25 @@ class ModelLearner:
         if self.settings.batching == "tree":
             settings = TreeSettings(self.settings.tree_scope)
             dealt = pack_micro_batches(samples, settings, self.settings.seq_len)
-            return [(tree_model_batch(tree), rows) for tree, rows in dealt]
+            batches = [(tree_model_batch(tree), rows) for tree, rows in dealt]
+            if self._routed(batches, samples):
+                return batches
+            self.routes.tree_fallbacks += 1  # rows sharing a token routed it otherwise: unshared
         packed = pack(samples, PackSettings(seq_len=self.settings.seq_len))
-        return [
+        batches = [
             (micro_batch_model_batch(mb), mb.samples) for mb in packed.ranks[0] if mb.num_tokens
         ]
+        self._routed(batches, samples)
+        return batches
+
+    def _routed(
+        self, batches: list[tuple[ModelBatch, np.ndarray]], samples: Sequence[Sample]
+    ) -> bool:
+        """Each batch given its rows' recorded routes (a mixture of experts); False where rows
+        sharing a forwarded token hold different ones."""
+        if self.routing is None:
+            return True
+        return all(attach_routes(batch, [samples[i] for i in rows]) for batch, rows in batches)
 
     def loss(self, batch: ModelBatch, denominator: float) -> PolicyTerms | torch.Tensor:
         """The batch's loss: `PolicyTerms` for the RL objective, a tensor for SFT."""
@@ -139,7 +188,7 @@ class ModelLearner:
             row_tokens=sum(b.num_row_tokens for b in batches),
             grad_norm=grad_norm,
             mismatch=mismatch_metrics(measured, samples, self._version - 1),
-            extra=clip_fraction(measured) | peak_memory(self.device),
+            extra=clip_fraction(measured) | peak_memory(self.device) | self.routes.metrics(),
             seconds=dict(
                 zip(
                     LEARNER_PHASES,
@@ -182,6 +231,15 @@ class ModelLearner:
         return total, measured
 
     def _backward(self, batch: ModelBatch, denominator: float) -> PolicyTerms | torch.Tensor:
+        if self.routing is None:
+            return self._loss_backward(batch, denominator)
+        # around the backward too: a checkpointed layer's forward runs again inside it
+        with self.routing.replaying(batch.routes, force=self.settings.route_replay):
+            terms = self._loss_backward(batch, denominator)
+        self.routes.add(self.routing, batch)
+        return terms
+
+    def _loss_backward(self, batch: ModelBatch, denominator: float) -> PolicyTerms | torch.Tensor:
         terms = self.loss(batch.to(self.device), denominator)
         (terms if isinstance(terms, torch.Tensor) else terms.loss).backward()
         return terms

@@ -90,6 +90,9 @@ class LearnerSettings(LossSettings, kw_only=True, frozen=True, forbid_unknown_fi
     """Processes the learner trains in: 1, this one; N > 1, N ranks of torch.distributed that
     the learner starts (gloo on the CPU), the model sharded across them by FSDP2 and each step's
     rows dealt among them; the update is the one process's (`callgrove.train.ranks`)."""
+    route_replay: bool = True
+    """Mixtures of experts: each token forwarded through the experts its sampler routed it to
+    (rollout routing replay), where its call recorded them; false: the learner's own routing."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
