@@ -10,7 +10,6 @@ again routes alike), its gate weights still the probabilities at the chosen expe
 from __future__ import annotations
 
 import copy
-
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -33,6 +32,7 @@ def noisy_routers(model: nn.Module, near_tie: float) -> None:
     """Route `model` as a fused kernel may: gate probabilities within about `near_tie` of each
     other go either way."""
     import torch
+
     for router in Routing.of(model).routers:
         own = router.forward
 
