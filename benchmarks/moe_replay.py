@@ -89,7 +89,7 @@ def curves(steps: int, seeds: int, folder: Path) -> list[dict]:
         for replay in (True, False):
             out = folder / f"seed{seed}-{'replay' if replay else 'own'}"
             command = [
-                sys.executable, "-m", "callgrove.cli", "train", str(folder / "moe.toml"),
+                str(Path(sys.executable).with_name("callgrove")), "train", str(folder / "moe.toml"),
                 "--steps", str(steps), "--seed", str(seed), "-o", str(out),
                 "--set", f"train.route_replay={'true' if replay else 'false'}",
             ]  # fmt: skip

@@ -22,7 +22,7 @@ from callgrove.episode.record import NO_ROUTE
 from callgrove.networks.hf import load_model
 from callgrove.networks.sizes import LoraSettings
 from callgrove.rows import build_rows
-from callgrove.train.hf_trainer import HFOptions
+from callgrove.train.hf_trainer import HFLearner, HFOptions
 from callgrove.train.settings import LearnerSettings
 
 pytestmark = pytest.mark.hf
@@ -194,3 +194,23 @@ def test_trainers_without_a_route_field_refuse_routed_samples(episode, adapter):
     for sample in samples:
         sample.routes = None
     build(samples, 0, **temperature)  # without them: trained by its own routing
+
+
+def test_rows_that_route_a_shared_token_otherwise_are_not_merged_and_rows_without_are_counted(
+    moe, episode
+):
+    other = episode.filter(lambda call: True)  # a copy
+    other.id = "rerouted"
+    for call in other.calls():
+        if call.routes is not None and call.routes_from == 0:
+            call.routes = call.routes.copy()
+            call.routes[0] = (call.routes[0] + 1) % 8  # the first token routed otherwise
+    model, _ = moe
+    samples = build_samples([build_rows(episode), build_rows(other)])
+    learner = HFLearner(copy.deepcopy(model), LearnerSettings(tree_scope="step"))
+    batches = learner.batches_with_samples(samples)
+    assert all(batch.routes is not None for batch, _ in batches)
+    assert learner.routes.tree_fallbacks == 1  # one trie would have held both first tokens
+    samples[0].routes = None
+    learner.batches_with_samples(samples)
+    assert learner.routes.rows_without == 1

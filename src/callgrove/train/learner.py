@@ -81,6 +81,7 @@ class RouteTally:
     recorded: int = 0
     differing: int = 0
     tree_fallbacks: int = 0
+    rows_without: int = 0  # rows whose calls recorded no routes: trained by the learner's own
 
     def add(self, routing: Routing, batch: ModelBatch) -> None:
         self.forwarded += batch.num_tokens * routing.layers
@@ -88,16 +89,18 @@ class RouteTally:
         self.differing += routing.differing
 
     def metrics(self) -> dict[str, float]:
-        """`routes/recorded_share`, `routes/topk_differs` (of the recorded), and
-        `routes/tree_fallbacks`; the tally starts again."""
+        """`routes/recorded_share`, `routes/topk_differs` (of the recorded),
+        `routes/tree_fallbacks` and `routes/rows_without`; the tally starts again."""
         if not self.forwarded:
             return {}
         found = {
             "routes/recorded_share": self.recorded / self.forwarded,
             "routes/topk_differs": self.differing / self.recorded if self.recorded else math.nan,
             "routes/tree_fallbacks": float(self.tree_fallbacks),
+            "routes/rows_without": float(self.rows_without),
         }
         self.forwarded = self.recorded = self.differing = self.tree_fallbacks = 0
+        self.rows_without = 0
         return found
 
 
@@ -137,6 +140,8 @@ class ModelLearner:
         """The step's model batches, each with the index in `samples` of each of its rows."""
         if not samples:
             return []
+        if self.routing is not None:
+            self.routes.rows_without += sum(sample.routes is None for sample in samples)
         if self.settings.batching == "tree":
             settings = TreeSettings(self.settings.tree_scope)
             dealt = pack_micro_batches(samples, settings, self.settings.seq_len)
