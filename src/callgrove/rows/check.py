@@ -58,7 +58,7 @@ class CheckSummary:
             notes.append(f"{self.untrainable} of untrainable agents")
         extra = f" ({'; '.join(notes)}, no loss)" if notes else ""
         if self.route_breaks:
-            extra += f"; {self.route_breaks} a tree of their own (the parent routed otherwise)"
+            extra += f"; {self.route_breaks} started a new tree (their parent routed otherwise)"
         if self.lost_calls:
             return (
                 f"{self.kept_calls} kept calls, each in one row{extra}; NOT exactly once: "
