@@ -7,7 +7,7 @@ share. Errors name the file, line, episode and call.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from itertools import chain
 from typing import Any
 
@@ -140,6 +140,7 @@ def episode_from_wire(wire: WireEpisode) -> Episode:
         None if c.prompt_from is UNSET else c.prompt_from for a in wire.agents for c in a.calls
     ]
     resolve_prompts(calls, prompt_from, wire.id)
+    shape_empty_routes(calls)
     check_routes(calls, wire.id)
     share_histories(agents)
     return Episode(
@@ -382,10 +383,23 @@ def _call_from_wire(wire: WireCall, episode: str) -> Call:
 
 
 def _routes(routes: Any) -> np.ndarray | None:
-    """A call's routes as an array; their shape is checked with the episode's."""
+    """A call's routes as an array; their shape is checked with the episode's (an empty list,
+    routes over no position, takes its layers and experts there: `shape_empty_routes`)."""
     if routes is UNSET or routes is None:
         return None
     return np.asarray(routes, dtype=ROUTE_DTYPE)
+
+
+def shape_empty_routes(calls: Sequence[Call]) -> None:
+    """Routes over no position, which a JSON list cannot shape, as (0, layers, k) of the
+    episode's other calls ((0, 0, 0) when none has any)."""
+    shaped = next(
+        (c.routes.shape[1:] for c in calls if c.routes is not None and c.routes.ndim == 3),
+        (0, 0),
+    )
+    for call in calls:
+        if call.routes is not None and call.routes.size == 0 and call.routes.ndim != 3:
+            call.routes = call.routes.reshape(0, *shaped)
 
 
 def _prompt_from_wire(wire: WireCall, episode: str) -> tuple[int, np.ndarray]:

@@ -204,16 +204,18 @@ def route_pieces(
     none. In an episode, `Episode.routes`."""
     pieces: list[np.ndarray] = []
     current: Call | None = call
-    stop: int | None = None
+    needed: int | None = None  # positions still wanted, from 0 (None: all of the call's)
     while current is not None:
         if current.routes is None:
             return None
-        pieces.append(
-            current.routes if stop is None else current.routes[: stop - current.routes_from]
-        )
-        if current.routes_from == 0:
+        start = current.routes_from
+        if needed is None:
+            pieces.append(current.routes)
+        elif needed > start:  # a prompt may resend less than its base's own routes begin at
+            pieces.append(current.routes[: needed - start])
+        needed = start if needed is None else min(needed, start)
+        if needed == 0:
             break
-        stop = current.routes_from
         current = base_of(current, find, episode)
         if current is None:
             raise InputError(

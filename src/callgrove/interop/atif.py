@@ -29,7 +29,9 @@ other steps have them, a subagent file that is not there, and in a token episode
 kept only as tokens (`atif_history_text_not_kept`: system and user steps' text, observation
 results' text and `source_call_id`). Episodes written here carry what ATIF has no field for
 under `extra.callgrove`, so they read back field by field; `written_losses` counts what an
-episode would lose all the same.
+episode would lose all the same. A call's routes (mixtures of experts) are carried whole in its
+step's `extra.callgrove.routes`, as ATIF repeats each prompt whole, and held again as its prompt
+base's where they agree once read (`record.share_routes`).
 
 Rewards: `extra.callgrove.episode.rewards` on the root trajectory (any field of callgrove's
 episode record may stand there alone), else, for a trajectory in a Harbor trial's folder
@@ -48,14 +50,17 @@ from pathlib import Path
 from typing import Any, Literal
 
 import msgspec
+import numpy as np
 import orjson
 from msgspec import UNSET
 
 from callgrove.chat import ChatFormat, Message
 from callgrove.chat.message import ToolCall
 from callgrove.episode import Agent, Episode, Spawn, episode_from_wire
+from callgrove.episode.checks import check_routes
 from callgrove.episode.codec import PLAIN_CALL_FIELDS, episode_to_wire
 from callgrove.episode.provenance import gap_from_json, join_spawn
+from callgrove.episode.record import ROUTE_DTYPE, Call, share_routes
 from callgrove.formats.problems import Diagnostics, InputError, Problem
 from callgrove.formats.wire import FORMAT, WireAgent, WireCall, WireEpisode
 from callgrove.interop.foreign import gap
@@ -77,8 +82,11 @@ RENDERED_BYTEWISE = "atif_rendered_bytewise"  # calls rendered without the model
 WRITTEN_VERSION = ATIF_VERSIONS[-1]
 CARRIED = "callgrove"  # the `extra` key holding what ATIF has no field for
 STARTS = ("fresh", "fork", "background")  # what a reference's extra may say of its subagent
-# What a step's `extra` carries of its call: every field but the tokens (the step's metrics).
-_CARRIED_CALL_FIELDS = frozenset(("id", "seq", "advantages", *(f.name for f in PLAIN_CALL_FIELDS)))
+# What a step's `extra` carries of its call: every field but the tokens (the step's metrics),
+# and its routes whole (over its full sequence but the last token: never `routes_from`).
+_CARRIED_CALL_FIELDS = frozenset(
+    ("id", "seq", "advantages", "routes", *(f.name for f in PLAIN_CALL_FIELDS))
+)
 # The episode fields `extra.callgrove.episode` lays over a rendered episode (gaps and meta are
 # added to the reader's; its objective stays `supervised`: rendered calls have no logprobs).
 _LAID_OVER = frozenset(("group", "env", "task", "run", "ok", "errors", "rewards"))
@@ -310,6 +318,7 @@ class _Reader:
         self.embedded: dict[str, AtifTrajectory] = {}
         self.copied = 0  # steps of copied history, never calls
         self.untokenised: list[tuple[_Node, AtifStep]] = []  # model steps without token ids
+        self.routes: dict[str, np.ndarray] = {}  # the carried routes by call id, set once built
         self.record = self._record()  # the episode fields `extra.callgrove` gives, if any
         self.episode_id = (
             (self.record or {}).get("id") or root.trajectory_id or root.session_id or file.stem
@@ -528,6 +537,9 @@ class _Reader:
                     **({} if content is None else {"content": content}),
                     **({} if carried is None else self._carried_call(carried, node, step)),
                 }
+                routes = fields.pop("routes", None)
+                if routes is not None:
+                    self.routes[fields["id"]] = self._routes(routes, node, step)
                 call = WireCall(
                     completion_ids=completion,  # type: ignore[arg-type]
                     logprobs=metrics.logprobs,
@@ -542,6 +554,15 @@ class _Reader:
         if unknown:
             raise self.fail(f"extra.callgrove holds {unknown}, which no call has", node.id, step)
         return carried
+
+    def _routes(self, routes: Any, node: _Node, step: AtifStep) -> np.ndarray:
+        """A step's carried routes as an array; its shape is checked with the episode's."""
+        try:
+            array = np.asarray(msgspec.convert(routes, list[list[list[int]]]), dtype=ROUTE_DTYPE)
+        except (msgspec.ValidationError, ValueError, OverflowError) as error:
+            message = f"extra.callgrove.routes are no lists of expert indices: {error}"
+            raise self.fail(message, node.id, step) from None
+        return array.reshape(0, 0, 0) if array.shape == (0,) else array
 
     def _wire_agent(self, node: _Node, calls: list[WireCall]) -> WireAgent:
         return WireAgent(
@@ -646,7 +667,10 @@ class _Reader:
 
     def _built(self, wire: WireEpisode) -> Episode:
         try:
-            return episode_from_wire(wire)
+            episode = episode_from_wire(wire)
+            if self.routes:
+                _give_routes(episode, self.routes)
+            return episode
         except InputError as error:
             raise error.located(file=self.file, episode=wire.id) from None
 
@@ -737,6 +761,29 @@ class _Reader:
             if r.content is not None
         ]
         return extend(history, tool_messages), order
+
+
+def _give_routes(episode: Episode, routes: dict[str, np.ndarray]) -> None:
+    """Each call its carried routes (whole: `routes_from` 0), checked as the episode's, then
+    held as its prompt base's where they agree: memory grows with what each call adds, as its
+    tokens' does, though ATIF repeats every prompt whole."""
+    calls = list(episode.calls())
+    for call in calls:
+        call.routes = routes.get(call.id)
+    _shape_empty_routes(calls)
+    check_routes(calls, episode.id)
+    for call in calls:
+        if call.routes is not None and call.prompt_from is not None:
+            share_routes(call, call.routes, episode.find)
+
+
+def _shape_empty_routes(calls: list[Call]) -> None:
+    """Routes over no position (a one-token call's), read as `[]`, given the layers and k of
+    the episode's other routes (when none has any, (0, 0, 0): nothing tells them)."""
+    shapes = [c.routes.shape[1:] for c in calls if c.routes is not None and len(c.routes)]
+    for call in calls:
+        if shapes and call.routes is not None and call.routes.shape == (0, 0, 0):
+            call.routes = np.empty((0, *shapes[0]), dtype=ROUTE_DTYPE)
 
 
 @dataclass(frozen=True)
@@ -1101,7 +1148,7 @@ def episode_trajectory(episode: Episode) -> AtifTrajectory:
         raise InputError(
             Problem("an episode with no agent has no trajectory in ATIF", episode=episode.id)
         )
-    wire = msgspec.to_builtins(episode_to_wire(episode))
+    wire = _without_routes(episode_to_wire(episode))  # a step carries its call's, whole
     del wire["format"]  # the record is ATIF; the reader names callgrove's format again
     agents_wire = {agent["id"]: agent for agent in wire.pop("agents")}
     root = next((a for a in episode.agents if a.parent is None), episode.agents[0])
@@ -1122,6 +1169,14 @@ def episode_trajectory(episode: Episode) -> AtifTrajectory:
     return top
 
 
+def _without_routes(wire: WireEpisode) -> dict[str, Any]:
+    """The wire form as plain data, without the calls' routes (held as their bases')."""
+    for agent in wire.agents:
+        for call in agent.calls:
+            call.routes = call.routes_from = UNSET
+    return msgspec.to_builtins(wire)
+
+
 def written_losses(episode: Episode) -> dict[str, int]:
     """What of `episode` its ATIF trajectory does not give back, counted by kind: the
     trajectory is read back as callgrove reads it and compared field by field, prompts as their
@@ -1139,14 +1194,17 @@ def written_losses(episode: Episode) -> dict[str, int]:
 
 
 def _comparable(episode: Episode) -> dict[str, Any]:
-    """The episode's wire form with each prompt as its tokens (how a prompt is held, whole or
-    after another call's sequence, is no content)."""
-    wire = msgspec.to_builtins(episode_to_wire(episode))
+    """The episode's wire form with each prompt as its tokens and its routes whole (how a
+    prompt or its routes are held, whole or after another call's, is no content)."""
+    wire = _without_routes(episode_to_wire(episode))
     for agent_wire, agent in zip(wire["agents"], episode.agents, strict=True):
         for call_wire, call in zip(agent_wire["calls"], agent.calls, strict=True):
             for name in ("prompt_ids", "prompt_from", "prompt_from_len", "prompt_suffix_ids"):
                 call_wire.pop(name, None)
             call_wire["prompt"] = episode.prompt_ids(call).tolist()
+            routes = episode.routes(call)
+            if routes is not None:
+                call_wire["routes"] = [list(routes.shape), routes.tolist()]
     return wire
 
 
@@ -1190,6 +1248,9 @@ def _agent_trajectory(
         spawned.setdefault(spawn.call if spawn else None, []).append(child)
     for call, call_wire in zip(agent.calls, calls_wire, strict=True):
         carried = _call_fields(call_wire)
+        routes = episode.routes(call)
+        if routes is not None:
+            carried["routes"] = _raw(np.ascontiguousarray(routes))
         step = AtifStep(
             step_id=len(steps) + 1,
             source="agent",

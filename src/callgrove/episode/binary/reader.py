@@ -31,6 +31,7 @@ from callgrove.episode.checks import (
     ListColumn,
     call_problems,
     check_agents,
+    check_routes,
     check_run,
     check_unique_calls,
     fail,
@@ -40,7 +41,14 @@ from callgrove.episode.checks import (
 )
 from callgrove.episode.codec import PLAIN_CALL_FIELDS
 from callgrove.episode.provenance import gaps_from_json, split_spawn
-from callgrove.episode.record import TOKEN_DTYPE, Agent, Call, Episode, share_histories
+from callgrove.episode.record import (
+    ROUTE_DTYPE,
+    TOKEN_DTYPE,
+    Agent,
+    Call,
+    Episode,
+    share_histories,
+)
 from callgrove.formats.jsonl import report
 from callgrove.formats.problems import Diagnostics, InputError, Problem
 from callgrove.formats.streams import readable
@@ -163,6 +171,97 @@ def _list_column(lists: pa.ListArray, dtype: type) -> ListColumn:
     return ListColumn(array, offsets, lists.is_null().to_numpy(zero_copy_only=False), bad_values)
 
 
+def _spans(null: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """How many of the flagged entries (`null`, one per entry) fall within each list of
+    `offsets` (absolute into the entries)."""
+    counted = np.zeros(len(null) + 1, dtype=np.int64)
+    np.cumsum(null, out=counted[1:])
+    return counted[offsets[1:]] - counted[offsets[:-1]]
+
+
+def _routes_column(lists: pa.ListArray) -> tuple[list[np.ndarray | None], dict[int, str]]:
+    """Each call's routes as a view shaped (positions, layers, k) into the column's values
+    (None where null), and the calls whose lists no such shape holds (a null inside, or
+    layers or experts of unequal counts), by index. Checked level by level with numpy: a
+    column of nulls costs nothing, and no level is walked token by token in Python.
+
+    A call routed over no position reads back as (0, 0, 0): the lists hold no layers and k
+    for it (`_empty_routes` gives it its episode's)."""
+    count = len(lists)
+    if lists.null_count == count:
+        return [None] * count, {}
+    null = lists.is_null().to_numpy(zero_copy_only=False)
+    layer_lists = lists.values
+    expert_lists = layer_lists.values
+    leaf = expert_lists.values
+    calls = lists.offsets.to_numpy().astype(np.int64)  # into layer_lists
+    layer_offsets = layer_lists.offsets.to_numpy().astype(np.int64)  # into expert_lists
+    expert_offsets = expert_lists.offsets.to_numpy().astype(np.int64)  # into leaf
+    positions = np.diff(calls)
+    first = calls[:-1] - calls[0]  # each call's first position, from the column's first
+    # The layers of each position, and each call's (its first position's): all must agree.
+    layers_of = np.diff(layer_offsets[calls[0] : calls[-1] + 1])
+    call_of = np.repeat(np.arange(count), positions)
+    layers = np.zeros(count, dtype=np.int64)
+    has = positions > 0
+    layers[has] = layers_of[first[has]]
+    uneven = np.zeros(count, dtype=bool)
+    uneven[call_of[layers_of != layers[call_of]]] = True
+    # The experts of each layer list, and each call's (its first one's), likewise.
+    base = layer_offsets[calls[0]]
+    experts_of = np.diff(expert_offsets[base : layer_offsets[calls[-1]] + 1])
+    call_of_layer = np.repeat(call_of, layers_of)
+    experts = np.zeros(count, dtype=np.int64)
+    has &= layers > 0
+    experts[has] = experts_of[layer_offsets[calls[:-1]][has] - base]
+    uneven[call_of_layer[experts_of != experts[call_of_layer]]] = True
+    starts = expert_offsets[layer_offsets[calls]]  # each call's values, into leaf
+    holes = np.zeros(count, dtype=bool)
+    for level, offsets in (
+        (layer_lists, calls),
+        (expert_lists, layer_offsets[calls]),
+        (leaf, starts),
+    ):
+        if level.null_count:
+            holes |= _spans(level.is_null().to_numpy(zero_copy_only=False), offsets) > 0
+    if leaf.null_count:
+        leaf = leaf.fill_null(0)
+    values = leaf.to_numpy(zero_copy_only=True)
+    if values.dtype != ROUTE_DTYPE:
+        raise TypeError(f"routes hold {values.dtype}, expected {np.dtype(ROUTE_DTYPE)}")
+    problems: dict[int, str] = {}
+    for index in np.flatnonzero(holes & ~null).tolist():
+        problems[index] = "routes hold a null"
+    for index in np.flatnonzero(uneven & ~null).tolist():
+        problems.setdefault(index, "routes hold positions or layers of unequal lengths")
+    routes: list[np.ndarray | None] = [None] * count
+    good = ~null & ~holes & ~uneven
+    for index, start, n, per, k in zip(
+        np.flatnonzero(good).tolist(),
+        starts[:-1][good].tolist(),
+        positions[good].tolist(),
+        layers[good].tolist(),
+        experts[good].tolist(),
+        strict=True,
+    ):
+        routes[index] = values[start : start + n * per * k].reshape(n, per, k)
+    return routes, problems
+
+
+def _empty_routes(calls: list[Call]) -> None:
+    """Routes over no position, read as (0, 0, 0), given the layers and k of the episode's
+    other routes (when none has any, they stay so: nothing tells them)."""
+    empty = [c for c in calls if c.routes is not None and not len(c.routes)]
+    if not empty:
+        return
+    shape = next(
+        (c.routes.shape[1:] for c in calls if c.routes is not None and len(c.routes)), None
+    )
+    if shape is not None:
+        for call in empty:
+            call.routes = np.empty((0, *shape), dtype=ROUTE_DTYPE)
+
+
 def _values(column: pa.Array) -> list[Any]:
     """A column's values as Python objects; one without nulls goes through numpy, which is
     several times quicker for numbers and flags."""
@@ -205,6 +304,28 @@ class _Calls:
         ).is_null().to_numpy(zero_copy_only=False)
         for index in np.flatnonzero(half).tolist():
             self.problems.setdefault(index, "call has only one of prompt_from and prompt_from_len")
+        self.routes, self.routes_from, self.routed = self._routes(field)
+
+    def _routes(self, field: Any) -> tuple[list[np.ndarray | None], list[int], bool]:
+        """Each call's `routes` and `routes_from`: None and 0 throughout in a file written
+        before the columns existed; and whether any call holds either (none: the episodes'
+        routes need no check, and cost nothing)."""
+        routes: list[np.ndarray | None] = [None] * self.count
+        routed = False
+        if self.calls_type.get_field_index("routes") >= 0:
+            column = field("routes")
+            routed = column.null_count < len(column)
+            if routed:
+                routes, problems = _routes_column(column)
+                for index, problem in problems.items():
+                    self.problems.setdefault(index, problem)
+        if self.calls_type.get_field_index("routes_from") < 0:
+            return routes, [0] * self.count, routed
+        column = field("routes_from")
+        if column.null_count:
+            column = column.fill_null(0)
+        starts = column.to_numpy(zero_copy_only=False)
+        return routes, starts.tolist(), routed or bool(starts.any())
 
     def build_all(self) -> list[Call]:
         """Every call of the batch in one pass, its arrays views into the column buffers."""
@@ -213,26 +334,31 @@ class _Calls:
             scalar if scalar is not None else per_token
             for scalar, per_token in zip(columns.advantage, columns.advantages.views(), strict=True)
         ]
+        rows = zip(
+            columns.ids,
+            columns.seqs,
+            columns.completion_ids.views(),
+            columns.prompt_suffix_ids.views(),
+            self.prompt_from_len,
+            columns.logprobs.views(),
+            advantages,
+            self.routes,
+            self.routes_from,
+            strict=True,
+        )
         calls = [
             Call(
                 id=call_id,
                 seq=seq,
-                completion_ids=completion,
+                completion_ids=sampled,
                 prompt_suffix=suffix,
                 prompt_from_len=base_len or 0,
                 logprobs=logprobs,
                 advantages=advantage,
+                routes=routes,
+                routes_from=start,
             )
-            for call_id, seq, completion, suffix, base_len, logprobs, advantage in zip(
-                columns.ids,
-                columns.seqs,
-                columns.completion_ids.views(),
-                columns.prompt_suffix_ids.views(),
-                self.prompt_from_len,
-                columns.logprobs.views(),
-                advantages,
-                strict=True,
-            )
+            for call_id, seq, sampled, suffix, base_len, logprobs, advantage, routes, start in rows
         ]
         # The plain fields column by column: no per-call dict of them.
         for name, values in self.plain.items():
@@ -320,6 +446,9 @@ class _Batch:
         resolve_prompts(
             calls, self.calls.prompt_from[first_call : first_call + len(calls)], episode_id
         )
+        if self.calls.routed:
+            _empty_routes(calls)
+            check_routes(calls, episode_id)
         share_histories(episode.agents)  # full prompts held as the JSON reader holds them
         return episode
 

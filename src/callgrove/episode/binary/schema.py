@@ -1,7 +1,8 @@
 """The binary episode form's layout: one row per episode, nested as episode -> agents -> calls
 exactly like the JSON record (docs/episode-storage.md has the table). Tokens are `int32` list
-columns, per-token floats (logprobs, advantages) `float32` list columns, free-form values JSON
-text.
+columns, per-token floats (logprobs, advantages) `float32` list columns, a mixture of experts'
+routes `int16` lists nested per position and layer as the JSON form nests them, free-form values
+JSON text.
 """
 
 from __future__ import annotations
@@ -27,9 +28,13 @@ FLOAT_DTYPE = np.float32
 BATCH_TOKENS = 1_000_000
 BATCH_EPISODES = 256
 PARQUET_PAGE_BYTES = 8 << 20
+# The Parquet leaf column of the calls' routes (the one written with a dictionary).
+PARQUET_ROUTES_COLUMN = "agents.list.element.calls.list.element.routes" + ".list.element" * 3
 
 _TOKENS = pa.list_(pa.int32())
 _FLOATS = pa.list_(pa.float32())
+# A call's routes: per position, per MoE layer, the experts chosen (`record.ROUTE_DTYPE`).
+ROUTES_TYPE = pa.list_(pa.list_(pa.list_(pa.int16())))
 _REWARDS = pa.map_(pa.string(), pa.float64())
 _JSON = pa.string()  # free-form JSON values, stored as their JSON text
 
@@ -51,8 +56,9 @@ def plain_field(info: msgspec.structs.FieldInfo) -> pa.Field:
 
 
 # Call columns added to the layout after files were first written: a file that predates one
-# lacks it, and reads as if every call held null there (`sampling`: unknown).
-LATER_CALL_COLUMNS = frozenset({"sampling"})
+# lacks it, and reads as if every call held null there (`sampling`: unknown; `routes`: none
+# recorded, and `routes_from` 0 with them).
+LATER_CALL_COLUMNS = frozenset({"sampling", "routes", "routes_from"})
 
 # The plain call fields stored as JSON text.
 JSON_CALL_FIELDS = frozenset(f.name for f in PLAIN_CALL_FIELDS if _kind(f)[0] not in _SCALARS)
@@ -70,6 +76,9 @@ CALL_TYPE = pa.struct(
         pa.field("advantage", pa.float64()),
         pa.field("advantages", _FLOATS),
         *(plain_field(f) for f in PLAIN_CALL_FIELDS),
+        # null: no routes recorded; `routes_from` null reads as 0 (the record's default)
+        pa.field("routes", ROUTES_TYPE),
+        pa.field("routes_from", pa.int64()),
     ]
 )
 AGENT_TYPE = pa.struct(

@@ -24,14 +24,16 @@ from callgrove.episode.binary.schema import (
     FLOAT_DTYPE,
     JSON_CALL_FIELDS,
     PARQUET_PAGE_BYTES,
+    PARQUET_ROUTES_COLUMN,
     PARQUET_SUFFIX,
+    ROUTES_TYPE,
     SCHEMA,
     is_binary,
 )
 from callgrove.episode.checks import CallColumns, ListColumn, call_problems, raise_first
 from callgrove.episode.codec import PLAIN_CALL_FIELDS
 from callgrove.episode.provenance import gaps_to_json, join_spawn
-from callgrove.episode.record import TOKEN_DTYPE, Agent, Call, Episode
+from callgrove.episode.record import ROUTE_DTYPE, TOKEN_DTYPE, Agent, Call, Episode
 from callgrove.errors import InvalidValue
 from callgrove.formats.output import NewFile
 from callgrove.formats.problems import InputError, Problem
@@ -78,6 +80,57 @@ def _list_column(
     )
 
 
+def _cumulative(lengths: np.ndarray) -> pa.Array:
+    """List offsets from lengths; an InvalidValue where they pass what a list column can index."""
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    if offsets[-1] > np.iinfo(np.int32).max:
+        raise InvalidValue(f"{offsets[-1]} values are more than one batch's list column holds")
+    return pa.array(offsets.astype(np.int32))
+
+
+def _route_values(routes: np.ndarray) -> np.ndarray:
+    """A call's routes as the `int16` values they are stored as; an InvalidValue for an array of
+    another shape, or values its type cannot hold (unchecked writes)."""
+    if routes.ndim != 3:
+        raise InvalidValue(f"routes have shape {list(routes.shape)}, not [positions, layers, k]")
+    if routes.dtype == ROUTE_DTYPE:
+        return routes
+    if routes.dtype.kind not in "iu":
+        raise InvalidValue(f"routes are {routes.dtype}, not integers")
+    bounds = np.iinfo(ROUTE_DTYPE)
+    if routes.size and (routes.min() < bounds.min or routes.max() > bounds.max):
+        raise InvalidValue(f"routes hold an expert index outside {ROUTE_DTYPE.__name__}")
+    return routes.astype(ROUTE_DTYPE)
+
+
+def _routes_array(calls: list[Call]) -> pa.Array:
+    """The calls' `routes` as lists per position of lists per layer of experts: every level's
+    offsets built from the shapes at once, the values one concatenation. Calls without routes
+    are null, and a batch without any costs one all-null column."""
+    routed = [(index, call.routes) for index, call in enumerate(calls) if call.routes is not None]
+    if not routed:
+        return pa.nulls(len(calls), ROUTES_TYPE)
+    arrays = [_route_values(routes) for _index, routes in routed]
+    shapes = np.array([a.shape for a in arrays], dtype=np.int64).reshape(-1, 3)
+    positions, layers, experts = shapes.T
+    per_call = np.zeros(len(calls), dtype=np.int64)
+    per_call[[index for index, _routes in routed]] = positions
+    null = np.ones(len(calls), dtype=bool)
+    null[[index for index, _routes in routed]] = False
+    values = np.concatenate([a.ravel() for a in arrays])
+    experts_lists = pa.ListArray.from_arrays(
+        _cumulative(np.repeat(experts, positions * layers)), pa.array(values, type=pa.int16())
+    )
+    layer_lists = pa.ListArray.from_arrays(_cumulative(np.repeat(layers, positions)), experts_lists)
+    return pa.ListArray.from_arrays(
+        _cumulative(per_call),
+        layer_lists,
+        type=ROUTES_TYPE,
+        mask=pa.array(null) if null.any() else None,
+    )
+
+
 def _typed(schema: pa.StructType | pa.Schema) -> Callable[[str, list[Any]], pa.Array]:
     """A column builder for `schema`: values into an array of the named field's type."""
 
@@ -115,6 +168,8 @@ def _calls_array(
         if info.name in JSON_CALL_FIELDS:
             values = [_json_text(v) for v in values]
         children.append(column(info.name, values))
+    children.append(_routes_array(calls))
+    children.append(column("routes_from", [c.routes_from for c in calls]))
     return pa.StructArray.from_arrays(children, fields=list(CALL_TYPE))
 
 
@@ -195,8 +250,13 @@ def episodes_to_batch(
     return pa.RecordBatch.from_arrays(columns, schema=SCHEMA)
 
 
-def _stored_tokens(columns: CallColumns) -> int:
-    return int(columns.prompt_suffix_ids.offsets[-1] + columns.completion_ids.offsets[-1])
+def _stored_tokens(episode: Episode, columns: CallColumns) -> int:
+    """What the episode adds to its batch, in tokens: its stored token ids, and its routes
+    counted by their bytes (an `int16` value half a token id), so that a batch of routed
+    episodes holds about as much memory as one without."""
+    routes = sum(c.routes.size for c in episode.calls() if c.routes is not None)
+    tokens = columns.prompt_suffix_ids.offsets[-1] + columns.completion_ids.offsets[-1]
+    return int(tokens) + routes // 2
 
 
 class BinaryEpisodeWriter:
@@ -233,12 +293,15 @@ class BinaryEpisodeWriter:
         try:
             if self.path.suffix == PARQUET_SUFFIX:
                 # Token ids are near-random: dictionaries and min/max statistics cost time and
-                # save nothing; large pages keep the per-page work of decoding small.
+                # save nothing; large pages keep the per-page work of decoding small. Routes
+                # hold a few hundred expert indices at most, stored as int32 without one (Parquet
+                # has no int16): their dictionary makes them several times smaller, and quicker
+                # to read.
                 self._writer: Any = pq.ParquetWriter(
                     self._new.temp,
                     SCHEMA,
                     compression=compression,
-                    use_dictionary=False,
+                    use_dictionary=[PARQUET_ROUTES_COLUMN],
                     # A CRC per page: a damaged byte is found on reading, never read as data.
                     write_page_checksum=True,
                     write_statistics=False,
@@ -274,7 +337,7 @@ class BinaryEpisodeWriter:
         for field in LIST_DTYPES:
             self._filled[field] += len(getattr(calls, field).values)
         self._pending.append((episode, calls))
-        self._pending_tokens += _stored_tokens(calls)
+        self._pending_tokens += _stored_tokens(episode, calls)
         self.lines += 1
         if self._pending_tokens >= self._batch_tokens or len(self._pending) >= self._batch_episodes:
             self.sync()
