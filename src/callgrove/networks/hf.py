@@ -20,6 +20,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -112,13 +113,22 @@ def checkpoint_folder(source: ModelSource) -> Path:
     tokenizer = AutoTokenizer.from_pretrained(source.folder, gguf_file=source.gguf_file)
     # Loading dequantizes every tensor to float32; what is saved is a plain checkpoint.
     model.hf_quantizer = None
+    return save_checkpoint(target, model, tokenizer, _drop_quantization_config)
+
+
+def save_checkpoint(
+    target: Path, model: nn.Module, tokenizer, finish: Callable[[Path], None] | None = None
+) -> Path:
+    """`model` and `tokenizer` as a checkpoint folder at `target`, written beside it (then
+    `finish` run on it) and renamed into place, so a half-written folder is never found; a
+    folder another process put there first is kept."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    # Written beside the target and renamed into place: a half-written copy is never found.
-    staging = Path(tempfile.mkdtemp(prefix=".converting-", dir=target.parent))
+    staging = Path(tempfile.mkdtemp(prefix=".writing-", dir=target.parent))
     try:
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
-        _drop_quantization_config(staging / "config.json")
+        if finish is not None:
+            finish(staging)
         staging.rename(target)
     except OSError:
         if not (target / "config.json").is_file():
@@ -136,9 +146,10 @@ def _file_digest(path: Path) -> str:
     return digest.hexdigest()[:16]
 
 
-def _drop_quantization_config(config_path: Path) -> None:
+def _drop_quantization_config(folder: Path) -> None:
     """The converted weights are plain float32; a leftover `quantization_config` would make
     the reload look for a quantizer."""
+    config_path = folder / "config.json"
     config = json.loads(config_path.read_text())
     config.pop("quantization_config", None)
     config_path.write_text(json.dumps(config, indent=2) + "\n")

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
@@ -103,18 +101,9 @@ def tiny_moe_folder(cache: Path, config: MoeConfig | None = None) -> Path:
     target = cache / "models" / f"{TINY_MOE}-{digest[:16]}"
     if (target / "config.json").is_file():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".building-", dir=target.parent))
-    try:
-        moe_model(config, TINY_MOE_SEED).save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-        staging.rename(target)
-    except OSError:
-        if not (target / "config.json").is_file():
-            raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
+    from callgrove.networks.hf import save_checkpoint
+
+    return save_checkpoint(target, moe_model(config, TINY_MOE_SEED), tokenizer)
 
 
 def _is_router(module: nn.Module) -> bool:
