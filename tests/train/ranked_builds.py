@@ -66,9 +66,10 @@ def hf(lora: bool, settings: LearnerSettings, seed: int = 0) -> ModelLearner:
     return learner
 
 
-def moe(settings: LearnerSettings, seed: int = 0) -> ModelLearner:
-    """The built-in mixture of experts in float64 (its folder in the cache the test names)."""
+def moe(folder: str, settings: LearnerSettings, seed: int = 0) -> ModelLearner:
+    """The built-in mixture of experts in float64, from the folder the test made (the ranks
+    come from a forkserver that may predate the test's cache setting)."""
     from callgrove.networks.hf import load_model
 
-    model, _ = load_model("tiny-moe", torch.float64)
+    model, _ = load_model(f"hf:{folder}", torch.float64)
     return HFLearner(model, settings)

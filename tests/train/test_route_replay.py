@@ -121,9 +121,14 @@ def test_samples_carry_routes_through_every_samples_file(episode, tmp_path, suff
 
 @pytest.mark.processes
 def test_replay_holds_on_two_ranks(moe, episode):
+    from functools import partial
+
+    from callgrove.networks.hf import resolve_model
     from callgrove.train.ranks import RankedLearner
 
-    from .ranked_builds import moe as build
+    from .ranked_builds import moe
+
+    build = partial(moe, str(resolve_model("tiny-moe").folder))
 
     samples = build_samples(build_rows(episode))
     found = {}
