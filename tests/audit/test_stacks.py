@@ -38,14 +38,14 @@ def test_callgrove_trains_every_sampled_token_once_but_a_twins_copy(case):
 def test_before_first_branch_ownership_prime_rl_trained_a_forks_history_twice():
     """#2975: a sampled node shared by the leader's branch and the fork's trains in the first."""
     for case, shared in (("fork", 24), ("fork of a fork", 48)):
-        assert refereed("prime-rl before #2975", case).twice_or_more == shared
+        assert refereed("prime-rl-before-2975", case).twice_or_more == shared
         assert refereed("prime-rl", case).twice_or_more == 0
 
 
 def test_prime_rl_trains_a_rejected_compaction_until_3478():
     rejected = 12  # the attempt's completion
     assert refereed("prime-rl", "rejected compaction").trained_not_to_train == rejected
-    assert refereed("prime-rl + #3478", "rejected compaction").trained_not_to_train == 0
+    assert refereed("prime-rl-3478", "rejected compaction").trained_not_to_train == 0
 
 
 def test_a_first_branch_can_belong_to_the_fork():
@@ -59,20 +59,20 @@ def test_a_first_branch_can_belong_to_the_fork():
 
 
 def test_nemo_gym_delivers_one_chain_and_its_other_chains_repeat_the_shared_history():
-    delivered = refereed("NeMo Gym (delivered)", "fork")
+    delivered = refereed("nemo-gym", "fork")
     assert delivered.rows == 1 and delivered.twice_or_more == 0 and delivered.untrained > 0
-    chains = refereed("NeMo Gym (every chain)", "fork")
+    chains = refereed("nemo-gym-chains", "fork")
     assert chains.twice_or_more == 24  # the leader's turns before the fork, in both chains
 
 
 def test_rllm_overwrites_a_twins_first_call_with_its_replay():
-    report = refereed("rLLM lineages", "twins")
+    report = refereed("rllm", "twins")
     assert report.untrained == report.twin_untrained == 12
 
 
 def test_one_history_per_session_trains_each_call_once_and_twins_both():
     for case in HARD_CASES:
-        report = refereed("one history per session", case)
+        report = refereed("session", case)
         assert report.untrained == 0 and report.twice_or_more == 0, case
 
 

@@ -134,10 +134,10 @@ def test_unreadable_batches_are_errors_naming_the_file(capture, tmp_path):
 def test_a_stacks_rows_of_the_capture_are_refereed(capture):
     folder, _, _ = capture
     capture_file = str(folder / "capture.jsonl")
-    result = runner.invoke(app, ["audit", capture_file, "--stack", "prime-rl before #2975"])
+    result = runner.invoke(app, ["audit", capture_file, "--stack", "prime-rl-before-2975"])
     assert result.exit_code == 1
     assert "trained twice: episode fork, call L.0 (leader)" in result.output
-    result = runner.invoke(app, ["audit", capture_file, "--stack", "prime-rl + #3478", "--json"])
+    result = runner.invoke(app, ["audit", capture_file, "--stack", "prime-rl-3478", "--json"])
     assert result.exit_code == 0, result.output
     assert orjson.loads(result.stdout)["batch"] == "prime-rl + #3478's rows"
     result = runner.invoke(app, ["audit", capture_file, "--stack", "nobody"])

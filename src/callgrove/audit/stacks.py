@@ -29,7 +29,8 @@ RowBuilder = Callable[[Episode], list[TrainedRow]]
 
 @dataclass(frozen=True)
 class Stack:
-    """A stack's row builder and where its code comes from."""
+    """A stack's row builder, its name (as tables show it) and where its code comes from;
+    `STACKS` holds it by a key a command line takes."""
 
     name: str
     source: str
@@ -386,31 +387,30 @@ def _same(left: np.ndarray, right: np.ndarray) -> bool:
 
 
 STACKS: dict[str, Stack] = {
-    stack.name: stack
-    for stack in (
-        Stack("callgrove", "callgrove.rows", callgrove_rows),
-        Stack(
-            "prime-rl",
-            f"trajectories.py:69-89 at {PRIME_RL_COMMIT[:7]}, on verifiers 0.4.0's branches",
-            prime_rl_rows,
-        ),
-        Stack(
-            "prime-rl + #3478",
-            "the same, untrainable branches skipped first (#3478)",
-            partial(prime_rl_rows, skip_untrainable=True),
-        ),
-        Stack(
-            "prime-rl before #2975",
-            "the same, without first-branch ownership (before b453f40d8)",
-            partial(prime_rl_rows, first_branch_owns=False),
-        ),
-        Stack("NeMo Gym (delivered)", "nemo-gym 0.7.0, installed", gym_delivered),
-        Stack("NeMo Gym (every chain)", "nemo-gym 0.7.0, installed", gym_chains),
-        Stack("rLLM lineages", "#774 at 737e721d (terminal-rl), written out", rllm_lineage_rows),
-        Stack(
-            "one history per session",
-            "verl #6299 at f6bb7a33 (unmerged) and rLLM's default, written out",
-            session_rows,
-        ),
-    )
+    "callgrove": Stack("callgrove", "callgrove.rows", callgrove_rows),
+    "prime-rl": Stack(
+        "prime-rl",
+        f"trajectories.py:69-89 at {PRIME_RL_COMMIT[:7]}, on verifiers 0.4.0's branches",
+        prime_rl_rows,
+    ),
+    "prime-rl-3478": Stack(
+        "prime-rl + #3478",
+        "the same, untrainable branches skipped first (#3478)",
+        partial(prime_rl_rows, skip_untrainable=True),
+    ),
+    "prime-rl-before-2975": Stack(
+        "prime-rl before #2975",
+        "the same, without first-branch ownership (before b453f40d8)",
+        partial(prime_rl_rows, first_branch_owns=False),
+    ),
+    "nemo-gym": Stack("NeMo Gym (delivered)", "nemo-gym 0.7.0, installed", gym_delivered),
+    "nemo-gym-chains": Stack("NeMo Gym (every chain)", "nemo-gym 0.7.0, installed", gym_chains),
+    "rllm": Stack(
+        "rLLM lineages", "#774 at 737e721d (terminal-rl), written out", rllm_lineage_rows
+    ),
+    "session": Stack(
+        "one history per session",
+        "verl #6299 at f6bb7a33 (unmerged) and rLLM's default, written out",
+        session_rows,
+    ),
 }

@@ -91,7 +91,7 @@ def audit_command(
     if stack is not None:
         if stack not in STACKS:
             raise InvalidValue(f"--stack {stack!r}: one of {', '.join(STACKS)}")
-        capture_paths, batch_name, form = capture, f"{stack}'s rows", stack
+        capture_paths, batch_name, form = capture, f"{STACKS[stack].name}'s rows", stack
         episodes = list(_episodes(capture_paths, outcome, invocations))
         referee = Referee(episodes)
         rows = (row for episode in episodes for row in STACKS[stack].rows(episode))
