@@ -21,7 +21,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -34,6 +34,8 @@ from callgrove.networks.hf_attention import (
     dense_mask,
     register_blockwise,
 )
+from callgrove.networks.moe import TINY_MOE, TINY_MOE_SEED, byte_tokenizer, moe_model
+from callgrove.networks.sizes import MoeConfig
 from callgrove.networks.tiny import AttentionLayout
 
 # Packaged models: name -> (importable package holding the file, file name, how to install it).
@@ -61,10 +63,8 @@ class ModelSource:
 def resolve_model(name: str) -> ModelSource:
     """`hf:PATH`, a packaged name or the built-in `tiny-moe`, checked to exist; errors say
     what to do."""
-    from callgrove.networks.moe import TINY_MOE, tiny_moe_folder
-
     if name == TINY_MOE:
-        return ModelSource(tiny_moe_folder(cache_root()))
+        return ModelSource(tiny_moe_folder())
     if name in PACKAGED:
         package, file_name, install = PACKAGED[name]
         spec = importlib.util.find_spec(package)
@@ -90,6 +90,18 @@ def resolve_model(name: str) -> ModelSource:
         f"model {path}: neither a checkpoint folder nor a .gguf file (hub ids are not fetched: "
         "download the model and name its folder)"
     )
+
+
+def tiny_moe_folder(config: MoeConfig | None = None) -> Path:
+    """The built-in mixture of experts' checkpoint folder in the cache, written on first use
+    (`callgrove.networks.moe`; its name holds a digest of its size)."""
+    tokenizer = byte_tokenizer()
+    config = config or MoeConfig(vocab_size=len(tokenizer))
+    digest = hashlib.sha256(json.dumps(asdict(config), sort_keys=True).encode()).hexdigest()
+    target = cache_root() / "models" / f"{TINY_MOE}-{digest[:16]}"
+    if (target / "config.json").is_file():
+        return target
+    return save_checkpoint(target, moe_model(config, TINY_MOE_SEED), tokenizer)
 
 
 def cache_root() -> Path:

@@ -14,17 +14,14 @@ the model (the sampler's) records and replays with its own weights.
 
 `tiny-moe` names a built-in model (`TINY_MOE`): a random-initialised Qwen3-MoE (`MoeConfig`'s
 size, 8 experts, top-2) over a byte-level tokenizer with a ChatML template, written once as a
-checkpoint folder in the cache, so everything that opens a Hugging Face folder opens it.
+checkpoint folder in the cache (`networks.hf.tiny_moe_folder`), so everything that opens a
+Hugging Face folder opens it.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict
-from pathlib import Path
 
 import torch
 from torch import nn
@@ -90,20 +87,6 @@ def byte_tokenizer():
     )
     tokenizer.chat_template = CHATML
     return tokenizer
-
-
-def tiny_moe_folder(cache: Path, config: MoeConfig | None = None) -> Path:
-    """The built-in MoE's checkpoint folder under `cache`, written on first use (beside its
-    place and renamed into it, so a half-written folder is never found)."""
-    tokenizer = byte_tokenizer()
-    config = config or MoeConfig(vocab_size=len(tokenizer))
-    digest = hashlib.sha256(json.dumps(asdict(config), sort_keys=True).encode()).hexdigest()
-    target = cache / "models" / f"{TINY_MOE}-{digest[:16]}"
-    if (target / "config.json").is_file():
-        return target
-    from callgrove.networks.hf import save_checkpoint
-
-    return save_checkpoint(target, moe_model(config, TINY_MOE_SEED), tokenizer)
 
 
 def _is_router(module: nn.Module) -> bool:
